@@ -1,0 +1,112 @@
+// devcomm/handles.cuh: plain structs shared by the host (Rust, `src/handles.rs`) and the device.
+//
+// Every struct here has a Rust twin with the same size and field offsets. Both sides assert
+// them: `static_assert` below, `const` assertions in Rust, and a CPU test compiles this header
+// with the host C++ compiler and compares the offsets with Rust's. Change both sides together.
+//
+// This header compiles as host C++ (g++), as device code under NVRTC and under nvcc.
+#pragma once
+
+#if defined(__CUDACC_RTC__)
+typedef unsigned long long dc_u64;
+typedef long long dc_i64;
+typedef unsigned int dc_u32;
+typedef int dc_i32;
+#define DC_OFFSETOF(type, field) __builtin_offsetof(type, field)
+#else
+#include <cstddef>
+#include <cstdint>
+typedef std::uint64_t dc_u64;
+typedef std::int64_t dc_i64;
+typedef std::uint32_t dc_u32;
+typedef std::int32_t dc_i32;
+#define DC_OFFSETOF(type, field) offsetof(type, field)
+#endif
+
+namespace devcomm {
+
+// What a bounded wait was doing when it gave up. Values are stable: Rust decodes them.
+enum DeviceOp : dc_u32 {
+  kOpNone = 0,
+  kOpWaitSignal = 1,     // wait_signal on a window slot
+  kOpBarrier = 2,        // cross-rank barrier
+  kOpSendSlotFree = 3,   // sender waiting for HEAD (receiver freed a staging slot)
+  kOpRecvSlotFull = 4,   // receiver waiting for TAIL (sender filled a staging slot)
+  kOpCountExchange = 5,  // all-to-all-v waiting for a peer's counts
+  kOpUser = 100,         // waits issued by user code through the raw window ops
+};
+
+// The first failure a kernel of this process saw. Written once (flag 0 -> 1 by atomicCAS),
+// then `abort` is raised so every other wait of the process gives up at once.
+struct ErrorRecord {
+  dc_u32 flag;        // @0  0 = empty, 1 = written
+  dc_u32 op;          // @4  DeviceOp
+  dc_i32 rank;        // @8  rank that waited
+  dc_i32 peer;        // @12 peer whose signal never came (-1 if not peer-specific)
+  dc_u64 slot;        // @16 signal slot index
+  dc_u64 expected;    // @24 value waited for
+  dc_u64 seen;        // @32 last value read
+  dc_u64 elapsed_ns;  // @40 how long it waited
+};
+
+// Lives in host-mapped pinned memory: the host reads it without synchronising the stream, and
+// can raise `abort` to make every in-flight wait return.
+struct DeviceErrorState {
+  dc_u32 abort;         // @0 non-zero: every wait returns false at once
+  dc_u32 reserved;      // @4
+  ErrorRecord record;   // @8
+};
+
+// A symmetric window as kernels see it. Passed to kernels by value.
+//
+// Signal pad layout (each entry a u64, monotonic, never reset on the device):
+//   [0, world_size)                         barrier slots, entry p written by rank p
+//   [world_size, world_size + signal_count) user slots, index `slot` -> world_size + slot
+struct DeviceWindow {
+  dc_u64 data;          // @0  this rank's data region
+  dc_u64 data_bytes;    // @8  bytes in the data region (same on every rank)
+  dc_u64 signals;       // @16 this rank's signal pad (u64*), barrier slots first
+  dc_u64 signal_count;  // @24 user slots per pad
+  dc_u64 peer_data;     // @32 device u64[world_size]: each rank's data region as mapped here;
+                        //     0 where there is no NVLink path; entry [rank] == data
+  dc_u64 peer_signals;  // @40 device u64[world_size]: each rank's signal pad as mapped here
+  dc_u64 error_state;   // @48 DeviceErrorState* (host-mapped)
+  dc_u64 timeout_ns;    // @56 bound of every wait on this window
+  dc_u64 barrier_epoch; // @64 device u64*: this rank's barrier counter (not peer-visible)
+  dc_i32 rank;          // @72
+  dc_i32 world_size;    // @76
+};
+
+// Peer addresses of a registered user buffer (what RegisteredBuffer::backend_window points to
+// for NVLink registrations).
+struct DevicePeerTable {
+  dc_u64 peer_base;     // @0  device u64[world_size]: the buffer's base as mapped here, 0 if none
+  dc_i32 rank;          // @8
+  dc_i32 world_size;    // @12
+};
+
+// The registered-buffer handle of the source documents. Registration returns the device
+// address of one of these; deregistration takes that address back.
+struct RegisteredBuffer {
+  dc_u64 base_ptr;        // @0
+  dc_u64 size;            // @8
+  dc_u64 backend_window;  // @16 DevicePeerTable* for NVLink registrations
+  dc_u32 lkey;            // @24 network memory key; 0 for NVLink
+  dc_u32 reserved;        // @28
+};
+
+static_assert(sizeof(ErrorRecord) == 48, "ErrorRecord size");
+static_assert(DC_OFFSETOF(ErrorRecord, slot) == 16, "ErrorRecord.slot");
+static_assert(DC_OFFSETOF(ErrorRecord, elapsed_ns) == 40, "ErrorRecord.elapsed_ns");
+static_assert(sizeof(DeviceErrorState) == 56, "DeviceErrorState size");
+static_assert(DC_OFFSETOF(DeviceErrorState, record) == 8, "DeviceErrorState.record");
+static_assert(sizeof(DeviceWindow) == 80, "DeviceWindow size");
+static_assert(DC_OFFSETOF(DeviceWindow, peer_data) == 32, "DeviceWindow.peer_data");
+static_assert(DC_OFFSETOF(DeviceWindow, barrier_epoch) == 64, "DeviceWindow.barrier_epoch");
+static_assert(DC_OFFSETOF(DeviceWindow, rank) == 72, "DeviceWindow.rank");
+static_assert(sizeof(DevicePeerTable) == 16, "DevicePeerTable size");
+static_assert(sizeof(RegisteredBuffer) == 32, "RegisteredBuffer size");
+static_assert(DC_OFFSETOF(RegisteredBuffer, backend_window) == 16, "RegisteredBuffer.backend_window");
+static_assert(DC_OFFSETOF(RegisteredBuffer, lkey) == 24, "RegisteredBuffer.lkey");
+
+}  // namespace devcomm

@@ -1,0 +1,156 @@
+//! The one error type of the library.
+
+use std::time::Duration;
+
+use crate::handles::DeviceOp;
+
+/// Every failure devcomm reports. Messages carry the rank, peer, operation and sizes involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A CUDA driver call failed.
+    #[error("rank {rank}: CUDA {call} failed: {source}")]
+    Cuda {
+        /// Rank of this process (-1 before the rank is known).
+        rank: i32,
+        /// The driver call, e.g. `cuMemCreate`.
+        call: &'static str,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// NVRTC could not be loaded or failed outside of a compile error.
+    #[error("NVRTC {call} failed: {message}")]
+    Nvrtc {
+        /// The NVRTC call.
+        call: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+    /// A kernel (or a user hook inside it) did not compile. `log` is the compiler's output.
+    #[error("kernel `{kernel}` did not compile:\n{log}")]
+    Compile {
+        /// The kernel's name.
+        kernel: String,
+        /// The compiler's log, with line numbers of the source it was given.
+        log: String,
+    },
+    /// The process group could not be formed or a store operation failed.
+    #[error(transparent)]
+    Bootstrap(#[from] devcomm_bootstrap::Error),
+    /// A collective setup step failed on one or more ranks; every rank returns this error.
+    #[error("setup step `{step}` failed on rank(s) {}", fmt_failures(.failures))]
+    Setup {
+        /// The step, e.g. `symmetric alloc: import`.
+        step: String,
+        /// `(rank, message)` for every rank that failed.
+        failures: Vec<(usize, String)>,
+    },
+    /// A device wait gave up: the peer's signal did not come within the timeout.
+    #[error(
+        "rank {rank}: {op} timed out after {elapsed:?} waiting for peer {peer} \
+         (slot {slot}: expected {expected}, saw {seen}); the communicator must be rebuilt"
+    )]
+    PeerTimeout {
+        /// What the wait was for.
+        op: DeviceOp,
+        /// The rank that waited.
+        rank: i32,
+        /// The peer whose signal never came (-1 if not peer-specific).
+        peer: i32,
+        /// Signal slot index.
+        slot: u64,
+        /// Value waited for.
+        expected: u64,
+        /// Last value read.
+        seen: u64,
+        /// How long it waited.
+        elapsed: Duration,
+    },
+    /// An earlier device error left the communicator unusable.
+    #[error("rank {rank}: communicator aborted by an earlier error ({reason}); rebuild it")]
+    Aborted {
+        /// This rank.
+        rank: i32,
+        /// The first error.
+        reason: String,
+    },
+    /// An argument is invalid; nothing was launched or written.
+    #[error("{op}: invalid argument: {reason}")]
+    InvalidArgument {
+        /// The operation called.
+        op: &'static str,
+        /// What is wrong, with the values involved.
+        reason: String,
+    },
+    /// A transfer does not fit the staging or destination capacity; nothing was written.
+    #[error("{op}: {bytes} bytes for peer {peer} exceed the capacity of {capacity} bytes")]
+    CapacityExceeded {
+        /// The operation.
+        op: &'static str,
+        /// The peer concerned.
+        peer: usize,
+        /// Bytes requested.
+        bytes: u64,
+        /// Bytes available.
+        capacity: u64,
+    },
+    /// A peer has no path this operation can use.
+    #[error("{op}: no NVLink path from rank {rank} to peer {peer} (link kind {kind})")]
+    NoPath {
+        /// The operation.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// The unreachable peer.
+        peer: usize,
+        /// The peer's link kind.
+        kind: String,
+    },
+    /// The feature is reserved and not built yet.
+    #[error("{feature} is not implemented yet")]
+    NotImplemented {
+        /// What was asked for.
+        feature: &'static str,
+    },
+    /// NCCL failed (benchmarks and references only).
+    #[error("NCCL {call} failed: {message}")]
+    Nccl {
+        /// The NCCL call.
+        call: &'static str,
+        /// NCCL's error.
+        message: String,
+    },
+    /// An I/O error (kernel cache, files).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn fmt_failures(failures: &[(usize, String)]) -> String {
+    failures
+        .iter()
+        .map(|(rank, msg)| format!("{rank} ({msg})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Adds the driver call's name (and the rank) to a `DriverError`.
+pub(crate) trait CudaResultExt<T> {
+    /// Maps the error to [`Error::Cuda`].
+    fn cuda(self, rank: i32, call: &'static str) -> Result<T>;
+}
+
+impl<T> CudaResultExt<T> for std::result::Result<T, cudarc::driver::DriverError> {
+    fn cuda(self, rank: i32, call: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Cuda { rank, call, source })
+    }
+}
