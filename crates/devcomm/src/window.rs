@@ -1,0 +1,1 @@
+//! See docs/CONTRACT.md. Being written.
