@@ -1,1 +1,78 @@
-fn main(){}
+//! `devcomm`: launch ranks, inspect the GPUs, run the GPU self-test, benchmark against NCCL.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+mod autolaunch;
+mod bench;
+mod info;
+mod selftest;
+
+/// Device-initiated GPU communication: launcher, self-test and benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "devcomm", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start N ranks of a command on this host (sets RANK, WORLD_SIZE, LOCAL_RANK,
+    /// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); stops all when one fails.
+    Launch {
+        /// Number of ranks.
+        #[arg(short = 'n', long = "nprocs")]
+        nprocs: usize,
+        /// Store address.
+        #[arg(long, default_value = "127.0.0.1")]
+        master_addr: String,
+        /// Store port (default: a free port).
+        #[arg(long)]
+        master_port: Option<u16>,
+        /// Seconds between SIGTERM and SIGKILL when stopping ranks.
+        #[arg(long, default_value_t = 5)]
+        kill_grace: u64,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Per rank: the GPU, its PCI id and the link kind to every peer. Without the launcher's
+    /// variables, launches itself on every local GPU.
+    Info(info::InfoArgs),
+    /// Checks every device operation and collective on the GPUs; prints a pass/fail table.
+    Selftest(selftest::SelftestArgs),
+    /// Times devcomm against NCCL in the same processes on the same buffers.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result: Result<i32, String> = match cli.command {
+        Command::Launch { nprocs, master_addr, master_port, kill_grace, command } => {
+            let opts = devcomm_bootstrap::launcher::LaunchOptions {
+                nprocs,
+                master_addr,
+                master_port,
+                command,
+                env: Vec::new(),
+                kill_grace: Duration::from_secs(kill_grace),
+            };
+            devcomm_bootstrap::launcher::launch(opts).map_err(|e| e.to_string())
+        }
+        Command::Info(args) => autolaunch::or_run("info", || info::run(&args)),
+        Command::Selftest(args) => autolaunch::or_run("selftest", || selftest::run(&args)),
+        Command::Bench(args) => autolaunch::or_run("bench", || bench::run(&args)),
+    };
+    match result {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("devcomm: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

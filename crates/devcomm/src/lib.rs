@@ -17,6 +17,7 @@
 //! | top | [`Comm`] |
 #![warn(missing_docs)]
 
+pub mod comm;
 pub mod cuda;
 pub mod device;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod memory;
 pub mod topology;
 pub mod window;
 
+pub use comm::{Comm, CommBuilder};
 pub use error::{Error, Result};
 pub use handles::{DeviceOp, DeviceWindow, RegisteredBuffer};
 pub use topology::{LinkKind, Topology};

@@ -77,3 +77,266 @@ impl Topology {
         (0..self.devices.len()).filter(|&p| &self.devices[p].host == me).collect()
     }
 }
+
+/// Environment variable that forces link kinds, for tests.
+///
+/// Comma-separated entries, each applied to both ends of a link, later entries winning:
+/// `A-B=kind` sets the link between ranks A and B; `A-*=kind` every link of rank A.
+/// Kinds: `nvl`, `shm`, `net`. Example: `DEVCOMM_TOPOLOGY_OVERRIDE="0-3=net,1-*=shm"`.
+/// Forcing `nvl` where CUDA reports no peer access is refused.
+pub const OVERRIDE_ENV: &str = "DEVCOMM_TOPOLOGY_OVERRIDE";
+/// Environment variable that, when `1`, disables peer access: same-host peers become `shm`.
+pub const DISABLE_P2P_ENV: &str = "DEVCOMM_DISABLE_P2P";
+
+/// One parsed override entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OverrideRule {
+    /// First rank.
+    pub(crate) a: usize,
+    /// Second rank, or `None` for every rank.
+    pub(crate) b: Option<usize>,
+    /// The kind to force.
+    pub(crate) kind: LinkKind,
+}
+
+/// Parses [`OVERRIDE_ENV`]'s value; errors name the bad entry.
+pub(crate) fn parse_override(spec: &str, world_size: usize) -> Result<Vec<OverrideRule>, String> {
+    let mut rules = Vec::new();
+    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (link, kind) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("entry `{entry}`: expected `A-B=kind`"))?;
+        let kind = match kind.trim() {
+            "nvl" => LinkKind::Nvl,
+            "shm" => LinkKind::Shm,
+            "net" => LinkKind::Net,
+            other => return Err(format!("entry `{entry}`: unknown kind `{other}` (nvl, shm, net)")),
+        };
+        let (a, b) = link
+            .split_once('-')
+            .ok_or_else(|| format!("entry `{entry}`: expected `A-B=kind` or `A-*=kind`"))?;
+        let rank = |s: &str| -> Result<usize, String> {
+            let r: usize =
+                s.trim().parse().map_err(|_| format!("entry `{entry}`: `{s}` is not a rank"))?;
+            if r >= world_size {
+                return Err(format!("entry `{entry}`: rank {r} >= world size {world_size}"));
+            }
+            Ok(r)
+        };
+        let a = rank(a)?;
+        let b = if b.trim() == "*" { None } else { Some(rank(b)?) };
+        if b == Some(a) {
+            return Err(format!("entry `{entry}`: a rank's link to itself cannot be forced"));
+        }
+        rules.push(OverrideRule { a, b, kind });
+    }
+    Ok(rules)
+}
+
+/// Decides the link kinds of `rank` from every rank's device, whether CUDA reports peer access
+/// to each (`peer_access[p]`, meaningful for same-host peers), the override rules and the
+/// disable switch. Pure, so that every rank's view can be tested without GPUs.
+pub(crate) fn decide_kinds(
+    rank: usize,
+    devices: &[PeerDevice],
+    peer_access: &[bool],
+    rules: &[OverrideRule],
+    disable_p2p: bool,
+) -> Result<Vec<LinkKind>, String> {
+    let me = &devices[rank];
+    let mut kinds: Vec<LinkKind> = devices
+        .iter()
+        .enumerate()
+        .map(|(p, d)| {
+            if p == rank {
+                LinkKind::SelfLink
+            } else if d.host != me.host {
+                LinkKind::Net
+            } else if peer_access[p] && !disable_p2p {
+                LinkKind::Nvl
+            } else {
+                LinkKind::Shm
+            }
+        })
+        .collect();
+    for rule in rules {
+        let peer = match (rule.a == rank, rule.b) {
+            (true, Some(b)) => Some(b),
+            (false, Some(b)) if b == rank => Some(rule.a),
+            (true, None) => None,
+            (false, None) => Some(rule.a),
+            (false, Some(_)) => continue,
+        };
+        let targets: Vec<usize> = match peer {
+            Some(p) => vec![p],
+            None => (0..devices.len()).filter(|&p| p != rank).collect(),
+        };
+        for p in targets {
+            if rule.kind == LinkKind::Nvl && (!peer_access[p] || devices[p].host != me.host) {
+                return Err(format!(
+                    "{OVERRIDE_ENV} forces nvl between ranks {rank} and {p}, but CUDA reports no \
+                     peer access between them"
+                ));
+            }
+            kinds[p] = rule.kind;
+        }
+    }
+    Ok(kinds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn devices(hosts: &[&str]) -> Vec<PeerDevice> {
+        hosts
+            .iter()
+            .enumerate()
+            .map(|(r, h)| PeerDevice {
+                rank: r,
+                host: (*h).to_owned(),
+                pci_bus_id: format!("0000:{r:02x}:00.0"),
+                uuid: format!("GPU-{r}"),
+                name: "test".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn same_host_with_peer_access_is_nvl_other_host_is_net() {
+        let d = devices(&["a", "a", "a", "b"]);
+        let kinds = decide_kinds(0, &d, &[true, true, false, true], &[], false).unwrap();
+        assert_eq!(kinds, vec![LinkKind::SelfLink, LinkKind::Nvl, LinkKind::Shm, LinkKind::Net]);
+    }
+
+    #[test]
+    fn disable_p2p_turns_nvl_into_shm() {
+        let d = devices(&["a", "a"]);
+        let kinds = decide_kinds(1, &d, &[true, true], &[], true).unwrap();
+        assert_eq!(kinds, vec![LinkKind::Shm, LinkKind::SelfLink]);
+    }
+
+    #[test]
+    fn override_applies_to_both_ends() {
+        let d = devices(&["a"; 4]);
+        let rules = parse_override("0-3=net, 1-*=shm", 4).unwrap();
+        let access = [true; 4];
+        let k0 = decide_kinds(0, &d, &access, &rules, false).unwrap();
+        let k3 = decide_kinds(3, &d, &access, &rules, false).unwrap();
+        let k2 = decide_kinds(2, &d, &access, &rules, false).unwrap();
+        assert_eq!(k0, vec![LinkKind::SelfLink, LinkKind::Shm, LinkKind::Nvl, LinkKind::Net]);
+        assert_eq!(k3, vec![LinkKind::Net, LinkKind::Shm, LinkKind::Nvl, LinkKind::SelfLink]);
+        assert_eq!(k2, vec![LinkKind::Nvl, LinkKind::Shm, LinkKind::SelfLink, LinkKind::Nvl]);
+        let k1 = decide_kinds(1, &d, &access, &rules, false).unwrap();
+        assert_eq!(k1, vec![LinkKind::Shm, LinkKind::SelfLink, LinkKind::Shm, LinkKind::Shm]);
+    }
+
+    #[test]
+    fn override_errors_name_the_entry() {
+        assert!(parse_override("0-9=net", 4).unwrap_err().contains("0-9=net"));
+        assert!(parse_override("0-1=fast", 4).unwrap_err().contains("unknown kind"));
+        assert!(parse_override("1-1=net", 4).unwrap_err().contains("itself"));
+        assert!(parse_override("01=net", 4).is_err());
+        let d = devices(&["a", "b"]);
+        let rules = parse_override("0-1=nvl", 2).unwrap();
+        assert!(decide_kinds(0, &d, &[true, true], &rules, false).unwrap_err().contains("no peer"));
+    }
+}
+
+/// This host's identity: hostname plus boot id (two containers on one machine share the boot
+/// id but not always the hostname; two machines never share both).
+pub(crate) fn host_identity() -> String {
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".to_owned());
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    format!("{hostname}/{boot_id}")
+}
+
+impl Topology {
+    /// Collective: all-gathers every rank's device and host identity, asks CUDA about peer
+    /// access to each same-host GPU, applies [`OVERRIDE_ENV`] and [`DISABLE_P2P_ENV`], then
+    /// checks that every rank's view agrees (A sees B as NVLink exactly when B sees A so).
+    pub(crate) fn discover(
+        rank: usize,
+        world_size: usize,
+        store: &devcomm_bootstrap::Store,
+        ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+        info: &crate::cuda::info::DeviceInfo,
+        timeout: std::time::Duration,
+    ) -> crate::Result<Self> {
+        use crate::Error;
+        let me = PeerDevice {
+            rank,
+            host: host_identity(),
+            pci_bus_id: info.pci_bus_id.clone(),
+            uuid: info.uuid.clone(),
+            name: info.name.clone(),
+        };
+        let blob = serde_json::to_vec(&me).map_err(|e| Error::InvalidArgument {
+            op: "topology",
+            reason: e.to_string(),
+        })?;
+        let gathered = store.all_gather("__devcomm/topology/devices", &blob, timeout)?;
+        let devices = gathered
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                serde_json::from_slice::<PeerDevice>(b).map_err(|e| Error::Setup {
+                    step: "topology".into(),
+                    failures: vec![(r, format!("bad device record: {e}"))],
+                })
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        let mut peer_access = vec![false; world_size];
+        for (p, d) in devices.iter().enumerate() {
+            if p != rank && d.host == me.host {
+                if d.uuid == me.uuid {
+                    return Err(Error::InvalidArgument {
+                        op: "topology",
+                        reason: format!("ranks {rank} and {p} use the same GPU ({})", d.uuid),
+                    });
+                }
+                peer_access[p] = crate::cuda::info::can_access_peer(ctx, rank, &d.pci_bus_id)?;
+            }
+        }
+        let rules = match std::env::var(OVERRIDE_ENV) {
+            Ok(spec) => parse_override(&spec, world_size)
+                .map_err(|reason| Error::InvalidArgument { op: "topology", reason })?,
+            Err(_) => Vec::new(),
+        };
+        let disable = std::env::var(DISABLE_P2P_ENV).is_ok_and(|v| v == "1");
+        let kinds = decide_kinds(rank, &devices, &peer_access, &rules, disable)
+            .map_err(|reason| Error::InvalidArgument { op: "topology", reason })?;
+
+        let views = store.all_gather(
+            "__devcomm/topology/kinds",
+            &serde_json::to_vec(&kinds).unwrap_or_default(),
+            timeout,
+        )?;
+        for (p, view) in views.iter().enumerate() {
+            let theirs: Vec<LinkKind> = serde_json::from_slice(view).map_err(|e| Error::Setup {
+                step: "topology".into(),
+                failures: vec![(p, format!("bad link-kind record: {e}"))],
+            })?;
+            let mine_to_p = kinds[p] == LinkKind::Nvl;
+            let theirs_to_me = theirs.get(rank) == Some(&LinkKind::Nvl);
+            if mine_to_p != theirs_to_me {
+                return Err(Error::Setup {
+                    step: "topology".into(),
+                    failures: vec![(
+                        p,
+                        format!(
+                            "asymmetric link: rank {rank} sees {} to {p}, rank {p} sees {:?}",
+                            kinds[p],
+                            theirs.get(rank)
+                        ),
+                    )],
+                });
+            }
+        }
+        Ok(Self { rank, kinds, devices })
+    }
+}

@@ -1,0 +1,298 @@
+//! `devcomm bench`: times devcomm against NCCL (or the copy engine) in the same processes on
+//! the same buffers: CUDA events, warm-up, median of many. Prints a table (rank 0) and writes
+//! JSON records and an SVG plot.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+
+use crate::selftest::Ctx;
+
+mod nccl;
+mod plot;
+
+/// Arguments of `devcomm bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// What to time: `latency` (signal ping-pong between ranks 0 and 1), `put` (one GPU pushing
+    /// into a peer's window, against the copy engine and NCCL send/recv).
+    #[arg(long, default_value = "put")]
+    op: String,
+    /// Timed repetitions per point (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Untimed repetitions before timing.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Write the records as JSON here (rank 0).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Write an SVG plot here (rank 0).
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+    /// Device kind recorded with the results (e.g. nvidia-h200-x4).
+    #[arg(long, default_value = "")]
+    device_kind: String,
+}
+
+/// One measured point. Every devcomm benchmark writes this shape.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Record {
+    /// Operation, e.g. `put` or `sendrecv`.
+    pub op: String,
+    /// Ranks in the run.
+    pub world_size: usize,
+    /// Bytes per message (per peer for collectives).
+    pub bytes: u64,
+    /// Both directions at once.
+    pub both_directions: bool,
+    /// devcomm's median time, microseconds.
+    pub devcomm_us: f64,
+    /// The reference's median time, microseconds (NCCL unless `reference` says otherwise).
+    pub nccl_us: f64,
+    /// `nccl_us / devcomm_us`.
+    pub ratio: f64,
+    /// Thread blocks (SMs) devcomm used.
+    pub sms: u32,
+    /// GPU name and machine kind.
+    pub device: String,
+    /// Date of the run (UTC, YYYY-MM-DD).
+    pub date: String,
+    /// What `nccl_us` measured.
+    pub reference: String,
+    /// devcomm's bandwidth, GB/s (10^9 bytes per second, one direction).
+    pub devcomm_gbps: f64,
+    /// The reference's bandwidth, GB/s.
+    pub nccl_gbps: f64,
+}
+
+/// GPU checks that `devcomm selftest` runs from the benchmark kernels' modules.
+pub(crate) fn selftest_checks() -> Vec<(&'static str, &'static dyn Fn(&Ctx) -> Result<String, String>)> {
+    Vec::new()
+}
+
+pub(crate) fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Median of event-timed runs of `f` on `stream`, in microseconds. Each run is preceded by
+/// `before` (untimed; e.g. a host barrier so that ranks start together).
+pub(crate) fn time_us(
+    stream: &Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    mut before: impl FnMut() -> Result<(), String>,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let ctx = stream.context();
+    let start = ctx.new_event(None).map_err(|e| e.to_string())?;
+    let end = ctx.new_event(None).map_err(|e| e.to_string())?;
+    for _ in 0..warmup {
+        before()?;
+        f()?;
+        stream.synchronize().map_err(|e| e.to_string())?;
+    }
+    let mut samples = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        before()?;
+        start.record(stream).map_err(|e| e.to_string())?;
+        f()?;
+        end.record(stream).map_err(|e| e.to_string())?;
+        end.synchronize().map_err(|e| e.to_string())?;
+        samples.push(f64::from(start.elapsed_ms(&end).map_err(|e| e.to_string())?) * 1e3);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[samples.len() / 2])
+}
+
+/// Runs the chosen benchmark on every rank; rank 0 prints and writes the results.
+pub fn run(args: &BenchArgs) -> Result<i32, String> {
+    let cx = Ctx::new()?;
+    if cx.comm.world_size() < 2 {
+        return Err("benchmarks need at least 2 ranks".into());
+    }
+    let records = match args.op.as_str() {
+        "latency" => bench_latency(&cx, args)?,
+        "put" => bench_put(&cx, args)?,
+        other => return Err(format!("unknown --op {other:?} (latency, put)")),
+    };
+    if cx.comm.rank() == 0 {
+        print_table(&records);
+        if let Some(path) = &args.json {
+            let text = serde_json::to_string_pretty(&records).map_err(|e| e.to_string())?;
+            std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        if let Some(path) = &args.plot {
+            plot::write_svg(path, &records).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    cx.host_barrier()?;
+    Ok(0)
+}
+
+fn device_label(cx: &Ctx, args: &BenchArgs) -> String {
+    let name = &cx.comm.device_info().name;
+    if args.device_kind.is_empty() { name.clone() } else { format!("{name} ({})", args.device_kind) }
+}
+
+fn print_table(records: &[Record]) {
+    println!(
+        "{:<10} {:>12} {:>5} {:>12} {:>12} {:>10} {:>10} {:>7} {:>4}  reference",
+        "op", "bytes", "both", "devcomm_us", "ref_us", "devcomm", "ref", "ratio", "sms"
+    );
+    for r in records {
+        println!(
+            "{:<10} {:>12} {:>5} {:>12.2} {:>12.2} {:>8.1}GB {:>8.1}GB {:>7.3} {:>4}  {}",
+            r.op,
+            r.bytes,
+            r.both_directions,
+            r.devcomm_us,
+            r.nccl_us,
+            r.devcomm_gbps,
+            r.nccl_gbps,
+            r.ratio,
+            r.sms,
+            r.reference
+        );
+    }
+}
+
+/// One-way signal latency from a ping-pong inside one kernel between ranks 0 and 1.
+fn bench_latency(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
+    let comm = &cx.comm;
+    let module = cx.foundation()?;
+    let f = module.function("pingpong").map_err(|e| e.to_string())?;
+    let win = comm.window::<u64>(8, 1).map_err(|e| e.to_string())?;
+    let elapsed = cx.stream.alloc_zeros::<u64>(1).map_err(|e| e.to_string())?;
+    let iters = 10_000u64;
+    let mut base = 0u64;
+    let mut samples = Vec::new();
+    for rep in 0..(args.warmup + args.iters) {
+        cx.host_barrier()?;
+        if comm.rank() < 2 {
+            let peer = (1 - comm.rank()) as i32;
+            let handle = win.device_handle();
+            let mut l = cx.stream.launch_builder(&f);
+            l.arg(&handle).arg(&peer).arg(&iters).arg(&base).arg(&elapsed);
+            // SAFETY: pingpong(DeviceWindow, int, u64, u64, u64*); elapsed has one element.
+            unsafe { l.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 }) }
+                .map_err(|e| e.to_string())?;
+            cx.sync()?;
+            let ns = cx.stream.clone_dtoh(&elapsed).map_err(|e| e.to_string())?[0];
+            if rep >= args.warmup && comm.rank() == 0 {
+                samples.push(ns as f64 / (2 * iters) as f64 / 1e3);
+            }
+        }
+        base += iters;
+    }
+    if comm.rank() != 0 {
+        return Ok(Vec::new());
+    }
+    samples.sort_by(f64::total_cmp);
+    let us = samples[samples.len() / 2];
+    Ok(vec![Record {
+        op: "signal_latency".into(),
+        world_size: comm.world_size(),
+        bytes: 8,
+        both_directions: false,
+        devcomm_us: us,
+        nccl_us: f64::NAN,
+        ratio: f64::NAN,
+        sms: 1,
+        device: device_label(cx, args),
+        date: today(),
+        reference: "none (one-way time = ping-pong round trip / 2)".into(),
+        devcomm_gbps: 0.0,
+        nccl_gbps: 0.0,
+    }])
+}
+
+/// `put` bandwidth from rank 0 into rank 1's window at several sizes and block counts, next to
+/// the copy engine (cuMemcpyAsync into the same peer mapping) and NCCL send/recv.
+fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
+    let comm = &cx.comm;
+    let rank = comm.rank();
+    let max = 1usize << 30;
+    let module = cx.foundation()?;
+    let f = module.function("put_bandwidth").map_err(|e| e.to_string())?;
+    let win = comm.window::<u8>(max, 1).map_err(|e| e.to_string())?;
+    let src_host = cx.data_of(rank, 9, 1 << 20);
+    let mut src = cx.stream.alloc_zeros::<u8>(max).map_err(|e| e.to_string())?;
+    for chunk in 0..(max >> 20) {
+        let mut view = src.slice_mut(chunk << 20..(chunk + 1) << 20);
+        cx.stream.memcpy_htod(&src_host, &mut view).map_err(|e| e.to_string())?;
+    }
+    let nccl = nccl::NcclPair::new(cx)?;
+    let mut recv = cx.stream.alloc_zeros::<u8>(max).map_err(|e| e.to_string())?;
+    cx.sync()?;
+    let handle = win.device_handle();
+    let peer_ptr = win.get_nvlink_address(1).unwrap_or(0);
+    let mut out = Vec::new();
+    for bytes in [1usize << 20, 64 << 20, 1 << 30] {
+        // NCCL send/recv between ranks 0 and 1 on the same buffers, and the copy engine.
+        let nccl_us = nccl.time_send_recv(cx, &src, &mut recv, bytes, args.warmup, args.iters)?;
+        let ce_us = if rank == 0 {
+            let (sp, _g) = src.device_ptr(&cx.stream);
+            time_us(&cx.stream, args.warmup, args.iters, || Ok(()), || {
+                devcomm::cuda::memcpy_dtod_async(peer_ptr, sp, bytes, &cx.stream).map_err(|e| e.to_string())
+            })?
+        } else {
+            f64::NAN
+        };
+        cx.host_barrier()?;
+        for blocks in [4u32, 8, 16, 32, 132] {
+            let us = if rank == 0 {
+                let (sp, _g) = src.device_ptr(&cx.stream);
+                let peer = 1i32;
+                let b = bytes as u64;
+                time_us(&cx.stream, args.warmup, args.iters, || Ok(()), || {
+                    let mut l = cx.stream.launch_builder(&f);
+                    l.arg(&handle).arg(&peer).arg(&sp).arg(&b);
+                    // SAFETY: put_bandwidth(DeviceWindow, int, const void*, u64); the window
+                    // and src hold at least `bytes`.
+                    unsafe { l.launch(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 }) }
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })?
+            } else {
+                f64::NAN
+            };
+            cx.host_barrier()?;
+            if rank == 0 {
+                for (reference, ref_us) in [("copy engine cuMemcpyAsync", ce_us), ("NCCL send/recv", nccl_us)] {
+                    out.push(Record {
+                        op: "put".into(),
+                        world_size: comm.world_size(),
+                        bytes: bytes as u64,
+                        both_directions: false,
+                        devcomm_us: us,
+                        nccl_us: ref_us,
+                        ratio: ref_us / us,
+                        sms: blocks,
+                        device: device_label(cx, args),
+                        date: today(),
+                        reference: reference.into(),
+                        devcomm_gbps: bytes as f64 / us / 1e3,
+                        nccl_gbps: bytes as f64 / ref_us / 1e3,
+                    });
+                }
+            }
+        }
+    }
+    cx.sync()?;
+    Ok(out)
+}

@@ -1,0 +1,103 @@
+//! NCCL as the reference: one communicator over all ranks, on the benchmark's stream.
+
+use cudarc::driver::CudaSlice;
+use cudarc::nccl::safe::{Comm as NcclComm, Id};
+
+use crate::bench::time_us;
+use crate::selftest::Ctx;
+
+/// An NCCL communicator over the same ranks and stream as devcomm's.
+pub(crate) struct NcclPair {
+    comm: NcclComm,
+}
+
+impl std::fmt::Debug for NcclPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NcclPair")
+    }
+}
+
+impl NcclPair {
+    /// Collective: rank 0 makes the unique id and shares it through devcomm's store.
+    pub(crate) fn new(cx: &Ctx) -> Result<Self, String> {
+        let store = cx.comm.store();
+        let id = if cx.comm.rank() == 0 {
+            let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
+            let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
+            store.set("__devcomm_cli/nccl_id", &bytes).map_err(|e| e.to_string())?;
+            id
+        } else {
+            let bytes =
+                store.get("__devcomm_cli/nccl_id", cx.comm.setup_timeout()).map_err(|e| e.to_string())?;
+            let mut internal = [0 as std::ffi::c_char; 128];
+            for (d, s) in internal.iter_mut().zip(&bytes) {
+                *d = *s as std::ffi::c_char;
+            }
+            Id::uninit(internal)
+        };
+        let comm = NcclComm::from_rank(cx.stream.clone(), cx.comm.rank(), cx.comm.world_size(), id)
+            .map_err(|e| format!("ncclCommInitRank: {e:?}"))?;
+        Ok(Self { comm })
+    }
+
+    /// The NCCL communicator.
+    pub(crate) fn comm(&self) -> &NcclComm {
+        &self.comm
+    }
+
+    /// Median time of `bytes` sent from rank 0 to rank 1 (the slower of the two ranks' medians;
+    /// every rank returns it). Ranks start each repetition together after a host barrier.
+    pub(crate) fn time_send_recv(
+        &self,
+        cx: &Ctx,
+        src: &CudaSlice<u8>,
+        dst: &mut CudaSlice<u8>,
+        bytes: usize,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f64, String> {
+        let rank = cx.comm.rank();
+        let mine = match rank {
+            0 => time_us(&cx.stream, warmup, iters, || cx.host_barrier(), || {
+                self.comm.send(&src.slice(..bytes), 1).map_err(|e| format!("ncclSend: {e:?}"))
+            })?,
+            1 => {
+                let mut view = dst.slice_mut(..bytes);
+                time_us(&cx.stream, warmup, iters, || cx.host_barrier(), || {
+                    self.comm
+                        .recv(&mut view, 0)
+                        .map(|_| ())
+                        .map_err(|e| format!("ncclRecv: {e:?}"))
+                })?
+            }
+            _ => {
+                for _ in 0..warmup + iters {
+                    cx.host_barrier()?;
+                }
+                0.0
+            }
+        };
+        max_over_ranks(cx, "nccl_sendrecv", mine)
+    }
+}
+
+/// All ranks contribute a value; every rank gets the maximum.
+pub(crate) fn max_over_ranks(cx: &Ctx, what: &str, value: f64) -> Result<f64, String> {
+    let tag = format!("__devcomm_cli/max/{what}/{}", rand_tag(cx));
+    let all = cx
+        .comm
+        .store()
+        .all_gather(&tag, &value.to_le_bytes(), cx.comm.setup_timeout())
+        .map_err(|e| e.to_string())?;
+    Ok(all
+        .iter()
+        .filter_map(|b| b.get(..8).and_then(|s| s.try_into().ok()).map(f64::from_le_bytes))
+        .fold(f64::MIN, f64::max))
+}
+
+fn rand_tag(cx: &Ctx) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let _ = cx;
+    N.fetch_add(1, Ordering::Relaxed)
+}

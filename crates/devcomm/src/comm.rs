@@ -1,0 +1,313 @@
+//! The object a user holds: joins the process group, discovers the topology, owns the kernel
+//! cache, and creates windows and registrations.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use devcomm_bootstrap::{RankInfo, Store};
+
+use crate::cuda::info::DeviceInfo;
+use crate::cuda::ErrorState;
+use crate::error::{CudaResultExt, Error, Result};
+use crate::group::Group;
+use crate::jit::{Jit, KernelSpec};
+use crate::memory::Registry;
+use crate::topology::Topology;
+use crate::window::Window;
+
+/// Environment variable: bound of every device wait, in milliseconds (default 10,000).
+pub const TIMEOUT_ENV: &str = "DEVCOMM_TIMEOUT_MS";
+/// Environment variable: bound of every host setup step, in milliseconds (default 120,000).
+pub const SETUP_TIMEOUT_ENV: &str = "DEVCOMM_SETUP_TIMEOUT_MS";
+
+const DEFAULT_DEVICE_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Builds a [`Comm`] with explicit settings. [`Comm::from_env`] is the usual way in.
+#[derive(Debug, Clone)]
+pub struct CommBuilder {
+    info: RankInfo,
+    device: Option<usize>,
+    device_timeout: Duration,
+    setup_timeout: Duration,
+}
+
+impl CommBuilder {
+    /// Starts from an explicit rank description; timeouts come from the environment or defaults.
+    pub fn new(info: RankInfo) -> Result<Self> {
+        Ok(Self {
+            info,
+            device: None,
+            device_timeout: duration_env(TIMEOUT_ENV, DEFAULT_DEVICE_TIMEOUT)?,
+            setup_timeout: duration_env(SETUP_TIMEOUT_ENV, DEFAULT_SETUP_TIMEOUT)?,
+        })
+    }
+
+    /// The CUDA device ordinal to use (default: the local rank).
+    pub fn device(mut self, ordinal: usize) -> Self {
+        self.device = Some(ordinal);
+        self
+    }
+
+    /// Bound of every device wait. A wait that expires makes the host call return
+    /// [`Error::PeerTimeout`] naming the peer, and the communicator must be rebuilt.
+    pub fn device_timeout(mut self, timeout: Duration) -> Self {
+        self.device_timeout = timeout;
+        self
+    }
+
+    /// Bound of every host setup step (joining, exchanging handles, agreements).
+    pub fn setup_timeout(mut self, timeout: Duration) -> Self {
+        self.setup_timeout = timeout;
+        self
+    }
+
+    /// Collective: joins the group, opens the GPU, discovers the topology and creates the
+    /// communicator's control window. Every rank gets the communicator or an error.
+    pub fn build(self) -> Result<Comm> {
+        let rank = self.info.rank;
+        let store = Store::connect(&self.info, self.setup_timeout)?;
+        let ordinal = self.device.unwrap_or(self.info.local_rank);
+        let opened = CudaContext::new(ordinal).cuda(rank as i32, "cuCtxCreate (CudaContext::new)");
+        let ctx = agree_on_store(&store, "open device", rank, opened, self.setup_timeout)?;
+        let device = agree_on_store(
+            &store,
+            "query device",
+            rank,
+            DeviceInfo::query(&ctx, rank),
+            self.setup_timeout,
+        )?;
+        let topology = Topology::discover(
+            rank,
+            self.info.world_size,
+            &store,
+            &ctx,
+            &device,
+            self.setup_timeout,
+        )?;
+        let errors = agree_on_store(
+            &store,
+            "error state",
+            rank,
+            ErrorState::new(&ctx, rank),
+            self.setup_timeout,
+        )?;
+        let group = Arc::new(Group::new(
+            rank,
+            self.info.world_size,
+            store,
+            ctx,
+            topology,
+            errors,
+            self.device_timeout,
+            self.setup_timeout,
+        ));
+        let control = Window::<u64>::new(&group, group.world_size, 0)?;
+        let comm = Comm {
+            local_rank: self.info.local_rank,
+            device,
+            jit: Jit::new(),
+            registry: Mutex::new(Registry::default()),
+            control,
+            group,
+        };
+        log::debug!("rank {rank}: communicator ready on {}", comm.device.name);
+        Ok(comm)
+    }
+}
+
+/// Agreement before the `Group` exists (same protocol as `Group::agree`).
+fn agree_on_store<T>(
+    store: &Store,
+    step: &str,
+    rank: usize,
+    local: Result<T>,
+    timeout: Duration,
+) -> Result<T> {
+    let status = match &local {
+        Ok(_) => Vec::new(),
+        Err(e) => format!("!{e}").into_bytes(),
+    };
+    let all = store.all_gather(&format!("__devcomm/agree/{step}"), &status, timeout)?;
+    let failures: Vec<(usize, String)> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.first() == Some(&b'!'))
+        .map(|(r, s)| (r, String::from_utf8_lossy(&s[1..]).into_owned()))
+        .collect();
+    if failures.is_empty() {
+        local
+    } else {
+        log::debug!("rank {rank}: step {step} failed somewhere: {failures:?}");
+        Err(Error::Setup { step: step.to_owned(), failures })
+    }
+}
+
+fn duration_env(var: &'static str, default: Duration) -> Result<Duration> {
+    match std::env::var(var) {
+        Ok(v) => v.trim().parse::<u64>().map(Duration::from_millis).map_err(|_| {
+            Error::InvalidArgument { op: "Comm", reason: format!("{var}={v:?} is not milliseconds") }
+        }),
+        Err(_) => Ok(default),
+    }
+}
+
+/// A communicator: one per process, one GPU per process.
+#[derive(Debug)]
+pub struct Comm {
+    local_rank: usize,
+    device: DeviceInfo,
+    jit: Jit,
+    registry: Mutex<Registry>,
+    control: Window<u64>,
+    // Dropped last: windows and registrations above release their mappings first.
+    group: Arc<Group>,
+}
+
+const BARRIER_KERNEL: &str = r#"
+#include "devcomm/devcomm.cuh"
+extern "C" __global__ void devcomm_comm_barrier(devcomm::DeviceWindow w) {
+  devcomm::barrier(devcomm::Block{}, w);
+}
+"#;
+
+impl Comm {
+    /// Joins the group described by the torchrun-style environment
+    /// (`RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT`).
+    pub fn from_env() -> Result<Self> {
+        CommBuilder::new(RankInfo::from_env()?)?.build()
+    }
+
+    /// A builder for explicit settings.
+    pub fn builder(info: RankInfo) -> Result<CommBuilder> {
+        CommBuilder::new(info)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.group.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.group.world_size
+    }
+
+    /// Rank among this host's processes.
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// The link kind of every peer.
+    pub fn topology(&self) -> &Topology {
+        &self.group.topology
+    }
+
+    /// This rank's GPU.
+    pub fn device_info(&self) -> &DeviceInfo {
+        &self.device
+    }
+
+    /// This rank's CUDA context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.group.ctx
+    }
+
+    /// The kernel compiler and cache.
+    pub fn jit(&self) -> &Jit {
+        &self.jit
+    }
+
+    /// The bound of device waits.
+    pub fn device_timeout(&self) -> Duration {
+        self.group.device_timeout
+    }
+
+    /// Collective: a symmetric window of `len` elements and `signal_count` user signal slots
+    /// on every rank.
+    pub fn window<T: DeviceRepr>(&self, len: usize, signal_count: usize) -> Result<Window<T>> {
+        Window::new(&self.group, len, signal_count)
+    }
+
+    /// Collective: registers a buffer the user allocated (`cuMemAlloc`/`cudaMalloc` memory or
+    /// a `cuMem` virtual-memory allocation) so that peers' kernels can reach it. Returns the
+    /// device address of its `RegisteredBuffer` struct.
+    pub fn register(&self, ptr: u64, bytes: usize) -> Result<u64> {
+        let mut registry = self.lock_registry()?;
+        registry.register(&self.group, ptr, bytes)
+    }
+
+    /// Collective: releases a registration made by [`Comm::register`].
+    pub fn deregister(&self, handle: u64) -> Result<()> {
+        let mut registry = self.lock_registry()?;
+        registry.deregister(&self.group, handle)
+    }
+
+    /// The peer's address of a registered buffer as mapped here, or `None` without NVLink.
+    pub fn registered_nvlink_address(&self, handle: u64, peer: usize) -> Result<Option<u64>> {
+        let registry = self.lock_registry()?;
+        registry.get_nvlink_address(handle, peer)
+    }
+
+    fn lock_registry(&self) -> Result<std::sync::MutexGuard<'_, Registry>> {
+        self.registry.lock().map_err(|_| Error::Aborted {
+            rank: self.rank() as i32,
+            reason: "a thread panicked while registering a buffer".into(),
+        })
+    }
+
+    /// Enqueues a barrier across all ranks on `stream`: kernels after it on any rank start only
+    /// once every rank's work before it has finished. Bounded like every device wait.
+    pub fn barrier(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.check()?;
+        let spec = KernelSpec::new("devcomm_comm_barrier", BARRIER_KERNEL)
+            .name_expression("devcomm_comm_barrier");
+        let module = self.jit.load(self.context(), &spec)?;
+        let func = module.function("devcomm_comm_barrier")?;
+        let handle = self.control.device_handle();
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = stream.launch_builder(&func);
+        launch.arg(&handle);
+        // SAFETY: the kernel takes one DeviceWindow by value, which is what is pushed; the
+        // window's memory outlives the launch because `self.control` lives as long as `self`
+        // and `Drop` of windows synchronises with peers before unmapping.
+        unsafe { launch.launch(cfg) }.cuda(self.rank() as i32, "cuLaunchKernel (barrier)")?;
+        Ok(())
+    }
+
+    /// Host-side barrier through the store (no GPU work).
+    pub fn host_barrier(&self) -> Result<()> {
+        let tag = self.group.next_tag("__devcomm/host_barrier");
+        Ok(self.group.store.barrier(&tag, self.group.setup_timeout)?)
+    }
+
+    /// Returns the first device error recorded by this communicator's kernels, if any
+    /// ([`Error::PeerTimeout`] the first time, [`Error::Aborted`] after).
+    pub fn check(&self) -> Result<()> {
+        self.group.errors.check()
+    }
+
+    /// Waits for `stream` to finish, then reports device errors. Never hangs: every device
+    /// wait is bounded by the device timeout.
+    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        let synced = stream.synchronize().cuda(self.rank() as i32, "cuStreamSynchronize");
+        self.check()?;
+        synced
+    }
+
+    /// Raises the abort flag: every in-flight device wait of this communicator returns.
+    pub fn abort(&self) {
+        self.group.errors.raise_abort();
+    }
+
+    /// The store, for callers that exchange their own setup data (benchmarks, NCCL ids).
+    pub fn store(&self) -> &Store {
+        &self.group.store
+    }
+
+    /// The bound of host setup steps.
+    pub fn setup_timeout(&self) -> Duration {
+        self.group.setup_timeout
+    }
+}

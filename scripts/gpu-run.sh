@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs on a GPU machine from the repository root, with dist/ carried there (scripts/stage.sh):
+# the GPU self-test on every GPU, then the quick benchmarks. Full logs and JSON go to $OUT
+# (or ./gpu-out), and a short summary is printed last.
+#   usage: dist/gpu-run.sh [device-kind] [what...]   what: info selftest latency put sendrecv
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export DEVCOMM_CACHE_DIR=${DEVCOMM_CACHE_DIR:-/tmp/devcomm-cache}
+kind=${1:-unknown}; shift || true
+what=${*:-info selftest latency put}
+out=${OUT:-./gpu-out}; mkdir -p "$out"
+bin=dist/devcomm
+n=$(nvidia-smi -L | wc -l)
+summary=()
+step() { # name, command...
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee "$out/$name.log"
+  local rc=${PIPESTATUS[0]}
+  summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t0)))")
+}
+nvidia-smi topo -m > "$out/topo.txt" 2>&1
+for w in $what; do
+  case $w in
+    info)
+      step info $bin launch -n "$n" -- $bin info
+      step info-override env DEVCOMM_TOPOLOGY_OVERRIDE="0-1=net,2-*=shm" $bin launch -n "$n" -- $bin info ;;
+    selftest) step selftest $bin launch -n "$n" -- $bin selftest ;;
+    selftest2) step selftest-2 $bin launch -n 2 -- $bin selftest ;;
+    latency) step latency $bin launch -n 2 -- $bin bench --op latency --device-kind "$kind" --json "$out/latency.json" ;;
+    put) step put $bin launch -n 2 -- $bin bench --op put --device-kind "$kind" --json "$out/put.json" --plot "$out/put.svg" ;;
+    sendrecv)
+      step sendrecv $bin launch -n 2 -- $bin bench --op sendrecv --device-kind "$kind" --json "$out/sendrecv.json" --plot "$out/sendrecv.svg"
+      step sendrecv-both $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --device-kind "$kind" --json "$out/sendrecv-both.json" --plot "$out/sendrecv-both.svg" ;;
+  esac
+done
+echo; echo "=== summary"; printf '%s\n' "${summary[@]}"
+grep -h -E "SELFTEST|^rank [0-9]+ .*:" "$out"/selftest*.log 2>/dev/null | tail -20

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs devcomm's whole CPU test suite from a fresh clone.
+#
+# Installs what the tests need into git-ignored folders of the checkout (the NVRTC 13.0 wheel
+# from PyPI, so that every kernel is compiled even without a GPU), then checks formatting and
+# lints and runs every test. GPU tests are run by `devcomm selftest` on a GPU machine
+# (scripts/gpu-run.sh), not here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+nvrtc_dir="$root/.tools/nvrtc"
+nvrtc_lib="$nvrtc_dir/nvidia/cu13/lib"
+if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ]; then
+  echo "== installing NVRTC 13.0 into $nvrtc_dir"
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target "$nvrtc_dir" 'nvidia-cuda-nvrtc==13.0.*'
+fi
+export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Kernel cache of the test run stays inside the checkout.
+export DEVCOMM_CACHE_DIR="$root/target/devcomm-kernel-cache"
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --workspace 2>&1 | tee target/test.log
+# Fail loudly if a test binary ran nothing at all.
+if ! grep -Eq '^test result: ok\. [1-9]' target/test.log; then
+  echo "no test ran" >&2
+  exit 1
+fi
