@@ -1,0 +1,92 @@
+//! Rust twins of `cuda/devcomm/p2p.cuh`.
+
+use std::mem::{offset_of, size_of};
+
+use cudarc::driver::DeviceRepr;
+
+use crate::handles::DeviceWindow;
+
+/// One direction of a send/recv launch. `peer < 0` means the role is unused.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct P2PSide {
+    /// Source (send) or destination (recv) device address.
+    pub buf: u64,
+    /// Message size in bytes.
+    pub bytes: u64,
+    /// Device `u64[max_blocks]`: bulk step counter per block for this peer.
+    pub steps: u64,
+    /// Device `u64[max_blocks]`: low-latency call counter per block for this peer.
+    pub ll_steps: u64,
+    /// Bulk bytes per pipeline step.
+    pub chunk_bytes: u64,
+    /// The peer, or -1.
+    pub peer: i32,
+    /// Blocks of this role.
+    pub blocks: u32,
+    /// 1: low-latency lines; 0: staged bulk.
+    pub low_latency: u32,
+    /// Padding; keep zero.
+    pub reserved: u32,
+}
+
+/// Everything one send/recv launch needs.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct P2PLaunch {
+    /// The p2p window.
+    pub w: DeviceWindow,
+    /// The send role.
+    pub send: P2PSide,
+    /// The receive role.
+    pub recv: P2PSide,
+    /// Bytes between two staging slots.
+    pub slot_stride: u64,
+    /// One sender's region in a receiver's window.
+    pub region_bytes: u64,
+    /// Offset of the low-latency lines inside a region.
+    pub ll_offset: u64,
+    /// Bytes of one parity's lines.
+    pub ll_parity_bytes: u64,
+    /// Signal slots per (peer, kind).
+    pub max_blocks: u32,
+    /// Slots per block.
+    pub depth: u32,
+}
+
+// SAFETY: plain #[repr(C)] integers whose layout equals the C++ struct (asserted below and in
+// tests/layout.rs).
+unsafe impl DeviceRepr for P2PLaunch {}
+
+/// Field offsets for the layout test, as in [`crate::handles::LAYOUT`].
+pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
+    ("P2PSide", "buf", offset_of!(P2PSide, buf), size_of::<P2PSide>()),
+    ("P2PSide", "bytes", offset_of!(P2PSide, bytes), size_of::<P2PSide>()),
+    ("P2PSide", "steps", offset_of!(P2PSide, steps), size_of::<P2PSide>()),
+    ("P2PSide", "ll_steps", offset_of!(P2PSide, ll_steps), size_of::<P2PSide>()),
+    ("P2PSide", "chunk_bytes", offset_of!(P2PSide, chunk_bytes), size_of::<P2PSide>()),
+    ("P2PSide", "peer", offset_of!(P2PSide, peer), size_of::<P2PSide>()),
+    ("P2PSide", "blocks", offset_of!(P2PSide, blocks), size_of::<P2PSide>()),
+    ("P2PSide", "low_latency", offset_of!(P2PSide, low_latency), size_of::<P2PSide>()),
+    ("P2PLaunch", "w", offset_of!(P2PLaunch, w), size_of::<P2PLaunch>()),
+    ("P2PLaunch", "send", offset_of!(P2PLaunch, send), size_of::<P2PLaunch>()),
+    ("P2PLaunch", "recv", offset_of!(P2PLaunch, recv), size_of::<P2PLaunch>()),
+    ("P2PLaunch", "slot_stride", offset_of!(P2PLaunch, slot_stride), size_of::<P2PLaunch>()),
+    ("P2PLaunch", "region_bytes", offset_of!(P2PLaunch, region_bytes), size_of::<P2PLaunch>()),
+    ("P2PLaunch", "ll_offset", offset_of!(P2PLaunch, ll_offset), size_of::<P2PLaunch>()),
+    ("P2PLaunch", "ll_parity_bytes", offset_of!(P2PLaunch, ll_parity_bytes), size_of::<P2PLaunch>()),
+    ("P2PLaunch", "max_blocks", offset_of!(P2PLaunch, max_blocks), size_of::<P2PLaunch>()),
+    ("P2PLaunch", "depth", offset_of!(P2PLaunch, depth), size_of::<P2PLaunch>()),
+];
+
+const _: () = {
+    assert!(size_of::<P2PSide>() == 56);
+    assert!(offset_of!(P2PSide, chunk_bytes) == 32);
+    assert!(offset_of!(P2PSide, peer) == 40);
+    assert!(offset_of!(P2PSide, low_latency) == 48);
+    assert!(size_of::<P2PLaunch>() == 232);
+    assert!(offset_of!(P2PLaunch, send) == 80);
+    assert!(offset_of!(P2PLaunch, recv) == 136);
+    assert!(offset_of!(P2PLaunch, slot_stride) == 192);
+    assert!(offset_of!(P2PLaunch, max_blocks) == 224);
+};
