@@ -10,19 +10,29 @@
 //! wait is bounded by the window's timeout and the process-wide abort flag, and a caller whose
 //! wait returns `false` stops without publishing further signals.
 
+/// `(include name, text)` of one header under `cuda/devcomm/`.
+macro_rules! embed {
+    ($file:literal) => {
+        (
+            concat!("devcomm/", $file),
+            include_str!(concat!("../cuda/devcomm/", $file)),
+        )
+    };
+}
+
 /// Every embedded header as `(include name, text)`, e.g. `("devcomm/window.cuh", "...")`.
 /// The include name is what kernels write in `#include "..."`.
 pub const HEADERS: &[(&str, &str)] = &[
-    ("devcomm/handles.cuh", include_str!("../cuda/devcomm/handles.cuh")),
-    ("devcomm/ordering.cuh", include_str!("../cuda/devcomm/ordering.cuh")),
-    ("devcomm/group.cuh", include_str!("../cuda/devcomm/group.cuh")),
-    ("devcomm/copy.cuh", include_str!("../cuda/devcomm/copy.cuh")),
-    ("devcomm/wait.cuh", include_str!("../cuda/devcomm/wait.cuh")),
-    ("devcomm/window.cuh", include_str!("../cuda/devcomm/window.cuh")),
-    ("devcomm/barrier.cuh", include_str!("../cuda/devcomm/barrier.cuh")),
-    ("devcomm/put.cuh", include_str!("../cuda/devcomm/put.cuh")),
-    ("devcomm/registered.cuh", include_str!("../cuda/devcomm/registered.cuh")),
-    ("devcomm/devcomm.cuh", include_str!("../cuda/devcomm/devcomm.cuh")),
+    embed!("handles.cuh"),
+    embed!("ordering.cuh"),
+    embed!("group.cuh"),
+    embed!("copy.cuh"),
+    embed!("wait.cuh"),
+    embed!("window.cuh"),
+    embed!("barrier.cuh"),
+    embed!("put.cuh"),
+    embed!("registered.cuh"),
+    embed!("devcomm.cuh"),
 ];
 
 /// The umbrella header's include name.

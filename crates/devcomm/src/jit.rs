@@ -208,7 +208,10 @@ impl Jit {
     /// `devcomm-kernels` directory in the system's temporary directory. The directory is
     /// created on the first store.
     pub fn new() -> Self {
-        let cache_dir = match (std::env::var_os("DEVCOMM_CACHE_DIR"), std::env::var_os("HOME")) {
+        let cache_dir = match (
+            std::env::var_os("DEVCOMM_CACHE_DIR"),
+            std::env::var_os("HOME"),
+        ) {
             (Some(dir), _) if !dir.is_empty() => PathBuf::from(dir),
             (_, Some(home)) if !home.is_empty() => {
                 PathBuf::from(home).join(".cache/devcomm/kernels")
@@ -282,7 +285,9 @@ impl Jit {
 
     fn memo(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, String), Arc<LoadedModule>>> {
         // A panic while holding the lock cannot leave the map half-updated (single insert).
-        self.memo.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.memo
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn read_cache(&self, key: &str, spec: &KernelSpec) -> Option<CompiledModule> {
@@ -349,10 +354,7 @@ impl LoadedModule {
         self.module
             .load_function(symbol)
             .cuda(-1, "cuModuleGetFunction")
-            .map_err(|err| {
-                log::debug!("module `{}` has no kernel `{symbol}`", self.name);
-                err
-            })
+            .inspect_err(|_| log::debug!("module `{}` has no kernel `{symbol}`", self.name))
     }
 
     /// The underlying cudarc module.
@@ -446,26 +448,20 @@ impl Program {
     fn log(&self) -> Result<String> {
         let mut size = 0usize;
         // SAFETY: the handle is live; `size` is valid for writes.
-        check(
-            unsafe { sys::nvrtcGetProgramLogSize(self.handle, &mut size) },
-            "nvrtcGetProgramLogSize",
-        )?;
+        let rc = unsafe { sys::nvrtcGetProgramLogSize(self.handle, &mut size) };
+        check(rc, "nvrtcGetProgramLogSize")?;
         let mut buf = vec![0u8; size.max(1)];
         // SAFETY: `buf` has the `size` bytes NVRTC asked for (at least 1).
-        check(
-            unsafe { sys::nvrtcGetProgramLog(self.handle, buf.as_mut_ptr().cast()) },
-            "nvrtcGetProgramLog",
-        )?;
+        let rc = unsafe { sys::nvrtcGetProgramLog(self.handle, buf.as_mut_ptr().cast()) };
+        check(rc, "nvrtcGetProgramLog")?;
         Ok(c_buffer_to_string(buf).trim_end().to_string())
     }
 
     fn cubin(&self) -> Result<Vec<u8>> {
         let mut size = 0usize;
         // SAFETY: the handle is live and compiled; `size` is valid for writes.
-        check(
-            unsafe { sys::nvrtcGetCUBINSize(self.handle, &mut size) },
-            "nvrtcGetCUBINSize",
-        )?;
+        let rc = unsafe { sys::nvrtcGetCUBINSize(self.handle, &mut size) };
+        check(rc, "nvrtcGetCUBINSize")?;
         if size == 0 {
             return Err(Error::Nvrtc {
                 call: "nvrtcGetCUBIN",
@@ -475,10 +471,8 @@ impl Program {
         }
         let mut cubin = vec![0u8; size];
         // SAFETY: `cubin` has the `size` bytes NVRTC asked for.
-        check(
-            unsafe { sys::nvrtcGetCUBIN(self.handle, cubin.as_mut_ptr().cast()) },
-            "nvrtcGetCUBIN",
-        )?;
+        let rc = unsafe { sys::nvrtcGetCUBIN(self.handle, cubin.as_mut_ptr().cast()) };
+        check(rc, "nvrtcGetCUBIN")?;
         Ok(cubin)
     }
 

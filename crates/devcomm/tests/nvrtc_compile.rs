@@ -32,13 +32,20 @@ fn compile_timed(spec: &KernelSpec) -> jit::CompiledModule {
     eprintln!("compiled `{}` in {:?}", spec.name, start.elapsed());
     assert!(!module.cubin.is_empty());
     // A cubin is an ELF file.
-    assert_eq!(&module.cubin[..4], b"\x7fELF", "`{}` is not a cubin", spec.name);
+    assert_eq!(
+        &module.cubin[..4],
+        b"\x7fELF",
+        "`{}` is not a cubin",
+        spec.name
+    );
     module
 }
 
 /// A translation unit with just `header` and a kernel that touches nothing of it.
 fn header_alone(include: &str) -> KernelSpec {
-    let stem = include.trim_start_matches("devcomm/").trim_end_matches(".cuh");
+    let stem = include
+        .trim_start_matches("devcomm/")
+        .trim_end_matches(".cuh");
     let source = format!(
         "#include \"{include}\"\n\
          #include \"{include}\"  // twice: include guards work\n\
@@ -117,7 +124,10 @@ fn foundation_kernels_compile() {
     }
     let module = compile_timed(&KernelSpec::foundation());
     for kernel in device::FOUNDATION_KERNELS {
-        assert_eq!(module.lowered_names[*kernel], *kernel, "extern \"C\" names stay plain");
+        assert_eq!(
+            module.lowered_names[*kernel], *kernel,
+            "extern \"C\" names stay plain"
+        );
     }
     assert!(module.log.is_empty(), "warnings:\n{}", module.log);
 }
@@ -136,7 +146,10 @@ fn a_bad_user_hook_reports_its_own_line() {
     match jit::compile(&spec, SM90) {
         Err(Error::Compile { kernel, log }) => {
             assert_eq!(kernel, "bad_hook");
-            assert!(log.contains("bad_hook.cu(3)"), "log does not name line 3:\n{log}");
+            assert!(
+                log.contains("bad_hook.cu(3)"),
+                "log does not name line 3:\n{log}"
+            );
             assert!(log.contains("undefined_scale"), "{log}");
         }
         other => panic!("expected Error::Compile, got {other:?}"),
