@@ -155,3 +155,63 @@ fn a_bad_user_hook_reports_its_own_line() {
         other => panic!("expected Error::Compile, got {other:?}"),
     }
 }
+
+#[test]
+fn every_header_file_is_embedded() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/devcomm");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".cuh"))
+        .map(|name| format!("devcomm/{name}"))
+        .collect();
+    let mut embedded: Vec<String> = HEADERS.iter().map(|(n, _)| n.to_string()).collect();
+    on_disk.sort();
+    embedded.sort();
+    assert_eq!(on_disk, embedded);
+    assert!(device::header(device::UMBRELLA).is_some());
+}
+
+/// Without libnvrtc, compiling returns `Error::Nvrtc` instead of cudarc's loader panic. Runs
+/// this test binary again with the library hidden from the loader path.
+#[test]
+fn missing_nvrtc_is_an_error_not_a_panic() {
+    const CHILD: &str = "DEVCOMM_TEST_CHILD_WITHOUT_NVRTC";
+    if std::env::var_os(CHILD).is_some() {
+        let spec = KernelSpec::new("probe", "extern \"C\" __global__ void k() {}");
+        match jit::compile(&spec, SM90) {
+            Err(Error::Nvrtc { call, message }) => println!("CHILD-ERROR {call}: {message}"),
+            // libnvrtc is installed system-wide: nothing to hide it from.
+            Ok(_) => println!("CHILD-PRESENT"),
+            Err(other) => panic!("unexpected error: {other}"),
+        }
+        return;
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "missing_nvrtc_is_an_error_not_a_panic",
+            "--exact",
+            "--nocapture",
+        ])
+        .env_remove("LD_LIBRARY_PATH")
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("CHILD-ERROR dlopen(libnvrtc)") || stdout.contains("CHILD-PRESENT"),
+        "{stdout}"
+    );
+    eprintln!(
+        "{}",
+        stdout
+            .lines()
+            .find(|l| l.starts_with("CHILD-"))
+            .unwrap_or("")
+    );
+}

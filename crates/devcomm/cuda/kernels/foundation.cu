@@ -29,7 +29,8 @@ __device__ __forceinline__ void block_chunk(dc_u64 bytes, dc_u64 blocks, dc_u64 
 
 // Every block takes peers p = blockIdx.x, blockIdx.x + gridDim.x, ... (skipping itself and peers
 // without NVLink): copies src[0, bytes_per_peer) into p's window at offset rank * bytes_per_peer
-// and sets p's user slot `rank` to `round`. Rounds must grow from launch to launch.
+// and sets p's user slot `rank` to `round`. Rounds must grow from launch to launch. Needs
+// signal_count >= world_size and data_bytes >= world_size * bytes_per_peer (else it traps).
 extern "C" __global__ void put_signal_all(DeviceWindow w, const void* src, dc_u64 bytes_per_peer,
                                           dc_u64 round) {
   const Block block;
@@ -115,6 +116,7 @@ extern "C" __global__ void wait_forever(DeviceWindow w, int peer, dc_u64 slot, i
 // smaller rank pings with base+i+1 and waits for the echo; the other echoes. elapsed_ns[0] = the
 // whole loop (one-way latency = elapsed / (2 * iters)), or 0 if a wait failed. `base` is the
 // number of rounds already done on this slot, so values stay monotonic across launches.
+// Launch <<<1, 1>>> on both ranks; peer != rank.
 extern "C" __global__ void pingpong(DeviceWindow w, int peer, dc_u64 iters, dc_u64 base,
                                     dc_u64* elapsed_ns) {
   const Thread self;
