@@ -12,7 +12,9 @@ typedef unsigned long long dc_u64;
 typedef long long dc_i64;
 typedef unsigned int dc_u32;
 typedef int dc_i32;
-#define DC_OFFSETOF(type, field) __builtin_offsetof(type, field)
+// NVRTC has neither <cstddef> nor __builtin_offsetof; __INTADDR__ is its front end's (EDG's)
+// constant-expression form of offsetof.
+#define DC_OFFSETOF(type, field) __INTADDR__(&(((type*)0)->field))
 #else
 #include <cstddef>
 #include <cstdint>

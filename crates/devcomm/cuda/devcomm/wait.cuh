@@ -1,0 +1,102 @@
+// devcomm/wait.cuh: the one bounded spin-wait every device wait goes through.
+//
+// No wait may hang (DESIGN section 3). A wait polls its word with ld.acquire.sys; every
+// kAbortCheckPolls polls it also checks the process-wide abort flag and its deadline. When the
+// deadline passes it records what it was waiting for in the host-mapped ErrorRecord (first
+// failure of the process wins), raises `abort` so every other wait of the process gives up
+// within a few polls, and returns false.
+//
+// CALLER CONTRACT: a thread (or group) that gets `false` must stop its part of the operation and
+// must not publish any further signal (no data-ready, no slot-free, no barrier arrival): the
+// data those signals would announce was not moved. It should return from the kernel promptly.
+#pragma once
+
+#include "devcomm/handles.cuh"
+#include "devcomm/ordering.cuh"
+
+namespace devcomm {
+
+// How a wait compares the value it reads (`seen`) with the value it waits for (`expected`).
+// Signals are monotonic, so Ge is the usual choice.
+enum class Cmp : dc_u32 { Ge = 0, Eq = 1, Ne = 2, Gt = 3 };
+
+// What a wait is for, recorded on timeout so the host error names the peer and slot.
+struct WaitSite {
+  dc_u32 op;    // DeviceOp
+  dc_i32 peer;  // the peer expected to write the word, -1 if unknown
+  dc_u64 slot;  // signal slot index (as the caller numbers it)
+};
+
+#if defined(__CUDACC__)
+
+// Polls between two checks of the abort flag and the clock. The flag lives in host memory
+// (a PCIe round trip) and globaltimer is not free; 64 polls keep both off the fast path while
+// still noticing an abort within a few microseconds.
+constexpr dc_u32 kAbortCheckPolls = 64;
+
+__device__ __forceinline__ bool compare(dc_u64 seen, dc_u64 expected, Cmp cmp) {
+  switch (cmp) {
+    case Cmp::Eq: return seen == expected;
+    case Cmp::Ne: return seen != expected;
+    case Cmp::Gt: return seen > expected;
+    default: return seen >= expected;
+  }
+}
+
+// True once the host or another wait of this process raised the abort flag.
+// A volatile load is enough: the flag orders no other data (a wait that sees it only gives
+// up), so no acquire is needed, and volatile forces a fresh read from host memory on every
+// check instead of a register or L1 copy. `err` may be null (no error state: never aborted).
+__device__ __forceinline__ bool abort_raised(const DeviceErrorState* err) {
+  return err != nullptr && *reinterpret_cast<const volatile dc_u32*>(&err->abort) != 0;
+}
+
+// Records a failed wait (only the first failure of the process is kept) and raises abort.
+__device__ inline void record_wait_failure(DeviceErrorState* err, dc_i32 rank, WaitSite site,
+                                           dc_u64 expected, dc_u64 seen, dc_u64 elapsed_ns) {
+  if (err == nullptr) return;
+  // Only this process's GPU writes its error state, so a device-scope atomic on the host-mapped
+  // word is atomic enough (mapped-memory atomics are not atomic w.r.t. the host, who only reads).
+  if (atomicCAS(&err->record.flag, 0u, 1u) == 0u) {
+    volatile ErrorRecord* rec = &err->record;
+    rec->op = site.op;
+    rec->rank = rank;
+    rec->peer = site.peer;
+    rec->slot = site.slot;
+    rec->expected = expected;
+    rec->seen = seen;
+    rec->elapsed_ns = elapsed_ns;
+    // The record must be complete in host memory before the host can see `abort`; the host
+    // reads the record only after it sees abort != 0.
+    __threadfence_system();
+  }
+  *reinterpret_cast<volatile dc_u32*>(&err->abort) = 1u;
+  __threadfence_system();
+}
+
+// Waits (one thread) until `cmp(*addr, expected)` holds, at most `timeout_ns` nanoseconds.
+// Returns true when it holds (with acquire semantics: what the writer published before its
+// release store is visible to this thread), false on timeout or abort (see CALLER CONTRACT).
+// A timeout of 0 gives up at the first check; the host always sets a real bound.
+__device__ inline bool wait_until(DeviceErrorState* err, dc_u64 timeout_ns, dc_i32 rank,
+                                  const dc_u64* addr, dc_u64 expected, Cmp cmp, WaitSite site) {
+  dc_u64 seen = ld_acquire_sys(addr);
+  if (compare(seen, expected, cmp)) return true;  // fast path: no clock read at all
+  const dc_u64 start = globaltimer_ns();
+  for (dc_u32 polls = 0;; ++polls) {
+    if (polls % kAbortCheckPolls == 0) {
+      if (abort_raised(err)) return false;  // someone else recorded the failure
+      const dc_u64 elapsed = globaltimer_ns() - start;
+      if (elapsed >= timeout_ns) {
+        record_wait_failure(err, rank, site, expected, seen, elapsed);
+        return false;
+      }
+    }
+    seen = ld_acquire_sys(addr);
+    if (compare(seen, expected, cmp)) return true;
+  }
+}
+
+#endif  // __CUDACC__
+
+}  // namespace devcomm

@@ -1,0 +1,145 @@
+// kernels/foundation.cu: the foundation's GPU tests and micro-benchmarks.
+//
+// Every kernel is extern "C" (its lowered name is its plain name) and takes the window by value.
+// Kernels that wait report failure through their status word and otherwise just return: after a
+// failed wait they publish nothing more (CALLER CONTRACT in devcomm/wait.cuh); the host learns
+// the details from the communicator's error state.
+#include "devcomm/devcomm.cuh"
+
+using devcomm::Block;
+using devcomm::DeviceWindow;
+using devcomm::Thread;
+
+namespace {
+
+// Block b's share of `bytes` split over `blocks` blocks in 16-byte aligned chunks: [begin, end).
+__device__ __forceinline__ void block_chunk(dc_u64 bytes, dc_u64 blocks, dc_u64 b, dc_u64* begin,
+                                            dc_u64* end) {
+  const dc_u64 units = (bytes + 15) / 16;  // 16-byte units; the last one may be partial
+  const dc_u64 per_block = (units + blocks - 1) / blocks;
+  dc_u64 lo = b * per_block * 16;
+  dc_u64 hi = lo + per_block * 16;
+  if (lo > bytes) lo = bytes;
+  if (hi > bytes) hi = bytes;
+  *begin = lo;
+  *end = hi;
+}
+
+}  // namespace
+
+// Every block takes peers p = blockIdx.x, blockIdx.x + gridDim.x, ... (skipping itself and peers
+// without NVLink): copies src[0, bytes_per_peer) into p's window at offset rank * bytes_per_peer
+// and sets p's user slot `rank` to `round`. Rounds must grow from launch to launch. Needs
+// signal_count >= world_size and data_bytes >= world_size * bytes_per_peer (else it traps).
+extern "C" __global__ void put_signal_all(DeviceWindow w, const void* src, dc_u64 bytes_per_peer,
+                                          dc_u64 round) {
+  const Block block;
+  for (int p = blockIdx.x; p < w.world_size; p += gridDim.x) {
+    if (p == w.rank || devcomm::get_nvlink_address(w, p) == nullptr) continue;
+    devcomm::put_signal(block, w, p, static_cast<dc_u64>(w.rank) * bytes_per_peer, src,
+                        bytes_per_peer, static_cast<dc_u64>(w.rank), round);
+  }
+}
+
+// Companion of put_signal_all (one block): waits until user slot p >= round for every NVLink
+// peer p. status[0] = 1 if all came, 0 on timeout or abort.
+extern "C" __global__ void wait_all(DeviceWindow w, dc_u64 round, int* status) {
+  const Block block;
+  for (int p = 0; p < w.world_size; ++p) {
+    if (p == w.rank || devcomm::get_nvlink_address(w, p) == nullptr) continue;
+    if (!devcomm::wait_signal(block, w, static_cast<dc_u64>(p), round, devcomm::Cmp::Ge, p)) {
+      if (block.thread_rank() == 0) *status = 0;
+      return;
+    }
+  }
+  if (block.thread_rank() == 0) *status = 1;
+}
+
+// One block, `iters` iterations. Iteration i writes i+1 into every NVLink peer's window (a u64 at
+// offset rank * 8), barriers, checks that every peer's u64 in OUR window is i+1, barriers again
+// (so nobody overwrites before everyone checked). status[0] = 1 when every iteration passed;
+// otherwise 0 and, if scratch is not null, scratch[0..3) = {iteration, peer, value seen}.
+// Needs blockDim.x >= world_size. Proves the barrier orders plain stores and loads across GPUs.
+extern "C" __global__ void barrier_loop(DeviceWindow w, dc_u64 iters, dc_u64* scratch,
+                                        int* status) {
+  const Block block;
+  const int p = static_cast<int>(threadIdx.x);  // this thread's peer
+  const bool mine = p < w.world_size && p != w.rank && devcomm::get_nvlink_address(w, p) != nullptr;
+  const dc_u64* own = static_cast<const dc_u64*>(devcomm::get_nvlink_address(w, w.rank));
+  for (dc_u64 i = 0; i < iters; ++i) {
+    if (mine) static_cast<dc_u64*>(devcomm::get_nvlink_address(w, p))[w.rank] = i + 1;
+    if (!devcomm::barrier(block, w)) {
+      if (threadIdx.x == 0) *status = 0;
+      return;
+    }
+    const dc_u64 seen = mine ? own[p] : i + 1;
+    const bool bad = seen != i + 1;
+    if (bad && scratch != nullptr) {  // racy among bad threads; any one report is fine
+      scratch[0] = i;
+      scratch[1] = static_cast<dc_u64>(p);
+      scratch[2] = seen;
+    }
+    // Every rank stops at the same iteration only if all saw the same thing; a rank that stops
+    // early makes the others time out in the next barrier, which is the failure we want loud.
+    if (block.any(bad)) {
+      if (threadIdx.x == 0) *status = 0;
+      return;
+    }
+    if (!devcomm::barrier(block, w)) {
+      if (threadIdx.x == 0) *status = 0;
+      return;
+    }
+  }
+  if (threadIdx.x == 0) *status = 1;
+}
+
+// Copies `bytes` from `peer`'s registered buffer (over NVLink) into local dst; the blocks split
+// the range. Traps if the registration has no NVLink address for `peer` (check on the host).
+extern "C" __global__ void read_registered(const devcomm::RegisteredBuffer* reg, int peer,
+                                           void* dst, dc_u64 bytes) {
+  const Block block;
+  const unsigned char* src = static_cast<const unsigned char*>(devcomm::get_nvlink_address(reg, peer));
+  if (src == nullptr) __trap();
+  dc_u64 begin, end;
+  block_chunk(bytes, gridDim.x, blockIdx.x, &begin, &end);
+  devcomm::copy_bytes(block, static_cast<unsigned char*>(dst) + begin, src + begin, end - begin);
+}
+
+// Waits (one thread) for user slot `slot` to reach a value nobody sends. Exercises the timeout
+// path: the error record names `peer` and `slot`; status[0] = 0 on the (expected) failure.
+extern "C" __global__ void wait_forever(DeviceWindow w, int peer, dc_u64 slot, int* status) {
+  const bool ok = devcomm::wait_signal(Thread{}, w, slot, ~0ull, devcomm::Cmp::Eq, peer);
+  *status = ok ? 1 : 0;
+}
+
+// Ping-pong latency between this rank and `peer` on user slot 0 (one thread on each side). The
+// smaller rank pings with base+i+1 and waits for the echo; the other echoes. elapsed_ns[0] = the
+// whole loop (one-way latency = elapsed / (2 * iters)), or 0 if a wait failed. `base` is the
+// number of rounds already done on this slot, so values stay monotonic across launches.
+// Launch <<<1, 1>>> on both ranks; peer != rank.
+extern "C" __global__ void pingpong(DeviceWindow w, int peer, dc_u64 iters, dc_u64 base,
+                                    dc_u64* elapsed_ns) {
+  const Thread self;
+  const bool pinger = w.rank < peer;
+  const dc_u64 start = devcomm::globaltimer_ns();
+  for (dc_u64 i = 0; i < iters; ++i) {
+    const dc_u64 v = base + i + 1;
+    if (pinger) devcomm::signal(w, peer, 0, v);
+    if (!devcomm::wait_signal(self, w, 0, v, devcomm::Cmp::Ge, peer)) {
+      *elapsed_ns = 0;
+      return;
+    }
+    if (!pinger) devcomm::signal(w, peer, 0, v);
+  }
+  *elapsed_ns = devcomm::globaltimer_ns() - start;
+}
+
+// Pushes src[0, bytes) into `peer`'s window data at offset 0; the blocks split the range into
+// 16-byte aligned chunks. No signal: the host times the launch with events, and kernel
+// completion makes the stores visible.
+extern "C" __global__ void put_bandwidth(DeviceWindow w, int peer, const void* src, dc_u64 bytes) {
+  const Block block;
+  dc_u64 begin, end;
+  block_chunk(bytes, gridDim.x, blockIdx.x, &begin, &end);
+  devcomm::put(block, w, peer, begin, static_cast<const unsigned char*>(src) + begin, end - begin);
+}

@@ -1,0 +1,188 @@
+//! Checks that `cuda/devcomm/handles.cuh`, compiled by the host C++ compiler, lays out every
+//! struct exactly as Rust does (`devcomm::handles::LAYOUT`). Needs `c++` (or `$CXX`) on PATH.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use devcomm::handles::LAYOUT;
+
+/// A C++ program that prints `struct field offset size` for every entry of LAYOUT, in order.
+fn probe_source() -> String {
+    let mut src = String::from(
+        "#include <cstddef>\n#include <cstdio>\n#include \"devcomm/handles.cuh\"\n\nint main() {\n",
+    );
+    for (strukt, field, _, _) in LAYOUT {
+        writeln!(
+            src,
+            "  std::printf(\"%s %s %zu %zu\\n\", \"{strukt}\", \"{field}\", \
+             offsetof(devcomm::{strukt}, {field}), sizeof(devcomm::{strukt}));"
+        )
+        .unwrap();
+    }
+    src.push_str("  return 0;\n}\n");
+    src
+}
+
+fn compiler() -> String {
+    std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
+}
+
+/// A directory of its own for each test (they run in parallel and remove theirs at the end).
+fn scratch_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("devcomm-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn compile_probe(dir: &Path) -> Option<PathBuf> {
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+    let source = dir.join("layout_probe.cpp");
+    let binary = dir.join("layout_probe");
+    std::fs::write(&source, probe_source()).unwrap();
+    let output = match Command::new(compiler())
+        .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&binary)
+        .arg("-I")
+        .arg(&include)
+        .arg(&source)
+        .output()
+    {
+        Ok(output) => output,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var_os("DEVCOMM_REQUIRE_CXX").is_none(),
+                "DEVCOMM_REQUIRE_CXX is set but `{}` was not found",
+                compiler()
+            );
+            eprintln!("SKIPPED: no host C++ compiler `{}`", compiler());
+            return None;
+        }
+        Err(err) => panic!("running {}: {err}", compiler()),
+    };
+    assert!(
+        output.status.success(),
+        "handles.cuh does not compile as host C++:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(binary)
+}
+
+#[test]
+fn cpp_layout_equals_rust_layout() {
+    let dir = scratch_dir("layout");
+    let Some(binary) = compile_probe(&dir) else {
+        return;
+    };
+    let output = Command::new(&binary).output().unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let cpp: Vec<&str> = stdout.lines().collect();
+    assert_eq!(cpp.len(), LAYOUT.len(), "C++ printed:\n{stdout}");
+    for (line, (strukt, field, offset, size)) in cpp.iter().zip(LAYOUT) {
+        assert_eq!(
+            *line,
+            format!("{strukt} {field} {offset} {size}"),
+            "C++ and Rust disagree (left: C++, right: Rust)"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn layout_covers_every_shared_struct() {
+    for strukt in [
+        "ErrorRecord",
+        "DeviceErrorState",
+        "DeviceWindow",
+        "DevicePeerTable",
+        "RegisteredBuffer",
+    ] {
+        assert!(
+            LAYOUT.iter().any(|(s, ..)| *s == strukt),
+            "{strukt} missing from LAYOUT"
+        );
+    }
+}
+
+/// Runs `copy.cuh`'s `copy_bytes` on the host, with a stand-in for the CUDA built-ins and the
+/// threads of a group run one after another (a copy has no intra-group communication: every
+/// byte is written by exactly one thread). Checks every size up to 300 bytes and every pair of
+/// src/dst misalignments mod 32, for groups of 1, 3 and 32 threads: the copy is exact and
+/// touches nothing outside the destination.
+const COPY_SIMULATION: &str = r#"
+#define __CUDACC__ 1
+#define __device__
+#define __forceinline__ inline
+#include <cstdio>
+#include <cstring>
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+static Dim3 threadIdx, blockDim;
+inline void __syncwarp(unsigned = 0xffffffffu) {}
+inline int __any_sync(unsigned, int p) { return p; }
+inline void __syncthreads() {}
+inline int __syncthreads_or(int p) { return p; }
+#include "devcomm/copy.cuh"
+
+struct SimGroup {
+  unsigned rank, n;
+  unsigned thread_rank() const { return rank; }
+  unsigned size() const { return n; }
+};
+
+int main() {
+  alignas(64) static unsigned char src[512], dst[512], expect[512];
+  for (int i = 0; i < 512; ++i) src[i] = (unsigned char)(i * 7 + 3);
+  const unsigned groups[] = {1, 3, 32};
+  for (unsigned n : groups)
+    for (unsigned so = 0; so < 32; ++so)
+      for (unsigned dof = 0; dof < 32; ++dof)
+        for (unsigned bytes = 0; bytes <= 300; ++bytes) {
+          std::memset(dst, 0xEE, sizeof dst);
+          std::memset(expect, 0xEE, sizeof expect);
+          std::memcpy(expect + 64 + dof, src + 64 + so, bytes);
+          for (unsigned r = 0; r < n; ++r)
+            devcomm::copy_bytes(SimGroup{r, n}, dst + 64 + dof, src + 64 + so, bytes);
+          if (std::memcmp(dst, expect, sizeof dst) != 0) {
+            std::printf("FAIL group=%u src_off=%u dst_off=%u bytes=%u\n", n, so, dof, bytes);
+            return 1;
+          }
+        }
+  std::printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn copy_bytes_is_exact_for_every_size_and_alignment() {
+    let dir = scratch_dir("copy-sim");
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+    let source = dir.join("copy_sim.cpp");
+    let binary = dir.join("copy_sim");
+    std::fs::write(&source, COPY_SIMULATION).unwrap();
+    let output = match Command::new(compiler())
+        .args(["-std=c++17", "-O1", "-fno-strict-aliasing", "-o"])
+        .arg(&binary)
+        .arg("-I")
+        .arg(&include)
+        .arg(&source)
+        .output()
+    {
+        Ok(output) => output,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("SKIPPED: no host C++ compiler `{}`", compiler());
+            return;
+        }
+        Err(err) => panic!("running {}: {err}", compiler()),
+    };
+    assert!(
+        output.status.success(),
+        "copy simulation does not compile:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let run = Command::new(&binary).output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success() && stdout.contains("OK"), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
