@@ -8,15 +8,17 @@ use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 
 use crate::selftest::Ctx;
 
-mod nccl;
+pub(crate) mod nccl;
 mod plot;
+mod sendrecv;
 
 /// Arguments of `devcomm bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// What to time: `latency` (signal ping-pong between ranks 0 and 1), `put` (one GPU pushing
-    /// into a peer's window, against the copy engine and NCCL send/recv).
-    #[arg(long, default_value = "put")]
+    /// What to time: `sendrecv` (against NCCL send/recv), `latency` (signal ping-pong between
+    /// ranks 0 and 1), `put` (one GPU pushing into a peer's window, against the copy engine
+    /// and NCCL send/recv).
+    #[arg(long, default_value = "sendrecv")]
     op: String,
     /// Timed repetitions per point (the median is reported).
     #[arg(long, default_value_t = 20)]
@@ -33,6 +35,12 @@ pub struct BenchArgs {
     /// Device kind recorded with the results (e.g. nvidia-h200-x4).
     #[arg(long, default_value = "")]
     device_kind: String,
+    /// Send/recv: both directions at once.
+    #[arg(long)]
+    both_directions: bool,
+    /// Largest message size to time.
+    #[arg(long, default_value_t = 1 << 30)]
+    max_bytes: usize,
 }
 
 /// One measured point. Every devcomm benchmark writes this shape.
@@ -64,11 +72,6 @@ pub struct Record {
     pub devcomm_gbps: f64,
     /// The reference's bandwidth, GB/s.
     pub nccl_gbps: f64,
-}
-
-/// GPU checks that `devcomm selftest` runs from the benchmark kernels' modules.
-pub(crate) fn selftest_checks() -> Vec<(&'static str, &'static dyn Fn(&Ctx) -> Result<String, String>)> {
-    Vec::new()
 }
 
 pub(crate) fn today() -> String {
@@ -128,7 +131,8 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
     let records = match args.op.as_str() {
         "latency" => bench_latency(&cx, args)?,
         "put" => bench_put(&cx, args)?,
-        other => return Err(format!("unknown --op {other:?} (latency, put)")),
+        "sendrecv" => sendrecv::run(&cx, args, args.both_directions)?,
+        other => return Err(format!("unknown --op {other:?} (latency, put, sendrecv)")),
     };
     if cx.comm.rank() == 0 {
         print_table(&records);
@@ -144,7 +148,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
     Ok(0)
 }
 
-fn device_label(cx: &Ctx, args: &BenchArgs) -> String {
+pub(crate) fn device_label(cx: &Ctx, args: &BenchArgs) -> String {
     let name = &cx.comm.device_info().name;
     if args.device_kind.is_empty() { name.clone() } else { format!("{name} ({})", args.device_kind) }
 }

@@ -21,6 +21,12 @@ pub struct SelftestArgs {
     /// Window create/destroy cycles of the leak check.
     #[arg(long, default_value_t = 100)]
     churn: usize,
+    /// Back-to-back send/recv calls of the stress check.
+    #[arg(long, default_value_t = 10_000)]
+    calls: usize,
+    /// Replays of the captured send/recv graph.
+    #[arg(long, default_value_t = 1_000)]
+    replays: usize,
     /// Device timeout used by the timeout check, in milliseconds.
     #[arg(long, default_value_t = 2_000)]
     timeout_ms: u64,
@@ -295,9 +301,13 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
     run_one("barrier", &|cx| check_barrier(cx, args.barrier_iters));
     run_one("registered_buffer", &check_registered);
     run_one("window_churn", &|cx| check_churn(cx, args.churn));
-    for (name, check) in crate::bench::selftest_checks() {
-        run_one(name, check);
-    }
+    run_one("sendrecv_guard", &crate::selftest_p2p::check_guard);
+    run_one("sendrecv_sizes", &crate::selftest_p2p::check_sizes);
+    run_one("sendrecv_types", &crate::selftest_p2p::check_types);
+    run_one("sendrecv_ring", &crate::selftest_p2p::check_ring);
+    run_one("sendrecv_back_to_back", &|cx| crate::selftest_p2p::check_back_to_back(cx, args.calls));
+    run_one("sendrecv_graph", &|cx| crate::selftest_p2p::check_graph(cx, args.replays));
+    run_one("all_gather_ring", &crate::selftest_p2p::check_all_gather);
     // Last: a timeout leaves the communicator aborted.
     run_one("wait_timeout", &|cx| check_timeout(cx, Duration::from_millis(args.timeout_ms)));
     report(&cx, &outcomes)

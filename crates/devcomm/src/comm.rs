@@ -4,7 +4,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig,
+    PushKernelArg,
+};
 use devcomm_bootstrap::{RankInfo, Store};
 
 use crate::cuda::info::DeviceInfo;
@@ -13,6 +16,7 @@ use crate::error::{CudaResultExt, Error, Result};
 use crate::group::Group;
 use crate::jit::{Jit, KernelSpec};
 use crate::memory::Registry;
+use crate::p2p::{P2PLimits, Transfer, P2P};
 use crate::topology::Topology;
 use crate::window::Window;
 
@@ -31,6 +35,7 @@ pub struct CommBuilder {
     device: Option<usize>,
     device_timeout: Duration,
     setup_timeout: Duration,
+    p2p_limits: P2PLimits,
 }
 
 impl CommBuilder {
@@ -41,6 +46,7 @@ impl CommBuilder {
             device: None,
             device_timeout: duration_env(TIMEOUT_ENV, DEFAULT_DEVICE_TIMEOUT)?,
             setup_timeout: duration_env(SETUP_TIMEOUT_ENV, DEFAULT_SETUP_TIMEOUT)?,
+            p2p_limits: P2PLimits::default(),
         })
     }
 
@@ -60,6 +66,13 @@ impl CommBuilder {
     /// Bound of every host setup step (joining, exchanging handles, agreements).
     pub fn setup_timeout(mut self, timeout: Duration) -> Self {
         self.setup_timeout = timeout;
+        self
+    }
+
+    /// Sizes of the send/recv window (staging slots, depth, blocks); every rank must pass the
+    /// same values.
+    pub fn p2p_limits(mut self, limits: P2PLimits) -> Self {
+        self.p2p_limits = limits;
         self
     }
 
@@ -104,7 +117,9 @@ impl CommBuilder {
             self.setup_timeout,
         ));
         let control = Window::<u64>::new(&group, group.world_size, 0)?;
+        let p2p = P2P::new(&group, self.p2p_limits)?;
         let comm = Comm {
+            p2p,
             local_rank: self.info.local_rank,
             device,
             jit: Jit::new(),
@@ -161,6 +176,7 @@ pub struct Comm {
     jit: Jit,
     registry: Mutex<Registry>,
     control: Window<u64>,
+    p2p: P2P,
     // Dropped last: windows and registrations above release their mappings first.
     group: Arc<Group>,
 }
@@ -309,5 +325,114 @@ impl Comm {
     /// The bound of host setup steps.
     pub fn setup_timeout(&self) -> Duration {
         self.group.setup_timeout
+    }
+}
+
+/// Send/recv and the collectives composed from them.
+impl Comm {
+    /// Sends `buf` to `peer` on `stream`. The peer must post a [`Comm::recv`] (or a
+    /// [`Comm::sendrecv`] receiving from this rank) of the same size. A send and a recv between
+    /// the same two ranks in opposite directions must be one [`Comm::sendrecv`]: as two calls
+    /// on one stream each would wait for the other (and time out).
+    pub fn send<T: DeviceRepr, S: DevicePtr<T>>(
+        &self,
+        buf: &S,
+        peer: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (ptr, _sync) = buf.device_ptr(stream);
+        let t = Transfer { ptr, bytes: buf.num_bytes() as u64, peer, config: None };
+        self.p2p.launch(&self.group, &self.jit, Some(t), None, stream)
+    }
+
+    /// Receives from `peer` into `buf` on `stream`; the message must be `buf`'s size.
+    pub fn recv<T: DeviceRepr, R: DevicePtrMut<T>>(
+        &self,
+        buf: &mut R,
+        peer: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let bytes = buf.num_bytes() as u64;
+        let (ptr, _sync) = buf.device_ptr_mut(stream);
+        let t = Transfer { ptr, bytes, peer, config: None };
+        self.p2p.launch(&self.group, &self.jit, None, Some(t), stream)
+    }
+
+    /// Sends `send_buf` to `send_peer` and receives `recv_buf` from `recv_peer` in one kernel.
+    /// The peers may be the same (both directions at once) or differ (ring schedules).
+    pub fn sendrecv<T: DeviceRepr, U: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<U>>(
+        &self,
+        send_buf: &S,
+        send_peer: usize,
+        recv_buf: &mut R,
+        recv_peer: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (sp, _s) = send_buf.device_ptr(stream);
+        let bytes = recv_buf.num_bytes() as u64;
+        let (rp, _r) = recv_buf.device_ptr_mut(stream);
+        let send = Transfer { ptr: sp, bytes: send_buf.num_bytes() as u64, peer: send_peer, config: None };
+        let recv = Transfer { ptr: rp, bytes, peer: recv_peer, config: None };
+        self.p2p.launch(&self.group, &self.jit, Some(send), Some(recv), stream)
+    }
+
+    /// Send/recv on raw device addresses with optional explicit launch knobs: either
+    /// direction may be absent.
+    ///
+    /// # Safety
+    ///
+    /// Each `Transfer::ptr` must be a device address of this rank's context valid for
+    /// `Transfer::bytes` bytes (readable for `send`, writable for `recv`) until the work on
+    /// `stream` completes, and nothing else may write a recv buffer meanwhile.
+    pub unsafe fn sendrecv_raw(
+        &self,
+        send: Option<Transfer>,
+        recv: Option<Transfer>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.p2p.launch(&self.group, &self.jit, send, recv, stream)
+    }
+
+    /// Sizes of this communicator's send/recv window.
+    pub fn p2p_limits(&self) -> &P2PLimits {
+        self.p2p.limits()
+    }
+
+    /// Ring all-gather composed from `sendrecv`: `recv` (world_size x `send`'s length) gets
+    /// every rank's `send`, in rank order. `world_size - 1` steps; step s forwards the block
+    /// received at step s - 1 to the next rank.
+    pub fn all_gather_ring<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let world = self.world_size();
+        let rank = self.rank();
+        let bytes = send.num_bytes() as u64;
+        if recv.num_bytes() as u64 != bytes * world as u64 {
+            return Err(Error::InvalidArgument {
+                op: "all_gather_ring",
+                reason: format!(
+                    "recv holds {} bytes; world size {world} x {bytes} bytes = {} are needed",
+                    recv.num_bytes(),
+                    bytes * world as u64
+                ),
+            });
+        }
+        let (sp, _s) = send.device_ptr(stream);
+        let (rp, _r) = recv.device_ptr_mut(stream);
+        let block = |i: usize| rp + (i as u64) * bytes;
+        crate::cuda::memcpy_dtod_async(block(rank), sp, bytes as usize, stream)?;
+        let next = (rank + 1) % world;
+        let prev = (rank + world - 1) % world;
+        for step in 0..world.saturating_sub(1) {
+            let send_block = (rank + world - step) % world;
+            let recv_block = (rank + world - step - 1) % world;
+            let s = Transfer { ptr: block(send_block), bytes, peer: next, config: None };
+            let r = Transfer { ptr: block(recv_block), bytes, peer: prev, config: None };
+            self.p2p.launch(&self.group, &self.jit, Some(s), Some(r), stream)?;
+        }
+        Ok(())
     }
 }

@@ -25,6 +25,7 @@ pub(crate) mod group;
 pub mod handles;
 pub mod jit;
 pub mod memory;
+pub mod p2p;
 pub mod topology;
 pub mod window;
 

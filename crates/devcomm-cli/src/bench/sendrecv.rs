@@ -1,0 +1,155 @@
+//! `devcomm bench --op sendrecv [--both-directions]`: devcomm send/recv against NCCL
+//! send/recv between ranks 0 and 1, in the same processes, on the same buffers, alternating.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::nccl::result as nccl_result;
+use devcomm::p2p::{default_config, Transfer};
+
+use crate::bench::nccl::{max_over_ranks, NcclPair};
+use crate::bench::{device_label, time_us, today, BenchArgs, Record};
+use crate::selftest::Ctx;
+
+/// Message sizes from 8 B to 1 GiB.
+pub(crate) const SIZES: &[usize] = &[
+    8,
+    64,
+    512,
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    8 << 20,
+    16 << 20,
+    64 << 20,
+    256 << 20,
+    1 << 30,
+];
+
+/// Back-to-back calls per timed sample: enough that one sample lasts well over the launch gap.
+fn calls_per_sample(bytes: usize) -> usize {
+    ((64usize << 20) / bytes.max(1)).clamp(1, 50)
+}
+
+pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>, String> {
+    let comm = &cx.comm;
+    let rank = comm.rank();
+    let active = rank < 2;
+    let peer = 1 - rank.min(1);
+    let max = args.max_bytes.min(1 << 30);
+    let sizes: Vec<usize> = SIZES.iter().copied().filter(|&s| s <= max).collect();
+    let nccl = NcclPair::new(cx)?;
+    let src_host = cx.data_of(rank, 1234, max);
+    let src: CudaSlice<u8> = cx.stream.clone_htod(&src_host).map_err(|e| e.to_string())?;
+    let mut dst: CudaSlice<u8> = cx.stream.alloc_zeros(max).map_err(|e| e.to_string())?;
+    let expect = if active { cx.data_of(peer, 1234, max) } else { Vec::new() };
+    cx.sync()?;
+    let mut out = Vec::new();
+    for &bytes in &sizes {
+        let cfg = default_config(bytes as u64, comm.p2p_limits());
+        let calls = calls_per_sample(bytes);
+        // devcomm: poison, one call, verify every byte.
+        if active {
+            cx.stream.memset_zeros(&mut dst).map_err(|e| e.to_string())?;
+            devcomm_call(cx, &src, &mut dst, bytes, peer, both)?;
+            cx.sync()?;
+            let got = cx.stream.clone_dtoh(&dst.slice(..bytes)).map_err(|e| e.to_string())?;
+            let receives = both || rank == 1;
+            if receives && got != expect[..bytes] {
+                let i = got.iter().zip(&expect).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(format!("sendrecv {bytes} B: wrong byte at {i} on rank {rank}"));
+            }
+        }
+        cx.host_barrier()?;
+        let mut samples = |which: &str| -> Result<f64, String> {
+            let us = if active {
+                time_us(&cx.stream, args.warmup, args.iters, || cx.host_barrier(), || {
+                    for _ in 0..calls {
+                        if which == "devcomm" {
+                            devcomm_call(cx, &src, &mut dst, bytes, peer, both)?;
+                        } else {
+                            nccl_call(&nccl, &src, &mut dst, bytes, peer, both, rank)?;
+                        }
+                    }
+                    Ok(())
+                })? / calls as f64
+            } else {
+                for _ in 0..args.warmup + args.iters {
+                    cx.host_barrier()?;
+                }
+                0.0
+            };
+            cx.sync()?;
+            max_over_ranks(cx, which, us)
+        };
+        let d_us = samples("devcomm")?;
+        let n_us = samples("nccl")?;
+        if rank == 0 {
+            let gbps = |us: f64| bytes as f64 / us / 1e3;
+            out.push(Record {
+                op: "sendrecv".into(),
+                world_size: comm.world_size(),
+                bytes: bytes as u64,
+                both_directions: both,
+                devcomm_us: d_us,
+                nccl_us: n_us,
+                ratio: n_us / d_us,
+                sms: cfg.blocks,
+                device: device_label(cx, args),
+                date: today(),
+                reference: "NCCL send/recv".into(),
+                devcomm_gbps: gbps(d_us),
+                nccl_gbps: gbps(n_us),
+            });
+        }
+        cx.host_barrier()?;
+    }
+    Ok(out)
+}
+
+fn devcomm_call(
+    cx: &Ctx,
+    src: &CudaSlice<u8>,
+    dst: &mut CudaSlice<u8>,
+    bytes: usize,
+    peer: usize,
+    both: bool,
+) -> Result<(), String> {
+    let rank = cx.comm.rank();
+    let (sp, _s) = src.device_ptr(&cx.stream);
+    let (dp, _d) = dst.device_ptr_mut(&cx.stream);
+    let t = |ptr| Transfer { ptr, bytes: bytes as u64, peer, config: None };
+    let (send, recv) = match (both, rank) {
+        (true, _) => (Some(t(sp)), Some(t(dp))),
+        (false, 0) => (Some(t(sp)), None),
+        (false, _) => (None, Some(t(dp))),
+    };
+    // SAFETY: src and dst are this rank's allocations of at least `bytes`, alive until the
+    // stream is synchronised by the caller; nothing else writes dst meanwhile.
+    unsafe { cx.comm.sendrecv_raw(send, recv, &cx.stream) }.map_err(|e| e.to_string())
+}
+
+fn nccl_call(
+    nccl: &NcclPair,
+    src: &CudaSlice<u8>,
+    dst: &mut CudaSlice<u8>,
+    bytes: usize,
+    peer: usize,
+    both: bool,
+    rank: usize,
+) -> Result<(), String> {
+    let c = nccl.comm();
+    let err = |e| format!("NCCL: {e:?}");
+    if both {
+        nccl_result::group_start().map_err(err)?;
+        c.send(&src.slice(..bytes), peer as i32).map_err(err)?;
+        c.recv(&mut dst.slice_mut(..bytes), peer as i32).map_err(err)?;
+        nccl_result::group_end().map_err(err)?;
+    } else if rank == 0 {
+        c.send(&src.slice(..bytes), peer as i32).map_err(err)?;
+    } else {
+        c.recv(&mut dst.slice_mut(..bytes), peer as i32).map_err(err)?;
+    }
+    Ok(())
+}

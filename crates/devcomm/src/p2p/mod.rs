@@ -1,0 +1,257 @@
+//! Send/recv over NVLink (docs/PROTOCOL.md): the p2p window, the per-(peer, block) step
+//! counters, the guard before launch, and the launch of the fused send/recv kernel.
+
+pub mod config;
+pub mod handle;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+
+pub use config::{default_config, P2PConfig, P2PLimits, Protocol};
+use handle::{P2PLaunch, P2PSide};
+
+use crate::error::{CudaResultExt, Error, Result};
+use crate::group::Group;
+use crate::jit::{Jit, KernelSpec, LoadedModule};
+use crate::topology::LinkKind;
+use crate::window::Window;
+
+/// The send/recv kernels' source.
+pub const SENDRECV_SOURCE: &str = include_str!("../../cuda/kernels/sendrecv.cu");
+
+/// Threads per role that kernels are instantiated for.
+const ROLE_THREADS: [u32; 3] = [0, 256, 512];
+
+fn kernel_expression(send_threads: u32, recv_threads: u32) -> String {
+    format!("devcomm::p2p::p2p_kernel<{send_threads}, {recv_threads}>")
+}
+
+/// The kernel spec with every (send threads, recv threads) instantiation.
+pub fn sendrecv_spec() -> KernelSpec {
+    let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE);
+    for s in ROLE_THREADS {
+        for r in ROLE_THREADS {
+            if s + r > 0 {
+                spec = spec.name_expression(kernel_expression(s, r));
+            }
+        }
+    }
+    spec
+}
+
+/// One direction of a send/recv call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transfer {
+    /// Device address of the source (send) or destination (recv).
+    pub ptr: u64,
+    /// Bytes to move.
+    pub bytes: u64,
+    /// The peer rank.
+    pub peer: usize,
+    /// Launch knobs; `None` takes the default for the size. Sender and receiver of one message
+    /// must use the same protocol, block count and chunk size.
+    pub config: Option<P2PConfig>,
+}
+
+// Counter arrays, each [world][max_blocks].
+const SEND_STEPS: usize = 0;
+const RECV_STEPS: usize = 1;
+const LL_SEND: usize = 2;
+const LL_RECV: usize = 3;
+
+/// Per-communicator send/recv state (one signal namespace, bound to one stream).
+#[derive(Debug)]
+pub(crate) struct P2P {
+    limits: P2PLimits,
+    window: Window<u8>,
+    /// Owns the memory `counters_base` points into.
+    _counters: CudaSlice<u64>,
+    counters_base: u64,
+    bound_stream: Mutex<Option<usize>>,
+    module: OnceLock<Arc<LoadedModule>>,
+    functions: Mutex<HashMap<(u32, u32), CudaFunction>>,
+}
+
+impl P2P {
+    /// Collective: creates the p2p window (staging for every sender, signal pad) and zeroed
+    /// counters.
+    pub(crate) fn new(group: &Arc<Group>, limits: P2PLimits) -> Result<Self> {
+        let world = group.world_size;
+        let region = usize::try_from(limits.region_bytes()).map_err(|_| Error::InvalidArgument {
+            op: "p2p setup",
+            reason: "staging region does not fit in memory".into(),
+        })?;
+        let window = Window::<u8>::new(group, region * world, limits.signal_slots(world))?;
+        let rank = group.rank as i32;
+        let stream = group.ctx.default_stream();
+        let n = 4 * world * limits.max_blocks as usize;
+        let counters = stream.alloc_zeros::<u64>(n).cuda(rank, "cuMemAlloc (p2p counters)")?;
+        stream.synchronize().cuda(rank, "cuStreamSynchronize")?;
+        let counters_base = {
+            use cudarc::driver::DevicePtr;
+            let (p, _sync) = counters.device_ptr(&stream);
+            p
+        };
+        Ok(Self {
+            limits,
+            window,
+            _counters: counters,
+            counters_base,
+            bound_stream: Mutex::new(None),
+            module: OnceLock::new(),
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The window sizes.
+    pub(crate) fn limits(&self) -> &P2PLimits {
+        &self.limits
+    }
+
+    fn counter_ptr(&self, kind: usize, peer: usize, world: usize) -> u64 {
+        let index = (kind * world + peer) * self.limits.max_blocks as usize;
+        self.counters_base + (index * std::mem::size_of::<u64>()) as u64
+    }
+
+    /// The guard before launch, then the launch. Nothing is written when it returns an error.
+    pub(crate) fn launch(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        send: Option<Transfer>,
+        recv: Option<Transfer>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        group.errors.check()?;
+        self.bind(group, stream)?;
+        let world = group.world_size;
+        let send = send.filter(|t| t.bytes > 0);
+        let recv = recv.filter(|t| t.bytes > 0);
+        let mut sides = [P2PSide { peer: -1, ..Default::default() }; 2];
+        let mut threads = [0u32; 2];
+        for (i, t) in [send, recv].iter().enumerate() {
+            let Some(t) = t else { continue };
+            let op = if i == 0 { "send" } else { "recv" };
+            self.check_peer(group, op, t.peer)?;
+            let cfg = t.config.unwrap_or_else(|| default_config(t.bytes, &self.limits));
+            cfg.check(op, t.bytes, &self.limits).map_err(|e| with_peer(e, t.peer))?;
+            let kind = if i == 0 { (SEND_STEPS, LL_SEND) } else { (RECV_STEPS, LL_RECV) };
+            sides[i] = P2PSide {
+                buf: t.ptr,
+                bytes: t.bytes,
+                steps: self.counter_ptr(kind.0, t.peer, world),
+                ll_steps: self.counter_ptr(kind.1, t.peer, world),
+                chunk_bytes: cfg.chunk_bytes,
+                peer: t.peer as i32,
+                blocks: cfg.blocks,
+                low_latency: u32::from(cfg.protocol == Protocol::LowLatency),
+                reserved: 0,
+            };
+            threads[i] = cfg.threads.next_power_of_two().clamp(256, 512);
+        }
+        if sides[0].peer < 0 && sides[1].peer < 0 {
+            return Ok(()); // nothing to move
+        }
+        let args = P2PLaunch {
+            w: self.window.device_handle(),
+            send: sides[0],
+            recv: sides[1],
+            slot_stride: self.limits.slot_bytes,
+            region_bytes: self.limits.region_bytes(),
+            ll_offset: self.limits.ll_offset(),
+            ll_parity_bytes: self.limits.ll_parity_bytes(),
+            max_blocks: self.limits.max_blocks,
+            depth: self.limits.depth,
+        };
+        let func = self.function(group, jit, threads[0], threads[1])?;
+        let blocks = sides[0].blocks.max(sides[1].blocks);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads[0] + threads[1], 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = stream.launch_builder(&func);
+        builder.arg(&args);
+        // SAFETY: p2p_kernel<S, R>(P2PLaunch) takes exactly this struct by value; its pointers
+        // are the p2p window (alive as long as `self`), this communicator's counters, and the
+        // caller's buffers, whose sizes the caller vouched for (the safe wrappers take them
+        // from cudarc slices). The guard above checked peers, blocks and chunk against the
+        // window, so the kernel writes only inside the receiver's region for this sender.
+        unsafe { builder.launch(cfg) }.cuda(group.rank as i32, "cuLaunchKernel (sendrecv)")?;
+        Ok(())
+    }
+
+    fn check_peer(&self, group: &Group, op: &'static str, peer: usize) -> Result<()> {
+        if peer >= group.world_size {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: format!("peer {peer} is not a rank (world size {})", group.world_size),
+            });
+        }
+        if peer == group.rank {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: format!("peer {peer} is this rank; copy locally instead"),
+            });
+        }
+        match group.topology.kind(peer) {
+            LinkKind::Nvl => Ok(()),
+            other => Err(Error::NoPath { op, rank: group.rank, peer, kind: other.to_string() }),
+        }
+    }
+
+    /// Binds the namespace to the first stream used; another stream is refused, because two
+    /// streams on one set of counters would race.
+    fn bind(&self, group: &Group, stream: &Arc<CudaStream>) -> Result<()> {
+        let raw = stream.cu_stream() as usize;
+        let mut bound = self.bound_stream.lock().map_err(|_| Error::Aborted {
+            rank: group.rank as i32,
+            reason: "a thread panicked during send/recv".into(),
+        })?;
+        match *bound {
+            None => {
+                *bound = Some(raw);
+                Ok(())
+            }
+            Some(b) if b == raw => Ok(()),
+            Some(b) => Err(Error::InvalidArgument {
+                op: "send/recv",
+                reason: format!(
+                    "this communicator's send/recv namespace is bound to stream {b:#x}; stream \
+                     {raw:#x} would race on its counters (use one stream per communicator)"
+                ),
+            }),
+        }
+    }
+
+    fn function(&self, group: &Group, jit: &Jit, s: u32, r: u32) -> Result<CudaFunction> {
+        let poisoned = || Error::Aborted {
+            rank: group.rank as i32,
+            reason: "a thread panicked while loading kernels".into(),
+        };
+        if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&(s, r)) {
+            return Ok(f.clone());
+        }
+        let module = match self.module.get() {
+            Some(m) => m.clone(),
+            None => {
+                let m = jit.load(&group.ctx, &sendrecv_spec())?;
+                self.module.get_or_init(|| m).clone()
+            }
+        };
+        let f = module.function(&kernel_expression(s, r))?;
+        self.functions.lock().map_err(|_| poisoned())?.insert((s, r), f.clone());
+        Ok(f)
+    }
+}
+
+fn with_peer(e: Error, peer: usize) -> Error {
+    match e {
+        Error::CapacityExceeded { op, bytes, capacity, .. } => {
+            Error::CapacityExceeded { op, peer, bytes, capacity }
+        }
+        other => other,
+    }
+}
