@@ -191,8 +191,9 @@ struct Incoming {
     cred: UnixCredentials,
 }
 
-/// Reads one message from an accepted connection.
-fn read_message(me: usize, mut stream: UnixStream, deadline: Instant) -> Result<Incoming> {
+/// Reads one message from an accepted connection; `None` when the connection closed without
+/// one (a sender that gave up, e.g. after failing its credential check on us).
+fn read_message(me: usize, mut stream: UnixStream, deadline: Instant) -> Result<Option<Incoming>> {
     let ctx = |what: &str| format!("rank {me}: exchange_fds: {what}");
     stream
         .set_nonblocking(false)
@@ -241,10 +242,9 @@ fn read_message(me: usize, mut stream: UnixStream, deadline: Instant) -> Result<
         Ok(())
     };
     let mut n = n;
-    if n == 0 {
-        return Err(Error::Protocol(ctx(
-            "a connection closed without a message",
-        )));
+    if n == 0 && fds.is_empty() {
+        log::debug!("rank {me}: exchange_fds: a connection closed without a message");
+        return Ok(None);
     }
     fill(&mut buf, &mut n, 12)?;
     let word = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
@@ -275,12 +275,12 @@ fn read_message(me: usize, mut stream: UnixStream, deadline: Instant) -> Result<
             ))))
         }
     };
-    Ok(Incoming {
+    Ok(Some(Incoming {
         tag,
         sender,
         fd,
         cred,
-    })
+    }))
 }
 
 /// Names a set of ranks: "ranks 1, 2".
@@ -334,7 +334,9 @@ pub(crate) fn exchange(
         match state.listener.accept() {
             Ok((stream, _)) => {
                 backoff = Duration::from_micros(200);
-                let msg = read_message(me, stream, deadline)?;
+                let Some(msg) = read_message(me, stream, deadline)? else {
+                    continue;
+                };
                 let who = format!(
                     "rank {me}: exchange_fds: message `{}` claiming to be from rank {}",
                     msg.tag, msg.sender
