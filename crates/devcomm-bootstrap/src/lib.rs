@@ -10,8 +10,7 @@
 //!   torchrun-style environment ([`RankInfo::from_env`]) or built in code ([`RankInfo::new`]).
 //! - [`Store`]: a client of the job's key-value store. Rank 0's [`Store::connect`] also starts
 //!   the store server (a background thread per connection); every rank, rank 0 included, then
-//!   talks to it over TCP. The wire protocol is described in the `wire` module docs below and
-//!   in [`Store`]'s docs.
+//!   talks to it over TCP, with the protocol described below.
 //! - [`Store::exchange_fds`]: passing file descriptors between the ranks of one host over
 //!   abstract-namespace Unix sockets with `SCM_RIGHTS`, with credential checks.
 //! - [`launcher`]: `devcomm launch -n N -- CMD`: starts N ranks with the variables set, prefixes
