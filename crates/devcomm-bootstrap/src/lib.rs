@@ -3,9 +3,56 @@
 //!
 //! CONTRACT (owned by the bootstrap module; other crates code against these signatures):
 //! every blocking call takes a timeout and fails with an error naming what is missing.
+//!
+//! # Pieces
+//!
+//! - [`RankInfo`]: rank, world size, local rank, master address and job token, read from the
+//!   torchrun-style environment ([`RankInfo::from_env`]) or built in code ([`RankInfo::new`]).
+//! - [`Store`]: a client of the job's key-value store. Rank 0's [`Store::connect`] also starts
+//!   the store server (a background thread per connection); every rank, rank 0 included, then
+//!   talks to it over TCP, with the protocol described below.
+//! - [`Store::exchange_fds`]: passing file descriptors between the ranks of one host over
+//!   abstract-namespace Unix sockets with `SCM_RIGHTS`, with credential checks.
+//! - [`launcher`]: `devcomm launch -n N -- CMD`: starts N ranks with the variables set, prefixes
+//!   their output with the rank and stops them all when one fails.
+//!
+//! # Store protocol
+//!
+//! Every message is a frame: a little-endian `u32` byte count, then that many bytes. The first
+//! byte of a frame is an opcode; fields follow (integers little-endian, strings and byte strings
+//! as a `u32` length and the bytes). The first request on a connection is `Hello` (a magic
+//! number, protocol version, rank, world size, optional job token); the server answers `Ok`, or
+//! an error reply and closes the connection when the token does not match (the client reports
+//! [`Error::BadToken`]). After that the client sends one request at a time and reads one reply:
+//! `Set`, `Get` (several keys; the server waits until all are present, up to the timeout the
+//! client sent, and answers with the values or with the list of keys still missing), `Add`
+//! and `Wait`. Clients bound each read by the operation's timeout plus a margin, so a vanished
+//! server is an error, never a hang.
+//!
+//! # fd passing protocol
+//!
+//! At connect, each rank listens on the abstract Unix socket
+//! `devcomm-<hash of master address, port and job token>-<rank>` and publishes its pid under
+//! `__devcomm/pid/<rank>`. To send, a rank connects to the peer's socket, checks that the
+//! listener belongs to the pid the peer published (and to our uid), and sends one message: a
+//! header (magic, sender rank, tag) with the fd attached as `SCM_RIGHTS`. The receiver accepts
+//! connections, checks `SO_PEERCRED` of each against the claimed sender's published pid and our
+//! uid, and matches messages by (tag, sender); messages for other tags are stashed for a later
+//! call. Connections complete into the listen backlog (1024) before they are accepted, so every
+//! rank can send first and receive afterwards without deadlock.
 
-use std::os::fd::{BorrowedFd, OwnedFd};
+#![warn(missing_docs)]
+
 use std::time::Duration;
+
+mod env;
+mod fdpass;
+pub mod launcher;
+mod server;
+mod store;
+mod wire;
+
+pub use store::Store;
 
 /// Errors of the bootstrap layer.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +100,16 @@ pub enum Error {
     NotImplemented(&'static str),
 }
 
+impl Error {
+    /// Wraps an I/O error with what was being done.
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
 /// The bootstrap result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -75,72 +132,4 @@ pub struct RankInfo {
     pub master_port: u16,
     /// Shared secret of the job; `None` when the variable is absent.
     pub job_token: Option<String>,
-}
-
-impl RankInfo {
-    /// Reads the variables; errors name the variable and what is wrong.
-    pub fn from_env() -> Result<Self> {
-        Err(Error::NotImplemented("RankInfo::from_env"))
-    }
-}
-
-/// A client of the job's key-value store; rank 0's `Store` also hosts the server.
-#[derive(Debug)]
-pub struct Store {
-    _private: (),
-}
-
-impl Store {
-    /// Joins the job's store (rank 0 starts the server first), presents the job token,
-    /// publishes this process's pid, and opens the local fd-passing socket.
-    pub fn connect(_info: &RankInfo, _timeout: Duration) -> Result<Self> {
-        Err(Error::NotImplemented("Store::connect"))
-    }
-    /// This rank.
-    pub fn rank(&self) -> usize {
-        0
-    }
-    /// Number of ranks.
-    pub fn world_size(&self) -> usize {
-        0
-    }
-    /// Sets `key` to `value` (overwrites).
-    pub fn set(&self, _key: &str, _value: &[u8]) -> Result<()> {
-        Err(Error::NotImplemented("Store::set"))
-    }
-    /// Returns `key`'s value, waiting up to `timeout` for it to be set.
-    pub fn get(&self, _key: &str, _timeout: Duration) -> Result<Vec<u8>> {
-        Err(Error::NotImplemented("Store::get"))
-    }
-    /// Adds `delta` to the integer at `key` (absent = 0) and returns the new value.
-    pub fn add(&self, _key: &str, _delta: i64) -> Result<i64> {
-        Err(Error::NotImplemented("Store::add"))
-    }
-    /// Waits until every key is set.
-    pub fn wait(&self, _keys: &[&str], _timeout: Duration) -> Result<()> {
-        Err(Error::NotImplemented("Store::wait"))
-    }
-    /// Collective: every rank contributes `blob` under `tag`; returns all blobs by rank.
-    /// A timeout names the ranks that did not contribute. `tag` must be unique per call.
-    pub fn all_gather(&self, _tag: &str, _blob: &[u8], _timeout: Duration) -> Result<Vec<Vec<u8>>> {
-        Err(Error::NotImplemented("Store::all_gather"))
-    }
-    /// Collective: returns once every rank has entered the barrier `tag`; a timeout names the
-    /// ranks that did not arrive.
-    pub fn barrier(&self, _tag: &str, _timeout: Duration) -> Result<()> {
-        Err(Error::NotImplemented("Store::barrier"))
-    }
-    /// Collective among `peers` (global ranks on this host; may include this rank, which is
-    /// skipped): sends `fd` to every other rank of `peers` over Unix sockets with
-    /// `SCM_RIGHTS`, receives one fd from each, and checks each sender's credentials
-    /// (same uid, and the pid that rank published). Returns `(rank, fd)` sorted by rank.
-    pub fn exchange_fds(
-        &self,
-        _tag: &str,
-        _fd: BorrowedFd<'_>,
-        _peers: &[usize],
-        _timeout: Duration,
-    ) -> Result<Vec<(usize, OwnedFd)>> {
-        Err(Error::NotImplemented("Store::exchange_fds"))
-    }
 }
