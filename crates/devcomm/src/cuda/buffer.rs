@@ -80,6 +80,19 @@ impl DeviceBuffer {
     }
 }
 
+/// Sets `bytes` bytes at device address `ptr` to zero (`cuMemsetD8`). Like the other
+/// synchronous writes it may still be in flight on return: call [`super::synchronize`].
+///
+/// # Safety
+///
+/// `[ptr, ptr + bytes)` must be device memory accessible from `ctx` that the caller may
+/// overwrite, and no kernel may use it concurrently.
+pub unsafe fn memset_zero(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Result<()> {
+    bind(ctx)?;
+    // SAFETY: the caller guarantees the range is writable device memory.
+    check(unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) }, "cuMemsetD8")
+}
+
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let freed = bind(&self.ctx).and_then(|()| {

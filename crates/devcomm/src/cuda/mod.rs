@@ -23,7 +23,7 @@ use cudarc::driver::{sys, CudaContext};
 
 use crate::error::{CudaResultExt, Error, Result};
 
-pub use buffer::DeviceBuffer;
+pub use buffer::{memset_zero, DeviceBuffer};
 pub use error_state::ErrorState;
 
 /// Rank placed in errors of this layer, which does not know the rank.
