@@ -33,10 +33,8 @@ impl DeviceBuffer {
     pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
         let buf = Self::alloc(ctx, bytes)?;
         // SAFETY: `buf.ptr` is a live allocation of `buf.bytes` bytes; the context is current.
-        check(
-            unsafe { sys::cuMemsetD8_v2(buf.ptr, 0, buf.bytes) },
-            "cuMemsetD8",
-        )?;
+        let status = unsafe { sys::cuMemsetD8_v2(buf.ptr, 0, buf.bytes) };
+        check(status, "cuMemsetD8")?;
         Ok(buf)
     }
 
@@ -46,12 +44,10 @@ impl DeviceBuffer {
         if !values.is_empty() {
             // SAFETY: the destination holds `size_of_val(values)` bytes; `T: DeviceRepr` is
             // plain data; the source stays borrowed for the whole (host-synchronous) call.
-            check(
-                unsafe {
-                    sys::cuMemcpyHtoD_v2(buf.ptr, values.as_ptr().cast(), size_of_val(values))
-                },
-                "cuMemcpyHtoD",
-            )?;
+            let status = unsafe {
+                sys::cuMemcpyHtoD_v2(buf.ptr, values.as_ptr().cast(), size_of_val(values))
+            };
+            check(status, "cuMemcpyHtoD")?;
         }
         Ok(buf)
     }
@@ -61,7 +57,8 @@ impl DeviceBuffer {
         let bytes = bytes.max(1);
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; the context is current.
-        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }, "cuMemAlloc")?;
+        let status = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) };
+        check(status, "cuMemAlloc")?;
         Ok(Self {
             ctx: ctx.clone(),
             ptr,
@@ -90,7 +87,8 @@ impl DeviceBuffer {
 pub unsafe fn memset_zero(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Result<()> {
     bind(ctx)?;
     // SAFETY: the caller guarantees the range is writable device memory.
-    check(unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) }, "cuMemsetD8")
+    let status = unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) };
+    check(status, "cuMemsetD8")
 }
 
 impl Drop for DeviceBuffer {
@@ -98,7 +96,8 @@ impl Drop for DeviceBuffer {
         let freed = bind(&self.ctx).and_then(|()| {
             // SAFETY: `ptr` came from cuMemAlloc and is freed once; owners drop buffers only
             // after the kernels using them have finished (they synchronise first).
-            check(unsafe { sys::cuMemFree_v2(self.ptr) }, "cuMemFree")
+            let status = unsafe { sys::cuMemFree_v2(self.ptr) };
+            check(status, "cuMemFree")
         });
         log_drop_error("freeing a device buffer", freed);
     }

@@ -63,10 +63,8 @@ impl ErrorState {
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         let mut host: *mut c_void = std::ptr::null_mut();
         // SAFETY: `host` is a valid out-pointer; the context is current.
-        check(
-            unsafe { sys::cuMemHostAlloc(&mut host, bytes, flags) },
-            "cuMemHostAlloc",
-        )?;
+        let status = unsafe { sys::cuMemHostAlloc(&mut host, bytes, flags) };
+        check(status, "cuMemHostAlloc")?;
         let host = host.cast::<DeviceErrorState>();
         // SAFETY: `host` is a fresh allocation of `bytes` bytes, page-aligned; all-zero bits
         // are a valid `DeviceErrorState` (plain integers).
@@ -82,10 +80,8 @@ impl ErrorState {
         let mut device: sys::CUdeviceptr = 0;
         // SAFETY: `host` was allocated by cuMemHostAlloc with DEVICEMAP; flags must be 0.
         // On failure `state` is dropped and frees the allocation.
-        check(
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) },
-            "cuMemHostGetDevicePointer",
-        )?;
+        let status = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) };
+        check(status, "cuMemHostGetDevicePointer")?;
         state.device = device;
         Ok(state)
     }
@@ -160,10 +156,8 @@ impl Drop for ErrorState {
         let freed = bind(&self.ctx).and_then(|()| {
             // SAFETY: `host` came from cuMemHostAlloc and is freed once, here. Kernels using
             // it belong to this communicator, which is being dropped.
-            check(
-                unsafe { sys::cuMemFreeHost(self.host.cast()) },
-                "cuMemFreeHost",
-            )
+            let status = unsafe { sys::cuMemFreeHost(self.host.cast()) };
+            check(status, "cuMemFreeHost")
         });
         log_drop_error("freeing the error state", freed);
     }

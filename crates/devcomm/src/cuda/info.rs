@@ -52,10 +52,8 @@ impl DeviceInfo {
 fn pci_bus_id(device: sys::CUdevice) -> Result<String> {
     let mut buf: [c_char; 64] = [0; 64];
     // SAFETY: `buf` holds 64 bytes and we pass that length; the driver NUL-terminates.
-    check(
-        unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, device) },
-        "cuDeviceGetPCIBusId",
-    )?;
+    let status = unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, device) };
+    check(status, "cuDeviceGetPCIBusId")?;
     // SAFETY: NUL-terminated by the driver within the 64 bytes (the last one is still 0 if
     // it wrote fewer; it never writes more than `len`).
     let raw = unsafe { CStr::from_ptr(buf.as_ptr()) }
@@ -140,10 +138,8 @@ pub fn can_access_peer(ctx: &Arc<CudaContext>, peer_pci_bus_id: &str) -> Result<
     }
     let mut can: std::ffi::c_int = 0;
     // SAFETY: valid out-pointer; both are valid device handles.
-    check(
-        unsafe { sys::cuDeviceCanAccessPeer(&mut can, me, peer) },
-        "cuDeviceCanAccessPeer",
-    )?;
+    let status = unsafe { sys::cuDeviceCanAccessPeer(&mut can, me, peer) };
+    check(status, "cuDeviceCanAccessPeer")?;
     Ok(can != 0)
 }
 

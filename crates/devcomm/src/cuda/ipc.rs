@@ -32,10 +32,8 @@ impl IpcHandle {
         // SAFETY: all-zero bits are a valid `CUipcMemHandle` (a byte array).
         let mut handle: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
         // SAFETY: valid out-pointer; the driver only looks the address up.
-        check(
-            unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) },
-            "cuIpcGetMemHandle",
-        )?;
+        let status = unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) };
+        check(status, "cuIpcGetMemHandle")?;
         Ok(Self(handle.reserved.map(|c| c as u8)))
     }
 
@@ -63,10 +61,8 @@ impl IpcHandle {
         let mut ptr: sys::CUdeviceptr = 0;
         let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint;
         // SAFETY: valid out-pointer; `raw` is passed by value.
-        check(
-            unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, raw, flags) },
-            "cuIpcOpenMemHandle",
-        )?;
+        let status = unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, raw, flags) };
+        check(status, "cuIpcOpenMemHandle")?;
         Ok(IpcMapping {
             ctx: ctx.clone(),
             ptr,
@@ -103,10 +99,8 @@ impl Drop for IpcMapping {
         let closed = bind(&self.ctx).and_then(|()| {
             // SAFETY: `ptr` came from cuIpcOpenMemHandle and is closed once; owners
             // synchronise the device before dropping mappings that kernels may use.
-            check(
-                unsafe { sys::cuIpcCloseMemHandle(self.ptr) },
-                "cuIpcCloseMemHandle",
-            )
+            let status = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+            check(status, "cuIpcCloseMemHandle")
         });
         log_drop_error("closing an IPC mapping", closed);
     }

@@ -18,10 +18,9 @@ fn attribute_word(ctx: &CudaContext, attr: Attr, ptr: u64, call: &'static str) -
     bind(ctx)?;
     let mut word: u64 = 0;
     // SAFETY: `word` has room for every attribute type used here (at most 8 bytes).
-    check(
-        unsafe { sys::cuPointerGetAttribute((&mut word as *mut u64).cast::<c_void>(), attr, ptr) },
-        call,
-    )?;
+    let status =
+        unsafe { sys::cuPointerGetAttribute((&mut word as *mut u64).cast::<c_void>(), attr, ptr) };
+    check(status, call)?;
     Ok(word)
 }
 
@@ -30,10 +29,8 @@ pub fn allocation_range(ctx: &Arc<CudaContext>, ptr: u64) -> Result<(u64, usize)
     bind(ctx)?;
     let (mut base, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
     // SAFETY: valid out-pointers.
-    check(
-        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut bytes, ptr) },
-        "cuMemGetAddressRange",
-    )?;
+    let status = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut bytes, ptr) };
+    check(status, "cuMemGetAddressRange")?;
     Ok((base, bytes))
 }
 

@@ -46,10 +46,8 @@ fn query_granularity(
     let prop = allocation_prop(ctx);
     let mut granularity = 0usize;
     // SAFETY: valid out-pointer and property struct; the context is current.
-    check(
-        unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, option) },
-        "cuMemGetAllocationGranularity",
-    )?;
+    let status = unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, option) };
+    check(status, "cuMemGetAllocationGranularity")?;
     if granularity == 0 || !granularity.is_power_of_two() {
         return Err(Error::InvalidArgument {
             op: "cuMemGetAllocationGranularity",
@@ -118,10 +116,8 @@ impl PhysicalMemory {
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and properties; `rounded` is a multiple of the granularity;
         // flags must be 0.
-        check(
-            unsafe { sys::cuMemCreate(&mut handle, rounded, &prop, 0) },
-            "cuMemCreate",
-        )?;
+        let status = unsafe { sys::cuMemCreate(&mut handle, rounded, &prop, 0) };
+        check(status, "cuMemCreate")?;
         Ok(Self {
             ctx: ctx.clone(),
             handle,
@@ -137,10 +133,9 @@ impl PhysicalMemory {
         // The POSIX-fd handle type takes the fd itself, cast to a pointer-sized value.
         let os_handle = fd.as_raw_fd() as usize as *mut c_void;
         // SAFETY: valid out-pointer; `os_handle` is an open fd for the duration of the call.
-        check(
-            unsafe { sys::cuMemImportFromShareableHandle(&mut handle, os_handle, POSIX_FD) },
-            "cuMemImportFromShareableHandle",
-        )?;
+        let status =
+            unsafe { sys::cuMemImportFromShareableHandle(&mut handle, os_handle, POSIX_FD) };
+        check(status, "cuMemImportFromShareableHandle")?;
         Ok(Self {
             ctx: ctx.clone(),
             handle,
@@ -176,17 +171,15 @@ impl PhysicalMemory {
         bind(&self.ctx)?;
         let mut fd: c_int = -1;
         // SAFETY: for the POSIX-fd type the driver writes an `int` to the out-pointer.
-        check(
-            unsafe {
-                sys::cuMemExportToShareableHandle(
-                    (&mut fd as *mut c_int).cast(),
-                    self.handle,
-                    POSIX_FD,
-                    0,
-                )
-            },
-            "cuMemExportToShareableHandle",
-        )?;
+        let status = unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut c_int).cast(),
+                self.handle,
+                POSIX_FD,
+                0,
+            )
+        };
+        check(status, "cuMemExportToShareableHandle")?;
         if fd < 0 {
             return Err(Error::InvalidArgument {
                 op: "cuMemExportToShareableHandle",
@@ -208,7 +201,8 @@ impl Drop for PhysicalMemory {
         let released = bind(&self.ctx).and_then(|()| {
             // SAFETY: the handle is owned by `self` and released once. Mappings of it were
             // dropped before (they own no reference, the driver keeps mapped memory alive).
-            check(unsafe { sys::cuMemRelease(self.handle) }, "cuMemRelease")
+            let status = unsafe { sys::cuMemRelease(self.handle) };
+            check(status, "cuMemRelease")
         });
         log_drop_error("releasing physical memory", released);
     }
@@ -252,10 +246,8 @@ impl Mapping {
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; size and alignment are granularity multiples; no fixed
         // address (0) and no flags.
-        check(
-            unsafe { sys::cuMemAddressReserve(&mut ptr, bytes, align, 0, 0) },
-            "cuMemAddressReserve",
-        )?;
+        let status = unsafe { sys::cuMemAddressReserve(&mut ptr, bytes, align, 0, 0) };
+        check(status, "cuMemAddressReserve")?;
         // From here on, drop undoes whatever succeeded.
         let mut mapping = Self {
             ctx: ctx.clone(),
@@ -265,10 +257,8 @@ impl Mapping {
         };
         // SAFETY: the range [ptr, ptr+bytes) was just reserved and is unmapped; offset 0 and
         // `bytes <= memory.bytes`; flags must be 0.
-        check(
-            unsafe { sys::cuMemMap(ptr, bytes, 0, memory.handle, 0) },
-            "cuMemMap",
-        )?;
+        let status = unsafe { sys::cuMemMap(ptr, bytes, 0, memory.handle, 0) };
+        check(status, "cuMemMap")?;
         mapping.mapped = true;
         let access = sys::CUmemAccessDesc {
             location: sys::CUmemLocation {
@@ -278,10 +268,8 @@ impl Mapping {
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: the range is fully mapped; one descriptor.
-        check(
-            unsafe { sys::cuMemSetAccess(ptr, bytes, &access, 1) },
-            "cuMemSetAccess",
-        )?;
+        let status = unsafe { sys::cuMemSetAccess(ptr, bytes, &access, 1) };
+        check(status, "cuMemSetAccess")?;
         Ok(mapping)
     }
 
@@ -302,16 +290,12 @@ impl Drop for Mapping {
             if self.mapped {
                 // SAFETY: exactly this range was mapped by `new`; owners synchronise the
                 // device before dropping mappings that kernels may use.
-                check(
-                    unsafe { sys::cuMemUnmap(self.ptr, self.bytes) },
-                    "cuMemUnmap",
-                )?;
+                let status = unsafe { sys::cuMemUnmap(self.ptr, self.bytes) };
+                check(status, "cuMemUnmap")?;
             }
             // SAFETY: exactly this range was reserved by `new` and is now unmapped.
-            check(
-                unsafe { sys::cuMemAddressFree(self.ptr, self.bytes) },
-                "cuMemAddressFree",
-            )
+            let status = unsafe { sys::cuMemAddressFree(self.ptr, self.bytes) };
+            check(status, "cuMemAddressFree")
         });
         log_drop_error("unmapping memory", freed);
     }
