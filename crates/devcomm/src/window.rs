@@ -23,7 +23,6 @@ use crate::memory::SymmetricMemory;
 /// Created collectively (every rank calls `Comm::window` in the same order with the
 /// same arguments); dropping it is collective too (it waits for every rank).
 pub struct Window<T> {
-    group: Arc<Group>,
     len: usize,
     signal_count: usize,
     handle: DeviceWindow,
@@ -33,6 +32,8 @@ pub struct Window<T> {
     /// This rank's barrier epoch (`u64`, device memory, not shared).
     _epoch: DeviceBuffer,
     _element: PhantomData<T>,
+    /// Last, so the communicator outlives everything above.
+    group: Arc<Group>,
 }
 
 impl<T> std::fmt::Debug for Window<T> {
@@ -79,7 +80,6 @@ impl<T: DeviceRepr> Window<T> {
             world_size: i32::try_from(group.world_size).unwrap_or(i32::MAX),
         };
         Ok(Self {
-            group: group.clone(),
             len,
             signal_count,
             handle,
@@ -87,6 +87,7 @@ impl<T: DeviceRepr> Window<T> {
             signals,
             _epoch: epoch,
             _element: PhantomData,
+            group: group.clone(),
         })
     }
 

@@ -47,9 +47,9 @@ impl MappedMemory {
 
 /// One allocation of the same size on every rank, mapped into every NVLink peer.
 pub struct SymmetricMemory {
-    group: Arc<Group>,
     /// Unique tag of this allocation (its creation call); tear-down derives its barrier's tag
-    /// from it, so ranks may drop allocations in any order.
+    /// from it. Dropping waits for every rank, so ranks must drop collective objects in the
+    /// same order (a mismatch costs a setup timeout per object, logged, never a hang).
     tag: String,
     /// Bytes asked for.
     bytes: usize,
@@ -63,6 +63,8 @@ pub struct SymmetricMemory {
     peers: Vec<MappedMemory>,
     /// This rank's memory.
     local: MappedMemory,
+    /// Last, so the communicator outlives everything above.
+    group: Arc<Group>,
 }
 
 impl std::fmt::Debug for SymmetricMemory {
@@ -135,7 +137,6 @@ impl SymmetricMemory {
         let table = group.agree("symmetric alloc: publish", table.map_err(at_rank))?;
 
         Ok(Self {
-            group: group.clone(),
             tag,
             bytes,
             capacity,
@@ -143,6 +144,7 @@ impl SymmetricMemory {
             table,
             peers: imported.into_iter().map(|(_, m)| m).collect(),
             local,
+            group: group.clone(),
         })
     }
 

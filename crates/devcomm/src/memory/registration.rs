@@ -79,7 +79,6 @@ enum PeerMapping {
 /// [`Registry::deregister`]) is collective: it waits until every rank has closed its mappings
 /// of this rank's buffer, after which the user may free the buffer.
 pub struct Registration {
-    group: Arc<Group>,
     tag: String,
     ptr: u64,
     bytes: usize,
@@ -91,6 +90,8 @@ pub struct Registration {
     _table: DeviceBuffer,
     mappings: Vec<PeerMapping>,
     closed: bool,
+    /// Last, so the communicator outlives everything above.
+    group: Arc<Group>,
 }
 
 impl std::fmt::Debug for Registration {
@@ -159,7 +160,6 @@ impl Registration {
             group.agree("register: publish", published.map_err(at_rank))?;
 
         Ok(Self {
-            group: group.clone(),
             tag,
             ptr,
             bytes,
@@ -169,6 +169,7 @@ impl Registration {
             _table: table,
             mappings: opened.into_iter().map(|(_, m, _)| m).collect(),
             closed: false,
+            group: group.clone(),
         })
     }
 
@@ -387,9 +388,19 @@ fn publish(
 }
 
 /// The registrations of one communicator, by handle.
+///
+/// Dropping it releases the remaining registrations in creation order, which is the same on
+/// every rank (each release waits for all ranks).
 #[derive(Debug, Default)]
 pub struct Registry {
-    entries: Mutex<HashMap<u64, Registration>>,
+    entries: Mutex<Entries>,
+}
+
+/// Registrations by handle, each with its creation index.
+#[derive(Debug, Default)]
+struct Entries {
+    next: u64,
+    by_handle: HashMap<u64, (u64, Registration)>,
 }
 
 impl Registry {
@@ -403,7 +414,10 @@ impl Registry {
     pub(crate) fn register(&self, group: &Arc<Group>, ptr: u64, bytes: usize) -> Result<u64> {
         let registration = Registration::register(group, ptr, bytes)?;
         let handle = registration.handle();
-        self.lock().insert(handle, registration);
+        let mut entries = self.lock();
+        let index = entries.next;
+        entries.next += 1;
+        entries.by_handle.insert(handle, (index, registration));
         Ok(handle)
     }
 
@@ -411,7 +425,7 @@ impl Registry {
     /// on this rank. Every rank must call it (with its own handle of the same registration);
     /// an unknown handle on any rank fails on every rank and releases nothing.
     pub(crate) fn deregister(&self, group: &Arc<Group>, handle: u64) -> Result<()> {
-        let known = self.lock().contains_key(&handle);
+        let known = self.lock().by_handle.contains_key(&handle);
         let lookup = if known {
             Ok(())
         } else {
@@ -424,9 +438,9 @@ impl Registry {
             })
         };
         group.agree("deregister", lookup)?;
-        let registration = self.lock().remove(&handle);
+        let registration = self.lock().by_handle.remove(&handle);
         match registration {
-            Some(mut registration) => registration.close(),
+            Some((_, mut registration)) => registration.close(),
             None => Err(Error::InvalidArgument {
                 op: "deregister",
                 reason: format!(
@@ -439,23 +453,35 @@ impl Registry {
 
     /// `peer`'s buffer of registration `handle`, as mapped here.
     pub fn get_nvlink_address(&self, handle: u64, peer: usize) -> Option<u64> {
-        self.lock()
+        let entries = self.lock();
+        entries
+            .by_handle
             .get(&handle)
-            .and_then(|r| r.get_nvlink_address(peer))
+            .and_then(|(_, r)| r.get_nvlink_address(peer))
     }
 
     /// Number of live registrations.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().by_handle.len()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.lock().by_handle.is_empty()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Registration>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let entries = std::mem::take(&mut *self.lock());
+        let mut remaining: Vec<(u64, Registration)> = entries.by_handle.into_values().collect();
+        remaining.sort_by_key(|(index, _)| *index);
+        // Each registration's drop synchronises and waits for every rank, in creation order.
+        drop(remaining);
     }
 }
 
