@@ -72,6 +72,16 @@ enum PeerMapping {
     Ipc(IpcMapping),
 }
 
+impl PeerMapping {
+    /// Where the peer's shared allocation (or mapping) starts in this process.
+    fn base(&self) -> u64 {
+        match self {
+            Self::Vmm(m) => m.ptr(),
+            Self::Ipc(m) => m.ptr(),
+        }
+    }
+}
+
 /// A user buffer made reachable from every NVLink peer's kernels.
 ///
 /// [`handle`](Self::handle) is the device address of a [`RegisteredBuffer`] whose
@@ -145,7 +155,7 @@ impl Registration {
         let opened = peers
             .iter()
             .filter(|&&p| p != rank)
-            .map(|&p| open_peer(group, p, &infos[p], fds.remove(&p)).map(|(m, a)| (p, m, a)))
+            .map(|&p| open_peer(group, p, &infos[p], fds.remove(&p)).map(|m| (p, m)))
             .collect::<Result<Vec<_>>>();
         let opened = group.agree("register: import", opened.map_err(at_rank))?;
 
@@ -153,7 +163,9 @@ impl Registration {
             group.world_size,
             rank,
             ptr,
-            opened.iter().map(|(p, _, addr)| (*p, *addr)),
+            opened
+                .iter()
+                .map(|(p, m)| (*p, m.base() + infos[*p].offset)),
         );
         let published = publish(group, ptr, bytes, &peer_ptrs);
         let (handle, peer_table, table) =
@@ -167,7 +179,7 @@ impl Registration {
             handle,
             _peer_table: peer_table,
             _table: table,
-            mappings: opened.into_iter().map(|(_, m, _)| m).collect(),
+            mappings: opened.into_iter().map(|(_, m)| m).collect(),
             closed: false,
             group: group.clone(),
         })
@@ -333,13 +345,13 @@ fn placeholder_fd() -> Result<OwnedFd> {
     Ok(file.into())
 }
 
-/// Opens `peer`'s buffer here; returns the mapping and the buffer's address in it.
+/// Opens `peer`'s shared allocation here (the buffer is at `base() + info.offset`).
 fn open_peer(
     group: &Group,
     peer: usize,
     info: &ExportInfo,
     fd: Option<OwnedFd>,
-) -> Result<(PeerMapping, u64)> {
+) -> Result<PeerMapping> {
     match info.backend {
         Backend::Vmm => {
             let fd = fd.ok_or_else(|| Error::InvalidArgument {
@@ -348,14 +360,11 @@ fn open_peer(
             })?;
             let bytes = usize::try_from(info.alloc_bytes).unwrap_or(usize::MAX);
             let memory = PhysicalMemory::import(&group.ctx, fd.as_fd(), bytes)?;
-            let mapped = MappedMemory::map(group, memory, bytes)?;
-            let addr = mapped.ptr() + info.offset;
-            Ok((PeerMapping::Vmm(mapped), addr))
+            Ok(PeerMapping::Vmm(MappedMemory::map(group, memory, bytes)?))
         }
         Backend::Ipc => {
-            let mapping = IpcHandle::open(&group.ctx, &IpcHandle::from_bytes(&info.ipc)?)?;
-            let addr = mapping.ptr() + info.offset;
-            Ok((PeerMapping::Ipc(mapping), addr))
+            let handle = IpcHandle::from_bytes(&info.ipc)?;
+            Ok(PeerMapping::Ipc(IpcHandle::open(&group.ctx, &handle)?))
         }
     }
 }
