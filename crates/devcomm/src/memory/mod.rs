@@ -221,6 +221,10 @@ fn exchange(
     fd: &OwnedFd,
     peers: &[usize],
 ) -> Result<Vec<(usize, OwnedFd)>> {
+    if peers.iter().all(|&p| p == group.rank) {
+        // No NVLink peer: nothing to exchange and no one to wait for.
+        return Ok(Vec::new());
+    }
     let received = group
         .store
         .exchange_fds(tag, fd.as_fd(), peers, group.setup_timeout)?;
