@@ -12,6 +12,8 @@
 
 mod buffer;
 mod error_state;
+#[cfg(test)]
+mod gpu_tests;
 pub mod info;
 pub mod ipc;
 pub mod pointer;
