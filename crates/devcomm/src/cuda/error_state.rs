@@ -1,0 +1,333 @@
+//! The host-mapped error record and abort flag shared by a communicator's kernels.
+
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{sys, CudaContext};
+
+use super::{bind, check, log_drop_error, with_rank};
+use crate::error::{Error, Result};
+use crate::handles::{DeviceErrorState, DeviceOp, ErrorRecord};
+
+/// Owns one [`DeviceErrorState`] in pinned host memory that kernels of this process can reach
+/// (`cuMemHostAlloc` with `DEVICEMAP | PORTABLE`).
+///
+/// Kernels write the first failed wait into the record and raise `abort`; the host reads it
+/// with [`check`](Self::check) without synchronising any stream. A communicator whose state has
+/// fired stays unusable: there is deliberately no reset, it must be rebuilt.
+pub struct ErrorState {
+    ctx: Arc<CudaContext>,
+    rank: usize,
+    /// Host address of the pinned `DeviceErrorState`; valid until drop.
+    host: *mut DeviceErrorState,
+    /// The same memory as kernels address it.
+    device: u64,
+    /// Message of the first error `check` reported; once set, `check` returns `Aborted`.
+    fired: Mutex<Option<String>>,
+    /// Whether the host raised `abort` itself (so no device record is coming).
+    host_raised: AtomicBool,
+}
+
+/// How long `check` waits for a record that a kernel is in the middle of writing.
+const SETTLE_TIME: Duration = Duration::from_millis(5);
+
+// SAFETY: `host` points to pinned memory owned by this value for its whole life; the host side
+// only touches it through atomic loads/stores and volatile reads, which are fine from any
+// thread (the device writes it concurrently anyway). `fired` is behind a mutex.
+unsafe impl Send for ErrorState {}
+// SAFETY: as above; no method hands out references into the pinned memory.
+unsafe impl Sync for ErrorState {}
+
+impl std::fmt::Debug for ErrorState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ErrorState")
+            .field("rank", &self.rank)
+            .field("device_ptr", &format_args!("{:#x}", self.device))
+            .field("state", &self.read())
+            .finish()
+    }
+}
+
+impl ErrorState {
+    /// Allocates a zeroed state in host-mapped pinned memory for the kernels of `ctx`.
+    pub fn new(ctx: &Arc<CudaContext>, rank: usize) -> Result<Self> {
+        Self::alloc(ctx, rank).map_err(|e| with_rank(e, rank))
+    }
+
+    fn alloc(ctx: &Arc<CudaContext>, rank: usize) -> Result<Self> {
+        bind(ctx)?;
+        let bytes = size_of::<DeviceErrorState>();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `host` is a valid out-pointer; the context is current.
+        let status = unsafe { sys::cuMemHostAlloc(&mut host, bytes, flags) };
+        check(status, "cuMemHostAlloc")?;
+        let host = host.cast::<DeviceErrorState>();
+        // SAFETY: `host` is a fresh allocation of `bytes` bytes, page-aligned; all-zero bits
+        // are a valid `DeviceErrorState` (plain integers).
+        unsafe { std::ptr::write_bytes(host, 0, 1) };
+        let mut state = Self {
+            ctx: ctx.clone(),
+            rank,
+            host,
+            device: 0,
+            fired: Mutex::new(None),
+            host_raised: AtomicBool::new(false),
+        };
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated by cuMemHostAlloc with DEVICEMAP; flags must be 0.
+        // On failure `state` is dropped and frees the allocation.
+        let status = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) };
+        check(status, "cuMemHostGetDevicePointer")?;
+        state.device = device;
+        Ok(state)
+    }
+
+    /// Device address of the `DeviceErrorState` (for `DeviceWindow::error_state`).
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    /// A snapshot of the state as it is now.
+    pub fn read(&self) -> DeviceErrorState {
+        // SAFETY: `host` is valid, aligned and lives as long as `self`; `abort` is a u32 at
+        // offset 0 that nothing accesses non-atomically on the host.
+        let abort = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.host).abort)) };
+        let abort = abort.load(Ordering::Acquire);
+        fence(Ordering::Acquire);
+        // SAFETY: as above; a volatile read because the device writes the memory behind the
+        // compiler's back. Any bit pattern is a valid `ErrorRecord`.
+        let record = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.host).record)) };
+        DeviceErrorState {
+            abort,
+            reserved: 0,
+            record,
+        }
+    }
+
+    /// `Ok(())` while no kernel has failed. The first time it sees a completed record it
+    /// returns that failure as [`Error::PeerTimeout`]; from then on (and after
+    /// [`raise_abort`](Self::raise_abort)) it returns [`Error::Aborted`].
+    pub fn check(&self) -> Result<()> {
+        let mut fired = self.fired.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(reason) = fired.as_ref() {
+            return Err(Error::Aborted {
+                rank: rank_i32(self.rank),
+                reason: reason.clone(),
+            });
+        }
+        let deadline = Instant::now() + SETTLE_TIME;
+        let result = loop {
+            let state = self.read();
+            match evaluate(&state, self.rank, self.host_raised.load(Ordering::Acquire)) {
+                Verdict::Clear => break Ok(()),
+                Verdict::Failed(e) => break Err(*e),
+                // A kernel is between claiming the record and raising abort (or the other
+                // way round): give it a moment, then report what is there.
+                Verdict::Pending if Instant::now() < deadline => std::thread::yield_now(),
+                Verdict::Pending => break settle(&state, self.rank),
+            }
+        };
+        if let Err(e) = &result {
+            *fired = Some(match e {
+                Error::Aborted { reason, .. } => reason.clone(),
+                other => other.to_string(),
+            });
+        }
+        result
+    }
+
+    /// Raises the abort flag: every device wait of this communicator returns at once, and
+    /// later [`check`](Self::check)s fail with [`Error::Aborted`].
+    pub fn raise_abort(&self) {
+        self.host_raised.store(true, Ordering::Release);
+        // SAFETY: as in `read`.
+        let abort = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.host).abort)) };
+        abort.store(1, Ordering::Release);
+        fence(Ordering::SeqCst);
+    }
+}
+
+impl Drop for ErrorState {
+    fn drop(&mut self) {
+        let freed = bind(&self.ctx).and_then(|()| {
+            // SAFETY: `host` came from cuMemHostAlloc and is freed once, here. Kernels using
+            // it belong to this communicator, which is being dropped.
+            let status = unsafe { sys::cuMemFreeHost(self.host.cast()) };
+            check(status, "cuMemFreeHost")
+        });
+        log_drop_error("freeing the error state", freed);
+    }
+}
+
+fn rank_i32(rank: usize) -> i32 {
+    i32::try_from(rank).unwrap_or(i32::MAX)
+}
+
+/// What a snapshot of the state means for the host.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    /// No failure.
+    Clear,
+    /// A kernel is writing the record right now; read again shortly.
+    Pending,
+    /// A failure to report.
+    Failed(Box<Error>),
+}
+
+/// Classifies a snapshot (pure; the heart of [`ErrorState::check`]). Kernels claim the record
+/// with a CAS on `flag`, fill it in, then raise `abort`; so a record is complete once both are
+/// set. `abort` without a record is final only when the host raised it.
+pub(crate) fn evaluate(state: &DeviceErrorState, rank: usize, host_raised: bool) -> Verdict {
+    match (state.abort != 0, state.record.flag != 0) {
+        (false, false) => Verdict::Clear,
+        (true, true) => Verdict::Failed(Box::new(record_to_error(&state.record))),
+        (true, false) if host_raised => Verdict::Failed(Box::new(host_abort(rank))),
+        (false, true) | (true, false) => Verdict::Pending,
+    }
+}
+
+/// Resolves a snapshot that stayed [`Verdict::Pending`]: a claimed record is reported as it
+/// is; an abort without a record is reported as such.
+fn settle(state: &DeviceErrorState, rank: usize) -> Result<()> {
+    if state.record.flag != 0 {
+        Err(record_to_error(&state.record))
+    } else if state.abort != 0 {
+        Err(Error::Aborted {
+            rank: rank_i32(rank),
+            reason: "a kernel raised the abort flag without recording an error".to_owned(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+fn host_abort(rank: usize) -> Error {
+    Error::Aborted {
+        rank: rank_i32(rank),
+        reason: "the host raised the abort flag".to_owned(),
+    }
+}
+
+/// Converts a written record into the error the host reports.
+pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
+    Error::PeerTimeout {
+        op: DeviceOp::from_code(record.op),
+        rank: record.rank,
+        peer: record.peer,
+        slot: record.slot,
+        expected: record.expected,
+        seen: record.seen,
+        elapsed: Duration::from_nanos(record.elapsed_ns),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> ErrorRecord {
+        ErrorRecord {
+            flag: 1,
+            op: 2,
+            rank: 3,
+            peer: 1,
+            slot: 7,
+            expected: 5,
+            seen: 4,
+            elapsed_ns: 1_500_000_000,
+        }
+    }
+
+    #[test]
+    fn record_converts_to_peer_timeout() {
+        match record_to_error(&record()) {
+            Error::PeerTimeout {
+                op,
+                rank,
+                peer,
+                slot,
+                expected,
+                seen,
+                elapsed,
+            } => {
+                assert_eq!(op, DeviceOp::Barrier);
+                assert_eq!((rank, peer, slot, expected, seen), (3, 1, 7, 5, 4));
+                assert_eq!(elapsed, Duration::from_millis(1500));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let msg = record_to_error(&record()).to_string();
+        assert!(msg.contains("peer 1") && msg.contains("barrier"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_op_codes_survive() {
+        let rec = ErrorRecord { op: 42, ..record() };
+        assert!(matches!(
+            record_to_error(&rec),
+            Error::PeerTimeout {
+                op: DeviceOp::Unknown(42),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn evaluate_covers_every_state() {
+        let clear = DeviceErrorState::default();
+        assert!(matches!(evaluate(&clear, 0, false), Verdict::Clear));
+
+        let in_progress = DeviceErrorState {
+            abort: 0,
+            reserved: 0,
+            record: record(),
+        };
+        assert!(matches!(evaluate(&in_progress, 0, false), Verdict::Pending));
+
+        let fired = DeviceErrorState {
+            abort: 1,
+            reserved: 0,
+            record: record(),
+        };
+        assert!(matches!(
+            evaluate(&fired, 0, false),
+            Verdict::Failed(e) if matches!(*e, Error::PeerTimeout { peer: 1, .. })
+        ));
+
+        let aborted = DeviceErrorState {
+            abort: 1,
+            ..DeviceErrorState::default()
+        };
+        assert!(matches!(evaluate(&aborted, 2, false), Verdict::Pending));
+        assert!(matches!(
+            evaluate(&aborted, 2, true),
+            Verdict::Failed(e) if matches!(*e, Error::Aborted { rank: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn settle_reports_what_is_there() {
+        let in_progress = DeviceErrorState {
+            abort: 0,
+            reserved: 0,
+            record: record(),
+        };
+        assert!(matches!(
+            settle(&in_progress, 0),
+            Err(Error::PeerTimeout { slot: 7, .. })
+        ));
+        let aborted = DeviceErrorState {
+            abort: 1,
+            ..DeviceErrorState::default()
+        };
+        assert!(matches!(
+            settle(&aborted, 5),
+            Err(Error::Aborted { rank: 5, .. })
+        ));
+        assert!(settle(&DeviceErrorState::default(), 0).is_ok());
+    }
+}

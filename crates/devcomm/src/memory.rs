@@ -1,1 +1,0 @@
-//! See docs/CONTRACT.md. Being written.

@@ -1,0 +1,545 @@
+//! Registration of buffers the user already owns, so kernels of every NVLink peer can reach
+//! them through a [`RegisteredBuffer`] handle.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::{exchange, fd_peers, MappedMemory};
+use crate::cuda::ipc::{IpcHandle, IpcMapping, IPC_HANDLE_BYTES};
+use crate::cuda::vmm::PhysicalMemory;
+use crate::cuda::{self, pointer, with_rank, DeviceBuffer};
+use crate::error::{Error, Result};
+use crate::group::Group;
+use crate::handles::{DevicePeerTable, RegisteredBuffer};
+
+/// How a rank shares its buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    /// VMM memory: the backing allocation travels as an fd and peers map all of it.
+    Vmm = 1,
+    /// `cuMemAlloc` memory: a legacy IPC handle of the allocation's base.
+    Ipc = 2,
+}
+
+/// What one rank tells the others about its buffer (all-gathered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ExportInfo {
+    backend: Backend,
+    /// Offset of the buffer from the start of the shared allocation (or mapping).
+    offset: u64,
+    /// Bytes of the shared allocation (VMM: of the mapping; peers map that much).
+    alloc_bytes: u64,
+    /// The IPC handle (zero for VMM).
+    ipc: [u8; IPC_HANDLE_BYTES],
+}
+
+const INFO_BYTES: usize = 1 + 8 + 8 + IPC_HANDLE_BYTES;
+
+impl ExportInfo {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(INFO_BYTES);
+        out.push(self.backend as u8);
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.alloc_bytes.to_le_bytes());
+        out.extend_from_slice(&self.ipc);
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != INFO_BYTES {
+            return None;
+        }
+        let backend = match bytes[0] {
+            1 => Backend::Vmm,
+            2 => Backend::Ipc,
+            _ => return None,
+        };
+        let word = |at: usize| bytes[at..at + 8].try_into().ok().map(u64::from_le_bytes);
+        Some(Self {
+            backend,
+            offset: word(1)?,
+            alloc_bytes: word(9)?,
+            ipc: bytes[17..].try_into().ok()?,
+        })
+    }
+}
+
+/// A peer's buffer opened here.
+#[derive(Debug)]
+enum PeerMapping {
+    Vmm(MappedMemory),
+    Ipc(IpcMapping),
+}
+
+impl PeerMapping {
+    /// Where the peer's shared allocation (or mapping) starts in this process.
+    fn base(&self) -> u64 {
+        match self {
+            Self::Vmm(m) => m.ptr(),
+            Self::Ipc(m) => m.ptr(),
+        }
+    }
+}
+
+/// A user buffer made reachable from every NVLink peer's kernels.
+///
+/// [`handle`](Self::handle) is the device address of a [`RegisteredBuffer`] whose
+/// `backend_window` points to a [`DevicePeerTable`]. Dropping it (or
+/// [`Registry::deregister`]) is collective: it waits until every rank has closed its mappings
+/// of this rank's buffer, after which the user may free the buffer.
+pub struct Registration {
+    tag: String,
+    ptr: u64,
+    bytes: usize,
+    /// The buffer as mapped here, by rank; 0 without an NVLink path.
+    peer_ptrs: Vec<u64>,
+    /// `RegisteredBuffer` (the handle), `DevicePeerTable`, and the `u64[world_size]` table.
+    handle: DeviceBuffer,
+    _peer_table: DeviceBuffer,
+    _table: DeviceBuffer,
+    mappings: Vec<PeerMapping>,
+    closed: bool,
+    /// Last, so the communicator outlives everything above.
+    group: Arc<Group>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("rank", &self.group.rank)
+            .field("tag", &self.tag)
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("bytes", &self.bytes)
+            .field("handle", &format_args!("{:#x}", self.handle.ptr()))
+            .field("peer_ptrs", &self.peer_ptrs)
+            .finish()
+    }
+}
+
+impl Registration {
+    /// Collective over all ranks: registers `bytes` bytes at device address `ptr` (each rank
+    /// its own buffer). `cudaMalloc`/`cuMemAlloc` memory is shared through CUDA IPC; VMM memory
+    /// must have been created with the POSIX-fd handle type. Other memory (e.g. stream-ordered
+    /// pool allocations) is refused with [`Error::InvalidArgument`] on every rank.
+    pub(crate) fn register(group: &Arc<Group>, ptr: u64, bytes: usize) -> Result<Self> {
+        let tag = group.next_tag("reg");
+        let rank = group.rank;
+        let at_rank = |e: Error| with_rank(e, rank);
+
+        let local = inspect(group, ptr, bytes).map_err(at_rank);
+        let (info, fd) = group.agree("register: inspect", local)?;
+
+        let blobs =
+            group
+                .store
+                .all_gather(&format!("{tag}/info"), &info.encode(), group.setup_timeout)?;
+        let infos = decode_all(&blobs)?;
+
+        // Fds travel only if some rank shares VMM memory; the others send a placeholder so the
+        // exchange stays collective. Every rank sees the same `infos`, so all decide alike.
+        let peers = fd_peers(&group.topology);
+        let mut fds: HashMap<usize, OwnedFd> = HashMap::new();
+        if infos.iter().any(|i| i.backend == Backend::Vmm) {
+            let sent = match fd {
+                Some(fd) => Ok(fd),
+                None => placeholder_fd(),
+            };
+            let received = sent.and_then(|fd| exchange(group, &format!("{tag}/fds"), &fd, &peers));
+            fds = group
+                .agree("register: exchange", received)?
+                .into_iter()
+                .collect();
+        }
+
+        let opened = peers
+            .iter()
+            .filter(|&&p| p != rank)
+            .map(|&p| open_peer(group, p, &infos[p], fds.remove(&p)).map(|m| (p, m)))
+            .collect::<Result<Vec<_>>>();
+        let opened = group.agree("register: import", opened.map_err(at_rank))?;
+
+        let peer_ptrs = super::build_peer_table(
+            group.world_size,
+            rank,
+            ptr,
+            opened
+                .iter()
+                .map(|(p, m)| (*p, m.base() + infos[*p].offset)),
+        );
+        let published = publish(group, ptr, bytes, &peer_ptrs);
+        let (handle, peer_table, table) =
+            group.agree("register: publish", published.map_err(at_rank))?;
+
+        Ok(Self {
+            tag,
+            ptr,
+            bytes,
+            peer_ptrs,
+            handle,
+            _peer_table: peer_table,
+            _table: table,
+            mappings: opened.into_iter().map(|(_, m)| m).collect(),
+            closed: false,
+            group: group.clone(),
+        })
+    }
+
+    /// Device address of the [`RegisteredBuffer`]: the value kernels receive and
+    /// [`Registry::deregister`] takes back.
+    pub fn handle(&self) -> u64 {
+        self.handle.ptr()
+    }
+
+    /// The buffer on this rank.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// `peer`'s buffer as mapped here (this rank's own for `peer == rank`), or `None` without
+    /// an NVLink path.
+    pub fn get_nvlink_address(&self, peer: usize) -> Option<u64> {
+        self.peer_ptrs.get(peer).copied().filter(|&p| p != 0)
+    }
+
+    /// Collective tear-down: waits for this device's work, closes peers' buffers, then waits
+    /// for every rank (so no peer maps this rank's buffer any more). Runs once.
+    fn close(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.closed, true) {
+            return Ok(());
+        }
+        let synced = cuda::synchronize(&self.group.ctx).map_err(|e| with_rank(e, self.group.rank));
+        self.mappings.clear();
+        let barrier = self
+            .group
+            .store
+            .barrier(&format!("{}/free", self.tag), self.group.setup_timeout);
+        synced?;
+        barrier?;
+        Ok(())
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if !self.closed {
+            if let Err(e) = self.close() {
+                log::warn!(
+                    "devcomm: rank {}: releasing registration {}: {e}",
+                    self.group.rank,
+                    self.tag
+                );
+            }
+        }
+    }
+}
+
+/// Works out how this rank shares `[ptr, ptr+bytes)`, and exports it.
+fn inspect(group: &Group, ptr: u64, bytes: usize) -> Result<(ExportInfo, Option<OwnedFd>)> {
+    let ctx = &group.ctx;
+    let invalid = |reason: String| Error::InvalidArgument {
+        op: "register",
+        reason,
+    };
+    if bytes == 0 {
+        return Err(invalid(format!(
+            "rank {}: zero-byte buffer at {ptr:#x}",
+            group.rank
+        )));
+    }
+    let ordinal = pointer::device_ordinal(ctx, ptr)?;
+    if usize::try_from(ordinal).ok() != Some(ctx.ordinal()) {
+        return Err(invalid(format!(
+            "rank {}: buffer {ptr:#x} is on device {ordinal}, this rank uses device {}",
+            group.rank,
+            ctx.ordinal()
+        )));
+    }
+    if pointer::is_vmm(ctx, ptr)? {
+        let (base, size) = pointer::mapping_range(ctx, ptr)?;
+        check_within(ptr, bytes, base, size)
+            .map_err(|r| invalid(format!("rank {}: {r}", group.rank)))?;
+        let memory = PhysicalMemory::retain(ctx, ptr, size)?.ok_or_else(|| {
+            invalid(format!(
+                "rank {}: {ptr:#x} stopped being VMM memory",
+                group.rank
+            ))
+        })?;
+        let fd = memory.export_fd().map_err(|e| {
+            invalid(format!(
+                "rank {}: VMM buffer {ptr:#x} cannot be exported as a POSIX fd (create it with \
+                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR): {e}",
+                group.rank
+            ))
+        })?;
+        // `memory` (our extra reference) is released here; the user's mapping keeps the
+        // allocation and the fd keeps it importable.
+        let info = ExportInfo {
+            backend: Backend::Vmm,
+            offset: ptr - base,
+            alloc_bytes: size as u64,
+            ipc: [0; IPC_HANDLE_BYTES],
+        };
+        Ok((info, Some(fd)))
+    } else if pointer::is_legacy_ipc_capable(ctx, ptr)? {
+        let (base, size) = pointer::allocation_range(ctx, ptr)?;
+        check_within(ptr, bytes, base, size)
+            .map_err(|r| invalid(format!("rank {}: {r}", group.rank)))?;
+        let handle = IpcHandle::get(ctx, base)?;
+        let info = ExportInfo {
+            backend: Backend::Ipc,
+            offset: ptr - base,
+            alloc_bytes: size as u64,
+            ipc: *handle.as_bytes(),
+        };
+        Ok((info, None))
+    } else {
+        Err(invalid(format!(
+            "rank {}: buffer {ptr:#x} is neither VMM memory nor legacy-IPC capable \
+             (stream-ordered pool allocations cannot be registered)",
+            group.rank
+        )))
+    }
+}
+
+/// Checks that `[ptr, ptr+bytes)` lies inside `[base, base+size)`.
+fn check_within(ptr: u64, bytes: usize, base: u64, size: usize) -> Result<(), String> {
+    let end = ptr.checked_add(bytes as u64);
+    let alloc_end = base.checked_add(size as u64);
+    match (end, alloc_end) {
+        (Some(end), Some(alloc_end)) if ptr >= base && end <= alloc_end => Ok(()),
+        _ => Err(format!(
+            "buffer [{ptr:#x}, +{bytes}) is not inside one allocation [{base:#x}, +{size})"
+        )),
+    }
+}
+
+/// Decodes every rank's [`ExportInfo`]; the same verdict on every rank.
+fn decode_all(blobs: &[Vec<u8>]) -> Result<Vec<ExportInfo>> {
+    blobs
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            ExportInfo::decode(b).ok_or_else(|| Error::InvalidArgument {
+                op: "register",
+                reason: format!(
+                    "rank {r} sent a malformed registration record ({} bytes)",
+                    b.len()
+                ),
+            })
+        })
+        .collect()
+}
+
+/// An fd to send when this rank has none of its own (`/dev/null`).
+fn placeholder_fd() -> Result<OwnedFd> {
+    let file = std::fs::File::open("/dev/null").map_err(|source| Error::Io {
+        context: "opening /dev/null".to_owned(),
+        source,
+    })?;
+    Ok(file.into())
+}
+
+/// Opens `peer`'s shared allocation here (the buffer is at `base() + info.offset`).
+fn open_peer(
+    group: &Group,
+    peer: usize,
+    info: &ExportInfo,
+    fd: Option<OwnedFd>,
+) -> Result<PeerMapping> {
+    match info.backend {
+        Backend::Vmm => {
+            let fd = fd.ok_or_else(|| Error::InvalidArgument {
+                op: "register",
+                reason: format!("rank {}: no fd arrived from VMM peer {peer}", group.rank),
+            })?;
+            let bytes = usize::try_from(info.alloc_bytes).unwrap_or(usize::MAX);
+            let memory = PhysicalMemory::import(&group.ctx, fd.as_fd(), bytes)?;
+            Ok(PeerMapping::Vmm(MappedMemory::map(group, memory, bytes)?))
+        }
+        Backend::Ipc => {
+            let handle = IpcHandle::from_bytes(&info.ipc)?;
+            Ok(PeerMapping::Ipc(IpcHandle::open(&group.ctx, &handle)?))
+        }
+    }
+}
+
+/// Uploads the peer table, the `DevicePeerTable` and the `RegisteredBuffer`, and waits until
+/// the copies are complete. Returns `(handle, peer_table, table)`.
+fn publish(
+    group: &Group,
+    ptr: u64,
+    bytes: usize,
+    peer_ptrs: &[u64],
+) -> Result<(DeviceBuffer, DeviceBuffer, DeviceBuffer)> {
+    let table = DeviceBuffer::from_slice(&group.ctx, peer_ptrs)?;
+    let peer_table = DevicePeerTable {
+        peer_base: table.ptr(),
+        rank: i32::try_from(group.rank).unwrap_or(i32::MAX),
+        world_size: i32::try_from(group.world_size).unwrap_or(i32::MAX),
+    };
+    let peer_table = DeviceBuffer::from_slice(&group.ctx, &[peer_table])?;
+    let handle = RegisteredBuffer {
+        base_ptr: ptr,
+        size: bytes as u64,
+        backend_window: peer_table.ptr(),
+        lkey: 0,
+        reserved: 0,
+    };
+    let handle = DeviceBuffer::from_slice(&group.ctx, &[handle])?;
+    cuda::synchronize(&group.ctx)?;
+    Ok((handle, peer_table, table))
+}
+
+/// The registrations of one communicator, by handle.
+///
+/// Dropping it releases the remaining registrations in creation order, which is the same on
+/// every rank (each release waits for all ranks).
+#[derive(Debug, Default)]
+pub struct Registry {
+    entries: Mutex<Entries>,
+}
+
+/// Registrations by handle, each with its creation index.
+#[derive(Debug, Default)]
+struct Entries {
+    next: u64,
+    by_handle: HashMap<u64, (u64, Registration)>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Collective: registers `[ptr, ptr+bytes)` (see [`Registration::register`]) and returns
+    /// its handle, the device address of its [`RegisteredBuffer`].
+    pub(crate) fn register(&self, group: &Arc<Group>, ptr: u64, bytes: usize) -> Result<u64> {
+        let registration = Registration::register(group, ptr, bytes)?;
+        let handle = registration.handle();
+        let mut entries = self.lock();
+        let index = entries.next;
+        entries.next += 1;
+        entries.by_handle.insert(handle, (index, registration));
+        Ok(handle)
+    }
+
+    /// Collective: releases the registration `handle` returned by [`register`](Self::register)
+    /// on this rank. Every rank must call it (with its own handle of the same registration);
+    /// an unknown handle on any rank fails on every rank and releases nothing.
+    pub(crate) fn deregister(&self, group: &Arc<Group>, handle: u64) -> Result<()> {
+        let known = self.lock().by_handle.contains_key(&handle);
+        let lookup = if known {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument {
+                op: "deregister",
+                reason: format!(
+                    "rank {}: {handle:#x} is not a registered handle",
+                    group.rank
+                ),
+            })
+        };
+        group.agree("deregister", lookup)?;
+        let registration = self.lock().by_handle.remove(&handle);
+        match registration {
+            Some((_, mut registration)) => registration.close(),
+            None => Err(Error::InvalidArgument {
+                op: "deregister",
+                reason: format!(
+                    "rank {}: {handle:#x} was deregistered concurrently",
+                    group.rank
+                ),
+            }),
+        }
+    }
+
+    /// `peer`'s buffer of registration `handle`, as mapped here.
+    pub fn get_nvlink_address(&self, handle: u64, peer: usize) -> Option<u64> {
+        let entries = self.lock();
+        entries
+            .by_handle
+            .get(&handle)
+            .and_then(|(_, r)| r.get_nvlink_address(peer))
+    }
+
+    /// Number of live registrations.
+    pub fn len(&self) -> usize {
+        self.lock().by_handle.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.lock().by_handle.is_empty()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let entries = std::mem::take(&mut *self.lock());
+        let mut remaining: Vec<(u64, Registration)> = entries.by_handle.into_values().collect();
+        remaining.sort_by_key(|(index, _)| *index);
+        // Each registration's drop synchronises and waits for every rank, in creation order.
+        drop(remaining);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_info_round_trips() {
+        let mut ipc = [0u8; IPC_HANDLE_BYTES];
+        ipc.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        for info in [
+            ExportInfo {
+                backend: Backend::Ipc,
+                offset: 4096,
+                alloc_bytes: 1 << 30,
+                ipc,
+            },
+            ExportInfo {
+                backend: Backend::Vmm,
+                offset: 0,
+                alloc_bytes: 2 << 20,
+                ipc: [0; IPC_HANDLE_BYTES],
+            },
+        ] {
+            let bytes = info.encode();
+            assert_eq!(bytes.len(), INFO_BYTES);
+            assert_eq!(ExportInfo::decode(&bytes), Some(info));
+        }
+        let mut bad = ExportInfo {
+            backend: Backend::Ipc,
+            offset: 0,
+            alloc_bytes: 1,
+            ipc,
+        }
+        .encode();
+        assert_eq!(ExportInfo::decode(&bad[..INFO_BYTES - 1]), None);
+        bad[0] = 7;
+        assert_eq!(ExportInfo::decode(&bad), None);
+        let err = decode_all(&[bad]).unwrap_err().to_string();
+        assert!(err.contains("rank 0"), "{err}");
+    }
+
+    #[test]
+    fn buffers_must_lie_inside_the_allocation() {
+        assert!(check_within(0x1000, 0x100, 0x1000, 0x100).is_ok());
+        assert!(check_within(0x1080, 0x80, 0x1000, 0x100).is_ok());
+        assert!(check_within(0x1080, 0x81, 0x1000, 0x100).is_err());
+        assert!(check_within(0xfff, 0x10, 0x1000, 0x100).is_err());
+        assert!(check_within(u64::MAX - 4, 16, 0, usize::MAX).is_err());
+    }
+}
