@@ -19,6 +19,8 @@ fi
 export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Kernel cache of the test run stays inside the checkout.
 export DEVCOMM_CACHE_DIR="$root/target/devcomm-kernel-cache"
+# Tests that need NVRTC or a host C++ compiler fail instead of skipping.
+export DEVCOMM_REQUIRE_NVRTC=1 DEVCOMM_REQUIRE_CXX=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

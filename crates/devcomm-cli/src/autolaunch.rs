@@ -13,13 +13,17 @@ pub fn or_run(what: &str, body: impl FnOnce() -> Result<i32, String>) -> Result<
         return body();
     }
     let nprocs = match std::env::var(NPROCS_ENV) {
-        Ok(n) => n.parse::<usize>().map_err(|_| format!("{NPROCS_ENV}={n:?} is not a number"))?,
+        Ok(n) => n
+            .parse::<usize>()
+            .map_err(|_| format!("{NPROCS_ENV}={n:?} is not a number"))?,
         Err(_) => cudarc::driver::CudaContext::device_count()
             .map_err(|e| format!("cannot count GPUs for `devcomm {what}`: {e}"))?
             as usize,
     };
     if nprocs == 0 {
-        return Err(format!("`devcomm {what}` needs at least one GPU; none is visible"));
+        return Err(format!(
+            "`devcomm {what}` needs at least one GPU; none is visible"
+        ));
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let mut command = vec![exe.to_string_lossy().into_owned()];

@@ -150,7 +150,11 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
 
 pub(crate) fn device_label(cx: &Ctx, args: &BenchArgs) -> String {
     let name = &cx.comm.device_info().name;
-    if args.device_kind.is_empty() { name.clone() } else { format!("{name} ({})", args.device_kind) }
+    if args.device_kind.is_empty() {
+        name.clone()
+    } else {
+        format!("{name} ({})", args.device_kind)
+    }
 }
 
 fn print_table(records: &[Record]) {
@@ -191,10 +195,20 @@ fn bench_latency(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
             let peer = (1 - comm.rank()) as i32;
             let handle = win.device_handle();
             let mut l = cx.stream.launch_builder(&f);
-            l.arg(&handle).arg(&peer).arg(&iters).arg(&base).arg(&elapsed);
+            l.arg(&handle)
+                .arg(&peer)
+                .arg(&iters)
+                .arg(&base)
+                .arg(&elapsed);
             // SAFETY: pingpong(DeviceWindow, int, u64, u64, u64*); elapsed has one element.
-            unsafe { l.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 }) }
-                .map_err(|e| e.to_string())?;
+            unsafe {
+                l.launch(LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(|e| e.to_string())?;
             cx.sync()?;
             let ns = cx.stream.clone_dtoh(&elapsed).map_err(|e| e.to_string())?[0];
             if rep >= args.warmup && comm.rank() == 0 {
@@ -232,16 +246,26 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let rank = comm.rank();
     let max = 1usize << 30;
     let module = cx.foundation()?;
-    let f = module.function("put_bandwidth").map_err(|e| e.to_string())?;
+    let f = module
+        .function("put_bandwidth")
+        .map_err(|e| e.to_string())?;
     let win = comm.window::<u8>(max, 1).map_err(|e| e.to_string())?;
     let src_host = cx.data_of(rank, 9, 1 << 20);
-    let mut src = cx.stream.alloc_zeros::<u8>(max).map_err(|e| e.to_string())?;
+    let mut src = cx
+        .stream
+        .alloc_zeros::<u8>(max)
+        .map_err(|e| e.to_string())?;
     for chunk in 0..(max >> 20) {
         let mut view = src.slice_mut(chunk << 20..(chunk + 1) << 20);
-        cx.stream.memcpy_htod(&src_host, &mut view).map_err(|e| e.to_string())?;
+        cx.stream
+            .memcpy_htod(&src_host, &mut view)
+            .map_err(|e| e.to_string())?;
     }
     let nccl = nccl::NcclPair::new(cx)?;
-    let mut recv = cx.stream.alloc_zeros::<u8>(max).map_err(|e| e.to_string())?;
+    let mut recv = cx
+        .stream
+        .alloc_zeros::<u8>(max)
+        .map_err(|e| e.to_string())?;
     cx.sync()?;
     let handle = win.device_handle();
     let peer_ptr = win.get_nvlink_address(1).unwrap_or(0);
@@ -251,9 +275,16 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         let nccl_us = nccl.time_send_recv(cx, &src, &mut recv, bytes, args.warmup, args.iters)?;
         let ce_us = if rank == 0 {
             let (sp, _g) = src.device_ptr(&cx.stream);
-            time_us(&cx.stream, args.warmup, args.iters, || Ok(()), || {
-                devcomm::cuda::memcpy_dtod_async(peer_ptr, sp, bytes, &cx.stream).map_err(|e| e.to_string())
-            })?
+            time_us(
+                &cx.stream,
+                args.warmup,
+                args.iters,
+                || Ok(()),
+                || {
+                    devcomm::cuda::memcpy_dtod_async(peer_ptr, sp, bytes, &cx.stream)
+                        .map_err(|e| e.to_string())
+                },
+            )?
         } else {
             f64::NAN
         };
@@ -263,21 +294,36 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
                 let (sp, _g) = src.device_ptr(&cx.stream);
                 let peer = 1i32;
                 let b = bytes as u64;
-                time_us(&cx.stream, args.warmup, args.iters, || Ok(()), || {
-                    let mut l = cx.stream.launch_builder(&f);
-                    l.arg(&handle).arg(&peer).arg(&sp).arg(&b);
-                    // SAFETY: put_bandwidth(DeviceWindow, int, const void*, u64); the window
-                    // and src hold at least `bytes`.
-                    unsafe { l.launch(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 }) }
+                time_us(
+                    &cx.stream,
+                    args.warmup,
+                    args.iters,
+                    || Ok(()),
+                    || {
+                        let mut l = cx.stream.launch_builder(&f);
+                        l.arg(&handle).arg(&peer).arg(&sp).arg(&b);
+                        // SAFETY: put_bandwidth(DeviceWindow, int, const void*, u64); the window
+                        // and src hold at least `bytes`.
+                        unsafe {
+                            l.launch(LaunchConfig {
+                                grid_dim: (blocks, 1, 1),
+                                block_dim: (512, 1, 1),
+                                shared_mem_bytes: 0,
+                            })
+                        }
                         .map(|_| ())
                         .map_err(|e| e.to_string())
-                })?
+                    },
+                )?
             } else {
                 f64::NAN
             };
             cx.host_barrier()?;
             if rank == 0 {
-                for (reference, ref_us) in [("copy engine cuMemcpyAsync", ce_us), ("NCCL send/recv", nccl_us)] {
+                for (reference, ref_us) in [
+                    ("copy engine cuMemcpyAsync", ce_us),
+                    ("NCCL send/recv", nccl_us),
+                ] {
                     out.push(Record {
                         op: "put".into(),
                         world_size: comm.world_size(),

@@ -17,7 +17,7 @@ struct RankRecord {
     gpu: String,
     pci_bus_id: String,
     uuid: String,
-    sm_count: u32,
+    sm_count: i32,
     compute_capability: (i32, i32),
     links: Vec<String>,
 }
@@ -34,7 +34,12 @@ pub fn run(args: &InfoArgs) -> Result<i32, String> {
         uuid: d.uuid.clone(),
         sm_count: d.sm_count,
         compute_capability: d.compute_capability,
-        links: comm.topology().kinds.iter().map(|k| k.to_string()).collect(),
+        links: comm
+            .topology()
+            .kinds
+            .iter()
+            .map(|k| k.to_string())
+            .collect(),
     };
     let blob = serde_json::to_vec(&me).map_err(|e| e.to_string())?;
     let all = comm
@@ -49,12 +54,18 @@ pub fn run(args: &InfoArgs) -> Result<i32, String> {
         .map(|b| serde_json::from_slice(b).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&records).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&records).map_err(|e| e.to_string())?
+        );
         return Ok(0);
     }
     let n = records.len();
     let peers: String = (0..n).map(|p| format!("{:>5}", format!("r{p}"))).collect();
-    println!("{:<5} {:<22} {:<14} {:>4}  links:{peers}", "rank", "gpu", "pci", "sms");
+    println!(
+        "{:<5} {:<22} {:<14} {:>4}  links:{peers}",
+        "rank", "gpu", "pci", "sms"
+    );
     for r in &records {
         let links: String = r.links.iter().map(|k| format!("{k:>5}")).collect();
         println!(

@@ -53,7 +53,13 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result: Result<i32, String> = match cli.command {
-        Command::Launch { nprocs, master_addr, master_port, kill_grace, command } => {
+        Command::Launch {
+            nprocs,
+            master_addr,
+            master_port,
+            kill_grace,
+            command,
+        } => {
             let opts = devcomm_bootstrap::launcher::LaunchOptions {
                 nprocs,
                 master_addr,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use devcomm::jit::KernelSpec;
 use devcomm::{Comm, DeviceWindow, Error};
 use rand::{RngCore, SeedableRng};
@@ -75,13 +75,38 @@ impl Ctx {
     }
 
     pub(crate) fn foundation(&self) -> Result<Arc<devcomm::jit::LoadedModule>, String> {
-        let spec = KernelSpec::new("foundation", devcomm::device::FOUNDATION_KERNELS)
-            .name_expressions(FOUNDATION_FUNCTIONS);
-        self.comm.jit().load(self.comm.context(), &spec).map_err(|e| e.to_string())
+        self.comm
+            .jit()
+            .load(self.comm.context(), &KernelSpec::foundation())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Copies a device slice to a raw device address (e.g. a window's data) and waits.
+    pub(crate) fn copy_to_ptr(&self, dst: u64, src: &CudaSlice<u8>) -> Result<(), String> {
+        let (sp, _g) = src.device_ptr(&self.stream);
+        devcomm::cuda::memcpy_dtod_async(dst, sp, src.len(), &self.stream)
+            .map_err(|e| e.to_string())?;
+        self.sync()
+    }
+
+    /// Reads `bytes` at a raw device address back to the host.
+    pub(crate) fn read_ptr(&self, src: u64, bytes: usize) -> Result<Vec<u8>, String> {
+        let mut tmp = self
+            .stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(|e| e.to_string())?;
+        {
+            let (dp, _g) = tmp.device_ptr_mut(&self.stream);
+            devcomm::cuda::memcpy_dtod_async(dp, src, bytes, &self.stream)
+                .map_err(|e| e.to_string())?;
+        }
+        self.stream.clone_dtoh(&tmp).map_err(|e| e.to_string())
     }
 
     pub(crate) fn sync(&self) -> Result<(), String> {
-        self.comm.synchronize(&self.stream).map_err(|e| e.to_string())
+        self.comm
+            .synchronize(&self.stream)
+            .map_err(|e| e.to_string())
     }
 
     pub(crate) fn host_barrier(&self) -> Result<(), String> {
@@ -89,19 +114,12 @@ impl Ctx {
     }
 }
 
-/// The foundation kernels' names (extern "C").
-pub(crate) const FOUNDATION_FUNCTIONS: &[&str] = &[
-    "put_signal_all",
-    "wait_all",
-    "barrier_loop",
-    "read_registered",
-    "wait_forever",
-    "pingpong",
-    "put_bandwidth",
-];
-
 fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// Every rank puts a random block into every peer's window with a signal; every receiver
@@ -110,14 +128,26 @@ fn check_put_signal(cx: &Ctx) -> CheckResult {
     let comm = &cx.comm;
     let (rank, world) = (comm.rank(), comm.world_size());
     let module = cx.foundation()?;
-    let put = module.function("put_signal_all").map_err(|e| e.to_string())?;
+    let put = module
+        .function("put_signal_all")
+        .map_err(|e| e.to_string())?;
     let wait = module.function("wait_all").map_err(|e| e.to_string())?;
     let mut checked = 0usize;
-    for (round, bytes) in [(1u64, 1usize << 20), (2, 12_345), (3, 1), (4, (3 << 20) + 7)] {
-        let mut win = comm.window::<u8>(bytes * world, world).map_err(|e| e.to_string())?;
+    for (round, bytes) in [
+        (1u64, 1usize << 20),
+        (2, 12_345),
+        (3, 1),
+        (4, (3 << 20) + 7),
+    ] {
+        let win = comm
+            .window::<u8>(bytes * world, world)
+            .map_err(|e| e.to_string())?;
         // Poison what peers will write.
-        let poison = vec![0xA5u8; bytes * world];
-        cx.stream.memcpy_htod(&poison, &mut win.data_mut()).map_err(|e| e.to_string())?;
+        let poison = cx
+            .stream
+            .clone_htod(&vec![0xA5u8; bytes * world])
+            .map_err(|e| e.to_string())?;
+        cx.copy_to_ptr(win.as_device_ptr(), &poison)?;
         cx.sync()?;
         let src_host = cx.data_of(rank, round, bytes);
         let src = cx.stream.clone_htod(&src_host).map_err(|e| e.to_string())?;
@@ -126,7 +156,8 @@ fn check_put_signal(cx: &Ctx) -> CheckResult {
         let handle = win.device_handle();
         let (src_ptr, _g) = src.device_ptr(&cx.stream);
         let mut l = cx.stream.launch_builder(&put);
-        l.arg(&handle).arg(&src_ptr).arg(&(bytes as u64)).arg(&round);
+        let n = bytes as u64;
+        l.arg(&handle).arg(&src_ptr).arg(&n).arg(&round);
         // SAFETY: arguments match put_signal_all(DeviceWindow, const void*, u64, u64); the
         // window holds world * bytes, each sender writes its own `bytes`-long region.
         unsafe { l.launch(cfg(4 * world as u32, 256)) }.map_err(|e| e.to_string())?;
@@ -139,7 +170,7 @@ fn check_put_signal(cx: &Ctx) -> CheckResult {
         if st[0] != 1 {
             return Err(format!("round {round}: wait_all status {}", st[0]));
         }
-        let got = cx.stream.clone_dtoh(&win.data()).map_err(|e| e.to_string())?;
+        let got = cx.read_ptr(win.as_device_ptr(), bytes * world)?;
         for p in 0..world {
             if p == rank || comm.topology().kind(p) != devcomm::LinkKind::Nvl {
                 continue;
@@ -164,8 +195,13 @@ fn check_barrier(cx: &Ctx, iters: u64) -> CheckResult {
     let comm = &cx.comm;
     let module = cx.foundation()?;
     let f = module.function("barrier_loop").map_err(|e| e.to_string())?;
-    let win = comm.window::<u64>(comm.world_size(), 0).map_err(|e| e.to_string())?;
-    let scratch = cx.stream.alloc_zeros::<u64>(comm.world_size()).map_err(|e| e.to_string())?;
+    let win = comm
+        .window::<u64>(comm.world_size(), 0)
+        .map_err(|e| e.to_string())?;
+    let scratch = cx
+        .stream
+        .alloc_zeros::<u64>(comm.world_size())
+        .map_err(|e| e.to_string())?;
     let status = cx.stream.alloc_zeros::<i32>(1).map_err(|e| e.to_string())?;
     cx.host_barrier()?;
     let handle = win.device_handle();
@@ -177,7 +213,10 @@ fn check_barrier(cx: &Ctx, iters: u64) -> CheckResult {
     cx.sync()?;
     let st = cx.stream.clone_dtoh(&status).map_err(|e| e.to_string())?;
     if st[0] != 1 {
-        return Err(format!("barrier_loop status {} after {iters} iterations", st[0]));
+        return Err(format!(
+            "barrier_loop status {} after {iters} iterations",
+            st[0]
+        ));
     }
     let us = t.elapsed().as_secs_f64() * 1e6 / (2 * iters) as f64;
     cx.host_barrier()?;
@@ -199,14 +238,22 @@ fn check_registered(cx: &Ctx) -> CheckResult {
     let handle = comm.register(ptr, bytes).map_err(|e| e.to_string())?;
     let peer = (rank + 1) % world;
     let module = cx.foundation()?;
-    let f = module.function("read_registered").map_err(|e| e.to_string())?;
-    let mut dst = cx.stream.alloc_zeros::<u8>(bytes).map_err(|e| e.to_string())?;
-    cx.stream.memcpy_htod(&vec![0x5Au8; bytes], &mut dst).map_err(|e| e.to_string())?;
+    let f = module
+        .function("read_registered")
+        .map_err(|e| e.to_string())?;
+    let mut dst = cx
+        .stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(|e| e.to_string())?;
+    cx.stream
+        .memcpy_htod(&vec![0x5Au8; bytes], &mut dst)
+        .map_err(|e| e.to_string())?;
     let reachable = comm.topology().kind(peer) == devcomm::LinkKind::Nvl;
     if reachable {
         let mut l = cx.stream.launch_builder(&f);
         let peer_i = peer as i32;
-        l.arg(&handle).arg(&peer_i).arg(&mut dst).arg(&(bytes as u64));
+        let n = bytes as u64;
+        l.arg(&handle).arg(&peer_i).arg(&mut dst).arg(&n);
         // SAFETY: read_registered(const RegisteredBuffer*, int, void*, u64); dst holds bytes.
         unsafe { l.launch(cfg(8, 256)) }.map_err(|e| e.to_string())?;
     }
@@ -214,12 +261,19 @@ fn check_registered(cx: &Ctx) -> CheckResult {
     let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
     comm.deregister(handle).map_err(|e| e.to_string())?;
     if !reachable {
-        return Ok(format!("peer {peer} not on NVLink; registration and deregistration only"));
+        return Ok(format!(
+            "peer {peer} not on NVLink; registration and deregistration only"
+        ));
     }
     let expect = cx.data_of(peer, 77, bytes);
     match got.iter().zip(&expect).position(|(a, b)| a != b) {
-        Some(i) => Err(format!("byte {i} read from peer {peer}: {:#x} != {:#x}", got[i], expect[i])),
-        None => Ok(format!("{bytes} bytes read from peer {peer}'s registered buffer")),
+        Some(i) => Err(format!(
+            "byte {i} read from peer {peer}: {:#x} != {:#x}",
+            got[i], expect[i]
+        )),
+        None => Ok(format!(
+            "{bytes} bytes read from peer {peer}'s registered buffer"
+        )),
     }
 }
 
@@ -239,9 +293,15 @@ fn check_churn(cx: &Ctx, cycles: usize) -> CheckResult {
     let (free_after, _) = comm.context().mem_get_info().map_err(|e| e.to_string())?;
     let lost = free_before.saturating_sub(free_after);
     if lost > 4 << 20 {
-        return Err(format!("{cycles} cycles of a 64 MiB window lost {} KiB", lost >> 10));
+        return Err(format!(
+            "{cycles} cycles of a 64 MiB window lost {} KiB",
+            lost >> 10
+        ));
     }
-    Ok(format!("{cycles} cycles of a 64 MiB window; free memory changed by {} KiB", lost >> 10))
+    Ok(format!(
+        "{cycles} cycles of a 64 MiB window; free memory changed by {} KiB",
+        lost >> 10
+    ))
 }
 
 /// A wait on a signal that never comes returns an error naming the peer within the timeout.
@@ -294,8 +354,16 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
             Ok(d) => (true, d),
             Err(d) => (false, d),
         };
-        eprintln!("{name}: {} ({detail})", if passed { "pass" } else { "FAIL" });
-        outcomes.push(Outcome { name: name.to_owned(), passed, detail, seconds });
+        eprintln!(
+            "{name}: {} ({detail})",
+            if passed { "pass" } else { "FAIL" }
+        );
+        outcomes.push(Outcome {
+            name: name.to_owned(),
+            passed,
+            detail,
+            seconds,
+        });
     };
     run_one("put_signal", &check_put_signal);
     run_one("barrier", &|cx| check_barrier(cx, args.barrier_iters));
@@ -305,11 +373,17 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
     run_one("sendrecv_sizes", &crate::selftest_p2p::check_sizes);
     run_one("sendrecv_types", &crate::selftest_p2p::check_types);
     run_one("sendrecv_ring", &crate::selftest_p2p::check_ring);
-    run_one("sendrecv_back_to_back", &|cx| crate::selftest_p2p::check_back_to_back(cx, args.calls));
-    run_one("sendrecv_graph", &|cx| crate::selftest_p2p::check_graph(cx, args.replays));
+    run_one("sendrecv_back_to_back", &|cx| {
+        crate::selftest_p2p::check_back_to_back(cx, args.calls)
+    });
+    run_one("sendrecv_graph", &|cx| {
+        crate::selftest_p2p::check_graph(cx, args.replays)
+    });
     run_one("all_gather_ring", &crate::selftest_p2p::check_all_gather);
     // Last: a timeout leaves the communicator aborted.
-    run_one("wait_timeout", &|cx| check_timeout(cx, Duration::from_millis(args.timeout_ms)));
+    run_one("wait_timeout", &|cx| {
+        check_timeout(cx, Duration::from_millis(args.timeout_ms))
+    });
     report(&cx, &outcomes)
 }
 
@@ -326,7 +400,13 @@ fn report(cx: &Ctx, outcomes: &[Outcome]) -> Result<i32, String> {
         .collect::<Result<_, _>>()?;
     let failed = per_rank.iter().flatten().any(|o| !o.passed);
     if cx.comm.rank() == 0 {
-        println!("\n{:<22} {}", "check", (0..per_rank.len()).map(|r| format!("rank{r:<3}")).collect::<String>());
+        println!(
+            "\n{:<22} {}",
+            "check",
+            (0..per_rank.len())
+                .map(|r| format!("rank{r:<3}"))
+                .collect::<String>()
+        );
         for (i, o) in outcomes.iter().enumerate() {
             let cells: String = per_rank
                 .iter()
@@ -343,7 +423,14 @@ fn report(cx: &Ctx, outcomes: &[Outcome]) -> Result<i32, String> {
                 println!("rank {r} {}: {}", o.name, o.detail);
             }
         }
-        println!("{}", if failed { "SELFTEST FAILED" } else { "SELFTEST PASSED" });
+        println!(
+            "{}",
+            if failed {
+                "SELFTEST FAILED"
+            } else {
+                "SELFTEST PASSED"
+            }
+        );
     }
     Ok(if failed { 1 } else { 0 })
 }

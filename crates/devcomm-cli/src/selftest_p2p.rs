@@ -18,15 +18,24 @@ fn partner(cx: &Ctx) -> Option<usize> {
 }
 
 fn poisoned(cx: &Ctx, bytes: usize) -> Result<CudaSlice<u8>, String> {
-    cx.stream.clone_htod(&vec![POISON; bytes]).map_err(|e| e.to_string())
+    cx.stream
+        .clone_htod(&vec![POISON; bytes])
+        .map_err(|e| e.to_string())
 }
 
 fn compare(got: &[u8], expect: &[u8], what: &str) -> Result<(), String> {
     if got.len() != expect.len() {
-        return Err(format!("{what}: {} bytes, expected {}", got.len(), expect.len()));
+        return Err(format!(
+            "{what}: {} bytes, expected {}",
+            got.len(),
+            expect.len()
+        ));
     }
     match got.iter().zip(expect).position(|(a, b)| a != b) {
-        Some(i) => Err(format!("{what}: byte {i} is {:#x}, expected {:#x}", got[i], expect[i])),
+        Some(i) => Err(format!(
+            "{what}: byte {i} is {:#x}, expected {:#x}",
+            got[i], expect[i]
+        )),
         None => Ok(()),
     }
 }
@@ -34,8 +43,17 @@ fn compare(got: &[u8], expect: &[u8], what: &str) -> Result<(), String> {
 /// One send/recv between partners at `bytes`, source and destination at byte offsets
 /// `src_off`/`dst_off` (odd alignments), one-way (even rank sends) or both ways. Checks that the
 /// bytes around the destination stay poisoned.
-fn exchange(cx: &Ctx, bytes: usize, src_off: usize, dst_off: usize, both: bool, tag: u64) -> Result<(), String> {
-    let Some(peer) = partner(cx) else { return cx.host_barrier() };
+fn exchange(
+    cx: &Ctx,
+    bytes: usize,
+    src_off: usize,
+    dst_off: usize,
+    both: bool,
+    tag: u64,
+) -> Result<(), String> {
+    let Some(peer) = partner(cx) else {
+        return cx.host_barrier();
+    };
     let rank = cx.comm.rank();
     let sends = both || rank % 2 == 0;
     let receives = both || rank % 2 == 1;
@@ -48,7 +66,12 @@ fn exchange(cx: &Ctx, bytes: usize, src_off: usize, dst_off: usize, both: bool, 
     {
         let (sp, _s) = src.device_ptr(&cx.stream);
         let (dp, _d) = dst.device_ptr_mut(&cx.stream);
-        let t = |ptr: u64| Transfer { ptr, bytes: bytes as u64, peer, config: None };
+        let t = |ptr: u64| Transfer {
+            ptr,
+            bytes: bytes as u64,
+            peer,
+            config: None,
+        };
         let send = sends.then(|| t(sp + src_off as u64));
         let recv = receives.then(|| t(dp + dst_off as u64));
         // SAFETY: both buffers hold offset + bytes (+ guard) and live until the sync below.
@@ -61,27 +84,52 @@ fn exchange(cx: &Ctx, bytes: usize, src_off: usize, dst_off: usize, both: bool, 
         let expect = &cx.data_of(peer, tag, src_off + bytes)[src_off..];
         compare(&got[dst_off..dst_off + bytes], expect, &what)?;
     }
-    let outside = got[..dst_off].iter().chain(&got[dst_off + if receives { bytes } else { 0 }..]);
+    let outside = got[..dst_off]
+        .iter()
+        .chain(&got[dst_off + if receives { bytes } else { 0 }..]);
     if outside.clone().any(|&b| b != POISON) {
-        return Err(format!("{what}: bytes outside the destination were written"));
+        return Err(format!(
+            "{what}: bytes outside the destination were written"
+        ));
     }
     cx.host_barrier()
 }
 
 pub(crate) fn check_sizes(cx: &Ctx) -> Check {
     let sizes: &[usize] = &[
-        1, 7, 8, 13, 4095, 4099, 65_536, 65_537, 262_147, (1 << 20) + 5, (8 << 20) + 17, 64 << 20,
-        (256 << 20) + 1, 1 << 30,
+        1,
+        7,
+        8,
+        13,
+        4095,
+        4099,
+        65_536,
+        65_537,
+        262_147,
+        (1 << 20) + 5,
+        (8 << 20) + 17,
+        64 << 20,
+        (256 << 20) + 1,
+        1 << 30,
     ];
     let mut n = 0;
     for (i, &bytes) in sizes.iter().enumerate() {
         for both in [false, true] {
             let (so, doff) = if i % 2 == 0 { (0, 0) } else { (3, 5) };
-            exchange(cx, bytes, so, doff, both, 100 + i as u64 + if both { 50 } else { 0 })?;
+            exchange(
+                cx,
+                bytes,
+                so,
+                doff,
+                both,
+                100 + i as u64 + if both { 50 } else { 0 },
+            )?;
             n += 1;
         }
     }
-    Ok(format!("{n} exchanges, 1 B to 1 GiB, odd sizes and alignments, one-way and both ways"))
+    Ok(format!(
+        "{n} exchanges, 1 B to 1 GiB, odd sizes and alignments, one-way and both ways"
+    ))
 }
 
 fn typed<T: DeviceRepr + ValidAsZeroBits + Copy + PartialEq + std::fmt::Debug>(
@@ -89,20 +137,32 @@ fn typed<T: DeviceRepr + ValidAsZeroBits + Copy + PartialEq + std::fmt::Debug>(
     make: impl Fn(u64) -> T,
     len: usize,
 ) -> Result<(), String> {
-    let Some(peer) = partner(cx) else { return cx.host_barrier() };
+    let Some(peer) = partner(cx) else {
+        return cx.host_barrier();
+    };
     let rank = cx.comm.rank() as u64;
     let seed = cx.seed;
-    let mine: Vec<T> = (0..len as u64).map(|i| make(seed ^ (rank << 40) ^ i)).collect();
-    let theirs: Vec<T> = (0..len as u64).map(|i| make(seed ^ ((peer as u64) << 40) ^ i)).collect();
+    let mine: Vec<T> = (0..len as u64)
+        .map(|i| make(seed ^ (rank << 40) ^ i))
+        .collect();
+    let theirs: Vec<T> = (0..len as u64)
+        .map(|i| make(seed ^ ((peer as u64) << 40) ^ i))
+        .collect();
     let src = cx.stream.clone_htod(&mine).map_err(|e| e.to_string())?;
     let mut dst = cx.stream.alloc_zeros::<T>(len).map_err(|e| e.to_string())?;
     cx.sync()?;
     cx.host_barrier()?;
-    cx.comm.sendrecv(&src, peer, &mut dst, peer, &cx.stream).map_err(|e| e.to_string())?;
+    cx.comm
+        .sendrecv(&src, peer, &mut dst, peer, &cx.stream)
+        .map_err(|e| e.to_string())?;
     cx.sync()?;
     let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
     if got != theirs {
-        return Err(format!("{} elements of {}: mismatch", len, std::any::type_name::<T>()));
+        return Err(format!(
+            "{} elements of {}: mismatch",
+            len,
+            std::any::type_name::<T>()
+        ));
     }
     cx.host_barrier()
 }
@@ -112,7 +172,7 @@ pub(crate) fn check_types(cx: &Ctx) -> Check {
     typed(cx, |x| mix(x) as u8, 100_003)?;
     typed(cx, |x| mix(x) as u16, 77_777)?;
     typed(cx, |x| mix(x) as i32, 300_001)?;
-    typed(cx, |x| mix(x) as u64, 5)?;
+    typed(cx, mix, 5)?;
     typed(cx, |x| (mix(x) % 1_000_000) as f32 * 0.25, 1 << 20)?;
     typed(cx, |x| (mix(x) % 1_000_000) as f64 * 0.125, 123_457)?;
     typed(cx, |x| mix(x) as i64, 3 << 20)?;
@@ -128,26 +188,42 @@ pub(crate) fn check_ring(cx: &Ctx) -> Check {
     let prev = (rank + world - 1) % world;
     for (i, bytes) in [13usize, 40_000, (3 << 20) + 1].into_iter().enumerate() {
         let tag = 300 + i as u64;
-        let src = cx.stream.clone_htod(&cx.data_of(rank, tag, bytes)).map_err(|e| e.to_string())?;
+        let src = cx
+            .stream
+            .clone_htod(&cx.data_of(rank, tag, bytes))
+            .map_err(|e| e.to_string())?;
         let mut dst = poisoned(cx, bytes)?;
         cx.sync()?;
         cx.host_barrier()?;
-        cx.comm.sendrecv(&src, next, &mut dst, prev, &cx.stream).map_err(|e| e.to_string())?;
+        cx.comm
+            .sendrecv(&src, next, &mut dst, prev, &cx.stream)
+            .map_err(|e| e.to_string())?;
         cx.sync()?;
         let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
-        compare(&got, &cx.data_of(prev, tag, bytes), &format!("ring {bytes} B from {prev}"))?;
+        compare(
+            &got,
+            &cx.data_of(prev, tag, bytes),
+            &format!("ring {bytes} B from {prev}"),
+        )?;
         cx.host_barrier()?;
     }
-    Ok(format!("send to {next}, receive from {prev}: 13 B, 40 KB, 3 MiB"))
+    Ok(format!(
+        "send to {next}, receive from {prev}: 13 B, 40 KB, 3 MiB"
+    ))
 }
 
 pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
-    let Some(peer) = partner(cx) else { return cx.host_barrier().map(|_| "no partner".into()) };
+    let Some(peer) = partner(cx) else {
+        return cx.host_barrier().map(|_| "no partner".into());
+    };
     let rank = cx.comm.rank();
     let sizes = [8usize, 4097, 100_000, (1 << 20) + 3, 24];
     let slots = 32;
     let stride = (1 << 20) + 64;
-    let src = cx.stream.clone_htod(&cx.data_of(rank, 400, stride + 4096)).map_err(|e| e.to_string())?;
+    let src = cx
+        .stream
+        .clone_htod(&cx.data_of(rank, 400, stride + 4096))
+        .map_err(|e| e.to_string())?;
     let mut dst = poisoned(cx, slots * stride)?;
     let expect_all = cx.data_of(peer, 400, stride + 4096);
     cx.sync()?;
@@ -160,7 +236,12 @@ pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
         {
             let (sp, _s) = src.device_ptr(&cx.stream);
             let (dp, _d) = dst.device_ptr_mut(&cx.stream);
-            let t = |ptr: u64| Transfer { ptr, bytes: bytes as u64, peer, config: None };
+            let t = |ptr: u64| Transfer {
+                ptr,
+                bytes: bytes as u64,
+                peer,
+                config: None,
+            };
             // SAFETY: offsets stay inside src (stride + 4096) and inside dst's slot.
             unsafe {
                 cx.comm.sendrecv_raw(
@@ -177,39 +258,62 @@ pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
             let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
             for &(s, o, b) in &pending {
                 let region = &got[s * stride..s * stride + b];
-                compare(region, &expect_all[o..o + b], &format!("call of {b} B in slot {s}"))?;
+                compare(
+                    region,
+                    &expect_all[o..o + b],
+                    &format!("call of {b} B in slot {s}"),
+                )?;
             }
             pending.clear();
         }
     }
     cx.host_barrier()?;
-    Ok(format!("{calls} back-to-back sendrecv calls of mixed sizes (8 B to 1 MiB), every one verified"))
+    Ok(format!(
+        "{calls} back-to-back sendrecv calls of mixed sizes (8 B to 1 MiB), every one verified"
+    ))
 }
 
 pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
-    let Some(peer) = partner(cx) else { return cx.host_barrier().map(|_| "no partner".into()) };
+    let Some(peer) = partner(cx) else {
+        return cx.host_barrier().map(|_| "no partner".into());
+    };
     let rank = cx.comm.rank();
     let sizes = [1000usize, (1 << 20) + 8];
     let total: usize = sizes.iter().sum();
     let variants = 8;
     let pool: Vec<CudaSlice<u8>> = (0..variants)
-        .map(|v| cx.stream.clone_htod(&cx.data_of(rank, 500 + v as u64, total)))
+        .map(|v| {
+            cx.stream
+                .clone_htod(&cx.data_of(rank, 500 + v as u64, total))
+        })
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    let expects: Vec<Vec<u8>> = (0..variants).map(|v| cx.data_of(peer, 500 + v as u64, total)).collect();
-    let mut src = cx.stream.alloc_zeros::<u8>(total).map_err(|e| e.to_string())?;
+    let expects: Vec<Vec<u8>> = (0..variants)
+        .map(|v| cx.data_of(peer, 500 + v as u64, total))
+        .collect();
+    let mut src = cx
+        .stream
+        .alloc_zeros::<u8>(total)
+        .map_err(|e| e.to_string())?;
     let mut dst = poisoned(cx, total)?;
     cx.sync()?;
     cx.host_barrier()?;
     cx.stream
-        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .begin_capture(
+            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
         .map_err(|e| e.to_string())?;
     let captured = (|| -> Result<(), Error> {
         let (sp, _s) = src.device_ptr(&cx.stream);
         let (dp, _d) = dst.device_ptr_mut(&cx.stream);
         let mut off = 0u64;
         for &b in &sizes {
-            let t = |ptr: u64| Transfer { ptr: ptr + off, bytes: b as u64, peer, config: None };
+            let t = |ptr: u64| Transfer {
+                ptr: ptr + off,
+                bytes: b as u64,
+                peer,
+                config: None,
+            };
             // SAFETY: src and dst hold `total` bytes and outlive the graph's replays below.
             unsafe { cx.comm.sendrecv_raw(Some(t(sp)), Some(t(dp)), &cx.stream) }?;
             off += b as u64;
@@ -224,8 +328,12 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
     let graph = graph.ok_or("capture produced no graph")?;
     for r in 0..replays {
         let v = (r * 5 + 3) % variants;
-        cx.stream.memcpy_dtod(&pool[v], &mut src).map_err(|e| e.to_string())?;
-        cx.stream.memset_zeros(&mut dst).map_err(|e| e.to_string())?;
+        cx.stream
+            .memcpy_dtod(&pool[v], &mut src)
+            .map_err(|e| e.to_string())?;
+        cx.stream
+            .memset_zeros(&mut dst)
+            .map_err(|e| e.to_string())?;
         cx.sync()?;
         cx.host_barrier()?;
         graph.launch().map_err(|e| e.to_string())?;
@@ -241,19 +349,30 @@ pub(crate) fn check_all_gather(cx: &Ctx) -> Check {
     let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
     for (i, n) in [1usize, 333, (1 << 20) + 3].into_iter().enumerate() {
         let tag = 600 + i as u64;
-        let src = cx.stream.clone_htod(&cx.data_of(rank, tag, n)).map_err(|e| e.to_string())?;
+        let src = cx
+            .stream
+            .clone_htod(&cx.data_of(rank, tag, n))
+            .map_err(|e| e.to_string())?;
         let mut dst = poisoned(cx, n * world)?;
         cx.sync()?;
         cx.host_barrier()?;
-        cx.comm.all_gather_ring(&src, &mut dst, &cx.stream).map_err(|e| e.to_string())?;
+        cx.comm
+            .all_gather_ring(&src, &mut dst, &cx.stream)
+            .map_err(|e| e.to_string())?;
         cx.sync()?;
         let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
         for r in 0..world {
-            compare(&got[r * n..(r + 1) * n], &cx.data_of(r, tag, n), &format!("all-gather {n} B, block of rank {r}"))?;
+            compare(
+                &got[r * n..(r + 1) * n],
+                &cx.data_of(r, tag, n),
+                &format!("all-gather {n} B, block of rank {r}"),
+            )?;
         }
         cx.host_barrier()?;
     }
-    Ok(format!("ring all-gather over {world} ranks: 1 B, 333 B, 1 MiB + 3 per rank"))
+    Ok(format!(
+        "ring all-gather over {world} ranks: 1 B, 333 B, 1 MiB + 3 per rank"
+    ))
 }
 
 pub(crate) fn check_guard(cx: &Ctx) -> Check {
@@ -265,11 +384,60 @@ pub(crate) fn check_guard(cx: &Ctx) -> Check {
     let (dp, _d) = dst.device_ptr_mut(&cx.stream);
     let base = default_config(1 << 20, &limits);
     let cases: Vec<(&str, Transfer)> = vec![
-        ("too many blocks", Transfer { ptr: dp, bytes: 4096, peer, config: Some(P2PConfig { blocks: limits.max_blocks + 1, ..base }) }),
-        ("chunk above the staging slot", Transfer { ptr: dp, bytes: 4096, peer, config: Some(P2PConfig { chunk_bytes: limits.slot_bytes * 2, ..base }) }),
-        ("low-latency message above its buffer", Transfer { ptr: dp, bytes: limits.ll_max_bytes + 16, peer, config: Some(P2PConfig { protocol: Protocol::LowLatency, ..base }) }),
-        ("peer is this rank", Transfer { ptr: dp, bytes: 4096, peer: rank, config: None }),
-        ("peer out of range", Transfer { ptr: dp, bytes: 4096, peer: world, config: None }),
+        (
+            "too many blocks",
+            Transfer {
+                ptr: dp,
+                bytes: 4096,
+                peer,
+                config: Some(P2PConfig {
+                    blocks: limits.max_blocks + 1,
+                    ..base
+                }),
+            },
+        ),
+        (
+            "chunk above the staging slot",
+            Transfer {
+                ptr: dp,
+                bytes: 4096,
+                peer,
+                config: Some(P2PConfig {
+                    chunk_bytes: limits.slot_bytes * 2,
+                    ..base
+                }),
+            },
+        ),
+        (
+            "low-latency message above its buffer",
+            Transfer {
+                ptr: dp,
+                bytes: limits.ll_max_bytes + 16,
+                peer,
+                config: Some(P2PConfig {
+                    protocol: Protocol::LowLatency,
+                    ..base
+                }),
+            },
+        ),
+        (
+            "peer is this rank",
+            Transfer {
+                ptr: dp,
+                bytes: 4096,
+                peer: rank,
+                config: None,
+            },
+        ),
+        (
+            "peer out of range",
+            Transfer {
+                ptr: dp,
+                bytes: 4096,
+                peer: world,
+                config: None,
+            },
+        ),
     ];
     for (what, t) in cases {
         // SAFETY: every case is refused before launch (checked below), so nothing is written.

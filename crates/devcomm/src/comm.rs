@@ -1,12 +1,11 @@
 //! The object a user holds: joins the process group, discovers the topology, owns the kernel
 //! cache, and creates windows and registrations.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{
-    CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use devcomm_bootstrap::{RankInfo, Store};
 
@@ -88,7 +87,7 @@ impl CommBuilder {
             &store,
             "query device",
             rank,
-            DeviceInfo::query(&ctx, rank),
+            DeviceInfo::query(&ctx).map_err(|e| crate::cuda::with_rank(e, rank)),
             self.setup_timeout,
         )?;
         let topology = Topology::discover(
@@ -123,7 +122,7 @@ impl CommBuilder {
             local_rank: self.info.local_rank,
             device,
             jit: Jit::new(),
-            registry: Mutex::new(Registry::default()),
+            registry: Registry::new(),
             control,
             group,
         };
@@ -155,15 +154,23 @@ fn agree_on_store<T>(
         local
     } else {
         log::debug!("rank {rank}: step {step} failed somewhere: {failures:?}");
-        Err(Error::Setup { step: step.to_owned(), failures })
+        Err(Error::Setup {
+            step: step.to_owned(),
+            failures,
+        })
     }
 }
 
 fn duration_env(var: &'static str, default: Duration) -> Result<Duration> {
     match std::env::var(var) {
-        Ok(v) => v.trim().parse::<u64>().map(Duration::from_millis).map_err(|_| {
-            Error::InvalidArgument { op: "Comm", reason: format!("{var}={v:?} is not milliseconds") }
-        }),
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|_| Error::InvalidArgument {
+                op: "Comm",
+                reason: format!("{var}={v:?} is not milliseconds"),
+            }),
         Err(_) => Ok(default),
     }
 }
@@ -174,7 +181,7 @@ pub struct Comm {
     local_rank: usize,
     device: DeviceInfo,
     jit: Jit,
-    registry: Mutex<Registry>,
+    registry: Registry,
     control: Window<u64>,
     p2p: P2P,
     // Dropped last: windows and registrations above release their mappings first.
@@ -250,27 +257,19 @@ impl Comm {
     /// a `cuMem` virtual-memory allocation) so that peers' kernels can reach it. Returns the
     /// device address of its `RegisteredBuffer` struct.
     pub fn register(&self, ptr: u64, bytes: usize) -> Result<u64> {
-        let mut registry = self.lock_registry()?;
-        registry.register(&self.group, ptr, bytes)
+        self.registry.register(&self.group, ptr, bytes)
     }
 
-    /// Collective: releases a registration made by [`Comm::register`].
+    /// Collective: releases a registration made by [`Comm::register`]. The user may free the
+    /// buffer once this returns.
     pub fn deregister(&self, handle: u64) -> Result<()> {
-        let mut registry = self.lock_registry()?;
-        registry.deregister(&self.group, handle)
+        self.registry.deregister(&self.group, handle)
     }
 
-    /// The peer's address of a registered buffer as mapped here, or `None` without NVLink.
-    pub fn registered_nvlink_address(&self, handle: u64, peer: usize) -> Result<Option<u64>> {
-        let registry = self.lock_registry()?;
-        registry.get_nvlink_address(handle, peer)
-    }
-
-    fn lock_registry(&self) -> Result<std::sync::MutexGuard<'_, Registry>> {
-        self.registry.lock().map_err(|_| Error::Aborted {
-            rank: self.rank() as i32,
-            reason: "a thread panicked while registering a buffer".into(),
-        })
+    /// The peer's address of a registered buffer as mapped here, or `None` without NVLink or
+    /// for an unknown handle.
+    pub fn registered_nvlink_address(&self, handle: u64, peer: usize) -> Option<u64> {
+        self.registry.get_nvlink_address(handle, peer)
     }
 
     /// Enqueues a barrier across all ranks on `stream`: kernels after it on any rank start only
@@ -282,7 +281,11 @@ impl Comm {
         let module = self.jit.load(self.context(), &spec)?;
         let func = module.function("devcomm_comm_barrier")?;
         let handle = self.control.device_handle();
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut launch = stream.launch_builder(&func);
         launch.arg(&handle);
         // SAFETY: the kernel takes one DeviceWindow by value, which is what is pushed; the
@@ -307,7 +310,9 @@ impl Comm {
     /// Waits for `stream` to finish, then reports device errors. Never hangs: every device
     /// wait is bounded by the device timeout.
     pub fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        let synced = stream.synchronize().cuda(self.rank() as i32, "cuStreamSynchronize");
+        let synced = stream
+            .synchronize()
+            .cuda(self.rank() as i32, "cuStreamSynchronize");
         self.check()?;
         synced
     }
@@ -341,8 +346,14 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let (ptr, _sync) = buf.device_ptr(stream);
-        let t = Transfer { ptr, bytes: buf.num_bytes() as u64, peer, config: None };
-        self.p2p.launch(&self.group, &self.jit, Some(t), None, stream)
+        let t = Transfer {
+            ptr,
+            bytes: buf.num_bytes() as u64,
+            peer,
+            config: None,
+        };
+        self.p2p
+            .launch(&self.group, &self.jit, Some(t), None, stream)
     }
 
     /// Receives from `peer` into `buf` on `stream`; the message must be `buf`'s size.
@@ -354,8 +365,14 @@ impl Comm {
     ) -> Result<()> {
         let bytes = buf.num_bytes() as u64;
         let (ptr, _sync) = buf.device_ptr_mut(stream);
-        let t = Transfer { ptr, bytes, peer, config: None };
-        self.p2p.launch(&self.group, &self.jit, None, Some(t), stream)
+        let t = Transfer {
+            ptr,
+            bytes,
+            peer,
+            config: None,
+        };
+        self.p2p
+            .launch(&self.group, &self.jit, None, Some(t), stream)
     }
 
     /// Sends `send_buf` to `send_peer` and receives `recv_buf` from `recv_peer` in one kernel.
@@ -371,9 +388,20 @@ impl Comm {
         let (sp, _s) = send_buf.device_ptr(stream);
         let bytes = recv_buf.num_bytes() as u64;
         let (rp, _r) = recv_buf.device_ptr_mut(stream);
-        let send = Transfer { ptr: sp, bytes: send_buf.num_bytes() as u64, peer: send_peer, config: None };
-        let recv = Transfer { ptr: rp, bytes, peer: recv_peer, config: None };
-        self.p2p.launch(&self.group, &self.jit, Some(send), Some(recv), stream)
+        let send = Transfer {
+            ptr: sp,
+            bytes: send_buf.num_bytes() as u64,
+            peer: send_peer,
+            config: None,
+        };
+        let recv = Transfer {
+            ptr: rp,
+            bytes,
+            peer: recv_peer,
+            config: None,
+        };
+        self.p2p
+            .launch(&self.group, &self.jit, Some(send), Some(recv), stream)
     }
 
     /// Send/recv on raw device addresses with optional explicit launch knobs: either
@@ -423,15 +451,27 @@ impl Comm {
         let (sp, _s) = send.device_ptr(stream);
         let (rp, _r) = recv.device_ptr_mut(stream);
         let block = |i: usize| rp + (i as u64) * bytes;
-        crate::cuda::memcpy_dtod_async(block(rank), sp, bytes as usize, stream)?;
+        crate::cuda::memcpy_dtod_async(block(rank), sp, bytes as usize, stream)
+            .map_err(|e| crate::cuda::with_rank(e, rank))?;
         let next = (rank + 1) % world;
         let prev = (rank + world - 1) % world;
         for step in 0..world.saturating_sub(1) {
             let send_block = (rank + world - step) % world;
             let recv_block = (rank + world - step - 1) % world;
-            let s = Transfer { ptr: block(send_block), bytes, peer: next, config: None };
-            let r = Transfer { ptr: block(recv_block), bytes, peer: prev, config: None };
-            self.p2p.launch(&self.group, &self.jit, Some(s), Some(r), stream)?;
+            let s = Transfer {
+                ptr: block(send_block),
+                bytes,
+                peer: next,
+                config: None,
+            };
+            let r = Transfer {
+                ptr: block(recv_block),
+                bytes,
+                peer: prev,
+                config: None,
+            };
+            self.p2p
+                .launch(&self.group, &self.jit, Some(s), Some(r), stream)?;
         }
         Ok(())
     }

@@ -32,6 +32,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("barrier.cuh"),
     embed!("put.cuh"),
     embed!("registered.cuh"),
+    embed!("p2p.cuh"),
     embed!("devcomm.cuh"),
 ];
 

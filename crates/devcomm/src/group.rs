@@ -91,7 +91,10 @@ impl Group {
         if failures.is_empty() {
             local
         } else {
-            Err(Error::Setup { step: step.to_owned(), failures })
+            Err(Error::Setup {
+                step: step.to_owned(),
+                failures,
+            })
         }
     }
 }

@@ -68,13 +68,17 @@ impl Topology {
 
     /// Ranks other than this one that kernels can reach with loads and stores.
     pub fn nvl_peers(&self) -> Vec<usize> {
-        (0..self.kinds.len()).filter(|&p| self.kinds[p] == LinkKind::Nvl).collect()
+        (0..self.kinds.len())
+            .filter(|&p| self.kinds[p] == LinkKind::Nvl)
+            .collect()
     }
 
     /// Ranks on this host (this rank included), whatever their link kind.
     pub fn local_ranks(&self) -> Vec<usize> {
         let me = &self.devices[self.rank].host;
-        (0..self.devices.len()).filter(|&p| &self.devices[p].host == me).collect()
+        (0..self.devices.len())
+            .filter(|&p| &self.devices[p].host == me)
+            .collect()
     }
 }
 
@@ -110,23 +114,37 @@ pub(crate) fn parse_override(spec: &str, world_size: usize) -> Result<Vec<Overri
             "nvl" => LinkKind::Nvl,
             "shm" => LinkKind::Shm,
             "net" => LinkKind::Net,
-            other => return Err(format!("entry `{entry}`: unknown kind `{other}` (nvl, shm, net)")),
+            other => {
+                return Err(format!(
+                    "entry `{entry}`: unknown kind `{other}` (nvl, shm, net)"
+                ))
+            }
         };
         let (a, b) = link
             .split_once('-')
             .ok_or_else(|| format!("entry `{entry}`: expected `A-B=kind` or `A-*=kind`"))?;
         let rank = |s: &str| -> Result<usize, String> {
-            let r: usize =
-                s.trim().parse().map_err(|_| format!("entry `{entry}`: `{s}` is not a rank"))?;
+            let r: usize = s
+                .trim()
+                .parse()
+                .map_err(|_| format!("entry `{entry}`: `{s}` is not a rank"))?;
             if r >= world_size {
-                return Err(format!("entry `{entry}`: rank {r} >= world size {world_size}"));
+                return Err(format!(
+                    "entry `{entry}`: rank {r} >= world size {world_size}"
+                ));
             }
             Ok(r)
         };
         let a = rank(a)?;
-        let b = if b.trim() == "*" { None } else { Some(rank(b)?) };
+        let b = if b.trim() == "*" {
+            None
+        } else {
+            Some(rank(b)?)
+        };
         if b == Some(a) {
-            return Err(format!("entry `{entry}`: a rank's link to itself cannot be forced"));
+            return Err(format!(
+                "entry `{entry}`: a rank's link to itself cannot be forced"
+            ));
         }
         rules.push(OverrideRule { a, b, kind });
     }
@@ -182,65 +200,6 @@ pub(crate) fn decide_kinds(
         }
     }
     Ok(kinds)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn devices(hosts: &[&str]) -> Vec<PeerDevice> {
-        hosts
-            .iter()
-            .enumerate()
-            .map(|(r, h)| PeerDevice {
-                rank: r,
-                host: (*h).to_owned(),
-                pci_bus_id: format!("0000:{r:02x}:00.0"),
-                uuid: format!("GPU-{r}"),
-                name: "test".into(),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn same_host_with_peer_access_is_nvl_other_host_is_net() {
-        let d = devices(&["a", "a", "a", "b"]);
-        let kinds = decide_kinds(0, &d, &[true, true, false, true], &[], false).unwrap();
-        assert_eq!(kinds, vec![LinkKind::SelfLink, LinkKind::Nvl, LinkKind::Shm, LinkKind::Net]);
-    }
-
-    #[test]
-    fn disable_p2p_turns_nvl_into_shm() {
-        let d = devices(&["a", "a"]);
-        let kinds = decide_kinds(1, &d, &[true, true], &[], true).unwrap();
-        assert_eq!(kinds, vec![LinkKind::Shm, LinkKind::SelfLink]);
-    }
-
-    #[test]
-    fn override_applies_to_both_ends() {
-        let d = devices(&["a"; 4]);
-        let rules = parse_override("0-3=net, 1-*=shm", 4).unwrap();
-        let access = [true; 4];
-        let k0 = decide_kinds(0, &d, &access, &rules, false).unwrap();
-        let k3 = decide_kinds(3, &d, &access, &rules, false).unwrap();
-        let k2 = decide_kinds(2, &d, &access, &rules, false).unwrap();
-        assert_eq!(k0, vec![LinkKind::SelfLink, LinkKind::Shm, LinkKind::Nvl, LinkKind::Net]);
-        assert_eq!(k3, vec![LinkKind::Net, LinkKind::Shm, LinkKind::Nvl, LinkKind::SelfLink]);
-        assert_eq!(k2, vec![LinkKind::Nvl, LinkKind::Shm, LinkKind::SelfLink, LinkKind::Nvl]);
-        let k1 = decide_kinds(1, &d, &access, &rules, false).unwrap();
-        assert_eq!(k1, vec![LinkKind::Shm, LinkKind::SelfLink, LinkKind::Shm, LinkKind::Shm]);
-    }
-
-    #[test]
-    fn override_errors_name_the_entry() {
-        assert!(parse_override("0-9=net", 4).unwrap_err().contains("0-9=net"));
-        assert!(parse_override("0-1=fast", 4).unwrap_err().contains("unknown kind"));
-        assert!(parse_override("1-1=net", 4).unwrap_err().contains("itself"));
-        assert!(parse_override("01=net", 4).is_err());
-        let d = devices(&["a", "b"]);
-        let rules = parse_override("0-1=nvl", 2).unwrap();
-        assert!(decide_kinds(0, &d, &[true, true], &rules, false).unwrap_err().contains("no peer"));
-    }
 }
 
 /// This host's identity: hostname plus boot id (two containers on one machine share the boot
@@ -299,17 +258,27 @@ impl Topology {
                         reason: format!("ranks {rank} and {p} use the same GPU ({})", d.uuid),
                     });
                 }
-                peer_access[p] = crate::cuda::info::can_access_peer(ctx, rank, &d.pci_bus_id)?;
+                peer_access[p] = crate::cuda::info::can_access_peer(ctx, &d.pci_bus_id)
+                    .map_err(|e| crate::cuda::with_rank(e, rank))?;
             }
         }
         let rules = match std::env::var(OVERRIDE_ENV) {
-            Ok(spec) => parse_override(&spec, world_size)
-                .map_err(|reason| Error::InvalidArgument { op: "topology", reason })?,
+            Ok(spec) => {
+                parse_override(&spec, world_size).map_err(|reason| Error::InvalidArgument {
+                    op: "topology",
+                    reason,
+                })?
+            }
             Err(_) => Vec::new(),
         };
         let disable = std::env::var(DISABLE_P2P_ENV).is_ok_and(|v| v == "1");
-        let kinds = decide_kinds(rank, &devices, &peer_access, &rules, disable)
-            .map_err(|reason| Error::InvalidArgument { op: "topology", reason })?;
+        let kinds =
+            decide_kinds(rank, &devices, &peer_access, &rules, disable).map_err(|reason| {
+                Error::InvalidArgument {
+                    op: "topology",
+                    reason,
+                }
+            })?;
 
         let views = store.all_gather(
             "__devcomm/topology/kinds",
@@ -337,6 +306,115 @@ impl Topology {
                 });
             }
         }
-        Ok(Self { rank, kinds, devices })
+        Ok(Self {
+            rank,
+            kinds,
+            devices,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn devices(hosts: &[&str]) -> Vec<PeerDevice> {
+        hosts
+            .iter()
+            .enumerate()
+            .map(|(r, h)| PeerDevice {
+                rank: r,
+                host: (*h).to_owned(),
+                pci_bus_id: format!("0000:{r:02x}:00.0"),
+                uuid: format!("GPU-{r}"),
+                name: "test".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn same_host_with_peer_access_is_nvl_other_host_is_net() {
+        let d = devices(&["a", "a", "a", "b"]);
+        let kinds = decide_kinds(0, &d, &[true, true, false, true], &[], false).unwrap();
+        assert_eq!(
+            kinds,
+            vec![
+                LinkKind::SelfLink,
+                LinkKind::Nvl,
+                LinkKind::Shm,
+                LinkKind::Net
+            ]
+        );
+    }
+
+    #[test]
+    fn disable_p2p_turns_nvl_into_shm() {
+        let d = devices(&["a", "a"]);
+        let kinds = decide_kinds(1, &d, &[true, true], &[], true).unwrap();
+        assert_eq!(kinds, vec![LinkKind::Shm, LinkKind::SelfLink]);
+    }
+
+    #[test]
+    fn override_applies_to_both_ends() {
+        let d = devices(&["a"; 4]);
+        let rules = parse_override("0-3=net, 1-*=shm", 4).unwrap();
+        let access = [true; 4];
+        let k0 = decide_kinds(0, &d, &access, &rules, false).unwrap();
+        let k3 = decide_kinds(3, &d, &access, &rules, false).unwrap();
+        let k2 = decide_kinds(2, &d, &access, &rules, false).unwrap();
+        assert_eq!(
+            k0,
+            vec![
+                LinkKind::SelfLink,
+                LinkKind::Shm,
+                LinkKind::Nvl,
+                LinkKind::Net
+            ]
+        );
+        assert_eq!(
+            k3,
+            vec![
+                LinkKind::Net,
+                LinkKind::Shm,
+                LinkKind::Nvl,
+                LinkKind::SelfLink
+            ]
+        );
+        assert_eq!(
+            k2,
+            vec![
+                LinkKind::Nvl,
+                LinkKind::Shm,
+                LinkKind::SelfLink,
+                LinkKind::Nvl
+            ]
+        );
+        let k1 = decide_kinds(1, &d, &access, &rules, false).unwrap();
+        assert_eq!(
+            k1,
+            vec![
+                LinkKind::Shm,
+                LinkKind::SelfLink,
+                LinkKind::Shm,
+                LinkKind::Shm
+            ]
+        );
+    }
+
+    #[test]
+    fn override_errors_name_the_entry() {
+        assert!(parse_override("0-9=net", 4)
+            .unwrap_err()
+            .contains("0-9=net"));
+        assert!(parse_override("0-1=fast", 4)
+            .unwrap_err()
+            .contains("unknown kind"));
+        assert!(parse_override("1-1=net", 4).unwrap_err().contains("itself"));
+        assert!(parse_override("01=net", 4).is_err());
+        let d = devices(&["a", "b"]);
+        let rules = parse_override("0-1=nvl", 2).unwrap();
+        assert!(decide_kinds(0, &d, &[true, true], &rules, false)
+            .unwrap_err()
+            .contains("no peer"));
     }
 }

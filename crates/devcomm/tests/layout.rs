@@ -5,14 +5,21 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use devcomm::handles::LAYOUT;
+/// Every shared struct's layout: the handles and the send/recv launch arguments.
+fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
+    devcomm::handles::LAYOUT
+        .iter()
+        .chain(devcomm::p2p::handle::LAYOUT)
+        .copied()
+        .collect()
+}
 
 /// A C++ program that prints `struct field offset size` for every entry of LAYOUT, in order.
 fn probe_source() -> String {
     let mut src = String::from(
-        "#include <cstddef>\n#include <cstdio>\n#include \"devcomm/handles.cuh\"\n\nint main() {\n",
+        "#include <cstddef>\n#include <cstdio>\n#include \"devcomm/handles.cuh\"\n#include \"devcomm/p2p.cuh\"\n\nint main() {\n",
     );
-    for (strukt, field, _, _) in LAYOUT {
+    for (strukt, field, _, _) in layout() {
         writeln!(
             src,
             "  std::printf(\"%s %s %zu %zu\\n\", \"{strukt}\", \"{field}\", \
@@ -78,8 +85,9 @@ fn cpp_layout_equals_rust_layout() {
     assert!(output.status.success());
     let stdout = String::from_utf8(output.stdout).unwrap();
     let cpp: Vec<&str> = stdout.lines().collect();
-    assert_eq!(cpp.len(), LAYOUT.len(), "C++ printed:\n{stdout}");
-    for (line, (strukt, field, offset, size)) in cpp.iter().zip(LAYOUT) {
+    let layout = layout();
+    assert_eq!(cpp.len(), layout.len(), "C++ printed:\n{stdout}");
+    for (line, (strukt, field, offset, size)) in cpp.iter().zip(&layout) {
         assert_eq!(
             *line,
             format!("{strukt} {field} {offset} {size}"),
@@ -97,9 +105,11 @@ fn layout_covers_every_shared_struct() {
         "DeviceWindow",
         "DevicePeerTable",
         "RegisteredBuffer",
+        "P2PSide",
+        "P2PLaunch",
     ] {
         assert!(
-            LAYOUT.iter().any(|(s, ..)| *s == strukt),
+            layout().iter().any(|(s, ..)| *s == strukt),
             "{strukt} missing from LAYOUT"
         );
     }

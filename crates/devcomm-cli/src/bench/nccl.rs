@@ -24,11 +24,14 @@ impl NcclPair {
         let id = if cx.comm.rank() == 0 {
             let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
             let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
-            store.set("__devcomm_cli/nccl_id", &bytes).map_err(|e| e.to_string())?;
+            store
+                .set("__devcomm_cli/nccl_id", &bytes)
+                .map_err(|e| e.to_string())?;
             id
         } else {
-            let bytes =
-                store.get("__devcomm_cli/nccl_id", cx.comm.setup_timeout()).map_err(|e| e.to_string())?;
+            let bytes = store
+                .get("__devcomm_cli/nccl_id", cx.comm.setup_timeout())
+                .map_err(|e| e.to_string())?;
             let mut internal = [0 as std::ffi::c_char; 128];
             for (d, s) in internal.iter_mut().zip(&bytes) {
                 *d = *s as std::ffi::c_char;
@@ -58,17 +61,31 @@ impl NcclPair {
     ) -> Result<f64, String> {
         let rank = cx.comm.rank();
         let mine = match rank {
-            0 => time_us(&cx.stream, warmup, iters, || cx.host_barrier(), || {
-                self.comm.send(&src.slice(..bytes), 1).map_err(|e| format!("ncclSend: {e:?}"))
-            })?,
+            0 => time_us(
+                &cx.stream,
+                warmup,
+                iters,
+                || cx.host_barrier(),
+                || {
+                    self.comm
+                        .send(&src.slice(..bytes), 1)
+                        .map_err(|e| format!("ncclSend: {e:?}"))
+                },
+            )?,
             1 => {
                 let mut view = dst.slice_mut(..bytes);
-                time_us(&cx.stream, warmup, iters, || cx.host_barrier(), || {
-                    self.comm
-                        .recv(&mut view, 0)
-                        .map(|_| ())
-                        .map_err(|e| format!("ncclRecv: {e:?}"))
-                })?
+                time_us(
+                    &cx.stream,
+                    warmup,
+                    iters,
+                    || cx.host_barrier(),
+                    || {
+                        self.comm
+                            .recv(&mut view, 0)
+                            .map(|_| ())
+                            .map_err(|e| format!("ncclRecv: {e:?}"))
+                    },
+                )?
             }
             _ => {
                 for _ in 0..warmup + iters {
@@ -91,7 +108,11 @@ pub(crate) fn max_over_ranks(cx: &Ctx, what: &str, value: f64) -> Result<f64, St
         .map_err(|e| e.to_string())?;
     Ok(all
         .iter()
-        .filter_map(|b| b.get(..8).and_then(|s| s.try_into().ok()).map(f64::from_le_bytes))
+        .filter_map(|b| {
+            b.get(..8)
+                .and_then(|s| s.try_into().ok())
+                .map(f64::from_le_bytes)
+        })
         .fold(f64::MIN, f64::max))
 }
 

@@ -10,8 +10,13 @@ pub(crate) fn write_svg(path: &Path, records: &[Record]) -> std::io::Result<()> 
     let (w, h, left, bottom, top, right) = (900.0, 520.0, 70.0, 60.0, 40.0, 260.0);
     let pw = w - left - right;
     let ph = h - top - bottom;
-    let xs: Vec<f64> = records.iter().map(|r| (r.bytes.max(1) as f64).log2()).collect();
-    let (xmin, xmax) = xs.iter().fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    let xs: Vec<f64> = records
+        .iter()
+        .map(|r| (r.bytes.max(1) as f64).log2())
+        .collect();
+    let (xmin, xmax) = xs
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
     let xmax = if xmax > xmin { xmax } else { xmin + 1.0 };
     let ymax = records
         .iter()
@@ -35,38 +40,100 @@ pub(crate) fn write_svg(path: &Path, records: &[Record]) -> std::io::Result<()> 
     };
     for (r, &x) in records.iter().zip(&xs) {
         let dir = if r.both_directions { " both" } else { "" };
-        push(format!("devcomm {}{dir} ({} SMs)", r.op, r.sms), x, r.devcomm_gbps);
+        push(
+            format!("devcomm {}{dir} ({} SMs)", r.op, r.sms),
+            x,
+            r.devcomm_gbps,
+        );
         push(format!("{}{dir}", r.reference), x, r.nccl_gbps);
     }
-    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
+    let colors = [
+        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+        "#7f7f7f", "#bcbd22",
+    ];
     let mut s = String::new();
     let _ = write!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>"#
     );
-    let title = records.first().map(|r| format!("{} ({} ranks) on {}, {}", r.op, r.world_size, r.device, r.date)).unwrap_or_default();
-    let _ = write!(s, r#"<text x="{left}" y="22" font-size="14">{}</text>"#, xml(&title));
+    let title = records
+        .first()
+        .map(|r| {
+            format!(
+                "{} ({} ranks) on {}, {}",
+                r.op, r.world_size, r.device, r.date
+            )
+        })
+        .unwrap_or_default();
+    let _ = write!(
+        s,
+        r#"<text x="{left}" y="22" font-size="14">{}</text>"#,
+        xml(&title)
+    );
     for i in 0..=5 {
         let y = ymax * f64::from(i) / 5.0;
-        let _ = write!(s, r##"<line x1="{left}" x2="{}" y1="{2}" y2="{2}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{y:.0}</text>"##, left + pw, py(y), left - 6.0, py(y) + 4.0);
+        let _ = write!(
+            s,
+            r##"<line x1="{left}" x2="{0}" y1="{1}" y2="{1}" stroke="#ddd"/><text x="{2}" y="{3}" text-anchor="end">{y:.0}</text>"##,
+            left + pw,
+            py(y),
+            left - 6.0,
+            py(y) + 4.0
+        );
     }
     let mut x = xmin.ceil();
     while x <= xmax {
         let label = human_bytes(2f64.powf(x));
-        let _ = write!(s, r##"<line x1="{0}" x2="{0}" y1="{top}" y2="{1}" stroke="#eee"/><text x="{0}" y="{2}" text-anchor="middle">{label}</text>"##, px(x), top + ph, top + ph + 16.0);
+        let _ = write!(
+            s,
+            r##"<line x1="{0}" x2="{0}" y1="{top}" y2="{1}" stroke="#eee"/><text x="{0}" y="{2}" text-anchor="middle">{label}</text>"##,
+            px(x),
+            top + ph,
+            top + ph + 16.0
+        );
         x += if xmax - xmin > 12.0 { 2.0 } else { 1.0 };
     }
-    let _ = write!(s, r#"<text x="{}" y="{}" text-anchor="middle">message size</text><text x="18" y="{}" transform="rotate(-90 18 {})" text-anchor="middle">GB/s (one direction)</text>"#, left + pw / 2.0, h - 12.0, top + ph / 2.0, top + ph / 2.0);
+    let _ = write!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">message size</text><text x="18" y="{}" transform="rotate(-90 18 {})" text-anchor="middle">GB/s (one direction)</text>"#,
+        left + pw / 2.0,
+        h - 12.0,
+        top + ph / 2.0,
+        top + ph / 2.0
+    );
     for (i, (name, pts)) in series.iter().enumerate() {
         let c = colors[i % colors.len()];
-        let dash = if name.starts_with("devcomm") { "" } else { r#" stroke-dasharray="6 4""# };
-        let path: String = pts.iter().map(|&(x, y)| format!("{:.1},{:.1} ", px(x), py(y))).collect();
-        let _ = write!(s, r#"<polyline fill="none" stroke="{c}" stroke-width="2"{dash} points="{path}"/>"#);
+        let dash = if name.starts_with("devcomm") {
+            ""
+        } else {
+            r#" stroke-dasharray="6 4""#
+        };
+        let path: String = pts
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1} ", px(x), py(y)))
+            .collect();
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{c}" stroke-width="2"{dash} points="{path}"/>"#
+        );
         for &(x, y) in pts {
-            let _ = write!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#, px(x), py(y));
+            let _ = write!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}"/>"#,
+                px(x),
+                py(y)
+            );
         }
         let ly = top + 10.0 + 18.0 * i as f64;
-        let _ = write!(s, r#"<line x1="{0}" x2="{1}" y1="{ly}" y2="{ly}" stroke="{c}" stroke-width="2"{dash}/><text x="{2}" y="{3}">{4}</text>"#, w - right + 10.0, w - right + 34.0, w - right + 40.0, ly + 4.0, xml(name));
+        let _ = write!(
+            s,
+            r#"<line x1="{0}" x2="{1}" y1="{ly}" y2="{ly}" stroke="{c}" stroke-width="2"{dash}/><text x="{2}" y="{3}">{4}</text>"#,
+            w - right + 10.0,
+            w - right + 34.0,
+            w - right + 40.0,
+            ly + 4.0,
+            xml(name)
+        );
     }
     s.push_str("</svg>\n");
     std::fs::write(path, s)
@@ -84,5 +151,7 @@ fn human_bytes(b: f64) -> String {
 }
 
 fn xml(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }

@@ -43,7 +43,11 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     let src_host = cx.data_of(rank, 1234, max);
     let src: CudaSlice<u8> = cx.stream.clone_htod(&src_host).map_err(|e| e.to_string())?;
     let mut dst: CudaSlice<u8> = cx.stream.alloc_zeros(max).map_err(|e| e.to_string())?;
-    let expect = if active { cx.data_of(peer, 1234, max) } else { Vec::new() };
+    let expect = if active {
+        cx.data_of(peer, 1234, max)
+    } else {
+        Vec::new()
+    };
     cx.sync()?;
     let mut out = Vec::new();
     for &bytes in &sizes {
@@ -51,29 +55,46 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
         let calls = calls_per_sample(bytes);
         // devcomm: poison, one call, verify every byte.
         if active {
-            cx.stream.memset_zeros(&mut dst).map_err(|e| e.to_string())?;
+            cx.stream
+                .memset_zeros(&mut dst)
+                .map_err(|e| e.to_string())?;
             devcomm_call(cx, &src, &mut dst, bytes, peer, both)?;
             cx.sync()?;
-            let got = cx.stream.clone_dtoh(&dst.slice(..bytes)).map_err(|e| e.to_string())?;
+            let got = cx
+                .stream
+                .clone_dtoh(&dst.slice(..bytes))
+                .map_err(|e| e.to_string())?;
             let receives = both || rank == 1;
             if receives && got != expect[..bytes] {
-                let i = got.iter().zip(&expect).position(|(a, b)| a != b).unwrap_or(0);
-                return Err(format!("sendrecv {bytes} B: wrong byte at {i} on rank {rank}"));
+                let i = got
+                    .iter()
+                    .zip(&expect)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                return Err(format!(
+                    "sendrecv {bytes} B: wrong byte at {i} on rank {rank}"
+                ));
             }
         }
         cx.host_barrier()?;
         let mut samples = |which: &str| -> Result<f64, String> {
             let us = if active {
-                time_us(&cx.stream, args.warmup, args.iters, || cx.host_barrier(), || {
-                    for _ in 0..calls {
-                        if which == "devcomm" {
-                            devcomm_call(cx, &src, &mut dst, bytes, peer, both)?;
-                        } else {
-                            nccl_call(&nccl, &src, &mut dst, bytes, peer, both, rank)?;
+                time_us(
+                    &cx.stream,
+                    args.warmup,
+                    args.iters,
+                    || cx.host_barrier(),
+                    || {
+                        for _ in 0..calls {
+                            if which == "devcomm" {
+                                devcomm_call(cx, &src, &mut dst, bytes, peer, both)?;
+                            } else {
+                                nccl_call(&nccl, &src, &mut dst, bytes, peer, both, rank)?;
+                            }
                         }
-                    }
-                    Ok(())
-                })? / calls as f64
+                        Ok(())
+                    },
+                )? / calls as f64
             } else {
                 for _ in 0..args.warmup + args.iters {
                     cx.host_barrier()?;
@@ -119,7 +140,12 @@ fn devcomm_call(
     let rank = cx.comm.rank();
     let (sp, _s) = src.device_ptr(&cx.stream);
     let (dp, _d) = dst.device_ptr_mut(&cx.stream);
-    let t = |ptr| Transfer { ptr, bytes: bytes as u64, peer, config: None };
+    let t = |ptr| Transfer {
+        ptr,
+        bytes: bytes as u64,
+        peer,
+        config: None,
+    };
     let (send, recv) = match (both, rank) {
         (true, _) => (Some(t(sp)), Some(t(dp))),
         (false, 0) => (Some(t(sp)), None),
@@ -144,12 +170,14 @@ fn nccl_call(
     if both {
         nccl_result::group_start().map_err(err)?;
         c.send(&src.slice(..bytes), peer as i32).map_err(err)?;
-        c.recv(&mut dst.slice_mut(..bytes), peer as i32).map_err(err)?;
+        c.recv(&mut dst.slice_mut(..bytes), peer as i32)
+            .map_err(err)?;
         nccl_result::group_end().map_err(err)?;
     } else if rank == 0 {
         c.send(&src.slice(..bytes), peer as i32).map_err(err)?;
     } else {
-        c.recv(&mut dst.slice_mut(..bytes), peer as i32).map_err(err)?;
+        c.recv(&mut dst.slice_mut(..bytes), peer as i32)
+            .map_err(err)?;
     }
     Ok(())
 }

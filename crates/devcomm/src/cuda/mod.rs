@@ -21,6 +21,7 @@ pub mod vmm;
 
 use std::sync::Arc;
 
+use cudarc::driver::CudaStream;
 use cudarc::driver::{sys, CudaContext};
 
 use crate::error::{CudaResultExt, Error, Result};
@@ -44,6 +45,19 @@ pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
 /// Blocks until all work of `ctx` (every stream) has finished.
 pub fn synchronize(ctx: &Arc<CudaContext>) -> Result<()> {
     ctx.synchronize().cuda(NO_RANK, "cuCtxSynchronize")
+}
+
+/// Enqueues a device-to-device copy of `bytes` on `stream` (either address may be a peer's
+/// mapping: the copy engine then moves the data over NVLink).
+pub fn memcpy_dtod_async(dst: u64, src: u64, bytes: usize, stream: &CudaStream) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: the driver checks that both ranges are mapped device memory of the stream's
+    // context (or peers mapped into it) and reports an error otherwise; the caller guarantees
+    // they hold `bytes` and that nothing frees them before the stream reaches the copy.
+    unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }
+        .cuda(NO_RANK, "cuMemcpyDtoDAsync")
 }
 
 /// Fills in the rank of an [`Error::Cuda`] raised by this layer (which does not know it);

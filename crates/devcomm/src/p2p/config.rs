@@ -43,7 +43,12 @@ pub struct P2PLimits {
 
 impl Default for P2PLimits {
     fn default() -> Self {
-        Self { max_blocks: 32, depth: 4, slot_bytes: 256 << 10, ll_max_bytes: 256 << 10 }
+        Self {
+            max_blocks: 32,
+            depth: 4,
+            slot_bytes: 256 << 10,
+            ll_max_bytes: 256 << 10,
+        }
     }
 }
 
@@ -80,7 +85,12 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
     if bytes <= ll_switch {
         // About 2 KiB of payload per block keeps each thread to a few lines.
         let blocks = clamp(bytes.div_ceil(2 * KIB) as u32);
-        return P2PConfig { protocol: Protocol::LowLatency, blocks, threads: 256, chunk_bytes: 0 };
+        return P2PConfig {
+            protocol: Protocol::LowLatency,
+            blocks,
+            threads: 256,
+            chunk_bytes: 0,
+        };
     }
     let (blocks, chunk) = if bytes <= MIB {
         (16, 16 * KIB)
@@ -108,7 +118,10 @@ impl P2PConfig {
             ));
         }
         if self.threads == 0 || self.threads % 32 != 0 || self.threads > 512 {
-            return bad(format!("{} threads per role; use a multiple of 32 up to 512", self.threads));
+            return bad(format!(
+                "{} threads per role; use a multiple of 32 up to 512",
+                self.threads
+            ));
         }
         match self.protocol {
             Protocol::LowLatency if bytes > limits.ll_max_bytes => Err(Error::CapacityExceeded {
@@ -117,15 +130,18 @@ impl P2PConfig {
                 bytes,
                 capacity: limits.ll_max_bytes,
             }),
-            Protocol::Bulk if self.chunk_bytes == 0 || self.chunk_bytes % 16 != 0 => {
-                bad(format!("chunk of {} bytes; use a positive multiple of 16", self.chunk_bytes))
+            Protocol::Bulk if self.chunk_bytes == 0 || self.chunk_bytes % 16 != 0 => bad(format!(
+                "chunk of {} bytes; use a positive multiple of 16",
+                self.chunk_bytes
+            )),
+            Protocol::Bulk if self.chunk_bytes > limits.slot_bytes => {
+                Err(Error::CapacityExceeded {
+                    op,
+                    peer: usize::MAX,
+                    bytes: self.chunk_bytes,
+                    capacity: limits.slot_bytes,
+                })
             }
-            Protocol::Bulk if self.chunk_bytes > limits.slot_bytes => Err(Error::CapacityExceeded {
-                op,
-                peer: usize::MAX,
-                bytes: self.chunk_bytes,
-                capacity: limits.slot_bytes,
-            }),
             _ => Ok(()),
         }
     }
@@ -151,8 +167,14 @@ mod tests {
         let limits = P2PLimits::default();
         assert_eq!(default_config(8, &limits).protocol, Protocol::LowLatency);
         assert_eq!(default_config(8, &limits).blocks, 1);
-        assert_eq!(default_config(64 << 10, &limits).protocol, Protocol::LowLatency);
-        assert_eq!(default_config((64 << 10) + 1, &limits).protocol, Protocol::Bulk);
+        assert_eq!(
+            default_config(64 << 10, &limits).protocol,
+            Protocol::LowLatency
+        );
+        assert_eq!(
+            default_config((64 << 10) + 1, &limits).protocol,
+            Protocol::Bulk
+        );
     }
 
     #[test]
@@ -160,10 +182,17 @@ mod tests {
         let limits = P2PLimits::default();
         let mut c = default_config(1 << 30, &limits);
         c.blocks = limits.max_blocks + 1;
-        assert!(c.check("send", 1 << 30, &limits).unwrap_err().to_string().contains("blocks"));
+        assert!(c
+            .check("send", 1 << 30, &limits)
+            .unwrap_err()
+            .to_string()
+            .contains("blocks"));
         let mut c = default_config(1 << 30, &limits);
         c.chunk_bytes = limits.slot_bytes * 2;
-        assert!(matches!(c.check("send", 1 << 30, &limits), Err(Error::CapacityExceeded { .. })));
+        assert!(matches!(
+            c.check("send", 1 << 30, &limits),
+            Err(Error::CapacityExceeded { .. })
+        ));
         let mut c = default_config(8, &limits);
         c.protocol = Protocol::LowLatency;
         assert!(matches!(

@@ -79,15 +79,18 @@ impl P2P {
     /// counters.
     pub(crate) fn new(group: &Arc<Group>, limits: P2PLimits) -> Result<Self> {
         let world = group.world_size;
-        let region = usize::try_from(limits.region_bytes()).map_err(|_| Error::InvalidArgument {
-            op: "p2p setup",
-            reason: "staging region does not fit in memory".into(),
-        })?;
+        let region =
+            usize::try_from(limits.region_bytes()).map_err(|_| Error::InvalidArgument {
+                op: "p2p setup",
+                reason: "staging region does not fit in memory".into(),
+            })?;
         let window = Window::<u8>::new(group, region * world, limits.signal_slots(world))?;
         let rank = group.rank as i32;
         let stream = group.ctx.default_stream();
         let n = 4 * world * limits.max_blocks as usize;
-        let counters = stream.alloc_zeros::<u64>(n).cuda(rank, "cuMemAlloc (p2p counters)")?;
+        let counters = stream
+            .alloc_zeros::<u64>(n)
+            .cuda(rank, "cuMemAlloc (p2p counters)")?;
         stream.synchronize().cuda(rank, "cuStreamSynchronize")?;
         let counters_base = {
             use cudarc::driver::DevicePtr;
@@ -129,15 +132,25 @@ impl P2P {
         let world = group.world_size;
         let send = send.filter(|t| t.bytes > 0);
         let recv = recv.filter(|t| t.bytes > 0);
-        let mut sides = [P2PSide { peer: -1, ..Default::default() }; 2];
+        let mut sides = [P2PSide {
+            peer: -1,
+            ..Default::default()
+        }; 2];
         let mut threads = [0u32; 2];
         for (i, t) in [send, recv].iter().enumerate() {
             let Some(t) = t else { continue };
             let op = if i == 0 { "send" } else { "recv" };
             self.check_peer(group, op, t.peer)?;
-            let cfg = t.config.unwrap_or_else(|| default_config(t.bytes, &self.limits));
-            cfg.check(op, t.bytes, &self.limits).map_err(|e| with_peer(e, t.peer))?;
-            let kind = if i == 0 { (SEND_STEPS, LL_SEND) } else { (RECV_STEPS, LL_RECV) };
+            let cfg = t
+                .config
+                .unwrap_or_else(|| default_config(t.bytes, &self.limits));
+            cfg.check(op, t.bytes, &self.limits)
+                .map_err(|e| with_peer(e, t.peer))?;
+            let kind = if i == 0 {
+                (SEND_STEPS, LL_SEND)
+            } else {
+                (RECV_STEPS, LL_RECV)
+            };
             sides[i] = P2PSide {
                 buf: t.ptr,
                 bytes: t.bytes,
@@ -187,7 +200,10 @@ impl P2P {
         if peer >= group.world_size {
             return Err(Error::InvalidArgument {
                 op,
-                reason: format!("peer {peer} is not a rank (world size {})", group.world_size),
+                reason: format!(
+                    "peer {peer} is not a rank (world size {})",
+                    group.world_size
+                ),
             });
         }
         if peer == group.rank {
@@ -198,7 +214,12 @@ impl P2P {
         }
         match group.topology.kind(peer) {
             LinkKind::Nvl => Ok(()),
-            other => Err(Error::NoPath { op, rank: group.rank, peer, kind: other.to_string() }),
+            other => Err(Error::NoPath {
+                op,
+                rank: group.rank,
+                peer,
+                kind: other.to_string(),
+            }),
         }
     }
 
@@ -242,16 +263,27 @@ impl P2P {
             }
         };
         let f = module.function(&kernel_expression(s, r))?;
-        self.functions.lock().map_err(|_| poisoned())?.insert((s, r), f.clone());
+        self.functions
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert((s, r), f.clone());
         Ok(f)
     }
 }
 
 fn with_peer(e: Error, peer: usize) -> Error {
     match e {
-        Error::CapacityExceeded { op, bytes, capacity, .. } => {
-            Error::CapacityExceeded { op, peer, bytes, capacity }
-        }
+        Error::CapacityExceeded {
+            op,
+            bytes,
+            capacity,
+            ..
+        } => Error::CapacityExceeded {
+            op,
+            peer,
+            bytes,
+            capacity,
+        },
         other => other,
     }
 }
