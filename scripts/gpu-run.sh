@@ -6,6 +6,8 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_CACHE_DIR=${DEVCOMM_CACHE_DIR:-/tmp/devcomm-cache}
+export DEVCOMM_TIMEOUT_MS=${DEVCOMM_TIMEOUT_MS:-5000} DEVCOMM_SETUP_TIMEOUT_MS=${DEVCOMM_SETUP_TIMEOUT_MS:-30000}
+step_limit=${STEP_LIMIT:-240}
 kind=${1:-unknown}; shift || true
 what=${*:-info selftest latency put}
 out=${OUT:-./gpu-out}; mkdir -p "$out"
@@ -16,7 +18,7 @@ step() { # name, command...
   local name=$1; shift
   echo "=== $name: $*"
   local t0=$SECONDS
-  "$@" 2>&1 | tee "$out/$name.log"
+  timeout -k 5 "$step_limit" "$@" 2>&1 | tee "$out/$name.log"
   local rc=${PIPESTATUS[0]}
   summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t0)))")
 }

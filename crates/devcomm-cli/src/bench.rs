@@ -102,8 +102,10 @@ pub(crate) fn time_us(
     mut f: impl FnMut() -> Result<(), String>,
 ) -> Result<f64, String> {
     let ctx = stream.context();
-    let start = ctx.new_event(None).map_err(|e| e.to_string())?;
-    let end = ctx.new_event(None).map_err(|e| e.to_string())?;
+    // Timing events (cudarc's default disables timing).
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = ctx.new_event(timing).map_err(|e| e.to_string())?;
+    let end = ctx.new_event(timing).map_err(|e| e.to_string())?;
     for _ in 0..warmup {
         before()?;
         f()?;

@@ -46,6 +46,9 @@ type CheckResult = Result<String, String>;
 /// Context shared by the checks.
 pub(crate) struct Ctx {
     pub(crate) comm: Comm,
+    /// Host barriers are named after the running check and counted within it, so a rank that
+    /// leaves a check early cannot shift the names of every later barrier.
+    phase: std::cell::RefCell<(String, u64)>,
     pub(crate) stream: Arc<CudaStream>,
     /// Agreed by all ranks, fresh each run: data are derived from it.
     pub(crate) seed: u64,
@@ -61,7 +64,12 @@ impl Ctx {
             .all_gather("__devcomm_cli/seed", &mine, comm.setup_timeout())
             .map_err(|e| e.to_string())?;
         let seed = u64::from_le_bytes(all[0][..8].try_into().map_err(|_| "bad seed")?);
-        Ok(Self { comm, stream, seed })
+        Ok(Self {
+            comm,
+            stream,
+            seed,
+            phase: std::cell::RefCell::new(("start".into(), 0)),
+        })
     }
 
     /// Deterministic bytes for (sender, tag): every rank can regenerate any sender's data.
@@ -110,7 +118,25 @@ impl Ctx {
     }
 
     pub(crate) fn host_barrier(&self) -> Result<(), String> {
-        self.comm.host_barrier().map_err(|e| e.to_string())
+        let tag = {
+            let mut phase = self.phase.borrow_mut();
+            phase.1 += 1;
+            format!("__devcomm_cli/{}/{}", phase.0, phase.1)
+        };
+        self.comm
+            .store()
+            .barrier(&tag, self.comm.setup_timeout())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Starts a new phase (a check): every rank enters it together, whatever happened before.
+    pub(crate) fn enter_phase(&self, name: &str) -> Result<(), String> {
+        *self.phase.borrow_mut() = (name.to_owned(), 0);
+        let tag = format!("__devcomm_cli/{name}/enter");
+        self.comm
+            .store()
+            .barrier(&tag, self.comm.setup_timeout())
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -223,58 +249,124 @@ fn check_barrier(cx: &Ctx, iters: u64) -> CheckResult {
     Ok(format!("{iters} iterations, {us:.2} us per barrier"))
 }
 
+/// How the user allocated a buffer handed to `Comm::register`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UserAlloc {
+    /// `cuMemAlloc` (what `cudaMalloc` does): registered through CUDA IPC.
+    MemAlloc,
+    /// A `cuMemCreate` + `cuMemMap` virtual-memory allocation: registered through its handle.
+    Vmm,
+    /// cudarc's default stream-ordered pool: cannot be shared; must be refused on every rank.
+    Pool,
+}
+
 /// A buffer the user allocated is reachable from a peer's kernel through its handle.
 fn check_registered(cx: &Ctx) -> CheckResult {
+    let mut done = Vec::new();
+    for kind in [UserAlloc::MemAlloc, UserAlloc::Vmm, UserAlloc::Pool] {
+        done.push(check_registered_kind(cx, kind)?);
+        cx.host_barrier()?;
+    }
+    Ok(done.join("; "))
+}
+
+fn check_registered_kind(cx: &Ctx, kind: UserAlloc) -> CheckResult {
     let comm = &cx.comm;
     let (rank, world) = (comm.rank(), comm.world_size());
     let bytes = (1usize << 20) + 333;
-    let mine = cx.data_of(rank, 77, bytes);
-    let user: CudaSlice<u8> = cx.stream.clone_htod(&mine).map_err(|e| e.to_string())?;
-    cx.sync()?;
-    let ptr = {
-        let (p, _g) = user.device_ptr(&cx.stream);
-        p
-    };
-    let handle = comm.register(ptr, bytes).map_err(|e| e.to_string())?;
-    let peer = (rank + 1) % world;
-    let module = cx.foundation()?;
-    let f = module
-        .function("read_registered")
-        .map_err(|e| e.to_string())?;
-    let mut dst = cx
+    let mine = cx
         .stream
-        .alloc_zeros::<u8>(bytes)
+        .clone_htod(&cx.data_of(rank, 77, bytes))
         .map_err(|e| e.to_string())?;
-    cx.stream
-        .memcpy_htod(&vec![0x5Au8; bytes], &mut dst)
-        .map_err(|e| e.to_string())?;
-    let reachable = comm.topology().kind(peer) == devcomm::LinkKind::Nvl;
-    if reachable {
-        let mut l = cx.stream.launch_builder(&f);
-        let peer_i = peer as i32;
-        let n = bytes as u64;
-        l.arg(&handle).arg(&peer_i).arg(&mut dst).arg(&n);
-        // SAFETY: read_registered(const RegisteredBuffer*, int, void*, u64); dst holds bytes.
-        unsafe { l.launch(cfg(8, 256)) }.map_err(|e| e.to_string())?;
-    }
     cx.sync()?;
-    let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
-    comm.deregister(handle).map_err(|e| e.to_string())?;
-    if !reachable {
-        return Ok(format!(
-            "peer {peer} not on NVLink; registration and deregistration only"
-        ));
+    // Keep whichever allocation backs `ptr` alive until deregistration.
+    let mut _pool = None;
+    let mut _vmm = None;
+    let mut raw = None;
+    let ptr = match kind {
+        UserAlloc::MemAlloc => {
+            // SAFETY: a plain allocation of `bytes`, freed below after deregistration.
+            let p =
+                unsafe { cudarc::driver::result::malloc_sync(bytes) }.map_err(|e| e.to_string())?;
+            raw = Some(p);
+            p
+        }
+        UserAlloc::Vmm => {
+            use devcomm::cuda::vmm::{Mapping, PhysicalMemory};
+            let phys = PhysicalMemory::create(comm.context(), bytes).map_err(|e| e.to_string())?;
+            let map =
+                Mapping::new(comm.context(), &phys, phys.bytes()).map_err(|e| e.to_string())?;
+            let p = map.ptr();
+            _vmm = Some((phys, map));
+            p
+        }
+        UserAlloc::Pool => {
+            let s: CudaSlice<u8> = cx.stream.alloc_zeros(bytes).map_err(|e| e.to_string())?;
+            let p = {
+                let (p, _g) = s.device_ptr(&cx.stream);
+                p
+            };
+            _pool = Some(s);
+            p
+        }
+    };
+    cx.copy_to_ptr(ptr, &mine)?;
+    let registered = comm.register(ptr, bytes);
+    let result = (|| -> CheckResult {
+        let handle = match (kind, registered) {
+            (UserAlloc::Pool, Err(e)) if e.to_string().contains("pool") => {
+                return Ok("pool memory refused on every rank with a clear error".into());
+            }
+            (UserAlloc::Pool, r) => {
+                return Err(format!("pool memory: expected a refusal, got {r:?}"))
+            }
+            (_, r) => r.map_err(|e| e.to_string())?,
+        };
+        let peer = (rank + 1) % world;
+        let reachable = comm.topology().kind(peer) == devcomm::LinkKind::Nvl;
+        let module = cx.foundation()?;
+        let f = module
+            .function("read_registered")
+            .map_err(|e| e.to_string())?;
+        let mut dst = cx
+            .stream
+            .clone_htod(&vec![0x5Au8; bytes])
+            .map_err(|e| e.to_string())?;
+        cx.sync()?;
+        if reachable {
+            let mut l = cx.stream.launch_builder(&f);
+            let peer_i = peer as i32;
+            let n = bytes as u64;
+            l.arg(&handle).arg(&peer_i).arg(&mut dst).arg(&n);
+            // SAFETY: read_registered(const RegisteredBuffer*, int, void*, u64); dst holds bytes.
+            unsafe { l.launch(cfg(8, 256)) }.map_err(|e| e.to_string())?;
+        }
+        cx.sync()?;
+        let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
+        cx.host_barrier()?;
+        comm.deregister(handle).map_err(|e| e.to_string())?;
+        if !reachable {
+            return Ok(format!(
+                "{kind:?}: peer {peer} not on NVLink; registration only"
+            ));
+        }
+        let expect = cx.data_of(peer, 77, bytes);
+        match got.iter().zip(&expect).position(|(a, b)| a != b) {
+            Some(i) => Err(format!(
+                "{kind:?}: byte {i} from peer {peer}: {:#x} != {:#x}",
+                got[i], expect[i]
+            )),
+            None => Ok(format!(
+                "{kind:?}: {bytes} bytes read from peer {peer}'s registered buffer"
+            )),
+        }
+    })();
+    if let Some(p) = raw {
+        // SAFETY: allocated above with malloc_sync, deregistered (or never registered) and no
+        // kernel uses it any more (the stream was synchronised).
+        unsafe { cudarc::driver::result::free_sync(p) }.map_err(|e| e.to_string())?;
     }
-    let expect = cx.data_of(peer, 77, bytes);
-    match got.iter().zip(&expect).position(|(a, b)| a != b) {
-        Some(i) => Err(format!(
-            "byte {i} read from peer {peer}: {:#x} != {:#x}",
-            got[i], expect[i]
-        )),
-        None => Ok(format!(
-            "{bytes} bytes read from peer {peer}'s registered buffer"
-        )),
-    }
+    result
 }
 
 /// 100 window creations and destructions leave device memory where it was.
@@ -346,6 +438,9 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
     let mut run_one = |name: &str, f: &dyn Fn(&Ctx) -> CheckResult| {
         if !wanted(name) {
             return;
+        }
+        if let Err(e) = cx.enter_phase(name) {
+            eprintln!("{name}: ranks did not meet: {e}");
         }
         let t = Instant::now();
         let r = f(&cx);

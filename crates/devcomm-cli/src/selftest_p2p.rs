@@ -298,14 +298,23 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
     let mut dst = poisoned(cx, total)?;
     cx.sync()?;
     cx.host_barrier()?;
+    // Raw addresses are taken before capturing, so that cudarc's event tracking records
+    // nothing inside the graph.
+    let sp = {
+        let (p, _s) = src.device_ptr(&cx.stream);
+        p
+    };
+    let dp = {
+        let (p, _d) = dst.device_ptr_mut(&cx.stream);
+        p
+    };
+    cx.sync()?;
     cx.stream
         .begin_capture(
             cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
         )
         .map_err(|e| e.to_string())?;
     let captured = (|| -> Result<(), Error> {
-        let (sp, _s) = src.device_ptr(&cx.stream);
-        let (dp, _d) = dst.device_ptr_mut(&cx.stream);
         let mut off = 0u64;
         for &b in &sizes {
             let t = |ptr: u64| Transfer {

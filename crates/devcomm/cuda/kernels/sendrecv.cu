@@ -151,19 +151,26 @@ __device__ __forceinline__ dc_u32* ll_lines(const P2PLaunch& a, char* window_dat
                                    (seq & 1) * a.ll_parity_bytes + sp.begin / 8 * 16);
 }
 
+// Low-latency calls share one sequence number across all blocks: a line's position depends on
+// how the call splits the message over blocks, which changes with the size, so a flag must be
+// unique to the call, not to the block. Counters stay equal because block 0 also advances the
+// counters of the blocks the call does not use (no other block of this launch touches them).
+
 // Low-latency send: every 8 bytes of payload travel with the call's sequence number.
 template <class G>
 __device__ void ll_send(const G& g, const P2PLaunch& a, dc_u32 b) {
   const P2PSide& s = a.send;
   const Span sp = block_span(s.bytes, s.blocks, b, 8);
-  if (sp.len == 0) return;
   dc_u64* counters = reinterpret_cast<dc_u64*>(s.ll_steps);
   const dc_u64 seq = counters[b] + 1;
-  // The lines of this parity were last used by call seq - 2: wait until it was consumed.
+  // This parity's lines were last written by call seq - 2; every receiver block must have
+  // finished reading them (any block may have read any line then). Thread i checks block i.
   bool ok = true;
-  const dc_u64 slot = p2p_llhead_slot(a, s.peer, b);
-  if (g.thread_rank() == 0 && seq > 2) {
-    ok = bounded_wait(a, own_user_slot(a.w, slot), seq - 2, kOpSendSlotFree, s.peer, slot);
+  if (seq > 2) {
+    for (dc_u32 i = g.thread_rank(); i < a.max_blocks; i += g.size()) {
+      const dc_u64 slot = p2p_llhead_slot(a, s.peer, i);
+      ok = ok && bounded_wait(a, own_user_slot(a.w, slot), seq - 2, kOpSendSlotFree, s.peer, slot);
+    }
   }
   if (g.any(!ok)) return;
   dc_u32* lines = ll_lines(a, static_cast<char*>(get_nvlink_address(a.w, s.peer)), a.w.rank, seq, sp);
@@ -174,7 +181,10 @@ __device__ void ll_send(const G& g, const P2PLaunch& a, dc_u32 b) {
     const dc_u64 v = load_payload(src + j * 8, n);
     ll_store(lines + j * 4, (dc_u32)v, (dc_u32)(v >> 32), (dc_u32)seq);
   }
-  if (g.thread_rank() == 0) counters[b] = seq;
+  // Every thread has read counters[b] (before g.any above), so it may now change.
+  for (dc_u32 i = g.thread_rank(); i < a.max_blocks; i += g.size()) {
+    if (i == b || (b == 0 && i >= s.blocks)) counters[i] = seq;
+  }
 }
 
 // Low-latency receive: each thread polls its own lines until both flags carry this call's number.
@@ -182,7 +192,6 @@ template <class G>
 __device__ void ll_recv(const G& g, const P2PLaunch& a, dc_u32 b) {
   const P2PSide& r = a.recv;
   const Span sp = block_span(r.bytes, r.blocks, b, 8);
-  if (sp.len == 0) return;
   dc_u64* counters = reinterpret_cast<dc_u64*>(r.ll_steps);
   const dc_u64 seq = counters[b] + 1;
   const dc_u32 flag = (dc_u32)seq;
@@ -213,11 +222,15 @@ __device__ void ll_recv(const G& g, const P2PLaunch& a, dc_u32 b) {
     const dc_u64 n = sp.len - j * 8 < 8 ? sp.len - j * 8 : 8;
     store_payload(dst + j * 8, ((dc_u64)hi << 32) | lo, n);
   }
-  const bool failed = g.any(!ok);  // barrier: every line of this call has been read
-  if (failed || g.thread_rank() != 0) return;
-  const dc_u64 slot = p2p_llhead_slot(a, a.w.rank, b);
-  st_release_sys(peer_user_slot(a.w, r.peer, slot), seq);  // our reads precede it (barrier)
-  counters[b] = seq;
+  if (g.any(!ok)) return;  // barrier: every line of this block has been read
+  // Release this block's share of the parity buffer (block 0 also releases the blocks this
+  // call does not use, which read nothing), and advance the same counters as the sender.
+  for (dc_u32 i = g.thread_rank(); i < a.max_blocks; i += g.size()) {
+    if (i == b || (b == 0 && i >= r.blocks)) {
+      st_release_sys(peer_user_slot(a.w, r.peer, p2p_llhead_slot(a, a.w.rank, i)), seq);
+      counters[i] = seq;
+    }
+  }
 }
 
 // The grid has max(send.blocks, recv.blocks) blocks; a role's surplus blocks return at once.
