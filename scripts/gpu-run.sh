@@ -35,6 +35,9 @@ for w in $what; do
     sendrecv)
       step sendrecv $bin launch -n 2 -- $bin bench --op sendrecv --device-kind "$kind" --json "$out/sendrecv.json" --plot "$out/sendrecv.svg"
       step sendrecv-both $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --device-kind "$kind" --json "$out/sendrecv-both.json" --plot "$out/sendrecv-both.svg" ;;
+    sweep)
+      step sweep $bin launch -n 2 -- $bin bench --op sendrecv --sweep --device-kind "$kind" --json "$out/sweep.json"
+      step sweep-both $bin launch -n 2 -- $bin bench --op sendrecv --sweep --both-directions --device-kind "$kind" --json "$out/sweep-both.json" ;;
   esac
 done
 echo; echo "=== summary"; printf '%s\n' "${summary[@]}"

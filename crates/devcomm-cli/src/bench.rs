@@ -41,6 +41,10 @@ pub struct BenchArgs {
     /// Largest message size to time.
     #[arg(long, default_value_t = 1 << 30)]
     max_bytes: usize,
+    /// Send/recv: time every candidate configuration per size (protocol, blocks, chunk) and
+    /// report the fastest, with its configuration: the data behind the defaults table.
+    #[arg(long)]
+    sweep: bool,
 }
 
 /// One measured point. Every devcomm benchmark writes this shape.
@@ -70,6 +74,9 @@ pub struct Record {
     pub reference: String,
     /// devcomm's bandwidth, GB/s (10^9 bytes per second, one direction).
     pub devcomm_gbps: f64,
+    /// devcomm's launch configuration, when the benchmark has one.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub config: String,
     /// The reference's bandwidth, GB/s.
     pub nccl_gbps: f64,
 }
@@ -166,7 +173,7 @@ fn print_table(records: &[Record]) {
     );
     for r in records {
         println!(
-            "{:<10} {:>12} {:>5} {:>12.2} {:>12.2} {:>8.1}GB {:>8.1}GB {:>7.3} {:>4}  {}",
+            "{:<10} {:>12} {:>5} {:>12.2} {:>12.2} {:>8.1}GB {:>8.1}GB {:>7.3} {:>4}  {} {}",
             r.op,
             r.bytes,
             r.both_directions,
@@ -176,7 +183,8 @@ fn print_table(records: &[Record]) {
             r.nccl_gbps,
             r.ratio,
             r.sms,
-            r.reference
+            r.reference,
+            r.config
         );
     }
 }
@@ -238,6 +246,7 @@ fn bench_latency(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         reference: "none (one-way time = ping-pong round trip / 2)".into(),
         devcomm_gbps: 0.0,
         nccl_gbps: 0.0,
+        config: String::new(),
     }])
 }
 
@@ -340,6 +349,7 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
                         reference: reference.into(),
                         devcomm_gbps: bytes as f64 / us / 1e3,
                         nccl_gbps: bytes as f64 / ref_us / 1e3,
+                        config: String::new(),
                     });
                 }
             }

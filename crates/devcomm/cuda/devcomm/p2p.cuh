@@ -20,11 +20,11 @@ namespace devcomm {
 struct P2PSide {
   dc_u64 buf;          // @0  source (send) or destination (recv)
   dc_u64 bytes;        // @8  message size
-  dc_u64 steps;        // @16 device u64[max_blocks]: bulk step counter per block, for this peer
+  dc_u64 steps;        // @16 device u64[max_channels]: bulk step counter per channel (warp)
   dc_u64 ll_steps;     // @24 device u64[max_blocks]: low-latency call counter per block
-  dc_u64 chunk_bytes;  // @32 bulk bytes per pipeline step (<= slot_stride)
+  dc_u64 chunk_bytes;  // @32 bulk bytes per pipeline step of one channel (<= slot_stride)
   dc_i32 peer;         // @40
-  dc_u32 blocks;       // @44 blocks of this role (<= max_blocks)
+  dc_u32 blocks;       // @44 blocks of this role (<= max_blocks); channels = blocks x warps
   dc_u32 low_latency;  // @48 1: flag-in-data lines, 0: staged bulk
   dc_u32 reserved;     // @52
 };
@@ -38,32 +38,35 @@ struct P2PLaunch {
   dc_u64 region_bytes;     // @200 one sender's region in a receiver's window
   dc_u64 ll_offset;        // @208 where the low-latency lines start inside a region
   dc_u64 ll_parity_bytes;  // @216 bytes of one parity's lines
-  dc_u32 max_blocks;       // @224 signal slots per (peer, kind)
-  dc_u32 depth;            // @228 slots per block
+  dc_u32 max_blocks;       // @224 most blocks per direction (low-latency credit slots)
+  dc_u32 depth;            // @228 staging slots per channel
+  dc_u32 max_channels;     // @232 most bulk channels (warps) per direction
+  dc_u32 reserved;         // @236
 };
 
 static_assert(sizeof(P2PSide) == 56, "P2PSide size");
 static_assert(DC_OFFSETOF(P2PSide, chunk_bytes) == 32, "P2PSide.chunk_bytes");
 static_assert(DC_OFFSETOF(P2PSide, peer) == 40, "P2PSide.peer");
 static_assert(DC_OFFSETOF(P2PSide, low_latency) == 48, "P2PSide.low_latency");
-static_assert(sizeof(P2PLaunch) == 232, "P2PLaunch size");
+static_assert(sizeof(P2PLaunch) == 240, "P2PLaunch size");
+static_assert(DC_OFFSETOF(P2PLaunch, max_channels) == 232, "P2PLaunch.max_channels");
 static_assert(DC_OFFSETOF(P2PLaunch, send) == 80, "P2PLaunch.send");
 static_assert(DC_OFFSETOF(P2PLaunch, recv) == 136, "P2PLaunch.recv");
 static_assert(DC_OFFSETOF(P2PLaunch, slot_stride) == 192, "P2PLaunch.slot_stride");
 static_assert(DC_OFFSETOF(P2PLaunch, max_blocks) == 224, "P2PLaunch.max_blocks");
 
 // User signal slots of the p2p window (user slot i is pad entry world_size + i).
-//   TAIL(sender q, block b)     in the receiver's pad: q * max_blocks + b
-//   HEAD(receiver r, block b)   in the sender's pad:   (world + r) * max_blocks + b
-//   LLHEAD(receiver r, block b) in the sender's pad:   (2 * world + r) * max_blocks + b
-DC_HOST_DEVICE inline dc_u64 p2p_tail_slot(const P2PLaunch& a, int sender, dc_u32 b) {
-  return (dc_u64)sender * a.max_blocks + b;
+//   TAIL(sender q, channel c)   in the receiver's pad: q * max_channels + c
+//   HEAD(receiver r, channel c) in the sender's pad:   (world + r) * max_channels + c
+//   LLHEAD(receiver r, block b) in the sender's pad:   2 * world * max_channels + r * max_blocks + b
+DC_HOST_DEVICE inline dc_u64 p2p_tail_slot(const P2PLaunch& a, int sender, dc_u32 c) {
+  return (dc_u64)sender * a.max_channels + c;
 }
-DC_HOST_DEVICE inline dc_u64 p2p_head_slot(const P2PLaunch& a, int receiver, dc_u32 b) {
-  return ((dc_u64)a.w.world_size + receiver) * a.max_blocks + b;
+DC_HOST_DEVICE inline dc_u64 p2p_head_slot(const P2PLaunch& a, int receiver, dc_u32 c) {
+  return ((dc_u64)a.w.world_size + receiver) * a.max_channels + c;
 }
 DC_HOST_DEVICE inline dc_u64 p2p_llhead_slot(const P2PLaunch& a, int receiver, dc_u32 b) {
-  return (2ull * a.w.world_size + receiver) * a.max_blocks + b;
+  return 2ull * a.w.world_size * a.max_channels + (dc_u64)receiver * a.max_blocks + b;
 }
 
 }  // namespace devcomm

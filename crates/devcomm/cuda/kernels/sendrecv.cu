@@ -4,7 +4,10 @@
 //   devcomm::p2p::p2p_kernel<SEND_THREADS, RECV_THREADS>
 // Blocks hold up to two roles: threads [0, SEND_THREADS) send block b's span of the send
 // message, threads [SEND_THREADS, SEND_THREADS + RECV_THREADS) receive block b's span of the
-// recv message. Each role synchronises with its own named barrier (1 and 2), never the block.
+// recv message. Bulk transfers are warp-granular: each warp of a role is a channel with its
+// own staging slots and TAIL/HEAD signals, so the system fence that publishes one warp's chunk
+// stalls only that warp while the others keep copying. Low-latency transfers use the role's
+// threads as one group, synchronised by its own named barrier (1 and 2), never the block.
 #include "devcomm/devcomm.cuh"
 #include "devcomm/p2p.cuh"
 
@@ -39,22 +42,22 @@ __device__ __forceinline__ void publish(dc_u64* flag, dc_u64 value) {
   st_release_sys(flag, value);
 }
 
-// Bulk send of block b's span. One group barrier per chunk: thread 0 checks that the next
-// chunk's slot is free while the others finish copying this chunk, then publishes this chunk.
+// Bulk send of channel c's span (c of nch channels). `g` is the channel's warp: lane 0 checks
+// that the next chunk's slot is free while the lanes finish copying this chunk, then publishes it.
 template <class G>
-__device__ void bulk_send(const G& g, const P2PLaunch& a, dc_u32 b) {
+__device__ void bulk_send(const G& g, const P2PLaunch& a, dc_u32 c, dc_u32 nch) {
   const P2PSide& s = a.send;
-  const Span sp = block_span(s.bytes, s.blocks, b, 16);
+  const Span sp = block_span(s.bytes, nch, c, 16);
   const dc_u64 nchunks = (sp.len + s.chunk_bytes - 1) / s.chunk_bytes;
   if (nchunks == 0) return;
   dc_u64* steps = reinterpret_cast<dc_u64*>(s.steps);
-  const dc_u64 step0 = steps[b];  // written by an earlier kernel: ordered by the kernel boundary
+  const dc_u64 step0 = steps[c];  // written by an earlier kernel: ordered by the kernel boundary
   char* staging = static_cast<char*>(get_nvlink_address(a.w, s.peer)) +
-                  (dc_u64)a.w.rank * a.region_bytes + (dc_u64)b * a.depth * a.slot_stride;
+                  (dc_u64)a.w.rank * a.region_bytes + (dc_u64)c * a.depth * a.slot_stride;
   const char* src = reinterpret_cast<const char*>(s.buf) + sp.begin;
-  const dc_u64 head_slot = p2p_head_slot(a, s.peer, b);
+  const dc_u64 head_slot = p2p_head_slot(a, s.peer, c);
   const dc_u64* head = own_user_slot(a.w, head_slot);
-  dc_u64* tail = peer_user_slot(a.w, s.peer, p2p_tail_slot(a, a.w.rank, b));
+  dc_u64* tail = peer_user_slot(a.w, s.peer, p2p_tail_slot(a, a.w.rank, c));
   const bool leader = g.thread_rank() == 0;
 
   // Slot of step t is free once the receiver has consumed step t - depth.
@@ -71,33 +74,33 @@ __device__ void bulk_send(const G& g, const P2PLaunch& a, dc_u32 b) {
     if (leader && i + 1 < nchunks && step + 1 >= a.depth) {
       ok = bounded_wait(a, head, step + 2 - a.depth, kOpSendSlotFree, s.peer, head_slot);
     }
-    const bool failed = g.any(!ok);  // barrier: every thread's stores of this chunk are done
+    const bool failed = g.any(!ok);  // barrier: every lane's stores of this chunk are done
     if (leader) publish(tail, step + 1);
     if (failed) return;  // this chunk was moved and published; nothing after it is
   }
-  if (leader) steps[b] = step0 + nchunks;
+  if (leader) steps[c] = step0 + nchunks;
 }
 
-// Bulk receive of block b's span from the staging region of sender `peer`.
+// Bulk receive of channel c's span from the staging region of sender `peer`.
 template <class G>
-__device__ void bulk_recv(const G& g, const P2PLaunch& a, dc_u32 b) {
+__device__ void bulk_recv(const G& g, const P2PLaunch& a, dc_u32 c, dc_u32 nch) {
   const P2PSide& r = a.recv;
-  const Span sp = block_span(r.bytes, r.blocks, b, 16);
+  const Span sp = block_span(r.bytes, nch, c, 16);
   const dc_u64 nchunks = (sp.len + r.chunk_bytes - 1) / r.chunk_bytes;
   if (nchunks == 0) return;
   dc_u64* steps = reinterpret_cast<dc_u64*>(r.steps);
-  const dc_u64 step0 = steps[b];
+  const dc_u64 step0 = steps[c];
   const char* staging = reinterpret_cast<const char*>(a.w.data) +
-                        (dc_u64)r.peer * a.region_bytes + (dc_u64)b * a.depth * a.slot_stride;
+                        (dc_u64)r.peer * a.region_bytes + (dc_u64)c * a.depth * a.slot_stride;
   char* dst = reinterpret_cast<char*>(r.buf) + sp.begin;
-  const dc_u64 tail_slot = p2p_tail_slot(a, r.peer, b);
+  const dc_u64 tail_slot = p2p_tail_slot(a, r.peer, c);
   const dc_u64* tail = own_user_slot(a.w, tail_slot);
-  dc_u64* head = peer_user_slot(a.w, r.peer, p2p_head_slot(a, a.w.rank, b));
+  dc_u64* head = peer_user_slot(a.w, r.peer, p2p_head_slot(a, a.w.rank, c));
   const bool leader = g.thread_rank() == 0;
 
   bool ok = true;
   if (leader) ok = bounded_wait(a, tail, step0 + 1, kOpRecvSlotFull, r.peer, tail_slot);
-  if (g.any(!ok)) return;  // barrier after the acquire: the chunk is visible to every thread
+  if (g.any(!ok)) return;  // barrier after the acquire: the chunk is visible to every lane
   for (dc_u64 i = 0; i < nchunks; ++i) {
     const dc_u64 step = step0 + i;
     const dc_u64 off = i * r.chunk_bytes;
@@ -107,10 +110,12 @@ __device__ void bulk_recv(const G& g, const P2PLaunch& a, dc_u32 b) {
       ok = bounded_wait(a, tail, step + 2, kOpRecvSlotFull, r.peer, tail_slot);
     }
     const bool failed = g.any(!ok);  // barrier: every read of this slot is done
-    if (leader) publish(head, step + 1);  // the slot may be refilled
+    // The slot may be refilled. Only reads precede this store (nothing to publish), so a
+    // release store without the full fence is enough.
+    if (leader) st_release_sys(head, step + 1);
     if (failed) return;
   }
-  if (leader) steps[b] = step0 + nchunks;
+  if (leader) steps[c] = step0 + nchunks;
 }
 
 // Low-latency line: two 8-byte halves {payload u32, flag u32}, written by one 16-byte store.
@@ -204,11 +209,18 @@ __device__ void ll_recv(const G& g, const P2PLaunch& a, dc_u32 b) {
     dc_u32 lo, f0, hi, f1;
     ll_load(lines + j * 4, lo, f0, hi, f1);
     dc_u64 start = 0;
+    dc_u64 next_abort_check = 0;
     for (dc_u32 polls = 1; f0 != flag || f1 != flag; ++polls) {
       if (polls % kAbortCheckPolls == 0) {
         const dc_u64 now = globaltimer_ns();
-        if (start == 0) start = now;
-        if (abort_raised(err)) { ok = false; break; }
+        if (start == 0) {
+          start = now;
+          next_abort_check = now + kAbortCheckNs;
+        }
+        if (now >= next_abort_check) {  // a host read (PCIe): rarely, see wait.cuh
+          if (abort_raised(err)) { ok = false; break; }
+          next_abort_check = now + kAbortCheckNs;
+        }
         if (now - start >= a.w.timeout_ns) {
           record_wait_failure(err, a.w.rank, WaitSite{kOpRecvSlotFull, r.peer, j}, seq,
                               (dc_u64)(f0 == flag ? f1 : f0), now - start);
@@ -234,17 +246,27 @@ __device__ void ll_recv(const G& g, const P2PLaunch& a, dc_u32 b) {
 }
 
 // The grid has max(send.blocks, recv.blocks) blocks; a role's surplus blocks return at once.
+// Bulk channel numbering: warp w of block b is channel b * warps + w, the same on both ranks
+// because both take blocks and threads from the message size (src/p2p/config.rs).
 template <int SEND_THREADS, int RECV_THREADS>
 __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2PLaunch a) {
   const dc_u32 b = blockIdx.x;
   if (SEND_THREADS > 0 && threadIdx.x < SEND_THREADS) {
     if (a.send.peer < 0 || b >= a.send.blocks) return;
-    const NamedBarrier g(1, 0, SEND_THREADS);
-    if (a.send.low_latency) ll_send(g, a, b); else bulk_send(g, a, b);
+    if (a.send.low_latency) {
+      ll_send(NamedBarrier(1, 0, SEND_THREADS), a, b);
+    } else {
+      constexpr dc_u32 kWarps = SEND_THREADS / 32;
+      bulk_send(Warp{}, a, b * kWarps + threadIdx.x / 32, a.send.blocks * kWarps);
+    }
   } else if (RECV_THREADS > 0) {
     if (a.recv.peer < 0 || b >= a.recv.blocks) return;
-    const NamedBarrier g(2, SEND_THREADS, RECV_THREADS);
-    if (a.recv.low_latency) ll_recv(g, a, b); else bulk_recv(g, a, b);
+    if (a.recv.low_latency) {
+      ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, b);
+    } else {
+      constexpr dc_u32 kWarps = RECV_THREADS / 32;
+      bulk_recv(Warp{}, a, b * kWarps + (threadIdx.x - SEND_THREADS) / 32, a.recv.blocks * kWarps);
+    }
   }
 }
 

@@ -22,18 +22,19 @@ pub struct P2PConfig {
     pub protocol: Protocol,
     /// Thread blocks (one SM each) per direction.
     pub blocks: u32,
-    /// Threads per block for this role (a multiple of 32; 256 or 512).
+    /// Threads per block for this role: 256 or 512. Bulk transfers run one channel per warp,
+    /// so `blocks * threads / 32` channels.
     pub threads: u32,
-    /// Bulk bytes per pipeline step.
+    /// Bulk bytes per pipeline step of one channel.
     pub chunk_bytes: u64,
 }
 
 /// Sizes of the p2p window, fixed when the communicator is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct P2PLimits {
-    /// Signal slots per (peer, kind): the most blocks a direction may use.
+    /// The most blocks a direction may use.
     pub max_blocks: u32,
-    /// Staging slots per block.
+    /// Staging slots per channel (pipeline depth).
     pub depth: u32,
     /// Bytes per staging slot: the largest chunk.
     pub slot_bytes: u64,
@@ -46,13 +47,21 @@ impl Default for P2PLimits {
         Self {
             max_blocks: 32,
             depth: 4,
-            slot_bytes: 256 << 10,
+            slot_bytes: 16 << 10,
             ll_max_bytes: 256 << 10,
         }
     }
 }
 
+/// The most threads a role may have (and so the most warps per block).
+pub const MAX_ROLE_THREADS: u32 = 512;
+
 impl P2PLimits {
+    /// The most bulk channels (warps) a direction may use.
+    pub fn max_channels(&self) -> u32 {
+        self.max_blocks * (MAX_ROLE_THREADS / 32)
+    }
+
     /// Bytes of the low-latency lines of one parity: 16 bytes per 8 payload bytes, plus one
     /// line of rounding per block.
     pub fn ll_parity_bytes(&self) -> u64 {
@@ -61,7 +70,7 @@ impl P2PLimits {
 
     /// Offset of the low-latency lines inside one sender's region.
     pub fn ll_offset(&self) -> u64 {
-        u64::from(self.max_blocks) * u64::from(self.depth) * self.slot_bytes
+        u64::from(self.max_channels()) * u64::from(self.depth) * self.slot_bytes
     }
 
     /// One sender's region in a receiver's window.
@@ -69,9 +78,10 @@ impl P2PLimits {
         self.ll_offset() + 2 * self.ll_parity_bytes()
     }
 
-    /// User signal slots of the p2p window: TAIL, HEAD and LLHEAD per (peer, block).
+    /// User signal slots of the p2p window: TAIL and HEAD per (peer, channel), LLHEAD per
+    /// (peer, block).
     pub fn signal_slots(&self, world_size: usize) -> usize {
-        3 * world_size * self.max_blocks as usize
+        world_size * (2 * self.max_channels() as usize + self.max_blocks as usize)
     }
 }
 
@@ -80,11 +90,10 @@ impl P2PLimits {
 pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
     const KIB: u64 = 1 << 10;
     const MIB: u64 = 1 << 20;
-    let ll_switch = (64 * KIB).min(limits.ll_max_bytes);
-    let clamp = |b: u32| b.clamp(1, limits.max_blocks);
-    if bytes <= ll_switch {
-        // About 2 KiB of payload per block keeps each thread to a few lines.
-        let blocks = clamp(bytes.div_ceil(2 * KIB) as u32);
+    let clamp = |b: u64| (b.max(1) as u32).min(limits.max_blocks);
+    if bytes <= (64 * KIB).min(limits.ll_max_bytes) {
+        // About 4 KiB of payload per block keeps each thread to a couple of lines.
+        let blocks = clamp(bytes.div_ceil(4 * KIB));
         return P2PConfig {
             protocol: Protocol::LowLatency,
             blocks,
@@ -92,19 +101,54 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
             chunk_bytes: 0,
         };
     }
-    let (blocks, chunk) = if bytes <= MIB {
-        (16, 16 * KIB)
-    } else if bytes <= 8 * MIB {
-        (16, 64 * KIB)
+    let blocks = if bytes <= MIB {
+        clamp(bytes / (64 * KIB))
     } else {
-        (16, 256 * KIB)
+        clamp(16)
     };
     P2PConfig {
         protocol: Protocol::Bulk,
-        blocks: clamp(blocks),
-        threads: 512,
-        chunk_bytes: chunk.min(limits.slot_bytes),
+        blocks,
+        threads: MAX_ROLE_THREADS,
+        chunk_bytes: limits.slot_bytes,
     }
+}
+
+/// Candidate configurations for a message of `bytes`, in a fixed order (every rank iterates
+/// the same list): what `devcomm bench --sweep` tries.
+pub fn sweep_configs(bytes: u64, limits: &P2PLimits) -> Vec<P2PConfig> {
+    let mut out = Vec::new();
+    if bytes <= limits.ll_max_bytes {
+        for blocks in [1u32, 2, 4, 8, 16, 32] {
+            if blocks <= limits.max_blocks && u64::from(blocks) * 256 <= bytes.max(256) * 4 {
+                out.push(P2PConfig {
+                    protocol: Protocol::LowLatency,
+                    blocks,
+                    threads: 256,
+                    chunk_bytes: 0,
+                });
+            }
+        }
+    }
+    if bytes >= 4096 {
+        for blocks in [2u32, 4, 8, 16, 24, 32] {
+            for chunk in [4096u64, 8192, 16384] {
+                let channels = u64::from(blocks) * u64::from(MAX_ROLE_THREADS / 32);
+                if blocks <= limits.max_blocks
+                    && chunk <= limits.slot_bytes
+                    && bytes >= channels * 256
+                {
+                    out.push(P2PConfig {
+                        protocol: Protocol::Bulk,
+                        blocks,
+                        threads: MAX_ROLE_THREADS,
+                        chunk_bytes: chunk,
+                    });
+                }
+            }
+        }
+    }
+    out
 }
 
 impl P2PConfig {
@@ -204,8 +248,22 @@ mod tests {
     #[test]
     fn region_layout_holds_staging_and_both_parities() {
         let l = P2PLimits::default();
-        assert_eq!(l.ll_offset(), 32 * 4 * (256 << 10));
+        assert_eq!(l.max_channels(), 512);
+        assert_eq!(l.ll_offset(), 512 * 4 * (16 << 10));
         assert!(l.region_bytes() >= l.ll_offset() + 4 * l.ll_max_bytes);
-        assert_eq!(l.signal_slots(4), 3 * 4 * 32);
+        assert_eq!(l.signal_slots(4), 4 * (2 * 512 + 32));
+    }
+
+    #[test]
+    fn every_sweep_candidate_passes_the_guard() {
+        let limits = P2PLimits::default();
+        for shift in 0..=30 {
+            let bytes = 1u64 << shift;
+            let all = sweep_configs(bytes, &limits);
+            assert!(!all.is_empty(), "no candidate at {bytes}");
+            for c in all {
+                c.check("sweep", bytes, &limits).unwrap();
+            }
+        }
     }
 }

@@ -14,7 +14,7 @@ pub struct P2PSide {
     pub buf: u64,
     /// Message size in bytes.
     pub bytes: u64,
-    /// Device `u64[max_blocks]`: bulk step counter per block for this peer.
+    /// Device `u64[max_channels]`: bulk step counter per channel for this peer.
     pub steps: u64,
     /// Device `u64[max_blocks]`: low-latency call counter per block for this peer.
     pub ll_steps: u64,
@@ -48,10 +48,14 @@ pub struct P2PLaunch {
     pub ll_offset: u64,
     /// Bytes of one parity's lines.
     pub ll_parity_bytes: u64,
-    /// Signal slots per (peer, kind).
+    /// Most blocks per direction (low-latency credit slots).
     pub max_blocks: u32,
-    /// Slots per block.
+    /// Staging slots per channel.
     pub depth: u32,
+    /// Most bulk channels (warps) per direction.
+    pub max_channels: u32,
+    /// Padding; keep zero.
+    pub reserved: u32,
 }
 
 // SAFETY: plain #[repr(C)] integers whose layout equals the C++ struct (asserted below and in
@@ -169,7 +173,8 @@ const _: () = {
     assert!(offset_of!(P2PSide, chunk_bytes) == 32);
     assert!(offset_of!(P2PSide, peer) == 40);
     assert!(offset_of!(P2PSide, low_latency) == 48);
-    assert!(size_of::<P2PLaunch>() == 232);
+    assert!(size_of::<P2PLaunch>() == 240);
+    assert!(offset_of!(P2PLaunch, max_channels) == 232);
     assert!(offset_of!(P2PLaunch, send) == 80);
     assert!(offset_of!(P2PLaunch, recv) == 136);
     assert!(offset_of!(P2PLaunch, slot_stride) == 192);

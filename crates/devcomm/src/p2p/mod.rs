@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
-pub use config::{default_config, P2PConfig, P2PLimits, Protocol};
+pub use config::{default_config, sweep_configs, P2PConfig, P2PLimits, Protocol};
 use handle::{P2PLaunch, P2PSide};
 
 use crate::error::{CudaResultExt, Error, Result};
@@ -55,11 +55,14 @@ pub struct Transfer {
     pub config: Option<P2PConfig>,
 }
 
-// Counter arrays, each [world][max_blocks].
-const SEND_STEPS: usize = 0;
-const RECV_STEPS: usize = 1;
-const LL_SEND: usize = 2;
-const LL_RECV: usize = 3;
+// Counter arrays: bulk steps [world][max_channels], low-latency calls [world][max_blocks].
+#[derive(Debug, Clone, Copy)]
+enum Counter {
+    SendSteps,
+    RecvSteps,
+    LlSend,
+    LlRecv,
+}
 
 /// Per-communicator send/recv state (one signal namespace, bound to one stream).
 #[derive(Debug)]
@@ -87,7 +90,7 @@ impl P2P {
         let window = Window::<u8>::new(group, region * world, limits.signal_slots(world))?;
         let rank = group.rank as i32;
         let stream = group.ctx.default_stream();
-        let n = 4 * world * limits.max_blocks as usize;
+        let n = 2 * world * (limits.max_channels() + limits.max_blocks) as usize;
         let counters = stream
             .alloc_zeros::<u64>(n)
             .cuda(rank, "cuMemAlloc (p2p counters)")?;
@@ -113,8 +116,15 @@ impl P2P {
         &self.limits
     }
 
-    fn counter_ptr(&self, kind: usize, peer: usize, world: usize) -> u64 {
-        let index = (kind * world + peer) * self.limits.max_blocks as usize;
+    fn counter_ptr(&self, counter: Counter, peer: usize, world: usize) -> u64 {
+        let ch = self.limits.max_channels() as usize;
+        let bl = self.limits.max_blocks as usize;
+        let index = match counter {
+            Counter::SendSteps => peer * ch,
+            Counter::RecvSteps => (world + peer) * ch,
+            Counter::LlSend => 2 * world * ch + peer * bl,
+            Counter::LlRecv => 2 * world * ch + (world + peer) * bl,
+        };
         self.counters_base + (index * std::mem::size_of::<u64>()) as u64
     }
 
@@ -147,9 +157,9 @@ impl P2P {
             cfg.check(op, t.bytes, &self.limits)
                 .map_err(|e| with_peer(e, t.peer))?;
             let kind = if i == 0 {
-                (SEND_STEPS, LL_SEND)
+                (Counter::SendSteps, Counter::LlSend)
             } else {
-                (RECV_STEPS, LL_RECV)
+                (Counter::RecvSteps, Counter::LlRecv)
             };
             sides[i] = P2PSide {
                 buf: t.ptr,
@@ -162,7 +172,7 @@ impl P2P {
                 low_latency: u32::from(cfg.protocol == Protocol::LowLatency),
                 reserved: 0,
             };
-            threads[i] = cfg.threads.next_power_of_two().clamp(256, 512);
+            threads[i] = cfg.threads;
         }
         if sides[0].peer < 0 && sides[1].peer < 0 {
             return Ok(()); // nothing to move
@@ -177,6 +187,8 @@ impl P2P {
             ll_parity_bytes: self.limits.ll_parity_bytes(),
             max_blocks: self.limits.max_blocks,
             depth: self.limits.depth,
+            max_channels: self.limits.max_channels(),
+            reserved: 0,
         };
         let func = self.function(group, jit, threads[0], threads[1])?;
         let blocks = sides[0].blocks.max(sides[1].blocks);
