@@ -38,6 +38,9 @@ for w in $what; do
     sweep)
       step sweep $bin launch -n 2 -- $bin bench --op sendrecv --sweep --device-kind "$kind" --json "$out/sweep.json"
       step sweep-both $bin launch -n 2 -- $bin bench --op sendrecv --sweep --both-directions --device-kind "$kind" --json "$out/sweep-both.json" ;;
+    sweep64)
+      step sweep64 env DEVCOMM_P2P_SLOT_KIB=64 $bin launch -n 2 -- $bin bench --op sendrecv --sweep --device-kind "$kind" --json "$out/sweep64.json"
+      step sweep64-both env DEVCOMM_P2P_SLOT_KIB=64 $bin launch -n 2 -- $bin bench --op sendrecv --sweep --both-directions --device-kind "$kind" --json "$out/sweep64-both.json" ;;
   esac
 done
 echo; echo "=== summary"; printf '%s\n' "${summary[@]}"

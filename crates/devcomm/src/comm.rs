@@ -45,7 +45,7 @@ impl CommBuilder {
             device: None,
             device_timeout: duration_env(TIMEOUT_ENV, DEFAULT_DEVICE_TIMEOUT)?,
             setup_timeout: duration_env(SETUP_TIMEOUT_ENV, DEFAULT_SETUP_TIMEOUT)?,
-            p2p_limits: P2PLimits::default(),
+            p2p_limits: p2p_limits_env()?,
         })
     }
 
@@ -159,6 +159,47 @@ fn agree_on_store<T>(
             failures,
         })
     }
+}
+
+/// Environment variables that size the send/recv window (every rank must see the same).
+pub const P2P_SLOT_KIB_ENV: &str = "DEVCOMM_P2P_SLOT_KIB";
+/// Staging slots per channel.
+pub const P2P_DEPTH_ENV: &str = "DEVCOMM_P2P_DEPTH";
+
+fn p2p_limits_env() -> Result<P2PLimits> {
+    let mut limits = P2PLimits::default();
+    let parse = |var: &'static str| -> Result<Option<u64>> {
+        match std::env::var(var) {
+            Ok(v) => v
+                .trim()
+                .parse::<u64>()
+                .map(Some)
+                .map_err(|_| Error::InvalidArgument {
+                    op: "Comm",
+                    reason: format!("{var}={v:?} is not a number"),
+                }),
+            Err(_) => Ok(None),
+        }
+    };
+    if let Some(kib) = parse(P2P_SLOT_KIB_ENV)? {
+        if !(1..=1024).contains(&kib) {
+            return Err(Error::InvalidArgument {
+                op: "Comm",
+                reason: format!("{P2P_SLOT_KIB_ENV}={kib}: use 1 to 1024 KiB"),
+            });
+        }
+        limits.slot_bytes = kib << 10;
+    }
+    if let Some(depth) = parse(P2P_DEPTH_ENV)? {
+        if !(2..=16).contains(&depth) {
+            return Err(Error::InvalidArgument {
+                op: "Comm",
+                reason: format!("{P2P_DEPTH_ENV}={depth}: use 2 to 16"),
+            });
+        }
+        limits.depth = depth as u32;
+    }
+    Ok(limits)
 }
 
 fn duration_env(var: &'static str, default: Duration) -> Result<Duration> {

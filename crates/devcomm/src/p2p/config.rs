@@ -91,9 +91,9 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
     const KIB: u64 = 1 << 10;
     const MIB: u64 = 1 << 20;
     let clamp = |b: u64| (b.max(1) as u32).min(limits.max_blocks);
-    if bytes <= (64 * KIB).min(limits.ll_max_bytes) {
-        // About 4 KiB of payload per block keeps each thread to a couple of lines.
-        let blocks = clamp(bytes.div_ceil(4 * KIB));
+    if bytes <= (256 * KIB).min(limits.ll_max_bytes) {
+        // About 2 KiB of payload per block (sweep of 2026-11-22: 64 KiB fastest on 32 blocks).
+        let blocks = clamp(bytes / (2 * KIB));
         return P2PConfig {
             protocol: Protocol::LowLatency,
             blocks,
@@ -101,16 +101,20 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
             chunk_bytes: 0,
         };
     }
-    let blocks = if bytes <= MIB {
-        clamp(bytes / (64 * KIB))
+    let (blocks, chunk) = if bytes <= MIB {
+        (8, 8 * KIB)
+    } else if bytes <= 4 * MIB {
+        (16, 16 * KIB)
+    } else if bytes <= 64 * MIB {
+        (32, 16 * KIB)
     } else {
-        clamp(16)
+        (24, 16 * KIB)
     };
     P2PConfig {
         protocol: Protocol::Bulk,
-        blocks,
+        blocks: clamp(blocks),
         threads: MAX_ROLE_THREADS,
-        chunk_bytes: limits.slot_bytes,
+        chunk_bytes: chunk.min(limits.slot_bytes),
     }
 }
 
@@ -131,19 +135,21 @@ pub fn sweep_configs(bytes: u64, limits: &P2PLimits) -> Vec<P2PConfig> {
         }
     }
     if bytes >= 4096 {
-        for blocks in [2u32, 4, 8, 16, 24, 32] {
-            for chunk in [4096u64, 8192, 16384] {
-                let channels = u64::from(blocks) * u64::from(MAX_ROLE_THREADS / 32);
-                if blocks <= limits.max_blocks
-                    && chunk <= limits.slot_bytes
-                    && bytes >= channels * 256
-                {
-                    out.push(P2PConfig {
-                        protocol: Protocol::Bulk,
-                        blocks,
-                        threads: MAX_ROLE_THREADS,
-                        chunk_bytes: chunk,
-                    });
+        for threads in [256u32, MAX_ROLE_THREADS] {
+            for blocks in [4u32, 8, 16, 24, 32] {
+                for chunk in [8192u64, 16384, 32768, 65536] {
+                    let channels = u64::from(blocks) * u64::from(threads / 32);
+                    if blocks <= limits.max_blocks
+                        && chunk <= limits.slot_bytes
+                        && bytes >= channels * 256
+                    {
+                        out.push(P2PConfig {
+                            protocol: Protocol::Bulk,
+                            blocks,
+                            threads,
+                            chunk_bytes: chunk,
+                        });
+                    }
                 }
             }
         }
@@ -211,14 +217,15 @@ mod tests {
         let limits = P2PLimits::default();
         assert_eq!(default_config(8, &limits).protocol, Protocol::LowLatency);
         assert_eq!(default_config(8, &limits).blocks, 1);
-        assert_eq!(
-            default_config(64 << 10, &limits).protocol,
-            Protocol::LowLatency
-        );
-        assert_eq!(
-            default_config((64 << 10) + 1, &limits).protocol,
-            Protocol::Bulk
-        );
+        assert_eq!(default_config(1 << 30, &limits).protocol, Protocol::Bulk);
+        // One switch size: low latency up to it, bulk above.
+        let switch = (1u64..=(1 << 20))
+            .step_by(61)
+            .find(|&b| default_config(b, &limits).protocol == Protocol::Bulk)
+            .expect("bulk above some size");
+        assert!((1..switch)
+            .step_by(97)
+            .all(|b| default_config(b, &limits).protocol == Protocol::LowLatency));
     }
 
     #[test]
