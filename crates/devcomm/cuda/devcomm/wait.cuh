@@ -37,6 +37,14 @@ struct WaitSite {
 constexpr dc_u32 kAbortCheckPolls = 64;
 constexpr dc_u64 kAbortCheckNs = 20000;
 
+// A wait not satisfied within kSpinPolls polls sleeps between polls, from kMinSleepNs doubling
+// to kMaxSleepNs: a spinning warp takes issue slots from the warps that share its SM (measured:
+// both-direction transfers, whose receiving warps share SMs with sending warps, ran at a
+// quarter of one-way speed while every waiting leader spun).
+constexpr dc_u32 kSpinPolls = 64;
+constexpr dc_u32 kMinSleepNs = 64;
+constexpr dc_u32 kMaxSleepNs = 1024;
+
 __device__ __forceinline__ bool compare(dc_u64 seen, dc_u64 expected, Cmp cmp) {
   switch (cmp) {
     case Cmp::Eq: return seen == expected;
@@ -89,7 +97,12 @@ __device__ inline bool wait_until(DeviceErrorState* err, dc_u64 timeout_ns, dc_i
   // slows the other warps of the SM (measured: both-direction transfers at a quarter speed).
   const dc_u64 start = globaltimer_ns();
   dc_u64 next_abort_check = start + kAbortCheckNs;
+  dc_u32 sleep_ns = kMinSleepNs;
   for (dc_u32 polls = 1;; ++polls) {
+    if (polls > kSpinPolls) {
+      __nanosleep(sleep_ns);
+      sleep_ns = sleep_ns < kMaxSleepNs ? 2 * sleep_ns : kMaxSleepNs;
+    }
     if (polls % kAbortCheckPolls == 0) {
       const dc_u64 now = globaltimer_ns();
       if (now >= next_abort_check) {

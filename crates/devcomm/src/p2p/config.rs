@@ -47,7 +47,7 @@ impl Default for P2PLimits {
         Self {
             max_blocks: 32,
             depth: 4,
-            slot_bytes: 16 << 10,
+            slot_bytes: 32 << 10,
             ll_max_bytes: 256 << 10,
         }
     }
@@ -101,19 +101,21 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
             chunk_bytes: 0,
         };
     }
-    let (blocks, chunk) = if bytes <= MIB {
-        (8, 8 * KIB)
+    // From the sweeps of 2026-11-22 on 2 H200s (docs/PERFORMANCE.md): one chunk per channel up
+    // to a few MiB (fewest fences), then 16 blocks of 16 channels with 32 KiB chunks.
+    let (blocks, threads, chunk) = if bytes <= MIB {
+        (8, 256, 16 * KIB)
     } else if bytes <= 4 * MIB {
-        (16, 16 * KIB)
-    } else if bytes <= 64 * MIB {
-        (32, 16 * KIB)
+        (16, 256, 32 * KIB)
+    } else if bytes <= 16 * MIB {
+        (32, MAX_ROLE_THREADS, 16 * KIB)
     } else {
-        (24, 16 * KIB)
+        (16, MAX_ROLE_THREADS, 32 * KIB)
     };
     P2PConfig {
         protocol: Protocol::Bulk,
         blocks: clamp(blocks),
-        threads: MAX_ROLE_THREADS,
+        threads,
         chunk_bytes: chunk.min(limits.slot_bytes),
     }
 }
@@ -256,7 +258,7 @@ mod tests {
     fn region_layout_holds_staging_and_both_parities() {
         let l = P2PLimits::default();
         assert_eq!(l.max_channels(), 512);
-        assert_eq!(l.ll_offset(), 512 * 4 * (16 << 10));
+        assert_eq!(l.ll_offset(), 512 * 4 * (32 << 10));
         assert!(l.region_bytes() >= l.ll_offset() + 4 * l.ll_max_bytes);
         assert_eq!(l.signal_slots(4), 4 * (2 * 512 + 32));
     }
