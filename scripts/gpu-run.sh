@@ -38,6 +38,8 @@ for w in $what; do
     sweep)
       step sweep $bin launch -n 2 -- $bin bench --op sendrecv --sweep --device-kind "$kind" --json "$out/sweep.json"
       step sweep-both $bin launch -n 2 -- $bin bench --op sendrecv --sweep --both-directions --device-kind "$kind" --json "$out/sweep-both.json" ;;
+    both-fused)
+      step sendrecv-both-fused env DEVCOMM_P2P_SPLIT=0 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --device-kind "$kind" --json "$out/sendrecv-both-fused.json" ;;
     sweep64)
       step sweep64 env DEVCOMM_P2P_SLOT_KIB=64 $bin launch -n 2 -- $bin bench --op sendrecv --sweep --device-kind "$kind" --json "$out/sweep64.json"
       step sweep64-both env DEVCOMM_P2P_SLOT_KIB=64 $bin launch -n 2 -- $bin bench --op sendrecv --sweep --both-directions --device-kind "$kind" --json "$out/sweep64-both.json" ;;

@@ -270,5 +270,29 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
   }
 }
 
+// Both directions with the roles in separate blocks: blocks [0, send.blocks) send, the next
+// recv.blocks receive, each with all THREADS threads. Used when both roles have the same thread
+// count and DEVCOMM_P2P_SPLIT is not 0 (docs/PERFORMANCE.md compares it with p2p_kernel).
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
+  constexpr dc_u32 kWarps = THREADS / 32;
+  if (blockIdx.x < a.send.blocks) {
+    const dc_u32 b = blockIdx.x;
+    if (a.send.low_latency) {
+      ll_send(NamedBarrier(1, 0, THREADS), a, b);
+    } else {
+      bulk_send(Warp{}, a, b * kWarps + threadIdx.x / 32, a.send.blocks * kWarps);
+    }
+  } else {
+    const dc_u32 b = blockIdx.x - a.send.blocks;
+    if (b >= a.recv.blocks) return;
+    if (a.recv.low_latency) {
+      ll_recv(NamedBarrier(2, 0, THREADS), a, b);
+    } else {
+      bulk_recv(Warp{}, a, b * kWarps + threadIdx.x / 32, a.recv.blocks * kWarps);
+    }
+  }
+}
+
 }  // namespace p2p
 }  // namespace devcomm

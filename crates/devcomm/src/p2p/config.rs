@@ -101,19 +101,17 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
             chunk_bytes: 0,
         };
     }
-    // From the sweeps of 2026-11-22 on 2 H200s (docs/PERFORMANCE.md). Roles of 256 threads:
-    // with 512-thread roles a both-direction block holds 32 spinning-or-copying warps and ran
-    // up to 8x slower, while one-way lost at most a few percent with 256.
-    let (blocks, chunk) = if bytes <= MIB {
-        (16, 16 * KIB)
+    // From the one-way sweeps of 2026-11-22 on 2 H200s (docs/PERFORMANCE.md): one chunk per
+    // channel up to a few MiB (fewest fences), then 32 blocks of 16 channels.
+    let (blocks, threads, chunk) = if bytes <= MIB {
+        (8, 256, 16 * KIB)
     } else if bytes <= 4 * MIB {
-        (32, 32 * KIB)
+        (32, 256, 32 * KIB)
     } else if bytes <= 16 * MIB {
-        (16, 16 * KIB)
+        (32, MAX_ROLE_THREADS, 16 * KIB)
     } else {
-        (32, 32 * KIB)
+        (32, MAX_ROLE_THREADS, 32 * KIB)
     };
-    let threads = 256;
     P2PConfig {
         protocol: Protocol::Bulk,
         blocks: clamp(blocks),

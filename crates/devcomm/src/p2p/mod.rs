@@ -28,9 +28,21 @@ fn kernel_expression(send_threads: u32, recv_threads: u32) -> String {
     format!("devcomm::p2p::p2p_kernel<{send_threads}, {recv_threads}>")
 }
 
+fn split_expression(threads: u32) -> String {
+    format!("devcomm::p2p::p2p_split_kernel<{threads}>")
+}
+
+/// Environment variable: `0` runs both directions in one block per index (warp-specialised
+/// roles sharing a CTA); otherwise, when both roles have the same thread count, sender and
+/// receiver roles get blocks of their own in the same launch.
+pub const SPLIT_ENV: &str = "DEVCOMM_P2P_SPLIT";
+
 /// The kernel spec with every (send threads, recv threads) instantiation.
 pub fn sendrecv_spec() -> KernelSpec {
     let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE);
+    for t in [256, 512] {
+        spec = spec.name_expression(split_expression(t));
+    }
     for s in ROLE_THREADS {
         for r in ROLE_THREADS {
             if s + r > 0 {
@@ -75,6 +87,8 @@ pub(crate) struct P2P {
     bound_stream: Mutex<Option<usize>>,
     module: OnceLock<Arc<LoadedModule>>,
     functions: Mutex<HashMap<(u32, u32), CudaFunction>>,
+    /// Both directions in separate blocks (see [`SPLIT_ENV`]).
+    split: bool,
 }
 
 impl P2P {
@@ -108,6 +122,7 @@ impl P2P {
             bound_stream: Mutex::new(None),
             module: OnceLock::new(),
             functions: Mutex::new(HashMap::new()),
+            split: std::env::var(SPLIT_ENV).map_or(true, |v| v.trim() != "0"),
         })
     }
 
@@ -190,12 +205,30 @@ impl P2P {
             max_channels: self.limits.max_channels(),
             reserved: 0,
         };
-        let func = self.function(group, jit, threads[0], threads[1])?;
-        let blocks = sides[0].blocks.max(sides[1].blocks);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (threads[0] + threads[1], 1, 1),
-            shared_mem_bytes: 0,
+        let split =
+            self.split && sides[0].peer >= 0 && sides[1].peer >= 0 && threads[0] == threads[1];
+        let (func, cfg) = if split {
+            let func = self.function(group, jit, threads[0], u32::MAX)?;
+            let blocks = sides[0].blocks + sides[1].blocks;
+            (
+                func,
+                LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (threads[0], 1, 1),
+                    shared_mem_bytes: 0,
+                },
+            )
+        } else {
+            let func = self.function(group, jit, threads[0], threads[1])?;
+            let blocks = sides[0].blocks.max(sides[1].blocks);
+            (
+                func,
+                LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (threads[0] + threads[1], 1, 1),
+                    shared_mem_bytes: 0,
+                },
+            )
         };
         let mut builder = stream.launch_builder(&func);
         builder.arg(&args);
@@ -274,7 +307,12 @@ impl P2P {
                 self.module.get_or_init(|| m).clone()
             }
         };
-        let f = module.function(&kernel_expression(s, r))?;
+        let expr = if r == u32::MAX {
+            split_expression(s)
+        } else {
+            kernel_expression(s, r)
+        };
+        let f = module.function(&expr)?;
         self.functions
             .lock()
             .map_err(|_| poisoned())?
