@@ -282,6 +282,9 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let peer_ptr = win.get_nvlink_address(1).unwrap_or(0);
     let mut out = Vec::new();
     for bytes in [1usize << 20, 64 << 20, 1 << 30] {
+        // Back-to-back launches per timed sample, as the baselines were timed: at 1 MiB a
+        // single launch would mostly time the launch.
+        let calls = ((64usize << 20) / bytes).clamp(1, 20);
         // NCCL send/recv between ranks 0 and 1 on the same buffers, and the copy engine.
         let nccl_us = nccl.time_send_recv(cx, &src, &mut recv, bytes, args.warmup, args.iters)?;
         let ce_us = if rank == 0 {
@@ -292,10 +295,13 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
                 args.iters,
                 || Ok(()),
                 || {
-                    devcomm::cuda::memcpy_dtod_async(peer_ptr, sp, bytes, &cx.stream)
-                        .map_err(|e| e.to_string())
+                    for _ in 0..calls {
+                        devcomm::cuda::memcpy_dtod_async(peer_ptr, sp, bytes, &cx.stream)
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Ok(())
                 },
-            )?
+            )? / calls as f64
         } else {
             f64::NAN
         };
@@ -311,21 +317,23 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
                     args.iters,
                     || Ok(()),
                     || {
-                        let mut l = cx.stream.launch_builder(&f);
-                        l.arg(&handle).arg(&peer).arg(&sp).arg(&b);
-                        // SAFETY: put_bandwidth(DeviceWindow, int, const void*, u64); the window
-                        // and src hold at least `bytes`.
-                        unsafe {
-                            l.launch(LaunchConfig {
-                                grid_dim: (blocks, 1, 1),
-                                block_dim: (512, 1, 1),
-                                shared_mem_bytes: 0,
-                            })
+                        for _ in 0..calls {
+                            let mut l = cx.stream.launch_builder(&f);
+                            l.arg(&handle).arg(&peer).arg(&sp).arg(&b);
+                            // SAFETY: put_bandwidth(DeviceWindow, int, const void*, u64); the
+                            // window and src hold at least `bytes`.
+                            unsafe {
+                                l.launch(LaunchConfig {
+                                    grid_dim: (blocks, 1, 1),
+                                    block_dim: (512, 1, 1),
+                                    shared_mem_bytes: 0,
+                                })
+                            }
+                            .map_err(|e| e.to_string())?;
                         }
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
+                        Ok(())
                     },
-                )?
+                )? / calls as f64
             } else {
                 f64::NAN
             };
