@@ -27,9 +27,11 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
-cargo test --workspace 2>&1 | tee target/test.log
-# Fail loudly if a test binary ran nothing at all.
-if ! grep -Eq '^test result: ok\. [1-9]' target/test.log; then
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace 2>&1 | tee "$log"
+# Fail loudly if no test binary ran anything at all.
+if ! grep -Eq '^test result: ok\. [1-9]' "$log"; then
   echo "no test ran" >&2
   exit 1
 fi
