@@ -35,3 +35,6 @@ if ! grep -Eq '^test result: ok\. [1-9]' "$log"; then
   echo "no test ran" >&2
   exit 1
 fi
+# One closing line for the whole suite (cargo's last lines are the empty doc-test runs).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"

@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Renders devcomm benchmark JSON records (the shape every `devcomm bench` writes) as a
+markdown table: python3 scripts/bench_table.py FILE.json [FILE.json ...]"""
+import json
+import sys
+
+
+def human(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:g} {unit}" if unit == "B" else f"{n:g} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def size(b):
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return f"{b >> shift} {unit}"
+    return f"{b} B"
+
+
+def table(path):
+    rows = json.load(open(path))
+    if not rows:
+        return ""
+    r0 = rows[0]
+    out = [f"`{path.split('/')[-1]}`: {r0['op']}, {r0['world_size']} ranks, {r0['device']}, {r0['date']}", ""]
+    out.append("| bytes | both ways | devcomm us | reference us | devcomm GB/s | reference GB/s | ratio | SMs | config | reference |")
+    out.append("|---:|:-:|---:|---:|---:|---:|---:|---:|---|---|")
+    for r in rows:
+        ratio = r["ratio"]
+        ratio_s = "-" if ratio != ratio else f"{ratio:.2f}"
+        ref_us = r["nccl_us"]
+        ref_s = "-" if ref_us != ref_us else f"{ref_us:.2f}"
+        out.append(
+            f"| {size(r['bytes'])} | {'yes' if r['both_directions'] else 'no'} | {r['devcomm_us']:.2f} | {ref_s} | "
+            f"{r['devcomm_gbps']:.1f} | {r['nccl_gbps']:.1f} | {ratio_s} | {r['sms']} | {r.get('config', '')} | {r['reference']} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print("\n".join(table(p) for p in sys.argv[1:]))
