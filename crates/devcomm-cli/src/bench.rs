@@ -45,6 +45,10 @@ pub struct BenchArgs {
     /// report the fastest, with its configuration: the data behind the defaults table.
     #[arg(long)]
     sweep: bool,
+    /// Send/recv: capture runs of back-to-back calls in CUDA graphs (devcomm's and NCCL's) and
+    /// time their replays, for messages up to 64 KiB.
+    #[arg(long)]
+    graph: bool,
 }
 
 /// One measured point. Every devcomm benchmark writes this shape.
@@ -140,6 +144,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
     let records = match args.op.as_str() {
         "latency" => bench_latency(&cx, args)?,
         "put" => bench_put(&cx, args)?,
+        "sendrecv" if args.graph => sendrecv::run_graph(&cx, args)?,
         "sendrecv" => sendrecv::run(&cx, args, args.both_directions)?,
         other => return Err(format!("unknown --op {other:?} (latency, put, sendrecv)")),
     };

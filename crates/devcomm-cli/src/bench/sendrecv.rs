@@ -121,6 +121,143 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     Ok(out)
 }
 
+/// One-way send/recv replayed from CUDA graphs: each graph holds a run of back-to-back calls
+/// (devcomm's, or NCCL's send/recv), captured once and replayed per timed sample.
+pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let comm = &cx.comm;
+    let rank = comm.rank();
+    let active = rank < 2;
+    let peer = 1 - rank.min(1);
+    // SAFETY: everything below runs on one stream, which is synchronised before any buffer is
+    // dropped; nothing needs cudarc's cross-stream events, which cannot be waited on inside a
+    // capture.
+    unsafe { comm.context().disable_event_tracking() };
+    let max = 64usize << 10;
+    let src: CudaSlice<u8> = cx
+        .stream
+        .clone_htod(&cx.data_of(rank, 4321, max))
+        .map_err(|e| e.to_string())?;
+    let mut dst: CudaSlice<u8> = cx.stream.alloc_zeros(max).map_err(|e| e.to_string())?;
+    let expect = cx.data_of(peer, 4321, max);
+    let nccl = NcclPair::new(cx)?;
+    cx.sync()?;
+    let calls = 50;
+    let mut out = Vec::new();
+    for bytes in [8usize, 64, 512, 4096, 65536] {
+        let cfg = default_config(bytes as u64, comm.p2p_limits());
+        let capture = |which: &str,
+                       dst: &mut CudaSlice<u8>|
+         -> Result<Option<cudarc::driver::CudaGraph>, String> {
+            if !active {
+                return Ok(None);
+            }
+            cx.stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| e.to_string())?;
+            let mut captured = Ok(());
+            for _ in 0..calls {
+                let r = if which == "devcomm" {
+                    devcomm_call(cx, &src, dst, bytes, peer, false, cfg)
+                } else {
+                    nccl_call(&nccl, &src, dst, bytes, peer, false, rank)
+                };
+                if r.is_err() {
+                    captured = r;
+                    break;
+                }
+            }
+            let graph = cx
+                .stream
+                .end_capture(
+                    CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+                )
+                .map_err(|e| e.to_string())?;
+            captured?;
+            graph
+                .map(Some)
+                .ok_or_else(|| format!("{which}: capture produced no graph"))
+        };
+        // One plain call of each first: kernels are loaded and NCCL connects outside capture.
+        if active {
+            devcomm_call(cx, &src, &mut dst, bytes, peer, false, cfg)?;
+            nccl_call(&nccl, &src, &mut dst, bytes, peer, false, rank)?;
+        }
+        cx.sync()?;
+        cx.host_barrier()?;
+        let dgraph = capture("devcomm", &mut dst)?;
+        let ngraph = capture("nccl", &mut dst)?;
+        cx.host_barrier()?;
+        // Poison, replay devcomm's graph once, verify.
+        if let Some(g) = &dgraph {
+            cx.stream
+                .memset_zeros(&mut dst)
+                .map_err(|e| e.to_string())?;
+            cx.sync()?;
+            cx.host_barrier()?;
+            g.launch().map_err(|e| e.to_string())?;
+            cx.sync()?;
+            let got = cx
+                .stream
+                .clone_dtoh(&dst.slice(..bytes))
+                .map_err(|e| e.to_string())?;
+            if rank == 1 && got != expect[..bytes] {
+                return Err(format!(
+                    "graph-replayed sendrecv of {bytes} B delivered wrong bytes"
+                ));
+            }
+        } else {
+            cx.host_barrier()?;
+        }
+        let replay = |g: &Option<cudarc::driver::CudaGraph>, what: &str| -> Result<f64, String> {
+            let us = match g {
+                Some(g) => {
+                    time_us(
+                        &cx.stream,
+                        args.warmup,
+                        args.iters,
+                        || cx.host_barrier(),
+                        || g.launch().map_err(|e| e.to_string()),
+                    )? / calls as f64
+                }
+                None => {
+                    for _ in 0..args.warmup + args.iters {
+                        cx.host_barrier()?;
+                    }
+                    0.0
+                }
+            };
+            cx.sync()?;
+            max_over_ranks(cx, what, us)
+        };
+        let d_us = replay(&dgraph, "graph-devcomm")?;
+        let n_us = replay(&ngraph, "graph-nccl")?;
+        if rank == 0 {
+            out.push(Record {
+                op: "sendrecv_graph".into(),
+                world_size: comm.world_size(),
+                bytes: bytes as u64,
+                both_directions: false,
+                devcomm_us: d_us,
+                nccl_us: n_us,
+                ratio: n_us / d_us,
+                sms: cfg.blocks,
+                device: device_label(cx, args),
+                date: today(),
+                reference: "NCCL send/recv, graph-replayed".into(),
+                devcomm_gbps: bytes as f64 / d_us / 1e3,
+                nccl_gbps: bytes as f64 / n_us / 1e3,
+                config: describe(&cfg),
+            });
+        }
+        drop(dgraph);
+        drop(ngraph);
+        cx.sync()?;
+        cx.host_barrier()?;
+    }
+    Ok(out)
+}
+
 fn describe(c: &P2PConfig) -> String {
     match c.protocol {
         Protocol::LowLatency => format!("ll/{}x{}", c.blocks, c.threads),
