@@ -135,6 +135,40 @@ pub(crate) fn time_us(
     Ok(samples[samples.len() / 2])
 }
 
+/// Per-call median time of `calls` back-to-back calls of `f` on ranks 0 and 1 (each sample
+/// starts after a host barrier); the other ranks only meet the barriers. Every rank returns
+/// the slower of ranks 0 and 1.
+pub(crate) fn time_pair(
+    cx: &Ctx,
+    warmup: usize,
+    iters: usize,
+    calls: usize,
+    what: &str,
+    f: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let us = if cx.comm.rank() < 2 {
+        time_us(
+            &cx.stream,
+            warmup,
+            iters,
+            || cx.host_barrier(),
+            || {
+                for _ in 0..calls {
+                    f()?;
+                }
+                Ok(())
+            },
+        )? / calls as f64
+    } else {
+        for _ in 0..warmup + iters {
+            cx.host_barrier()?;
+        }
+        0.0
+    };
+    cx.sync()?;
+    nccl::max_over_ranks(cx, what, us)
+}
+
 /// Runs the chosen benchmark on every rank; rank 0 prints and writes the results.
 pub fn run(args: &BenchArgs) -> Result<i32, String> {
     let cx = Ctx::new()?;

@@ -369,6 +369,21 @@ fn check_registered_kind(cx: &Ctx, kind: UserAlloc) -> CheckResult {
     result
 }
 
+/// `Comm::barrier` (the public API) enqueued many times in a row completes on every rank.
+fn check_comm_barrier(cx: &Ctx, n: usize) -> CheckResult {
+    cx.host_barrier()?;
+    let t = Instant::now();
+    for _ in 0..n {
+        cx.comm.barrier(&cx.stream).map_err(|e| e.to_string())?;
+    }
+    cx.sync()?;
+    let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    cx.host_barrier()?;
+    Ok(format!(
+        "{n} Comm::barrier calls back to back, {us:.2} us each"
+    ))
+}
+
 /// 100 window creations and destructions leave device memory where it was.
 fn check_churn(cx: &Ctx, cycles: usize) -> CheckResult {
     let comm = &cx.comm;
@@ -462,6 +477,7 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
     };
     run_one("put_signal", &check_put_signal);
     run_one("barrier", &|cx| check_barrier(cx, args.barrier_iters));
+    run_one("comm_barrier", &|cx| check_comm_barrier(cx, 1000));
     run_one("registered_buffer", &check_registered);
     run_one("window_churn", &|cx| check_churn(cx, args.churn));
     run_one("sendrecv_guard", &crate::selftest_p2p::check_guard);

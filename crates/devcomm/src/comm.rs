@@ -124,6 +124,7 @@ impl CommBuilder {
             jit: Jit::new(),
             registry: Registry::new(),
             control,
+            barrier_fn: std::sync::OnceLock::new(),
             group,
         };
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);
@@ -139,26 +140,17 @@ fn agree_on_store<T>(
     local: Result<T>,
     timeout: Duration,
 ) -> Result<T> {
-    let status = match &local {
-        Ok(_) => Vec::new(),
-        Err(e) => format!("!{e}").into_bytes(),
-    };
-    let all = store.all_gather(&format!("__devcomm/agree/{step}"), &status, timeout)?;
-    let failures: Vec<(usize, String)> = all
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.first() == Some(&b'!'))
-        .map(|(r, s)| (r, String::from_utf8_lossy(&s[1..]).into_owned()))
-        .collect();
-    if failures.is_empty() {
-        local
-    } else {
+    let agreed = crate::group::agree_on(
+        store,
+        &format!("__devcomm/agree/{step}"),
+        step,
+        local,
+        timeout,
+    );
+    if let Err(Error::Setup { failures, .. }) = &agreed {
         log::debug!("rank {rank}: step {step} failed somewhere: {failures:?}");
-        Err(Error::Setup {
-            step: step.to_owned(),
-            failures,
-        })
     }
+    agreed
 }
 
 /// Environment variables that size the send/recv window (every rank must see the same).
@@ -224,6 +216,8 @@ pub struct Comm {
     jit: Jit,
     registry: Registry,
     control: Window<u64>,
+    /// The barrier kernel, loaded on first use.
+    barrier_fn: std::sync::OnceLock<cudarc::driver::CudaFunction>,
     p2p: P2P,
     // Dropped last: windows and registrations above release their mappings first.
     group: Arc<Group>,
@@ -317,10 +311,16 @@ impl Comm {
     /// once every rank's work before it has finished. Bounded like every device wait.
     pub fn barrier(&self, stream: &Arc<CudaStream>) -> Result<()> {
         self.check()?;
-        let spec = KernelSpec::new("devcomm_comm_barrier", BARRIER_KERNEL)
-            .name_expression("devcomm_comm_barrier");
-        let module = self.jit.load(self.context(), &spec)?;
-        let func = module.function("devcomm_comm_barrier")?;
+        let func = match self.barrier_fn.get() {
+            Some(f) => f.clone(),
+            None => {
+                let spec = KernelSpec::new("devcomm_comm_barrier", BARRIER_KERNEL)
+                    .name_expression("devcomm_comm_barrier");
+                let module = self.jit.load(self.context(), &spec)?;
+                let f = module.function("devcomm_comm_barrier")?;
+                self.barrier_fn.get_or_init(|| f).clone()
+            }
+        };
         let handle = self.control.device_handle();
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),

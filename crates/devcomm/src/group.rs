@@ -72,29 +72,38 @@ impl Group {
     /// succeeded; if any failed, every rank returns [`Error::Setup`] naming the failed ranks.
     /// A rank whose own part failed gets that same error (its own message included).
     pub(crate) fn agree<T>(&self, step: &str, local: Result<T>) -> Result<T> {
-        let status: Vec<u8> = match &local {
-            Ok(_) => Vec::new(),
-            Err(e) => {
-                let mut msg = e.to_string().into_bytes();
-                msg.insert(0, b'!');
-                msg
-            }
-        };
         let tag = self.next_tag(&format!("agree/{step}"));
-        let all = self.store.all_gather(&tag, &status, self.setup_timeout)?;
-        let failures: Vec<(usize, String)> = all
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.first() == Some(&b'!'))
-            .map(|(r, s)| (r, String::from_utf8_lossy(&s[1..]).into_owned()))
-            .collect();
-        if failures.is_empty() {
-            local
-        } else {
-            Err(Error::Setup {
-                step: step.to_owned(),
-                failures,
-            })
-        }
+        agree_on(&self.store, &tag, step, local, self.setup_timeout)
+    }
+}
+
+/// The agreement protocol, usable before a `Group` exists: every rank all-gathers its status
+/// under `tag` (empty for success, `!` + message for failure); if any rank failed, every rank
+/// returns [`Error::Setup`] naming the failed ranks and their messages.
+pub(crate) fn agree_on<T>(
+    store: &Store,
+    tag: &str,
+    step: &str,
+    local: Result<T>,
+    timeout: Duration,
+) -> Result<T> {
+    let status = match &local {
+        Ok(_) => Vec::new(),
+        Err(e) => format!("!{e}").into_bytes(),
+    };
+    let all = store.all_gather(tag, &status, timeout)?;
+    let failures: Vec<(usize, String)> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.first() == Some(&b'!'))
+        .map(|(r, s)| (r, String::from_utf8_lossy(&s[1..]).into_owned()))
+        .collect();
+    if failures.is_empty() {
+        local
+    } else {
+        Err(Error::Setup {
+            step: step.to_owned(),
+            failures,
+        })
     }
 }

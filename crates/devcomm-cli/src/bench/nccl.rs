@@ -3,7 +3,7 @@
 use cudarc::driver::CudaSlice;
 use cudarc::nccl::safe::{Comm as NcclComm, Id};
 
-use crate::bench::time_us;
+use crate::bench::time_pair;
 use crate::selftest::Ctx;
 
 /// An NCCL communicator over the same ranks and stream as devcomm's.
@@ -60,41 +60,17 @@ impl NcclPair {
         iters: usize,
     ) -> Result<f64, String> {
         let rank = cx.comm.rank();
-        let mine = match rank {
-            0 => time_us(
-                &cx.stream,
-                warmup,
-                iters,
-                || cx.host_barrier(),
-                || {
-                    self.comm
-                        .send(&src.slice(..bytes), 1)
-                        .map_err(|e| format!("ncclSend: {e:?}"))
-                },
-            )?,
-            1 => {
-                let mut view = dst.slice_mut(..bytes);
-                time_us(
-                    &cx.stream,
-                    warmup,
-                    iters,
-                    || cx.host_barrier(),
-                    || {
-                        self.comm
-                            .recv(&mut view, 0)
-                            .map(|_| ())
-                            .map_err(|e| format!("ncclRecv: {e:?}"))
-                    },
-                )?
-            }
-            _ => {
-                for _ in 0..warmup + iters {
-                    cx.host_barrier()?;
-                }
-                0.0
-            }
-        };
-        max_over_ranks(cx, "nccl_sendrecv", mine)
+        time_pair(cx, warmup, iters, 1, "nccl_sendrecv", &mut || match rank {
+            0 => self
+                .comm
+                .send(&src.slice(..bytes), 1)
+                .map_err(|e| format!("ncclSend: {e:?}")),
+            _ => self
+                .comm
+                .recv(&mut dst.slice_mut(..bytes), 0)
+                .map(|_| ())
+                .map_err(|e| format!("ncclRecv: {e:?}")),
+        })
     }
 }
 

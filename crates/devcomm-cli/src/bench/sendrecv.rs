@@ -5,8 +5,8 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result as nccl_result;
 use devcomm::p2p::{default_config, sweep_configs, P2PConfig, Protocol, Transfer};
 
-use crate::bench::nccl::{max_over_ranks, NcclPair};
-use crate::bench::{device_label, time_us, today, BenchArgs, Record};
+use crate::bench::nccl::NcclPair;
+use crate::bench::{device_label, time_pair, today, BenchArgs, Record};
 use crate::selftest::Ctx;
 
 /// Message sizes from 8 B to 1 GiB.
@@ -86,7 +86,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                 }
             }
             cx.host_barrier()?;
-            let us = timed(cx, args, active, calls, "devcomm", &mut || {
+            let us = time_pair(cx, args.warmup, args.iters, calls, "devcomm", &mut || {
                 devcomm_call(cx, &src, &mut dst, bytes, peer, both, cfg)
             })?;
             if best.is_none_or(|(b, _)| us < b) {
@@ -94,7 +94,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             }
         }
         let Some((d_us, cfg)) = best else { continue };
-        let n_us = timed(cx, args, active, calls, "nccl", &mut || {
+        let n_us = time_pair(cx, args.warmup, args.iters, calls, "nccl", &mut || {
             nccl_call(&nccl, &src, &mut dst, bytes, peer, both, rank)
         })?;
         if rank == 0 {
@@ -210,25 +210,12 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
             cx.host_barrier()?;
         }
         let replay = |g: &Option<cudarc::driver::CudaGraph>, what: &str| -> Result<f64, String> {
-            let us = match g {
-                Some(g) => {
-                    time_us(
-                        &cx.stream,
-                        args.warmup,
-                        args.iters,
-                        || cx.host_barrier(),
-                        || g.launch().map_err(|e| e.to_string()),
-                    )? / calls as f64
-                }
-                None => {
-                    for _ in 0..args.warmup + args.iters {
-                        cx.host_barrier()?;
-                    }
-                    0.0
-                }
-            };
-            cx.sync()?;
-            max_over_ranks(cx, what, us)
+            // Each sample is one replay of `calls` captured calls.
+            let per_replay = time_pair(cx, args.warmup, args.iters, 1, what, &mut || match g {
+                Some(g) => g.launch().map_err(|e| e.to_string()),
+                None => Ok(()),
+            })?;
+            Ok(per_replay / calls as f64)
         };
         let d_us = replay(&dgraph, "graph-devcomm")?;
         let n_us = replay(&ngraph, "graph-nccl")?;
@@ -263,38 +250,6 @@ fn describe(c: &P2PConfig) -> String {
         Protocol::LowLatency => format!("ll/{}x{}", c.blocks, c.threads),
         Protocol::Bulk => format!("bulk/{}x{}/{}K", c.blocks, c.threads, c.chunk_bytes >> 10),
     }
-}
-
-/// Median per-call time of `f` over `calls` back-to-back calls, the slower of ranks 0 and 1.
-fn timed(
-    cx: &Ctx,
-    args: &BenchArgs,
-    active: bool,
-    calls: usize,
-    what: &str,
-    f: &mut dyn FnMut() -> Result<(), String>,
-) -> Result<f64, String> {
-    let us = if active {
-        time_us(
-            &cx.stream,
-            args.warmup,
-            args.iters,
-            || cx.host_barrier(),
-            || {
-                for _ in 0..calls {
-                    f()?;
-                }
-                Ok(())
-            },
-        )? / calls as f64
-    } else {
-        for _ in 0..args.warmup + args.iters {
-            cx.host_barrier()?;
-        }
-        0.0
-    };
-    cx.sync()?;
-    max_over_ranks(cx, what, us)
 }
 
 fn devcomm_call(
