@@ -48,8 +48,14 @@ impl std::fmt::Display for DeviceOp {
         match self {
             Self::WaitSignal => f.write_str("wait_signal"),
             Self::Barrier => f.write_str("barrier"),
-            Self::SendSlotFree => f.write_str("send (waiting for a free staging slot)"),
-            Self::RecvSlotFull => f.write_str("recv (waiting for a filled staging slot)"),
+            Self::SendSlotFree => f.write_str(
+                "send (waiting for the receiver to free a staging slot: did the peer post the \
+                 matching recv, of the same size, on its stream?)",
+            ),
+            Self::RecvSlotFull => f.write_str(
+                "recv (waiting for the sender to fill a staging slot: did the peer post the \
+                 matching send, of the same size, on its stream?)",
+            ),
             Self::CountExchange => f.write_str("count exchange"),
             Self::User => f.write_str("user wait"),
             Self::Unknown(code) => write!(f, "device op {code}"),
