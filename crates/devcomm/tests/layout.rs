@@ -42,17 +42,22 @@ fn scratch_dir(test: &str) -> PathBuf {
     dir
 }
 
-fn compile_probe(dir: &Path) -> Option<PathBuf> {
+/// Compiles `source` (a C++ file written into `dir` as `name.cpp`) against `cuda/` with `flags`
+/// and returns the binary, or `None` when there is no host compiler (a failure instead when
+/// `DEVCOMM_REQUIRE_CXX` is set, as in CI).
+fn compile_cpp(dir: &Path, name: &str, source: &str, flags: &[&str]) -> Option<PathBuf> {
     let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
-    let source = dir.join("layout_probe.cpp");
-    let binary = dir.join("layout_probe");
-    std::fs::write(&source, probe_source()).unwrap();
+    let source_path = dir.join(format!("{name}.cpp"));
+    let binary = dir.join(name);
+    std::fs::write(&source_path, source).unwrap();
     let output = match Command::new(compiler())
-        .args(["-std=c++17", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg("-std=c++17")
+        .args(flags)
+        .arg("-o")
         .arg(&binary)
         .arg("-I")
         .arg(&include)
-        .arg(&source)
+        .arg(&source_path)
         .output()
     {
         Ok(output) => output,
@@ -69,10 +74,19 @@ fn compile_probe(dir: &Path) -> Option<PathBuf> {
     };
     assert!(
         output.status.success(),
-        "handles.cuh does not compile as host C++:\n{}",
+        "{name}.cpp does not compile as host C++:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     Some(binary)
+}
+
+fn compile_probe(dir: &Path) -> Option<PathBuf> {
+    compile_cpp(
+        dir,
+        "layout_probe",
+        &probe_source(),
+        &["-Wall", "-Wextra", "-Werror"],
+    )
 }
 
 #[test]
@@ -167,30 +181,14 @@ int main() {
 #[test]
 fn copy_bytes_is_exact_for_every_size_and_alignment() {
     let dir = scratch_dir("copy-sim");
-    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
-    let source = dir.join("copy_sim.cpp");
-    let binary = dir.join("copy_sim");
-    std::fs::write(&source, COPY_SIMULATION).unwrap();
-    let output = match Command::new(compiler())
-        .args(["-std=c++17", "-O1", "-fno-strict-aliasing", "-o"])
-        .arg(&binary)
-        .arg("-I")
-        .arg(&include)
-        .arg(&source)
-        .output()
-    {
-        Ok(output) => output,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("SKIPPED: no host C++ compiler `{}`", compiler());
-            return;
-        }
-        Err(err) => panic!("running {}: {err}", compiler()),
+    let Some(binary) = compile_cpp(
+        &dir,
+        "copy_sim",
+        COPY_SIMULATION,
+        &["-O1", "-fno-strict-aliasing"],
+    ) else {
+        return;
     };
-    assert!(
-        output.status.success(),
-        "copy simulation does not compile:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     let run = Command::new(&binary).output().unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success() && stdout.contains("OK"), "{stdout}");
