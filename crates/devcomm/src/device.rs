@@ -33,6 +33,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("put.cuh"),
     embed!("registered.cuh"),
     embed!("p2p.cuh"),
+    embed!("transfer.cuh"),
     embed!("devcomm.cuh"),
 ];
 
