@@ -9,6 +9,7 @@ use cudarc::driver::{
 };
 use devcomm_bootstrap::{RankInfo, Store};
 
+use crate::collective::{AllToAllVCounts, CollCall, Collective, Hooks};
 use crate::cuda::info::DeviceInfo;
 use crate::cuda::ErrorState;
 use crate::error::{CudaResultExt, Error, Result};
@@ -117,8 +118,10 @@ impl CommBuilder {
         ));
         let control = Window::<u64>::new(&group, group.world_size, 0)?;
         let p2p = P2P::new(&group, self.p2p_limits)?;
+        let coll = Collective::new(&group, device.sm_count)?;
         let comm = Comm {
             p2p,
+            coll,
             local_rank: self.info.local_rank,
             device,
             jit: Jit::new(),
@@ -219,6 +222,7 @@ pub struct Comm {
     /// The barrier kernel, loaded on first use.
     barrier_fn: std::sync::OnceLock<cudarc::driver::CudaFunction>,
     p2p: P2P,
+    coll: Collective,
     // Dropped last: windows and registrations above release their mappings first.
     group: Arc<Group>,
 }
@@ -515,5 +519,188 @@ impl Comm {
                 .launch(&self.group, &self.jit, Some(s), Some(r), stream)?;
         }
         Ok(())
+    }
+}
+
+/// Extra arguments of a hooked collective.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HookArgs {
+    /// Device address of the user arguments the hooks see as `ctx.user` (0: none). It must stay
+    /// valid until the collective's work on the stream has finished.
+    pub user: u64,
+    /// Elements per row (`ctx.cols`). All-to-all: 0 makes each peer's chunk one row.
+    /// All-to-all-v: counts are in rows of this many elements; 0 means 1.
+    pub row_len: usize,
+}
+
+fn elems<T>(bytes: usize) -> u64 {
+    (bytes / std::mem::size_of::<T>().max(1)) as u64
+}
+
+fn check_hook_sizes<I, O>(op: &'static str, hooks: &Hooks) -> Result<()> {
+    let (i, o) = (std::mem::size_of::<I>(), std::mem::size_of::<O>());
+    if !hooks.accepts(i, o) {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "hooks `{}` were declared for other element sizes than the buffers' ({i} and \
+                 {o} bytes)",
+                hooks.name()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Collectives on the send/recv protocol, with hooks (docs/COLLECTIVES.md).
+impl Comm {
+    /// All-to-all: `send` holds `world_size` equal chunks, chunk `p` for rank `p` (itself
+    /// included); `recv` gets rank `p`'s chunk for this rank at chunk `p`. One fused kernel.
+    pub fn all_to_all<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let hooks = Hooks::copy::<T>()?;
+        self.all_to_all_hooked(&hooks, send, recv, HookArgs::default(), stream)
+    }
+
+    /// All-to-all through the user's hooks: `produce` runs on the sender for every tile of a
+    /// chunk, `consume` on the receiver. `send` and `recv` hold `world_size` chunks of the same
+    /// element count (of `I` and `O`).
+    pub fn all_to_all_hooked<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
+        &self,
+        hooks: &Hooks,
+        send: &S,
+        recv: &mut R,
+        args: HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const OP: &str = "all_to_all";
+        check_hook_sizes::<I, O>(OP, hooks)?;
+        let world = self.world_size() as u64;
+        let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
+        if in_elems % world != 0 || out_elems % world != 0 || in_elems != out_elems {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "send holds {in_elems} and recv {out_elems} elements; both must be world size \
+                     {world} x the same chunk"
+                ),
+            });
+        }
+        let n = in_elems / world;
+        if n == 0 {
+            return Ok(());
+        }
+        let row_len = if args.row_len == 0 {
+            n
+        } else {
+            args.row_len as u64
+        };
+        if n % row_len != 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!("row length {row_len} does not divide the chunk of {n} elements"),
+            });
+        }
+        let (input, _s) = send.device_ptr(stream);
+        let (output, _r) = recv.device_ptr_mut(stream);
+        let call = CollCall {
+            op: OP,
+            input,
+            output,
+            in_elems,
+            out_elems,
+            row_len,
+            rows: n / row_len,
+            send_counts: 0,
+            send_offsets: 0,
+            recv_counts: 0,
+            recv_offsets: 0,
+            user: args.user,
+        };
+        self.coll
+            .launch(&self.group, &self.jit, &self.p2p, hooks, call, stream)
+    }
+
+    /// All-to-all-v with counts on the GPU: rank `p` gets `counts.send_counts[p]` rows of
+    /// `row_len` elements (from `counts.send_offsets[p]`, or packed in rank order). The kernel
+    /// exchanges the counts itself and writes `counts.recv_counts` and `counts.recv_offsets`
+    /// (data from rank `p` lands packed in rank order): no host synchronisation, so the call
+    /// can be captured in a CUDA graph. Counts that would overrun `recv` (or read past `send`)
+    /// are caught on the GPU: nothing is written out of bounds and the next check returns
+    /// [`Error::CountOverflow`].
+    pub fn all_to_allv<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        counts: &mut AllToAllVCounts,
+        row_len: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let hooks = Hooks::copy::<T>()?;
+        let args = HookArgs { user: 0, row_len };
+        self.all_to_allv_hooked(&hooks, send, recv, counts, args, stream)
+    }
+
+    /// [`Comm::all_to_allv`] through the user's hooks.
+    pub fn all_to_allv_hooked<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
+        &self,
+        hooks: &Hooks,
+        send: &S,
+        recv: &mut R,
+        counts: &mut AllToAllVCounts,
+        args: HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const OP: &str = "all_to_allv";
+        check_hook_sizes::<I, O>(OP, hooks)?;
+        let world = self.world_size();
+        let short = [
+            ("send_counts", counts.send_counts.len()),
+            ("recv_counts", counts.recv_counts.len()),
+            ("recv_offsets", counts.recv_offsets.len()),
+            (
+                "send_offsets",
+                counts.send_offsets.as_ref().map_or(world, |s| s.len()),
+            ),
+        ]
+        .into_iter()
+        .find(|(_, len)| *len < world);
+        if let Some((name, len)) = short {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!("{name} holds {len} entries; world size {world} are needed"),
+            });
+        }
+        let row_len = args.row_len.max(1) as u64;
+        let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
+        let (input, _s) = send.device_ptr(stream);
+        let (output, _r) = recv.device_ptr_mut(stream);
+        let (send_counts, _a) = counts.send_counts.device_ptr(stream);
+        let send_offsets = match &counts.send_offsets {
+            Some(o) => o.device_ptr(stream).0,
+            None => 0,
+        };
+        let (recv_counts, _c) = counts.recv_counts.device_ptr_mut(stream);
+        let (recv_offsets, _d) = counts.recv_offsets.device_ptr_mut(stream);
+        let call = CollCall {
+            op: OP,
+            input,
+            output,
+            in_elems,
+            out_elems,
+            row_len,
+            rows: 0,
+            send_counts,
+            send_offsets,
+            recv_counts,
+            recv_offsets,
+            user: args.user,
+        };
+        self.coll
+            .launch(&self.group, &self.jit, &self.p2p, hooks, call, stream)
     }
 }

@@ -34,6 +34,8 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("registered.cuh"),
     embed!("p2p.cuh"),
     embed!("transfer.cuh"),
+    embed!("hooks.cuh"),
+    embed!("collective.cuh"),
     embed!("devcomm.cuh"),
 ];
 

@@ -75,6 +75,24 @@ pub enum Error {
         /// The first error.
         reason: String,
     },
+    /// Device-resident all-to-all-v counts do not fit a buffer: the kernel wrote nothing out of
+    /// bounds (a receiver drains its peers' data and discards it; a sender sends nothing for
+    /// the bad range). The communicator must be rebuilt.
+    #[error(
+        "rank {rank}: all-to-all-v counts need {needed} rows but the {side} buffer holds          {capacity}{}", if *peer >= 0 { format!(" (peer {peer})") } else { String::new() }
+    )]
+    CountOverflow {
+        /// The rank whose buffer is too small.
+        rank: i32,
+        /// `send` or `receive`.
+        side: &'static str,
+        /// For a send range, the peer it was meant for; -1 for the receive buffer.
+        peer: i32,
+        /// Rows the counts need (end of the range, or the total received).
+        needed: u64,
+        /// Rows the buffer holds.
+        capacity: u64,
+    },
     /// An argument is invalid; nothing was launched or written.
     #[error("{op}: invalid argument: {reason}")]
     InvalidArgument {

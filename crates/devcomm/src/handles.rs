@@ -22,6 +22,8 @@ pub enum DeviceOp {
     RecvSlotFull,
     /// All-to-all-v waiting for a peer's counts.
     CountExchange,
+    /// All-to-all-v counts outside the send or receive buffer (no wait involved).
+    CountOverflow,
     /// A wait issued by user code through the raw window operations.
     User,
     /// A code this version does not know.
@@ -37,6 +39,7 @@ impl DeviceOp {
             3 => Self::SendSlotFree,
             4 => Self::RecvSlotFull,
             5 => Self::CountExchange,
+            6 => Self::CountOverflow,
             100 => Self::User,
             other => Self::Unknown(other),
         }
@@ -56,7 +59,11 @@ impl std::fmt::Display for DeviceOp {
                 "recv (waiting for the sender to fill a staging slot: did the peer post the \
                  matching send, of the same size, on its stream?)",
             ),
-            Self::CountExchange => f.write_str("count exchange"),
+            Self::CountExchange => f.write_str(
+                "all-to-all-v count exchange (waiting for the peer's counts: did every rank \
+                 call the same collective on its stream?)",
+            ),
+            Self::CountOverflow => f.write_str("all-to-all-v count check"),
             Self::User => f.write_str("user wait"),
             Self::Unknown(code) => write!(f, "device op {code}"),
         }

@@ -14,9 +14,11 @@
 //! | 5 | [`device`]: the embedded CUDA headers (device API) |
 //! | 6 | [`jit`]: NVRTC compilation with an on-disk cache |
 //! | 8 | [`window`]: `Window<T>` and its `DeviceWindow` handle |
+//! | 9 | [`p2p`], [`collective`]: send/recv and the hooked collectives on its protocol |
 //! | top | [`Comm`] |
 #![warn(missing_docs)]
 
+pub mod collective;
 pub mod comm;
 pub mod cuda;
 pub mod device;
@@ -29,7 +31,8 @@ pub mod p2p;
 pub mod topology;
 pub mod window;
 
-pub use comm::{Comm, CommBuilder};
+pub use collective::{AllToAllVCounts, Hooks};
+pub use comm::{Comm, CommBuilder, HookArgs};
 pub use error::{Error, Result};
 pub use handles::{DeviceOp, DeviceWindow, RegisteredBuffer};
 pub use topology::{LinkKind, Topology};

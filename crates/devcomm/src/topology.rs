@@ -58,12 +58,21 @@ pub struct Topology {
     pub kinds: Vec<LinkKind>,
     /// Indexed by rank.
     pub devices: Vec<PeerDevice>,
+    /// Indexed by rank: reached over NVLink but tuned like a network peer (forced by
+    /// `nvl-as-net` in [`OVERRIDE_ENV`], to test per-peer tuning on one host).
+    #[serde(default)]
+    pub net_tuned: Vec<bool>,
 }
 
 impl Topology {
     /// The link kind to `peer`.
     pub fn kind(&self, peer: usize) -> LinkKind {
         self.kinds[peer]
+    }
+
+    /// Whether collectives tune `peer` as a network peer (few blocks, large chunks).
+    pub fn tuned_as_net(&self, peer: usize) -> bool {
+        self.kinds[peer] == LinkKind::Net || self.net_tuned.get(peer).copied().unwrap_or(false)
     }
 
     /// Ranks other than this one that kernels can reach with loads and stores.
@@ -86,7 +95,8 @@ impl Topology {
 ///
 /// Comma-separated entries, each applied to both ends of a link, later entries winning:
 /// `A-B=kind` sets the link between ranks A and B; `A-*=kind` every link of rank A.
-/// Kinds: `nvl`, `shm`, `net`. Example: `DEVCOMM_TOPOLOGY_OVERRIDE="0-3=net,1-*=shm"`.
+/// Kinds: `nvl`, `shm`, `net`, and `nvl-as-net` (reached over NVLink, tuned like a network
+/// peer: tests per-peer tuning and block masking on one host). Example: `DEVCOMM_TOPOLOGY_OVERRIDE="0-3=net,1-*=shm"`.
 /// Forcing `nvl` where CUDA reports no peer access is refused.
 pub const OVERRIDE_ENV: &str = "DEVCOMM_TOPOLOGY_OVERRIDE";
 /// Environment variable that, when `1`, disables peer access: same-host peers become `shm`.
@@ -101,6 +111,8 @@ pub(crate) struct OverrideRule {
     pub(crate) b: Option<usize>,
     /// The kind to force.
     pub(crate) kind: LinkKind,
+    /// `nvl-as-net`: tune the link like a network link.
+    pub(crate) net_tuned: bool,
 }
 
 /// Parses [`OVERRIDE_ENV`]'s value; errors name the bad entry.
@@ -110,13 +122,14 @@ pub(crate) fn parse_override(spec: &str, world_size: usize) -> Result<Vec<Overri
         let (link, kind) = entry
             .split_once('=')
             .ok_or_else(|| format!("entry `{entry}`: expected `A-B=kind`"))?;
+        let net_tuned = kind.trim() == "nvl-as-net";
         let kind = match kind.trim() {
-            "nvl" => LinkKind::Nvl,
+            "nvl" | "nvl-as-net" => LinkKind::Nvl,
             "shm" => LinkKind::Shm,
             "net" => LinkKind::Net,
             other => {
                 return Err(format!(
-                    "entry `{entry}`: unknown kind `{other}` (nvl, shm, net)"
+                    "entry `{entry}`: unknown kind `{other}` (nvl, shm, net, nvl-as-net)"
                 ))
             }
         };
@@ -146,7 +159,12 @@ pub(crate) fn parse_override(spec: &str, world_size: usize) -> Result<Vec<Overri
                 "entry `{entry}`: a rank's link to itself cannot be forced"
             ));
         }
-        rules.push(OverrideRule { a, b, kind });
+        rules.push(OverrideRule {
+            a,
+            b,
+            kind,
+            net_tuned,
+        });
     }
     Ok(rules)
 }
@@ -154,6 +172,7 @@ pub(crate) fn parse_override(spec: &str, world_size: usize) -> Result<Vec<Overri
 /// Decides the link kinds of `rank` from every rank's device, whether CUDA reports peer access
 /// to each (`peer_access[p]`, meaningful for same-host peers), the override rules and the
 /// disable switch. Pure, so that every rank's view can be tested without GPUs.
+#[cfg(test)]
 pub(crate) fn decide_kinds(
     rank: usize,
     devices: &[PeerDevice],
@@ -161,6 +180,18 @@ pub(crate) fn decide_kinds(
     rules: &[OverrideRule],
     disable_p2p: bool,
 ) -> Result<Vec<LinkKind>, String> {
+    decide_links(rank, devices, peer_access, rules, disable_p2p).map(|(kinds, _)| kinds)
+}
+
+/// [`decide_kinds`] plus which peers are tuned as network peers (`nvl-as-net`).
+pub(crate) fn decide_links(
+    rank: usize,
+    devices: &[PeerDevice],
+    peer_access: &[bool],
+    rules: &[OverrideRule],
+    disable_p2p: bool,
+) -> Result<(Vec<LinkKind>, Vec<bool>), String> {
+    let mut net_tuned = vec![false; devices.len()];
     let me = &devices[rank];
     let mut kinds: Vec<LinkKind> = devices
         .iter()
@@ -197,9 +228,10 @@ pub(crate) fn decide_kinds(
                 ));
             }
             kinds[p] = rule.kind;
+            net_tuned[p] = rule.net_tuned;
         }
     }
-    Ok(kinds)
+    Ok((kinds, net_tuned))
 }
 
 /// This host's identity: hostname plus boot id (two containers on one machine share the boot
@@ -272,12 +304,10 @@ impl Topology {
             Err(_) => Vec::new(),
         };
         let disable = std::env::var(DISABLE_P2P_ENV).is_ok_and(|v| v == "1");
-        let kinds =
-            decide_kinds(rank, &devices, &peer_access, &rules, disable).map_err(|reason| {
-                Error::InvalidArgument {
-                    op: "topology",
-                    reason,
-                }
+        let (kinds, net_tuned) = decide_links(rank, &devices, &peer_access, &rules, disable)
+            .map_err(|reason| Error::InvalidArgument {
+                op: "topology",
+                reason,
             })?;
 
         let views = store.all_gather(
@@ -310,6 +340,7 @@ impl Topology {
             rank,
             kinds,
             devices,
+            net_tuned,
         })
     }
 }
@@ -416,5 +447,20 @@ mod tests {
         assert!(decide_kinds(0, &d, &[true, true], &rules, false)
             .unwrap_err()
             .contains("no peer"));
+    }
+
+    #[test]
+    fn nvl_as_net_keeps_nvlink_and_marks_tuning_on_both_ends() {
+        let d = devices(&["h", "h", "h"]);
+        let rules = parse_override("0-2=nvl-as-net", 3).unwrap();
+        let access = [true, true, true];
+        let (k0, t0) = decide_links(0, &d, &access, &rules, false).unwrap();
+        let (k2, t2) = decide_links(2, &d, &access, &rules, false).unwrap();
+        assert_eq!(k0[2], LinkKind::Nvl);
+        assert_eq!(k2[0], LinkKind::Nvl);
+        assert_eq!(t0, vec![false, false, true]);
+        assert_eq!(t2, vec![true, false, false]);
+        let (_, t1) = decide_links(1, &d, &access, &rules, false).unwrap();
+        assert_eq!(t1, vec![false; 3]);
     }
 }

@@ -35,6 +35,7 @@ enum DeviceOp : dc_u32 {
   kOpSendSlotFree = 3,   // sender waiting for HEAD (receiver freed a staging slot)
   kOpRecvSlotFull = 4,   // receiver waiting for TAIL (sender filled a staging slot)
   kOpCountExchange = 5,  // all-to-all-v waiting for a peer's counts
+  kOpCountOverflow = 6,  // all-to-all-v counts outside a buffer (no wait: expected = capacity)
   kOpUser = 100,         // waits issued by user code through the raw window ops
 };
 

@@ -214,6 +214,15 @@ fn host_abort(rank: usize) -> Error {
 
 /// Converts a written record into the error the host reports.
 pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
+    if DeviceOp::from_code(record.op) == DeviceOp::CountOverflow {
+        return Error::CountOverflow {
+            rank: record.rank,
+            side: if record.peer >= 0 { "send" } else { "receive" },
+            peer: record.peer,
+            needed: record.seen,
+            capacity: record.expected,
+        };
+    }
     Error::PeerTimeout {
         op: DeviceOp::from_code(record.op),
         rank: record.rank,

@@ -335,6 +335,7 @@ mod tests {
             rank,
             kinds,
             devices,
+            net_tuned: Vec::new(),
         }
     }
 

@@ -79,8 +79,14 @@ impl P2PLimits {
     }
 
     /// User signal slots of the p2p window: TAIL and HEAD per (peer, channel), LLHEAD per
-    /// (peer, block).
+    /// (peer, block), then the count exchange.
     pub fn signal_slots(&self, world_size: usize) -> usize {
+        self.count_slot0(world_size) + 4 * world_size
+    }
+
+    /// First user slot of the all-to-all-v count exchange: per sender, a value and a sequence
+    /// slot for each of two parities.
+    pub fn count_slot0(&self, world_size: usize) -> usize {
         world_size * (2 * self.max_channels() as usize + self.max_blocks as usize)
     }
 }
@@ -260,7 +266,7 @@ mod tests {
         assert_eq!(l.max_channels(), 512);
         assert_eq!(l.ll_offset(), 512 * 4 * (32 << 10));
         assert!(l.region_bytes() >= l.ll_offset() + 4 * l.ll_max_bytes);
-        assert_eq!(l.signal_slots(4), 4 * (2 * 512 + 32));
+        assert_eq!(l.signal_slots(4), 4 * (2 * 512 + 32) + 16);
     }
 
     #[test]

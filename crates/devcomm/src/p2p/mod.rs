@@ -143,6 +143,34 @@ impl P2P {
         self.counters_base + (index * std::mem::size_of::<u64>()) as u64
     }
 
+    /// The launch arguments every kernel on this namespace shares (no roles set).
+    pub(crate) fn base_launch(&self) -> P2PLaunch {
+        P2PLaunch {
+            w: self.window.device_handle(),
+            send: P2PSide {
+                peer: -1,
+                ..Default::default()
+            },
+            recv: P2PSide {
+                peer: -1,
+                ..Default::default()
+            },
+            slot_stride: self.limits.slot_bytes,
+            region_bytes: self.limits.region_bytes(),
+            ll_offset: self.limits.ll_offset(),
+            ll_parity_bytes: self.limits.ll_parity_bytes(),
+            max_blocks: self.limits.max_blocks,
+            depth: self.limits.depth,
+            max_channels: self.limits.max_channels(),
+            reserved: 0,
+        }
+    }
+
+    /// Device address of the counter arrays (layout: [`Counter`]).
+    pub(crate) fn counters_base(&self) -> u64 {
+        self.counters_base
+    }
+
     /// The guard before launch, then the launch. Nothing is written when it returns an error.
     pub(crate) fn launch(
         &self,
@@ -193,17 +221,9 @@ impl P2P {
             return Ok(()); // nothing to move
         }
         let args = P2PLaunch {
-            w: self.window.device_handle(),
             send: sides[0],
             recv: sides[1],
-            slot_stride: self.limits.slot_bytes,
-            region_bytes: self.limits.region_bytes(),
-            ll_offset: self.limits.ll_offset(),
-            ll_parity_bytes: self.limits.ll_parity_bytes(),
-            max_blocks: self.limits.max_blocks,
-            depth: self.limits.depth,
-            max_channels: self.limits.max_channels(),
-            reserved: 0,
+            ..self.base_launch()
         };
         let split =
             self.split && sides[0].peer >= 0 && sides[1].peer >= 0 && threads[0] == threads[1];
@@ -270,7 +290,7 @@ impl P2P {
 
     /// Binds the namespace to the first stream used; another stream is refused, because two
     /// streams on one set of counters would race.
-    fn bind(&self, group: &Group, stream: &Arc<CudaStream>) -> Result<()> {
+    pub(crate) fn bind(&self, group: &Group, stream: &Arc<CudaStream>) -> Result<()> {
         let raw = stream.cu_stream() as usize;
         let mut bound = self.bound_stream.lock().map_err(|_| Error::Aborted {
             rank: group.rank as i32,

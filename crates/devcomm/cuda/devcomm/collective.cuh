@@ -1,0 +1,454 @@
+// devcomm/collective.cuh: all-to-all and all-to-all-v as one fused peer x block kernel over the
+// send/recv protocol (devcomm/transfer.cuh), with the user's hooks fused into the copy steps.
+// The schedule is docs/COLLECTIVES.md; the host side is src/collective/.
+//
+// Grid: (2 (W - 1) + 1) x B blocks of THREADS threads, B = blocks_per_peer. Role r of block
+// blockIdx.x / B:
+//   r in [0, W - 1):        send to peer (rank + 1 + r) % W
+//   r in [W - 1, 2W - 2):   receive from peer (rank - 1 - (r - W + 1)) mod W
+//   r = 2W - 2:             this rank's own chunk (produce then consume, no wire)
+// Each (peer, direction) gets a plan from its wire size and its peer's tuning class (NVLink or
+// network-like); blocks of a role beyond its plan's count return at once (seed 001's masking).
+// Both ends compute the same plan from the same count, so counters and spans agree.
+//
+// All-to-all-v (send_counts != 0): counts are rows, read from device memory. Each sender
+// publishes its count to the receiver's signal pad (a value slot and a sequence slot per
+// parity); every receiving block waits for all counts, prefix-sums them into receive offsets,
+// and checks the total against the receive capacity. On overflow the receiver still drains
+// every peer's data (so no peer waits on it) but writes nothing, records the error and, once
+// the whole grid is done, raises the abort flag.
+#pragma once
+
+#include "devcomm/transfer.cuh"
+#include "devcomm/hooks.cuh"
+
+namespace devcomm {
+
+// Launch arguments of the collective kernel. Rust twin: src/collective/handle.rs.
+struct CollLaunch {
+  P2PLaunch p;             // @0   the p2p window and staging constants (p.send/p.recv unused)
+  dc_u64 in;               // @240 send buffer
+  dc_u64 out;              // @248 receive buffer
+  dc_u64 send_counts;      // @256 device u64[W]: rows for each peer; 0: every peer gets `rows`
+  dc_u64 send_offsets;     // @264 device u64[W]: first row for each peer; 0: packed in rank order
+  dc_u64 recv_counts;      // @272 device u64[W] written: rows received from each peer (or 0)
+  dc_u64 recv_offsets;     // @280 device u64[W] written: first row of each peer's data (or 0)
+  dc_u64 rows;             // @288 rows per peer when send_counts == 0
+  dc_u64 row_len;          // @296 elements per row (Ctx::cols)
+  dc_u64 send_capacity;    // @304 rows in the send buffer
+  dc_u64 recv_capacity;    // @312 rows the receive buffer holds
+  dc_u64 user;             // @320 user arguments for the hooks
+  dc_u64 counters;         // @328 the p2p counters (bulk steps, low-latency calls)
+  dc_u64 state;            // @336 device u64[4]: variable calls done, arrivals, overflow
+  dc_u32 blocks_per_peer;  // @344 B
+  dc_u32 net_peers;        // @348 bit q: peer q is tuned as a network peer
+  dc_u32 count_slot0;      // @352 first user slot of the count exchange
+  dc_u32 reserved;         // @356
+};
+
+static_assert(sizeof(CollLaunch) == 360, "CollLaunch size");
+static_assert(DC_OFFSETOF(CollLaunch, in) == 240, "CollLaunch.in");
+static_assert(DC_OFFSETOF(CollLaunch, state) == 336, "CollLaunch.state");
+static_assert(DC_OFFSETOF(CollLaunch, blocks_per_peer) == 344, "CollLaunch.blocks_per_peer");
+static_assert(DC_OFFSETOF(CollLaunch, count_slot0) == 352, "CollLaunch.count_slot0");
+
+#if defined(__CUDACC__)
+namespace coll {
+
+// How one (peer, direction) moves: both ends compute it from the same wire size.
+struct Plan {
+  dc_u64 wire;   // wire bytes (whole tiles)
+  dc_u64 chunk;  // bulk bytes per pipeline step
+  dc_u32 blocks; // blocks of the role that work (0: nothing to move)
+  dc_u32 ll;     // 1: low-latency lines
+};
+
+// The tuning table (docs/COLLECTIVES.md, "Per-peer tuning"). NVLink peers: low-latency lines
+// up to 64 KiB, one block per 4 KiB of lines; bulk with one block per 256 KiB, up to B blocks,
+// 32 KiB chunks once each channel has two of them. Network-like peers: low-latency up to
+// 16 KiB on one block; bulk on at most 2 blocks with the largest chunk the slots hold.
+template <int THREADS>
+__device__ __forceinline__ Plan plan_for(const P2PLaunch& p, dc_u64 wire, bool net, dc_u32 B) {
+  Plan pl{wire, 0, 0, 0};
+  if (wire == 0) return pl;
+  const dc_u64 ll_cap = (p.ll_parity_bytes - 16ull * p.max_blocks) / 2;
+  const dc_u64 ll_max = net ? 16384ull : 65536ull;
+  const dc_u32 most = B < p.max_blocks ? B : p.max_blocks;
+  if (wire <= (ll_max < ll_cap ? ll_max : ll_cap)) {
+    const dc_u64 per = (dc_u64)THREADS * 8;
+    dc_u64 b = net ? 1 : (wire + per - 1) / per;
+    pl.blocks = (dc_u32)(b < most ? b : most);
+    pl.ll = 1;
+    return pl;
+  }
+  const dc_u32 cap = net ? (most < 2 ? most : 2) : most;
+  dc_u64 b = (wire + (256ull << 10) - 1) / (256ull << 10);
+  pl.blocks = (dc_u32)(b < cap ? b : cap);
+  const dc_u64 channels = (dc_u64)pl.blocks * (THREADS / 32);
+  dc_u64 chunk = net ? p.slot_stride : (wire / channels >= (64ull << 10) ? (32ull << 10) : (16ull << 10));
+  pl.chunk = chunk < p.slot_stride ? chunk : p.slot_stride;
+  return pl;
+}
+
+template <class H>
+struct Shape {
+  using Wire = typename H::Wire;
+  static constexpr dc_u64 kElems = 16 / sizeof(Wire);
+  static_assert(16 % sizeof(Wire) == 0, "sizeof(Wire) must divide 16");
+  static __device__ __forceinline__ dc_u64 wire_bytes(dc_u64 elems) {
+    return (elems + kElems - 1) / kElems * 16;
+  }
+  static __device__ __forceinline__ dc_u32 valid(dc_u64 pos, dc_u64 n) {
+    const dc_u64 rem = n - pos;
+    return rem >= kElems ? (dc_u32)((1ull << kElems) - 1) : (dc_u32)((1ull << rem) - 1);
+  }
+};
+
+// Sending mover: tiles of one chunk through H::produce.
+template <class H>
+struct HookSend {
+  using W = typename H::Wire;
+  static constexpr dc_u64 kUnit = 16;
+  Ctx base;    // in, user, rows, cols, peer, rank, world_size
+  dc_u64 e0;   // the chunk's first element in `in`
+  dc_u64 n;    // the chunk's elements
+
+  __device__ __forceinline__ Ctx at(dc_u64 tile) const {
+    Ctx c = base;
+    c.pos = tile * Shape<H>::kElems;
+    c.index = e0 + c.pos;
+    c.valid = Shape<H>::valid(c.pos, n);
+    return c;
+  }
+  template <class G>
+  __device__ __forceinline__ void chunk(const G& g, char* slot, dc_u64 off, dc_u64 bytes) const {
+    const dc_u64 t0 = off / 16, nt = bytes / 16, gs = g.size();
+    uint4* dst = reinterpret_cast<uint4*>(slot);
+    dc_u64 j = g.thread_rank();
+    for (; j + 3 * gs < nt; j += 4 * gs) {  // four tiles in flight per thread
+      Tile<W> t[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) t[k] = H::produce(at(t0 + j + k * gs));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) dst[j + k * gs] = *reinterpret_cast<const uint4*>(&t[k]);
+    }
+    for (; j < nt; j += gs) {
+      const Tile<W> t = H::produce(at(t0 + j));
+      dst[j] = *reinterpret_cast<const uint4*>(&t);
+    }
+  }
+  __device__ __forceinline__ void unit(dc_u64 off, dc_u64, dc_u64 (&v)[2]) const {
+    const Tile<W> t = H::produce(at(off / 16));
+    const uint4 u = *reinterpret_cast<const uint4*>(&t);
+    v[0] = ((dc_u64)u.y << 32) | u.x;
+    v[1] = ((dc_u64)u.w << 32) | u.z;
+  }
+};
+
+// Receiving mover: tiles of one chunk through H::consume; `discard` drains without writing.
+template <class H>
+struct HookRecv {
+  using W = typename H::Wire;
+  static constexpr dc_u64 kUnit = 16;
+  Ctx base;
+  dc_u64 e0;
+  dc_u64 n;
+  bool discard;
+
+  __device__ __forceinline__ Ctx at(dc_u64 tile) const {
+    Ctx c = base;
+    c.pos = tile * Shape<H>::kElems;
+    c.index = e0 + c.pos;
+    c.valid = Shape<H>::valid(c.pos, n);
+    return c;
+  }
+  template <class G>
+  __device__ __forceinline__ void chunk(const G& g, const char* slot, dc_u64 off,
+                                        dc_u64 bytes) const {
+    if (discard) return;
+    const dc_u64 t0 = off / 16, nt = bytes / 16, gs = g.size();
+    const uint4* src = reinterpret_cast<const uint4*>(slot);
+    dc_u64 j = g.thread_rank();
+    for (; j + 3 * gs < nt; j += 4 * gs) {
+      uint4 u[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) u[k] = src[j + k * gs];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) H::consume(at(t0 + j + k * gs), *reinterpret_cast<const Tile<W>*>(&u[k]));
+    }
+    for (; j < nt; j += gs) {
+      const uint4 u = src[j];
+      H::consume(at(t0 + j), *reinterpret_cast<const Tile<W>*>(&u));
+    }
+  }
+  __device__ __forceinline__ void unit(dc_u64 off, dc_u64, const dc_u64 (&v)[2]) const {
+    if (discard) return;
+    uint4 u;
+    u.x = (dc_u32)v[0];
+    u.y = (dc_u32)(v[0] >> 32);
+    u.z = (dc_u32)v[1];
+    u.w = (dc_u32)(v[1] >> 32);
+    H::consume(at(off / 16), *reinterpret_cast<const Tile<W>*>(&u));
+  }
+};
+
+// Counter arrays of the p2p namespace (src/p2p/mod.rs, Counter).
+__device__ __forceinline__ dc_u64 counter(const CollLaunch& a, dc_u32 kind, int peer) {
+  const dc_u64 W = (dc_u64)a.p.w.world_size, ch = a.p.max_channels, bl = a.p.max_blocks;
+  dc_u64 index;
+  switch (kind) {
+    case 0: index = peer * ch; break;                           // bulk send steps
+    case 1: index = (W + peer) * ch; break;                     // bulk recv steps
+    case 2: index = 2 * W * ch + peer * bl; break;              // low-latency send calls
+    default: index = 2 * W * ch + (W + peer) * bl; break;       // low-latency recv calls
+  }
+  return a.counters + index * 8;
+}
+
+__device__ __forceinline__ dc_u64 count_val_slot(const CollLaunch& a, int sender, dc_u64 seq) {
+  return a.count_slot0 + (dc_u64)sender * 4 + (seq & 1) * 2;
+}
+
+// Records a bad count (no wait involved): `expected` is the capacity in rows, `seen` what the
+// counts need. The abort flag is raised by the grid's last block (see coll_kernel).
+__device__ inline void record_count_error(const CollLaunch& a, int peer, dc_u64 capacity,
+                                          dc_u64 needed) {
+  DeviceErrorState* err = error_state(a.p.w);
+  dc_u64* state = reinterpret_cast<dc_u64*>(a.state);
+  atomicExch(reinterpret_cast<unsigned long long*>(&state[2]), 1ull);
+  if (err == nullptr) return;
+  if (atomicCAS(&err->record.flag, 0u, 1u) == 0u) {
+    volatile ErrorRecord* rec = &err->record;
+    rec->op = kOpCountOverflow;
+    rec->rank = a.p.w.rank;
+    rec->peer = peer;
+    rec->slot = 0;
+    rec->expected = capacity;
+    rec->seen = needed;
+    rec->elapsed_ns = 0;
+    __threadfence_system();
+  }
+}
+
+// Rows this rank sends to `peer` and the first of them; a range outside the send buffer is an
+// error and sends nothing. Every role computes it the same way.
+__device__ __forceinline__ void send_range(const CollLaunch& a, int peer, dc_u64& rows,
+                                           dc_u64& first, bool report) {
+  if (a.send_counts == 0) {
+    rows = a.rows;
+    first = (dc_u64)peer * a.rows;
+    return;
+  }
+  const dc_u64* counts = reinterpret_cast<const dc_u64*>(a.send_counts);
+  rows = counts[peer];
+  if (a.send_offsets != 0) {
+    first = reinterpret_cast<const dc_u64*>(a.send_offsets)[peer];
+  } else {
+    first = 0;
+    for (int q = 0; q < peer; ++q) first += counts[q];
+  }
+  if (first > a.send_capacity || rows > a.send_capacity - first) {
+    if (report) record_count_error(a, peer, a.send_capacity, first + rows);
+    rows = 0;
+    first = 0;
+  }
+}
+
+// Receive side: the rows from every peer (count exchange), this peer's first row, and whether
+// everything fits. Called by all THREADS threads of a block; false if a wait failed.
+template <int THREADS>
+__device__ bool recv_range(const CollLaunch& a, int peer, dc_u64 seq, dc_u64& rows,
+                           dc_u64& first, dc_u64& total, bool& overflow) {
+  overflow = false;
+  if (a.send_counts == 0) {
+    rows = a.rows;
+    first = (dc_u64)peer * a.rows;
+    total = (dc_u64)a.p.w.world_size * a.rows;
+    return true;
+  }
+  __shared__ dc_u64 counts[32];
+  __shared__ int failed;
+  const int W = a.p.w.world_size, me = a.p.w.rank;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  const int q = (int)threadIdx.x;
+  if (q < W) {
+    if (q == me) {
+      dc_u64 r, f;
+      send_range(a, me, r, f, false);
+      counts[q] = r;
+    } else {
+      const dc_u64 vslot = count_val_slot(a, q, seq);
+      const bool ok = wait_until(error_state(a.p.w), a.p.w.timeout_ns, me,
+                                 own_user_slot(a.p.w, vslot + 1), seq, Cmp::Ge,
+                                 WaitSite{kOpCountExchange, q, vslot + 1});
+      if (ok) {
+        counts[q] = ld_relaxed_sys(own_user_slot(a.p.w, vslot));
+      } else {
+        failed = 1;
+      }
+    }
+  }
+  __syncthreads();
+  if (failed) return false;
+  total = 0;
+  first = 0;
+  for (int k = 0; k < W; ++k) {
+    if (k == peer) first = total;
+    total += counts[k];
+  }
+  rows = counts[peer];
+  overflow = total > a.recv_capacity;
+  return true;
+}
+
+// Hands this rank's count for `peer` to it: value, then the sequence number with release.
+__device__ __forceinline__ void publish_count(const CollLaunch& a, int peer, dc_u64 rows,
+                                              dc_u64 seq) {
+  const dc_u64 vslot = count_val_slot(a, a.p.w.rank, seq);
+  dc_u64* v = peer_user_slot(a.p.w, peer, vslot);
+  *reinterpret_cast<volatile dc_u64*>(v) = rows;
+  st_release_sys(peer_user_slot(a.p.w, peer, vslot + 1), seq);
+}
+
+template <class H>
+__device__ __forceinline__ Ctx base_ctx(const CollLaunch& a, int peer, dc_u64 rows, bool send) {
+  Ctx c;
+  c.in = send ? reinterpret_cast<const void*>(a.in) : nullptr;
+  c.out = send ? nullptr : reinterpret_cast<void*>(a.out);
+  c.user = reinterpret_cast<const void*>(a.user);
+  c.index = 0;
+  c.pos = 0;
+  c.rows = rows;
+  c.cols = a.row_len;
+  c.peer = peer;
+  c.rank = a.p.w.rank;
+  c.world_size = a.p.w.world_size;
+  c.valid = 0;
+  return c;
+}
+
+template <class H, int THREADS, bool MIXED>
+__device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
+  dc_u64 rows, first;
+  send_range(a, peer, rows, first, b == 0 && threadIdx.x == 0);
+  if (a.send_counts != 0 && b == 0 && threadIdx.x == 0) publish_count(a, peer, rows, seq);
+  const dc_u64 n = rows * a.row_len;
+  const bool net = MIXED && ((a.net_peers >> peer) & 1u);
+  const Plan pl = plan_for<THREADS>(a.p, Shape<H>::wire_bytes(n), net, a.blocks_per_peer);
+  if (b >= pl.blocks) return;
+  const HookSend<H> m{base_ctx<H>(a, peer, rows, true), first * a.row_len, n};
+  const P2PSide s{0, pl.wire, counter(a, 0, peer), counter(a, 2, peer), pl.chunk, peer,
+                  pl.blocks, pl.ll, 0};
+  constexpr dc_u32 kWarps = THREADS / 32;
+  if (pl.ll) {
+    p2p::ll_send(Block{}, a.p, s, m, b);
+  } else {
+    p2p::bulk_send(Warp{}, a.p, s, m, b * kWarps + threadIdx.x / 32, pl.blocks * kWarps);
+  }
+}
+
+template <class H, int THREADS, bool MIXED>
+__device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
+  dc_u64 rows, first, total;
+  bool overflow;
+  if (!recv_range<THREADS>(a, peer, seq, rows, first, total, overflow)) return;
+  if (b == 0 && threadIdx.x == 0) {
+    if (a.recv_counts != 0) reinterpret_cast<dc_u64*>(a.recv_counts)[peer] = rows;
+    if (a.recv_offsets != 0) reinterpret_cast<dc_u64*>(a.recv_offsets)[peer] = first;
+  }
+  const dc_u64 n = rows * a.row_len;
+  const bool net = MIXED && ((a.net_peers >> peer) & 1u);
+  const Plan pl = plan_for<THREADS>(a.p, Shape<H>::wire_bytes(n), net, a.blocks_per_peer);
+  if (b >= pl.blocks) return;
+  const HookRecv<H> m{base_ctx<H>(a, peer, rows, false), first * a.row_len, n, overflow};
+  const P2PSide r{0, pl.wire, counter(a, 1, peer), counter(a, 3, peer), pl.chunk, peer,
+                  pl.blocks, pl.ll, 0};
+  constexpr dc_u32 kWarps = THREADS / 32;
+  if (pl.ll) {
+    p2p::ll_recv(Block{}, a.p, r, m, b);
+  } else {
+    p2p::bulk_recv(Warp{}, a.p, r, m, b * kWarps + threadIdx.x / 32, pl.blocks * kWarps);
+  }
+}
+
+// This rank's own chunk: produce then consume, tile by tile, no wire.
+template <class H, int THREADS>
+__device__ void self_role(const CollLaunch& a, dc_u32 b, dc_u64 seq) {
+  const int me = a.p.w.rank;
+  dc_u64 rows, first, total, srows, sfirst;
+  bool overflow;
+  if (!recv_range<THREADS>(a, me, seq, rows, first, total, overflow)) return;
+  // The overflowing receiver records the error once, from its own chunk's block 0.
+  if (b == 0 && threadIdx.x == 0) {
+    if (a.recv_counts != 0) reinterpret_cast<dc_u64*>(a.recv_counts)[me] = rows;
+    if (a.recv_offsets != 0) reinterpret_cast<dc_u64*>(a.recv_offsets)[me] = first;
+    if (overflow) record_count_error(a, -1, a.recv_capacity, total);
+  }
+  send_range(a, me, srows, sfirst, b == 0 && threadIdx.x == 0);
+  if (overflow) return;
+  const dc_u64 n = rows * a.row_len;
+  const dc_u64 tiles = (n + Shape<H>::kElems - 1) / Shape<H>::kElems;
+  const HookSend<H> src{base_ctx<H>(a, me, rows, true), sfirst * a.row_len, n};
+  const HookRecv<H> dst{base_ctx<H>(a, me, rows, false), first * a.row_len, n, false};
+  const dc_u64 stride = (dc_u64)a.blocks_per_peer * THREADS;
+  for (dc_u64 t = (dc_u64)b * THREADS + threadIdx.x; t < tiles; t += stride) {
+    H::consume(dst.at(t), H::produce(src.at(t)));
+  }
+}
+
+// The collective kernel (see the top of this file). Instantiated by the JIT as
+// devcomm::coll::coll_kernel<Hooks, THREADS, MIXED>; MIXED = false when every peer has the same
+// tuning class, which compiles the per-peer class lookups away.
+template <class H, int THREADS, bool MIXED>
+__device__ __forceinline__ void coll_body(const CollLaunch& a, dc_u64 seq) {
+  const int W = a.p.w.world_size, me = a.p.w.rank;
+  const dc_u32 B = a.blocks_per_peer;
+  const dc_u32 role = blockIdx.x / B, b = blockIdx.x % B;
+  if (role < (dc_u32)(W - 1)) {
+    send_role<H, THREADS, MIXED>(a, (me + 1 + (int)role) % W, b, seq);
+  } else if (role < (dc_u32)(2 * W - 2)) {
+    const int i = (int)role - (W - 1);
+    recv_role<H, THREADS, MIXED>(a, (me + W - 1 - i) % W, b, seq);
+  } else {
+    self_role<H, THREADS>(a, b, seq);
+  }
+}
+
+template <class H, int THREADS, bool MIXED>
+__global__ void __launch_bounds__(THREADS, 1) coll_kernel(CollLaunch a) {
+  if (a.send_counts == 0) {  // counts known to every rank: no exchange, no call numbers
+    coll_body<H, THREADS, MIXED>(a, 0);
+    return;
+  }
+  dc_u64* state = reinterpret_cast<dc_u64*>(a.state);
+  // Changed only by the last block of the previous launch: ordered by the kernel boundary.
+  const dc_u64 seq = state[0] + 1;
+  coll_body<H, THREADS, MIXED>(a, seq);
+  // Every block arrives; the last one advances the call number and, after a count error,
+  // raises the abort flag now that this rank has drained what its peers sent.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned long long prev =
+        atomicAdd(reinterpret_cast<unsigned long long*>(&state[1]), 1ull);
+    if (prev == gridDim.x - 1) {
+      __threadfence();
+      state[1] = 0;
+      state[0] = seq;
+      if (state[2] != 0) {
+        state[2] = 0;
+        DeviceErrorState* err = error_state(a.p.w);
+        if (err != nullptr) {
+          *reinterpret_cast<volatile dc_u32*>(&err->abort) = 1u;
+          __threadfence_system();
+        }
+      }
+    }
+  }
+}
+
+}  // namespace coll
+#endif  // __CUDACC__
+
+}  // namespace devcomm

@@ -1,0 +1,352 @@
+//! Collectives with user hooks (docs/COLLECTIVES.md): all-to-all and all-to-all-v as one fused
+//! peer x block kernel over the send/recv protocol, with the user's `produce`/`consume` hooks
+//! compiled into the copy steps by the JIT.
+
+pub mod handle;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+
+use crate::error::{CudaResultExt, Error, Result};
+use crate::group::Group;
+use crate::jit::{Jit, KernelSpec};
+use crate::p2p::P2P;
+use crate::topology::LinkKind;
+use handle::CollLaunch;
+
+/// Threads per block of the collective kernel (16 warps: 16 bulk channels per block).
+pub const THREADS: u32 = 512;
+
+/// Most blocks per (peer, role). Each role of each peer gets at most this many; the kernel has
+/// `(2 W - 1)` roles, which must all be resident at once.
+pub const MAX_BLOCKS_PER_PEER: u32 = 16;
+
+/// A pair of hooks, `produce(ctx) -> tile` and `consume(ctx, tile)`, given as CUDA C++ source
+/// (see `cuda/devcomm/hooks.cuh` for the contract and the `Ctx` struct). The JIT compiles the
+/// source into the collective kernel; a compile error comes back as [`Error::Compile`] with
+/// NVRTC's message.
+///
+/// ```text
+/// struct Scale2 {
+///   using In = float; using Out = float; using Wire = float;
+///   static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {
+///     auto t = devcomm::load_tile<float>(c);
+///     for (float& x : t.v) x *= 2.0f;
+///     return t;
+///   }
+///   static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {
+///     devcomm::store_tile<float>(c, t);
+///   }
+/// };
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Hooks {
+    name: String,
+    source: String,
+    in_size: usize,
+    out_size: usize,
+}
+
+impl Hooks {
+    /// The default hooks: copy elements of `T` (whose size must divide 16).
+    pub fn copy<T>() -> Result<Self> {
+        let size = std::mem::size_of::<T>();
+        if !matches!(size, 1 | 2 | 4 | 8 | 16) {
+            return Err(Error::InvalidArgument {
+                op: "Hooks::copy",
+                reason: format!(
+                    "element size {size} does not divide 16; use a byte view of the buffer"
+                ),
+            });
+        }
+        Ok(Self {
+            name: format!("devcomm::CopyHooks<devcomm::Bytes{size}>"),
+            source: String::new(),
+            in_size: size,
+            out_size: size,
+        })
+    }
+
+    /// User hooks: `name` is the struct defined in `source`, whose `In` and `Out` types must be
+    /// as large as `I` and `O` (checked when the kernel compiles).
+    pub fn new<I, O>(name: impl Into<String>, source: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            source: source.into(),
+            in_size: std::mem::size_of::<I>(),
+            out_size: std::mem::size_of::<O>(),
+        }
+    }
+
+    /// Whether these hooks were declared for elements of `in_size` and `out_size` bytes.
+    pub fn accepts(&self, in_size: usize, out_size: usize) -> bool {
+        self.in_size == in_size && self.out_size == out_size
+    }
+
+    /// The hooks struct's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn expression(&self, mixed: bool) -> String {
+        format!(
+            "devcomm::coll::coll_kernel<{}, {THREADS}, {mixed}>",
+            self.name
+        )
+    }
+
+    /// The kernel spec: the collective header, the user's source, checks of the element sizes,
+    /// and both instantiations (uniform and mixed peer tuning).
+    pub fn spec(&self) -> KernelSpec {
+        let source = format!(
+            "#include \"devcomm/collective.cuh\"\n#line 1 \"hooks.cu\"\n{src}\n#line 1 \"devcomm-checks\"\n\
+             static_assert(sizeof({name}::In) == {i}, \"the hooks' In type is not the size of the \
+             send buffer's elements ({i} bytes)\");\n\
+             static_assert(sizeof({name}::Out) == {o}, \"the hooks' Out type is not the size of the \
+             receive buffer's elements ({o} bytes)\");\n",
+            src = self.source,
+            name = self.name,
+            i = self.in_size,
+            o = self.out_size,
+        );
+        KernelSpec::new("collective", source)
+            .name_expression(self.expression(false))
+            .name_expression(self.expression(true))
+    }
+}
+
+/// Device-resident counts of an all-to-all-v, in rows. `send_counts` (and `send_offsets`, when
+/// given) are read by the kernel, so a kernel enqueued just before may produce them;
+/// `recv_counts` and `recv_offsets` are written by it. Nothing goes through the host.
+#[derive(Debug)]
+pub struct AllToAllVCounts {
+    /// `u64[world]`: rows this rank sends to each peer (itself included).
+    pub send_counts: CudaSlice<u64>,
+    /// `u64[world]`: first row of each peer's data in the send buffer; `None` packs them in
+    /// rank order.
+    pub send_offsets: Option<CudaSlice<u64>>,
+    /// `u64[world]`, written: rows received from each peer.
+    pub recv_counts: CudaSlice<u64>,
+    /// `u64[world]`, written: first row of each peer's data in the receive buffer (packed in
+    /// rank order).
+    pub recv_offsets: CudaSlice<u64>,
+}
+
+impl AllToAllVCounts {
+    /// Zeroed counts for `world` ranks, allocated on `stream`.
+    pub fn new(stream: &Arc<CudaStream>, world: usize) -> Result<Self> {
+        let alloc = || {
+            stream.alloc_zeros::<u64>(world).map_err(|e| Error::Cuda {
+                rank: -1,
+                call: "cuMemAlloc (all-to-all-v counts)",
+                source: e,
+            })
+        };
+        Ok(Self {
+            send_counts: alloc()?,
+            send_offsets: None,
+            recv_counts: alloc()?,
+            recv_offsets: alloc()?,
+        })
+    }
+}
+
+/// What one collective launch moves.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CollCall {
+    pub op: &'static str,
+    pub input: u64,
+    pub output: u64,
+    /// Elements of the send and receive buffers.
+    pub in_elems: u64,
+    pub out_elems: u64,
+    pub row_len: u64,
+    /// Fixed rows per peer (all-to-all) or device counts (all-to-all-v).
+    pub rows: u64,
+    pub send_counts: u64,
+    pub send_offsets: u64,
+    pub recv_counts: u64,
+    pub recv_offsets: u64,
+    pub user: u64,
+}
+
+/// Per-communicator collective state.
+#[derive(Debug)]
+pub(crate) struct Collective {
+    /// `u64[4]`: variable calls done, arrivals, overflow flag, spare.
+    _state: CudaSlice<u64>,
+    state_ptr: u64,
+    /// The smallest SM count of the group (all ranks use the same blocks per peer).
+    sm_count: u32,
+    functions: Mutex<HashMap<(Hooks, bool), (CudaFunction, u32)>>,
+}
+
+impl Collective {
+    /// Collective: zeroed state and the group's smallest SM count.
+    pub(crate) fn new(group: &Arc<Group>, sm_count: i32) -> Result<Self> {
+        let rank = group.rank as i32;
+        let stream = group.ctx.default_stream();
+        let state = stream
+            .alloc_zeros::<u64>(4)
+            .cuda(rank, "cuMemAlloc (collective state)")?;
+        stream.synchronize().cuda(rank, "cuStreamSynchronize")?;
+        let state_ptr = {
+            let (p, _sync) = state.device_ptr(&stream);
+            p
+        };
+        let tag = group.next_tag("__devcomm/collective/sm_count");
+        let all = group
+            .store
+            .all_gather(&tag, &sm_count.to_le_bytes(), group.setup_timeout)?;
+        let sm_min = all
+            .iter()
+            .filter_map(|b| b.as_slice().try_into().ok().map(i32::from_le_bytes))
+            .min()
+            .unwrap_or(sm_count)
+            .max(1) as u32;
+        Ok(Self {
+            _state: state,
+            state_ptr,
+            sm_count: sm_min,
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Blocks per (peer, role) for `world` ranks: as many as fit on the group's smallest GPU
+    /// with one block per SM, at most [`MAX_BLOCKS_PER_PEER`] and the p2p window's block count.
+    pub(crate) fn blocks_per_peer(&self, world: usize, max_blocks: u32) -> u32 {
+        let roles = (2 * world - 1) as u32;
+        (self.sm_count / roles)
+            .min(MAX_BLOCKS_PER_PEER)
+            .min(max_blocks)
+            .max(1)
+    }
+
+    fn function(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        hooks: &Hooks,
+        mixed: bool,
+    ) -> Result<(CudaFunction, u32)> {
+        let poisoned = || Error::Aborted {
+            rank: group.rank as i32,
+            reason: "a thread panicked while loading kernels".into(),
+        };
+        let key = (hooks.clone(), mixed);
+        if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&key) {
+            return Ok(f.clone());
+        }
+        let module = jit.load(&group.ctx, &hooks.spec())?;
+        let f = module.function(&hooks.expression(mixed))?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+            .cuda(
+                group.rank as i32,
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+            )?;
+        let entry = (f, per_sm);
+        self.functions
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(key, entry.clone());
+        Ok(entry)
+    }
+
+    /// Checks, then launches one collective. Nothing is written when it returns an error.
+    pub(crate) fn launch(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        p2p: &P2P,
+        hooks: &Hooks,
+        call: CollCall,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        group.errors.check()?;
+        let world = group.world_size;
+        let rank = group.rank;
+        if world > 32 {
+            return Err(Error::InvalidArgument {
+                op: call.op,
+                reason: format!("world size {world}: collectives support at most 32 ranks"),
+            });
+        }
+        if call.row_len == 0 {
+            return Err(Error::InvalidArgument {
+                op: call.op,
+                reason: "row length 0".into(),
+            });
+        }
+        let mut net_peers = 0u32;
+        for p in 0..world {
+            match group.topology.kind(p) {
+                LinkKind::SelfLink | LinkKind::Nvl => {}
+                other => {
+                    return Err(Error::NoPath {
+                        op: call.op,
+                        rank,
+                        peer: p,
+                        kind: other.to_string(),
+                    })
+                }
+            }
+            if p != rank && group.topology.tuned_as_net(p) {
+                net_peers |= 1 << p;
+            }
+        }
+        p2p.bind(group, stream)?;
+        let mixed = net_peers != 0;
+        let (func, per_sm) = self.function(group, jit, hooks, mixed)?;
+        let limits = p2p.limits();
+        let blocks_per_peer = self.blocks_per_peer(world, limits.max_blocks);
+        let grid = (2 * world as u32 - 1) * blocks_per_peer;
+        if grid > per_sm.max(1) * self.sm_count {
+            return Err(Error::InvalidArgument {
+                op: call.op,
+                reason: format!(
+                    "{grid} blocks of {THREADS} threads cannot all be resident ({per_sm} per SM x \
+                     {} SMs); the kernel's roles wait on each other, so this would deadlock",
+                    self.sm_count
+                ),
+            });
+        }
+        let args = CollLaunch {
+            p: p2p.base_launch(),
+            input: call.input,
+            output: call.output,
+            send_counts: call.send_counts,
+            send_offsets: call.send_offsets,
+            recv_counts: call.recv_counts,
+            recv_offsets: call.recv_offsets,
+            rows: call.rows,
+            row_len: call.row_len,
+            send_capacity: call.in_elems / call.row_len,
+            recv_capacity: call.out_elems / call.row_len,
+            user: call.user,
+            counters: p2p.counters_base(),
+            state: self.state_ptr,
+            blocks_per_peer,
+            net_peers,
+            count_slot0: limits.count_slot0(world) as u32,
+            reserved: 0,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = stream.launch_builder(&func);
+        builder.arg(&args);
+        // SAFETY: coll_kernel<H, THREADS, MIXED>(CollLaunch) takes exactly this struct by
+        // value. Its window and counters live as long as the communicator; the buffers and
+        // count arrays were checked by the caller (sizes from cudarc slices); the kernel reads
+        // at most `send_capacity` rows of `input` and writes at most `recv_capacity` rows of
+        // `output` (device counts beyond them are refused on the device), and every grid block
+        // is resident (checked above), so the roles' waits on each other cannot deadlock.
+        unsafe { builder.launch(cfg) }.cuda(rank as i32, "cuLaunchKernel (collective)")?;
+        Ok(())
+    }
+}

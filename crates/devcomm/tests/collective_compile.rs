@@ -1,0 +1,101 @@
+//! Compiles the collective kernel with NVRTC for sm_90 (no GPU needed): the default copy hooks
+//! for every element size, both examples' hooks, and the errors a user gets for bad hooks.
+//!
+//! Needs libnvrtc on the loader path; without it the tests print SKIPPED and pass, unless
+//! `DEVCOMM_REQUIRE_NVRTC` is set (CI sets it).
+
+use devcomm::jit;
+use devcomm::{Error, Hooks};
+
+const SM90: (u32, u32) = (9, 0);
+
+fn nvrtc_available() -> bool {
+    match jit::nvrtc_version() {
+        Ok(_) => true,
+        Err(err) => {
+            assert!(
+                std::env::var_os("DEVCOMM_REQUIRE_NVRTC").is_none(),
+                "DEVCOMM_REQUIRE_NVRTC is set but NVRTC is unusable: {err}"
+            );
+            eprintln!("SKIPPED: {err}");
+            false
+        }
+    }
+}
+
+fn compiles(hooks: &Hooks) {
+    let spec = hooks.spec();
+    let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{}: {e}", hooks.name()));
+    assert_eq!(module.lowered_names.len(), 2);
+    for expr in &spec.name_expressions {
+        assert!(module.lowered_names[expr].starts_with("_Z"), "{expr}");
+    }
+    assert!(
+        module.log.is_empty(),
+        "{}: warnings:\n{}",
+        hooks.name(),
+        module.log
+    );
+}
+
+#[test]
+fn copy_hooks_compile_for_every_element_size() {
+    if !nvrtc_available() {
+        return;
+    }
+    compiles(&Hooks::copy::<u8>().unwrap());
+    compiles(&Hooks::copy::<u16>().unwrap());
+    compiles(&Hooks::copy::<f32>().unwrap());
+    compiles(&Hooks::copy::<u64>().unwrap());
+    compiles(&Hooks::copy::<[u32; 4]>().unwrap());
+    assert!(matches!(
+        Hooks::copy::<[u8; 3]>(),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+#[test]
+fn example_hooks_compile() {
+    if !nvrtc_available() {
+        return;
+    }
+    compiles(&Hooks::new::<f32, f32>(
+        "Transpose",
+        include_str!("../examples/hooks/transpose.cu"),
+    ));
+    compiles(&Hooks::new::<f32, f32>(
+        "Fp8",
+        include_str!("../examples/hooks/fp8.cu"),
+    ));
+}
+
+#[test]
+fn a_hook_that_does_not_compile_names_its_line() {
+    if !nvrtc_available() {
+        return;
+    }
+    let source = "struct Bad {\n  using In = float; using Out = float; using Wire = float;\n  \
+                  static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
+                  return undefined_thing(c);\n  }\n  \
+                  static __device__ void consume(const devcomm::Ctx&, const devcomm::Tile<float>&) {}\n};\n";
+    let err = jit::compile(&Hooks::new::<f32, f32>("Bad", source).spec(), SM90).unwrap_err();
+    let Error::Compile { log, .. } = err else {
+        panic!("expected a compile error, got {err}");
+    };
+    assert!(log.contains("hooks.cu(4)"), "log:\n{log}");
+    assert!(log.contains("undefined_thing"), "log:\n{log}");
+}
+
+#[test]
+fn hooks_for_other_element_sizes_are_refused_by_the_compiler() {
+    if !nvrtc_available() {
+        return;
+    }
+    // Declared for f64 buffers, but the struct says float.
+    let hooks = Hooks::new::<f64, f64>("devcomm::CopyHooks<float>", "");
+    let err = jit::compile(&hooks.spec(), SM90).unwrap_err();
+    let Error::Compile { log, .. } = err else {
+        panic!("expected a compile error, got {err}");
+    };
+    assert!(log.contains("In type is not the size"), "log:\n{log}");
+}
