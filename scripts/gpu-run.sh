@@ -2,7 +2,8 @@
 # Runs on a GPU machine from the repository root, with dist/ carried there (scripts/stage.sh):
 # the GPU self-test on every GPU, then the quick benchmarks. Full logs and JSON go to $OUT
 # (or ./gpu-out), and a short summary is printed last.
-#   usage: dist/gpu-run.sh [device-kind] [what...]   what: info selftest latency put sendrecv
+#   usage: dist/gpu-run.sh [device-kind] [what...]
+#   what: info selftest selftest2 coll coll-mixed examples latency put sendrecv sweep graph ...
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_CACHE_DIR=${DEVCOMM_CACHE_DIR:-/tmp/devcomm-cache}
@@ -30,6 +31,14 @@ for w in $what; do
       step info-override env DEVCOMM_TOPOLOGY_OVERRIDE="0-1=net,2-*=shm" $bin launch -n "$n" -- $bin info ;;
     selftest) step selftest $bin launch -n "$n" -- $bin selftest ;;
     selftest2) step selftest-2 $bin launch -n 2 -- $bin selftest ;;
+    coll) step selftest-coll $bin launch -n "$n" -- $bin selftest --only a2a ;;
+    coll-mixed)
+      mixed="0-1=nvl-as-net"; [ "$n" -ge 4 ] && mixed="0-1=nvl-as-net,0-3=nvl-as-net,2-3=nvl-as-net"
+      step selftest-coll-mixed env DEVCOMM_TOPOLOGY_OVERRIDE="$mixed" \
+        $bin launch -n "$n" -- $bin selftest --only a2a ;;
+    examples)
+      step example-transpose $bin launch -n "$n" -- dist/transpose_all_to_all
+      step example-fp8 $bin launch -n "$n" -- dist/fp8_all_to_all ;;
     latency) step latency $bin launch -n 2 -- $bin bench --op latency --device-kind "$kind" --json "$out/latency.json" ;;
     put) step put $bin launch -n 2 -- $bin bench --op put --device-kind "$kind" --json "$out/put.json" --plot "$out/put.svg" ;;
     sendrecv)

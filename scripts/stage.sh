@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p devcomm-cli
+cargo build --release -p devcomm --examples
 mkdir -p dist
 cp target/release/devcomm dist/devcomm
+cp target/release/examples/transpose_all_to_all target/release/examples/fp8_all_to_all dist/
 cp scripts/gpu-run.sh dist/gpu-run.sh
+strip dist/devcomm dist/transpose_all_to_all dist/fp8_all_to_all
 ls -la dist

@@ -9,6 +9,7 @@ mod autolaunch;
 mod bench;
 mod info;
 mod selftest;
+mod selftest_coll;
 mod selftest_p2p;
 
 /// Device-initiated GPU communication: launcher, self-test and benchmarks.

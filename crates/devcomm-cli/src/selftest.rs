@@ -24,7 +24,10 @@ pub struct SelftestArgs {
     /// Back-to-back send/recv calls of the stress check.
     #[arg(long, default_value_t = 10_000)]
     calls: usize,
-    /// Replays of the captured send/recv graph.
+    /// Back-to-back all-to-all-v calls of the collective stress check.
+    #[arg(long, default_value_t = 500)]
+    coll_calls: usize,
+    /// Replays of the captured send/recv and all-to-all-v graphs.
     #[arg(long, default_value_t = 1_000)]
     replays: usize,
     /// Device timeout used by the timeout check, in milliseconds.
@@ -494,6 +497,17 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
         crate::selftest_p2p::check_graph(cx, args.replays)
     });
     run_one("all_gather_ring", &crate::selftest_p2p::check_all_gather);
+    run_one("a2a_sizes", &crate::selftest_coll::check_all_to_all);
+    run_one("a2av_counts", &crate::selftest_coll::check_all_to_allv);
+    run_one("a2a_examples", &crate::selftest_coll::check_examples);
+    run_one("a2a_mixed_kinds", &crate::selftest_coll::check_mixed_kinds);
+    run_one("a2av_back_to_back", &|cx| {
+        crate::selftest_coll::check_back_to_back(cx, args.coll_calls)
+    });
+    run_one("a2av_graph", &|cx| {
+        crate::selftest_coll::check_graph(cx, args.replays)
+    });
+    run_one("a2av_overflow", &crate::selftest_coll::check_overflow);
     // Last: a timeout leaves the communicator aborted.
     run_one("wait_timeout", &|cx| {
         check_timeout(cx, Duration::from_millis(args.timeout_ms))

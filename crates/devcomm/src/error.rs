@@ -77,7 +77,7 @@ pub enum Error {
     },
     /// Device-resident all-to-all-v counts do not fit a buffer: the kernel wrote nothing out of
     /// bounds (a receiver drains its peers' data and discards it; a sender sends nothing for
-    /// the bad range). The communicator must be rebuilt.
+    /// the bad range). Reported once; the communicator stays usable.
     #[error(
         "rank {rank}: all-to-all-v counts need {needed} rows but the {side} buffer holds          {capacity}{}", if *peer >= 0 { format!(" (peer {peer})") } else { String::new() }
     )]

@@ -15,8 +15,8 @@
 // publishes its count to the receiver's signal pad (a value slot and a sequence slot per
 // parity); every receiving block waits for all counts, prefix-sums them into receive offsets,
 // and checks the total against the receive capacity. On overflow the receiver still drains
-// every peer's data (so no peer waits on it) but writes nothing, records the error and, once
-// the whole grid is done, raises the abort flag.
+// every peer's data (so no peer waits on it) but writes nothing and records the error; the
+// communicator stays usable.
 #pragma once
 
 #include "devcomm/transfer.cuh"
@@ -39,7 +39,7 @@ struct CollLaunch {
   dc_u64 recv_capacity;    // @312 rows the receive buffer holds
   dc_u64 user;             // @320 user arguments for the hooks
   dc_u64 counters;         // @328 the p2p counters (bulk steps, low-latency calls)
-  dc_u64 state;            // @336 device u64[4]: variable calls done, arrivals, overflow
+  dc_u64 state;            // @336 device u64[4]: variable calls done, arrivals
   dc_u32 blocks_per_peer;  // @344 B
   dc_u32 net_peers;        // @348 bit q: peer q is tuned as a network peer
   dc_u32 count_slot0;      // @352 first user slot of the count exchange
@@ -210,22 +210,23 @@ __device__ __forceinline__ dc_u64 count_val_slot(const CollLaunch& a, int sender
 }
 
 // Records a bad count (no wait involved): `expected` is the capacity in rows, `seen` what the
-// counts need. The abort flag is raised by the grid's last block (see coll_kernel).
+// counts need. No abort is raised: the kernel still runs the protocol to the end (a receiver
+// drains and discards), so the communicator stays usable. `op` is written last: the host takes
+// a record with flag set, abort clear and op = kOpCountOverflow as complete.
 __device__ inline void record_count_error(const CollLaunch& a, int peer, dc_u64 capacity,
                                           dc_u64 needed) {
   DeviceErrorState* err = error_state(a.p.w);
-  dc_u64* state = reinterpret_cast<dc_u64*>(a.state);
-  atomicExch(reinterpret_cast<unsigned long long*>(&state[2]), 1ull);
   if (err == nullptr) return;
   if (atomicCAS(&err->record.flag, 0u, 1u) == 0u) {
     volatile ErrorRecord* rec = &err->record;
-    rec->op = kOpCountOverflow;
     rec->rank = a.p.w.rank;
     rec->peer = peer;
     rec->slot = 0;
     rec->expected = capacity;
     rec->seen = needed;
     rec->elapsed_ns = 0;
+    __threadfence_system();
+    rec->op = kOpCountOverflow;
     __threadfence_system();
   }
 }
@@ -425,25 +426,15 @@ __global__ void __launch_bounds__(THREADS, 1) coll_kernel(CollLaunch a) {
   // Changed only by the last block of the previous launch: ordered by the kernel boundary.
   const dc_u64 seq = state[0] + 1;
   coll_body<H, THREADS, MIXED>(a, seq);
-  // Every block arrives; the last one advances the call number and, after a count error,
-  // raises the abort flag now that this rank has drained what its peers sent.
+  // Every block arrives; the last one advances the call number.
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     const unsigned long long prev =
         atomicAdd(reinterpret_cast<unsigned long long*>(&state[1]), 1ull);
     if (prev == gridDim.x - 1) {
-      __threadfence();
       state[1] = 0;
       state[0] = seq;
-      if (state[2] != 0) {
-        state[2] = 0;
-        DeviceErrorState* err = error_state(a.p.w);
-        if (err != nullptr) {
-          *reinterpret_cast<volatile dc_u32*>(&err->abort) = 1u;
-          __threadfence_system();
-        }
-      }
     }
   }
 }

@@ -131,6 +131,12 @@ impl ErrorState {
                 Verdict::Pending => break settle(&state, self.rank),
             }
         };
+        if let Err(Error::CountOverflow { .. }) = &result {
+            // The kernel drained every peer's data and left the protocol's counters
+            // consistent: the communicator stays usable. Report this once, then clear it.
+            self.clear_record();
+            return result;
+        }
         if let Err(e) = &result {
             *fired = Some(match e {
                 Error::Aborted { reason, .. } => reason.clone(),
@@ -138,6 +144,19 @@ impl ErrorState {
             });
         }
         result
+    }
+
+    /// Empties the record (after a count error, which leaves nothing aborted).
+    fn clear_record(&self) {
+        // SAFETY: as in `read`; no kernel writes the record while `flag` is 1 and `abort` 0
+        // except the one that claimed it, which wrote `op` last (already seen).
+        unsafe {
+            std::ptr::write_volatile(
+                std::ptr::addr_of_mut!((*self.host).record),
+                ErrorRecord::default(),
+            )
+        };
+        fence(Ordering::SeqCst);
     }
 
     /// Raises the abort flag: every device wait of this communicator returns at once, and
@@ -186,6 +205,10 @@ pub(crate) fn evaluate(state: &DeviceErrorState, rank: usize, host_raised: bool)
         (false, false) => Verdict::Clear,
         (true, true) => Verdict::Failed(Box::new(record_to_error(&state.record))),
         (true, false) if host_raised => Verdict::Failed(Box::new(host_abort(rank))),
+        // A count error raises no abort; its writer stores `op` last, so the op marks it whole.
+        (false, true) if DeviceOp::from_code(state.record.op) == DeviceOp::CountOverflow => {
+            Verdict::Failed(Box::new(record_to_error(&state.record)))
+        }
         (false, true) | (true, false) => Verdict::Pending,
     }
 }
