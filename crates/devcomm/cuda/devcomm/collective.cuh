@@ -11,7 +11,9 @@
 // network-like); blocks of a role beyond its plan's count return at once (seed 001's masking).
 // Both ends compute the same plan from the same count, so counters and spans agree.
 //
-// All-to-all-v (send_counts != 0): counts are rows, read from device memory. Each sender
+// Modes: kModeUniform (all-to-all: `rows` for every peer), kModePeerRows (send/recv with hooks:
+// host-given rows per peer in `peer_rows`, chunks packed in rank order), kModeDeviceCounts
+// (all-to-all-v). All-to-all-v: counts are rows, read from device memory. Each sender
 // publishes its count to the receiver's signal pad (a value slot and a sequence slot per
 // parity); every receiving block waits for all counts, prefix-sums them into receive offsets,
 // and checks the total against the receive capacity. On overflow the receiver still drains
@@ -33,7 +35,7 @@ struct CollLaunch {
   dc_u64 send_offsets;     // @264 device u64[W]: first row for each peer; 0: packed in rank order
   dc_u64 recv_counts;      // @272 device u64[W] written: rows received from each peer (or 0)
   dc_u64 recv_offsets;     // @280 device u64[W] written: first row of each peer's data (or 0)
-  dc_u64 rows;             // @288 rows per peer when send_counts == 0
+  dc_u64 rows;             // @288 kModeUniform: rows per peer
   dc_u64 row_len;          // @296 elements per row (Ctx::cols)
   dc_u64 send_capacity;    // @304 rows in the send buffer
   dc_u64 recv_capacity;    // @312 rows the receive buffer holds
@@ -43,10 +45,14 @@ struct CollLaunch {
   dc_u32 blocks_per_peer;  // @344 B
   dc_u32 net_peers;        // @348 bit q: peer q is tuned as a network peer
   dc_u32 count_slot0;      // @352 first user slot of the count exchange
-  dc_u32 reserved;         // @356
+  dc_u32 mode;             // @356 kModeUniform, kModePeerRows or kModeDeviceCounts
+  dc_u64 peer_rows[2][32]; // @360 kModePeerRows: rows sent to / received from each peer
 };
 
-static_assert(sizeof(CollLaunch) == 360, "CollLaunch size");
+enum CollMode : dc_u32 { kModeUniform = 0, kModePeerRows = 1, kModeDeviceCounts = 2 };
+
+static_assert(sizeof(CollLaunch) == 872, "CollLaunch size");
+static_assert(DC_OFFSETOF(CollLaunch, peer_rows) == 360, "CollLaunch.peer_rows");
 static_assert(DC_OFFSETOF(CollLaunch, in) == 240, "CollLaunch.in");
 static_assert(DC_OFFSETOF(CollLaunch, state) == 336, "CollLaunch.state");
 static_assert(DC_OFFSETOF(CollLaunch, blocks_per_peer) == 344, "CollLaunch.blocks_per_peer");
@@ -235,9 +241,15 @@ __device__ inline void record_count_error(const CollLaunch& a, int peer, dc_u64 
 // error and sends nothing. Every role computes it the same way.
 __device__ __forceinline__ void send_range(const CollLaunch& a, int peer, dc_u64& rows,
                                            dc_u64& first, bool report) {
-  if (a.send_counts == 0) {
+  if (a.mode == kModeUniform) {
     rows = a.rows;
     first = (dc_u64)peer * a.rows;
+    return;
+  }
+  if (a.mode == kModePeerRows) {
+    rows = a.peer_rows[0][peer];
+    first = 0;
+    for (int q = 0; q < peer; ++q) first += a.peer_rows[0][q];
     return;
   }
   const dc_u64* counts = reinterpret_cast<const dc_u64*>(a.send_counts);
@@ -261,10 +273,20 @@ template <int THREADS>
 __device__ bool recv_range(const CollLaunch& a, int peer, dc_u64 seq, dc_u64& rows,
                            dc_u64& first, dc_u64& total, bool& overflow) {
   overflow = false;
-  if (a.send_counts == 0) {
+  if (a.mode == kModeUniform) {
     rows = a.rows;
     first = (dc_u64)peer * a.rows;
     total = (dc_u64)a.p.w.world_size * a.rows;
+    return true;
+  }
+  if (a.mode == kModePeerRows) {  // the host checked the total against the capacity
+    rows = a.peer_rows[1][peer];
+    first = 0;
+    total = 0;
+    for (int q = 0; q < a.p.w.world_size; ++q) {
+      if (q == peer) first = total;
+      total += a.peer_rows[1][q];
+    }
     return true;
   }
   __shared__ dc_u64 counts[32];
@@ -333,7 +355,7 @@ template <class H, int THREADS, bool MIXED>
 __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   dc_u64 rows, first;
   send_range(a, peer, rows, first, b == 0 && threadIdx.x == 0);
-  if (a.send_counts != 0 && b == 0 && threadIdx.x == 0) publish_count(a, peer, rows, seq);
+  if (a.mode == kModeDeviceCounts && b == 0 && threadIdx.x == 0) publish_count(a, peer, rows, seq);
   const dc_u64 n = rows * a.row_len;
   const bool net = MIXED && ((a.net_peers >> peer) & 1u);
   const Plan pl = plan_for<THREADS>(a.p, Shape<H>::wire_bytes(n), net, a.blocks_per_peer);
@@ -418,7 +440,7 @@ __device__ __forceinline__ void coll_body(const CollLaunch& a, dc_u64 seq) {
 
 template <class H, int THREADS, bool MIXED>
 __global__ void __launch_bounds__(THREADS, 1) coll_kernel(CollLaunch a) {
-  if (a.send_counts == 0) {  // counts known to every rank: no exchange, no call numbers
+  if (a.mode != kModeDeviceCounts) {  // counts known on the host: no exchange, no call numbers
     coll_body<H, THREADS, MIXED>(a, 0);
     return;
   }

@@ -44,9 +44,18 @@ pub struct CollLaunch {
     pub net_peers: u32,
     /// First user slot of the count exchange.
     pub count_slot0: u32,
-    /// Padding; keep zero.
-    pub reserved: u32,
+    /// 0: `rows` for every peer; 1: `peer_rows`; 2: device counts.
+    pub mode: u32,
+    /// Mode 1: rows sent to (`[0]`) and received from (`[1]`) each peer.
+    pub peer_rows: [[u64; 32]; 2],
 }
+
+/// `CollLaunch::mode` values.
+pub const MODE_UNIFORM: u32 = 0;
+/// Host-given rows per peer.
+pub const MODE_PEER_ROWS: u32 = 1;
+/// Device-resident counts (all-to-all-v).
+pub const MODE_DEVICE_COUNTS: u32 = 2;
 
 // SAFETY: plain #[repr(C)] integers whose layout equals the C++ struct (asserted below and in
 // tests/layout.rs).
@@ -160,7 +169,8 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
 ];
 
 const _: () = {
-    assert!(size_of::<CollLaunch>() == 360);
+    assert!(size_of::<CollLaunch>() == 872);
+    assert!(offset_of!(CollLaunch, peer_rows) == 360);
     assert!(offset_of!(CollLaunch, input) == 240);
     assert!(offset_of!(CollLaunch, state) == 336);
     assert!(offset_of!(CollLaunch, blocks_per_peer) == 344);

@@ -15,6 +15,7 @@ use crate::jit::{Jit, KernelSpec};
 use crate::p2p::P2P;
 use crate::topology::LinkKind;
 use handle::CollLaunch;
+pub use handle::{MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
 
 /// Threads per block of the collective kernel (16 warps: 16 bulk channels per block).
 pub const THREADS: u32 = 512;
@@ -83,6 +84,16 @@ impl Hooks {
     /// Whether these hooks were declared for elements of `in_size` and `out_size` bytes.
     pub fn accepts(&self, in_size: usize, out_size: usize) -> bool {
         self.in_size == in_size && self.out_size == out_size
+    }
+
+    /// Whether the hooks' `In` elements are `size` bytes.
+    pub fn accepts_input(&self, size: usize) -> bool {
+        self.in_size == size
+    }
+
+    /// Whether the hooks' `Out` elements are `size` bytes.
+    pub fn accepts_output(&self, size: usize) -> bool {
+        self.out_size == size
     }
 
     /// The hooks struct's name.
@@ -170,6 +181,10 @@ pub(crate) struct CollCall {
     pub recv_counts: u64,
     pub recv_offsets: u64,
     pub user: u64,
+    /// `handle::MODE_*`.
+    pub mode: u32,
+    /// Mode `MODE_PEER_ROWS`: rows sent to / received from each peer.
+    pub peer_rows: [[u64; 32]; 2],
 }
 
 /// Per-communicator collective state.
@@ -331,7 +346,8 @@ impl Collective {
             blocks_per_peer,
             net_peers,
             count_slot0: limits.count_slot0(world) as u32,
-            reserved: 0,
+            mode: call.mode,
+            peer_rows: call.peer_rows,
         };
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
