@@ -8,6 +8,7 @@ use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 
 use crate::selftest::Ctx;
 
+mod alltoall;
 pub(crate) mod nccl;
 mod plot;
 mod sendrecv;
@@ -17,7 +18,9 @@ mod sendrecv;
 pub struct BenchArgs {
     /// What to time: `sendrecv` (against NCCL send/recv), `latency` (signal ping-pong between
     /// ranks 0 and 1), `put` (one GPU pushing into a peer's window, against the copy engine
-    /// and NCCL send/recv).
+    /// and NCCL send/recv), `all_to_all` (every rank, equal chunks, against NCCL grouped
+    /// send/recv), `all_to_allv` (MoE token dispatch with counts on the GPU, against NCCL's
+    /// count exchange, host sync and grouped send/recv).
     #[arg(long, default_value = "sendrecv")]
     op: String,
     /// Timed repetitions per point (the median is reported).
@@ -38,7 +41,7 @@ pub struct BenchArgs {
     /// Send/recv: both directions at once.
     #[arg(long)]
     both_directions: bool,
-    /// Largest message size to time.
+    /// Largest message size to time (per peer for `all_to_all`, which stops at 256 MiB).
     #[arg(long, default_value_t = 1 << 30)]
     max_bytes: usize,
     /// Send/recv: time every candidate configuration per size (protocol, blocks, chunk) and
@@ -83,6 +86,9 @@ pub struct Record {
     pub config: String,
     /// The reference's bandwidth, GB/s.
     pub nccl_gbps: f64,
+    /// Tokens per rank (all-to-all-v).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
 }
 
 pub(crate) fn today() -> String {
@@ -135,6 +141,34 @@ pub(crate) fn time_us(
     Ok(samples[samples.len() / 2])
 }
 
+/// Median host wall-clock time of `f` followed by a stream synchronisation, microseconds, the
+/// slowest rank's (every rank returns it). Each sample starts after a host barrier, on an idle
+/// stream. For calls that wait on the GPU from the host inside, where only this times them
+/// the way a user sees them.
+pub(crate) fn time_wall(
+    cx: &Ctx,
+    warmup: usize,
+    iters: usize,
+    what: &str,
+    f: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        cx.host_barrier()?;
+        cx.stream.synchronize().map_err(|e| e.to_string())?;
+        let t0 = std::time::Instant::now();
+        f()?;
+        cx.stream.synchronize().map_err(|e| e.to_string())?;
+        if i >= warmup {
+            samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    let us = samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN);
+    cx.sync()?;
+    nccl::max_over_ranks(cx, what, us)
+}
+
 /// Per-call median time of `calls` back-to-back calls of `f` on ranks 0 and 1 (each sample
 /// starts after a host barrier); the other ranks only meet the barriers. Every rank returns
 /// the slower of ranks 0 and 1.
@@ -146,7 +180,20 @@ pub(crate) fn time_pair(
     what: &str,
     f: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<f64, String> {
-    let us = if cx.comm.rank() < 2 {
+    time_ranks(cx, 2, warmup, iters, calls, what, f)
+}
+
+/// [`time_pair`] on ranks `0..ranks` (every rank for collectives): the slowest rank's median.
+pub(crate) fn time_ranks(
+    cx: &Ctx,
+    ranks: usize,
+    warmup: usize,
+    iters: usize,
+    calls: usize,
+    what: &str,
+    f: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let us = if cx.comm.rank() < ranks {
         time_us(
             &cx.stream,
             warmup,
@@ -180,7 +227,13 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
         "put" => bench_put(&cx, args)?,
         "sendrecv" if args.graph => sendrecv::run_graph(&cx, args)?,
         "sendrecv" => sendrecv::run(&cx, args, args.both_directions)?,
-        other => return Err(format!("unknown --op {other:?} (latency, put, sendrecv)")),
+        "all_to_all" => alltoall::run(&cx, args)?,
+        "all_to_allv" => alltoall::run_v(&cx, args)?,
+        other => {
+            return Err(format!(
+                "unknown --op {other:?} (latency, put, sendrecv, all_to_all, all_to_allv)"
+            ))
+        }
     };
     if cx.comm.rank() == 0 {
         print_table(&records);
@@ -206,14 +259,33 @@ pub(crate) fn device_label(cx: &Ctx, args: &BenchArgs) -> String {
 }
 
 fn print_table(records: &[Record]) {
+    // A tokens column only when some record has tokens (all-to-all-v).
+    let with_tokens = records.iter().any(|r| r.tokens.is_some());
+    let tokens = |t: String| {
+        if with_tokens {
+            format!("{t:>6} ")
+        } else {
+            String::new()
+        }
+    };
     println!(
-        "{:<10} {:>12} {:>5} {:>12} {:>12} {:>10} {:>10} {:>7} {:>4}  reference",
-        "op", "bytes", "both", "devcomm_us", "ref_us", "devcomm", "ref", "ratio", "sms"
+        "{:<10} {}{:>12} {:>5} {:>12} {:>12} {:>10} {:>10} {:>7} {:>4}  reference",
+        "op",
+        tokens("tokens".into()),
+        "bytes",
+        "both",
+        "devcomm_us",
+        "ref_us",
+        "devcomm",
+        "ref",
+        "ratio",
+        "sms"
     );
     for r in records {
         println!(
-            "{:<10} {:>12} {:>5} {:>12.2} {:>12.2} {:>8.1}GB {:>8.1}GB {:>7.3} {:>4}  {} {}",
+            "{:<10} {}{:>12} {:>5} {:>12.2} {:>12.2} {:>8.1}GB {:>8.1}GB {:>7.3} {:>4}  {} {}",
             r.op,
+            tokens(r.tokens.map_or_else(|| "-".into(), |t| t.to_string())),
             r.bytes,
             r.both_directions,
             r.devcomm_us,
@@ -286,6 +358,7 @@ fn bench_latency(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         devcomm_gbps: 0.0,
         nccl_gbps: 0.0,
         config: String::new(),
+        tokens: None,
     }])
 }
 
@@ -397,6 +470,7 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
                         devcomm_gbps: bytes as f64 / us / 1e3,
                         nccl_gbps: bytes as f64 / ref_us / 1e3,
                         config: String::new(),
+                        tokens: None,
                     });
                 }
             }

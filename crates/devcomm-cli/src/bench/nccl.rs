@@ -1,7 +1,10 @@
 //! NCCL as the reference: one communicator over all ranks, on the benchmark's stream.
 
-use cudarc::driver::CudaSlice;
-use cudarc::nccl::safe::{Comm as NcclComm, Id};
+use std::ops::Range;
+
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use cudarc::nccl::result as nccl_result;
+use cudarc::nccl::safe::{Comm as NcclComm, Id, NcclType};
 
 use crate::bench::time_pair;
 use crate::selftest::Ctx;
@@ -46,6 +49,30 @@ impl NcclPair {
     /// The NCCL communicator.
     pub(crate) fn comm(&self) -> &NcclComm {
         &self.comm
+    }
+
+    /// All-to-all as a PyTorch user gets it (`all_to_all_single`): one NCCL group of a send and
+    /// a receive with every rank, itself included. `send[sends[p]]` goes to rank `p`;
+    /// `recv[recvs[p]]` comes from rank `p`.
+    pub(crate) fn all_to_all<T: NcclType>(
+        &self,
+        send: &CudaView<'_, T>,
+        recv: &mut CudaViewMut<'_, T>,
+        sends: &[Range<usize>],
+        recvs: &[Range<usize>],
+    ) -> Result<(), String> {
+        let err = |e| format!("NCCL: {e:?}");
+        nccl_result::group_start().map_err(err)?;
+        for (p, (s, r)) in sends.iter().zip(recvs).enumerate() {
+            self.comm
+                .send(&send.slice(s.clone()), p as i32)
+                .map_err(err)?;
+            self.comm
+                .recv(&mut recv.slice_mut(r.clone()), p as i32)
+                .map_err(err)?;
+        }
+        nccl_result::group_end().map_err(err)?;
+        Ok(())
     }
 
     /// Median time of `bytes` sent from rank 0 to rank 1 (the slower of the two ranks' medians;

@@ -28,7 +28,7 @@ pub(crate) const SIZES: &[usize] = &[
 ];
 
 /// Back-to-back calls per timed sample: enough that one sample lasts well over the launch gap.
-fn calls_per_sample(bytes: usize) -> usize {
+pub(crate) fn calls_per_sample(bytes: usize) -> usize {
     ((64usize << 20) / bytes.max(1)).clamp(1, 50)
 }
 
@@ -114,6 +114,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                 devcomm_gbps: gbps(d_us),
                 nccl_gbps: gbps(n_us),
                 config: describe(&cfg),
+                tokens: None,
             });
         }
         cx.host_barrier()?;
@@ -235,6 +236,7 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
                 devcomm_gbps: bytes as f64 / d_us / 1e3,
                 nccl_gbps: bytes as f64 / n_us / 1e3,
                 config: describe(&cfg),
+                tokens: None,
             });
         }
         drop(dgraph);
