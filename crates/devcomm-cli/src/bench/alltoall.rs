@@ -64,7 +64,84 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         let r = a2a_point(cx, args, &nccl, &mut send, &mut recv, bytes)?;
         out.extend(r);
     }
+    drop((send, recv));
+    if HOOKED_BYTES <= max && 2 * world * HOOKED_BYTES <= free {
+        out.extend(hooked_points(cx, args)?);
+    }
     Ok(out)
+}
+
+/// Bytes per peer at which the hooked all-to-alls are compared with the plain one.
+const HOOKED_BYTES: usize = 16 << 20;
+
+/// The transpose and fp8 all-to-alls (the examples' hooks) against devcomm's plain all-to-all
+/// of the same f32 buffers: `nccl_us` holds the plain time here (see `reference`).
+fn hooked_points(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
+    use cudarc::driver::DevicePtr;
+    use devcomm::{HookArgs, Hooks};
+    let e = |x: devcomm::Error| x.to_string();
+    let c = |x: cudarc::driver::DriverError| x.to_string();
+    let (world, rank) = (cx.comm.world_size(), cx.comm.rank());
+    let n = HOOKED_BYTES / 4;
+    let side = 2048; // n = side x side: each chunk a square matrix
+    let data: Vec<f32> = cx
+        .data_of(rank, 9000, world * n * 4)
+        .chunks_exact(4)
+        .map(|b| (i32::from_le_bytes([b[0], b[1], b[2], b[3]]) % 100_000) as f32 * 1e-3)
+        .collect();
+    let send = cx.stream.clone_htod(&data).map_err(c)?;
+    let mut recv = cx.stream.alloc_zeros::<f32>(world * n).map_err(c)?;
+    let scales = cx
+        .stream
+        .clone_htod(&vec![100.0f32 / 448.0; world])
+        .map_err(c)?;
+    let user_args = {
+        let (p, _g) = scales.device_ptr(&cx.stream);
+        cx.stream.clone_htod(&[p, p]).map_err(c)?
+    };
+    let user = user_args.device_ptr(&cx.stream).0;
+    let transpose = Hooks::new::<f32, f32>(
+        "Transpose",
+        include_str!("../../../devcomm/examples/hooks/transpose.cu"),
+    );
+    let fp8 = Hooks::new::<f32, f32>(
+        "Fp8",
+        include_str!("../../../devcomm/examples/hooks/fp8.cu"),
+    );
+    let copy = Hooks::copy::<f32>().map_err(e)?;
+    cx.sync()?;
+    let (warmup, iters) = (args.warmup, args.iters);
+    let calls = calls_per_sample(world * HOOKED_BYTES);
+    let mut time = |hooks: &Hooks, a: HookArgs, what: &str| {
+        time_ranks(cx, world, warmup, iters, calls, what, &mut || {
+            cx.comm
+                .all_to_all_hooked(hooks, &send, &mut recv, a, &cx.stream)
+                .map_err(e)
+        })
+    };
+    let plain = time(&copy, HookArgs::default(), "a2a-plain-f32")?;
+    let t_us = time(
+        &transpose,
+        HookArgs {
+            user: 0,
+            row_len: side,
+        },
+        "a2a-transpose",
+    )?;
+    let f_us = time(&fp8, HookArgs { user, row_len: 0 }, "a2a-fp8")?;
+    if rank != 0 {
+        return Ok(Vec::new());
+    }
+    let mk = |op: &str, us: f64| Record {
+        reference: "devcomm plain all_to_all of the same f32 buffers (nccl_us holds its time)"
+            .into(),
+        config: format!("plain {plain:.1} us"),
+        ..record(cx, args, op, HOOKED_BYTES as u64, (us, plain))
+    };
+    Ok(vec![
+        mk("all_to_all_transpose", t_us),
+        mk("all_to_all_fp8", f_us),
+    ])
 }
 
 /// One size: fresh data, devcomm timed, devcomm verified, NCCL timed. The record on rank 0.
