@@ -70,25 +70,25 @@ struct Plan {
 };
 
 // The tuning table (docs/COLLECTIVES.md, "Per-peer tuning"). NVLink peers: low-latency lines
-// up to 64 KiB, one block per 4 KiB of lines; bulk with one block per 256 KiB, up to B blocks,
-// 32 KiB chunks once each channel has two of them. Network-like peers: low-latency up to
-// 16 KiB on one block; bulk on at most 2 blocks with the largest chunk the slots hold.
+// up to 256 KiB, one block per 8 KiB of payload; bulk with one block per 128 KiB, up to B blocks,
+// 32 KiB chunks once each channel has 64 KiB. Network-like peers: low-latency up to 16 KiB on
+// one block; bulk on at most 2 blocks with the largest chunk the slots hold.
 template <int THREADS>
 __device__ __forceinline__ Plan plan_for(const P2PLaunch& p, dc_u64 wire, bool net, dc_u32 B) {
   Plan pl{wire, 0, 0, 0};
   if (wire == 0) return pl;
   const dc_u64 ll_cap = (p.ll_parity_bytes - 16ull * p.max_blocks) / 2;
-  const dc_u64 ll_max = net ? 16384ull : 65536ull;
+  const dc_u64 ll_max = net ? (16ull << 10) : (256ull << 10);
   const dc_u32 most = B < p.max_blocks ? B : p.max_blocks;
   if (wire <= (ll_max < ll_cap ? ll_max : ll_cap)) {
-    const dc_u64 per = (dc_u64)THREADS * 8;
+    const dc_u64 per = (dc_u64)THREADS * 16;
     dc_u64 b = net ? 1 : (wire + per - 1) / per;
     pl.blocks = (dc_u32)(b < most ? b : most);
     pl.ll = 1;
     return pl;
   }
   const dc_u32 cap = net ? (most < 2 ? most : 2) : most;
-  dc_u64 b = (wire + (256ull << 10) - 1) / (256ull << 10);
+  dc_u64 b = (wire + (128ull << 10) - 1) / (128ull << 10);
   pl.blocks = (dc_u32)(b < cap ? b : cap);
   const dc_u64 channels = (dc_u64)pl.blocks * (THREADS / 32);
   dc_u64 chunk = net ? p.slot_stride : (wire / channels >= (64ull << 10) ? (32ull << 10) : (16ull << 10));

@@ -22,7 +22,7 @@ pub const THREADS: u32 = 512;
 
 /// Most blocks per (peer, role). Each role of each peer gets at most this many; the kernel has
 /// `(2 W - 1)` roles, which must all be resident at once.
-pub const MAX_BLOCKS_PER_PEER: u32 = 16;
+pub const MAX_BLOCKS_PER_PEER: u32 = 32;
 
 /// A pair of hooks, `produce(ctx) -> tile` and `consume(ctx, tile)`, given as CUDA C++ source
 /// (see `cuda/devcomm/hooks.cuh` for the contract and the `Ctx` struct). The JIT compiles the
