@@ -7,6 +7,7 @@ use devcomm::{AllToAllVCounts, Error};
 use rand::{Rng, SeedableRng};
 
 use crate::selftest::Ctx;
+use crate::selftest_p2p::{compare as first_diff, POISON};
 
 #[allow(dead_code)]
 #[path = "../../devcomm/examples/transpose_all_to_all.rs"]
@@ -17,28 +18,10 @@ mod transpose_example;
 mod fp8_example;
 
 type Check = Result<String, String>;
-const POISON: u8 = 0xA5;
 const GUARD: usize = 256;
 
 fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
-}
-
-fn first_diff(got: &[u8], expect: &[u8], what: &str) -> Result<(), String> {
-    if got.len() != expect.len() {
-        return Err(format!(
-            "{what}: {} bytes, expected {}",
-            got.len(),
-            expect.len()
-        ));
-    }
-    match got.iter().zip(expect).position(|(a, b)| a != b) {
-        Some(i) => Err(format!(
-            "{what}: byte {i} is {:#x}, expected {:#x}",
-            got[i], expect[i]
-        )),
-        None => Ok(()),
-    }
 }
 
 /// All-to-all of `n` bytes per peer: chunk p of rank s is `data_of(s, tag)[p n..]`.

@@ -8,7 +8,7 @@ use devcomm::Error;
 use crate::selftest::Ctx;
 
 type Check = Result<String, String>;
-const POISON: u8 = 0xA5;
+pub(crate) const POISON: u8 = 0xA5;
 
 /// Partner for pairwise checks: 0<->1, 2<->3, ...; None for an odd last rank.
 fn partner(cx: &Ctx) -> Option<usize> {
@@ -23,7 +23,7 @@ fn poisoned(cx: &Ctx, bytes: usize) -> Result<CudaSlice<u8>, String> {
         .map_err(|e| e.to_string())
 }
 
-fn compare(got: &[u8], expect: &[u8], what: &str) -> Result<(), String> {
+pub(crate) fn compare(got: &[u8], expect: &[u8], what: &str) -> Result<(), String> {
     if got.len() != expect.len() {
         return Err(format!(
             "{what}: {} bytes, expected {}",

@@ -540,19 +540,11 @@ fn elems<T>(bytes: usize) -> u64 {
     (bytes / std::mem::size_of::<T>().max(1)) as u64
 }
 
-fn check_hook_sizes<I, O>(op: &'static str, hooks: &Hooks) -> Result<()> {
-    let (i, o) = (std::mem::size_of::<I>(), std::mem::size_of::<O>());
-    if !hooks.accepts(i, o) {
-        return Err(Error::InvalidArgument {
-            op,
-            reason: format!(
-                "hooks `{}` were declared for other element sizes than the buffers' ({i} and \
-                 {o} bytes)",
-                hooks.name()
-            ),
-        });
-    }
-    Ok(())
+fn sizes<I, O>() -> (Option<usize>, Option<usize>) {
+    (
+        Some(std::mem::size_of::<I>()),
+        Some(std::mem::size_of::<O>()),
+    )
 }
 
 /// Collectives on the send/recv protocol, with hooks (docs/COLLECTIVES.md).
@@ -581,7 +573,8 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         const OP: &str = "all_to_all";
-        check_hook_sizes::<I, O>(OP, hooks)?;
+        let (i, o) = sizes::<I, O>();
+        hooks.check_sizes(OP, i, o)?;
         let world = self.world_size() as u64;
         let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
         if in_elems % world != 0 || out_elems % world != 0 || in_elems != out_elems {
@@ -661,7 +654,8 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         const OP: &str = "all_to_allv";
-        check_hook_sizes::<I, O>(OP, hooks)?;
+        let (i, o) = sizes::<I, O>();
+        hooks.check_sizes(OP, i, o)?;
         let world = self.world_size();
         let short = [
             ("send_counts", counts.send_counts.len()),
@@ -729,9 +723,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        if !hooks.accepts_input(std::mem::size_of::<I>()) {
-            return check_hook_sizes::<I, I>("send_tiles", hooks);
-        }
+        hooks.check_sizes("send_tiles", Some(std::mem::size_of::<I>()), None)?;
         let n = elems::<I>(buf.num_bytes());
         let (ptr, _s) = buf.device_ptr(stream);
         self.tiles(hooks, Some((ptr, n, peer)), None, args, stream)
@@ -746,9 +738,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        if !hooks.accepts_output(std::mem::size_of::<O>()) {
-            return check_hook_sizes::<O, O>("recv_tiles", hooks);
-        }
+        hooks.check_sizes("recv_tiles", None, Some(std::mem::size_of::<O>()))?;
         let n = elems::<O>(buf.num_bytes());
         let (ptr, _r) = buf.device_ptr_mut(stream);
         self.tiles(hooks, None, Some((ptr, n, peer)), args, stream)
@@ -767,7 +757,8 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        check_hook_sizes::<I, O>("sendrecv_tiles", hooks)?;
+        let (i, o) = sizes::<I, O>();
+        hooks.check_sizes("sendrecv_tiles", i, o)?;
         let (ns, nr) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
         let (sp, _s) = send.device_ptr(stream);
         let (rp, _r) = recv.device_ptr_mut(stream);

@@ -4,24 +4,10 @@
 //! Needs libnvrtc on the loader path; without it the tests print SKIPPED and pass, unless
 //! `DEVCOMM_REQUIRE_NVRTC` is set (CI sets it).
 
+mod common;
+use common::{nvrtc_available, SM90};
 use devcomm::jit;
 use devcomm::{Error, Hooks};
-
-const SM90: (u32, u32) = (9, 0);
-
-fn nvrtc_available() -> bool {
-    match jit::nvrtc_version() {
-        Ok(_) => true,
-        Err(err) => {
-            assert!(
-                std::env::var_os("DEVCOMM_REQUIRE_NVRTC").is_none(),
-                "DEVCOMM_REQUIRE_NVRTC is set but NVRTC is unusable: {err}"
-            );
-            eprintln!("SKIPPED: {err}");
-            false
-        }
-    }
-}
 
 fn compiles(hooks: &Hooks) {
     let spec = hooks.spec();

@@ -3,28 +3,13 @@
 //! Needs libnvrtc on the loader path (e.g. `LD_LIBRARY_PATH=.../nvidia/cu13/lib`). Without it
 //! the tests print SKIPPED and pass, unless `DEVCOMM_REQUIRE_NVRTC` is set (CI sets it).
 
+mod common;
+use common::{nvrtc_available, SM90};
 use std::time::Instant;
 
 use devcomm::device::{self, HEADERS};
 use devcomm::jit::{self, KernelSpec};
 use devcomm::Error;
-
-/// The architecture the library targets first (H100/H200).
-const SM90: (u32, u32) = (9, 0);
-
-fn nvrtc_available() -> bool {
-    match jit::nvrtc_version() {
-        Ok(_) => true,
-        Err(err) => {
-            assert!(
-                std::env::var_os("DEVCOMM_REQUIRE_NVRTC").is_none(),
-                "DEVCOMM_REQUIRE_NVRTC is set but NVRTC is unusable: {err}"
-            );
-            eprintln!("SKIPPED: {err}");
-            false
-        }
-    }
-}
 
 fn compile_timed(spec: &KernelSpec) -> jit::CompiledModule {
     let start = Instant::now();

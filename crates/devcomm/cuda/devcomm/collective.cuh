@@ -110,13 +110,11 @@ struct Shape {
   }
 };
 
-// Sending mover: tiles of one chunk through H::produce.
+// One chunk seen tile by tile: the Ctx of tile k.
 template <class H>
-struct HookSend {
-  using W = typename H::Wire;
-  static constexpr dc_u64 kUnit = 16;
-  Ctx base;    // in, user, rows, cols, peer, rank, world_size
-  dc_u64 e0;   // the chunk's first element in `in`
+struct ChunkTiles {
+  Ctx base;    // in or out, user, rows, cols, peer, rank, world_size
+  dc_u64 e0;   // the chunk's first element in the buffer
   dc_u64 n;    // the chunk's elements
 
   __device__ __forceinline__ Ctx at(dc_u64 tile) const {
@@ -126,6 +124,14 @@ struct HookSend {
     c.valid = Shape<H>::valid(c.pos, n);
     return c;
   }
+};
+
+// Sending mover: tiles of one chunk through H::produce.
+template <class H>
+struct HookSend : ChunkTiles<H> {
+  using W = typename H::Wire;
+  using ChunkTiles<H>::at;
+  static constexpr dc_u64 kUnit = 16;
   template <class G>
   __device__ __forceinline__ void chunk(const G& g, char* slot, dc_u64 off, dc_u64 bytes) const {
     const dc_u64 t0 = off / 16, nt = bytes / 16, gs = g.size();
@@ -153,21 +159,11 @@ struct HookSend {
 
 // Receiving mover: tiles of one chunk through H::consume; `discard` drains without writing.
 template <class H>
-struct HookRecv {
+struct HookRecv : ChunkTiles<H> {
   using W = typename H::Wire;
+  using ChunkTiles<H>::at;
   static constexpr dc_u64 kUnit = 16;
-  Ctx base;
-  dc_u64 e0;
-  dc_u64 n;
   bool discard;
-
-  __device__ __forceinline__ Ctx at(dc_u64 tile) const {
-    Ctx c = base;
-    c.pos = tile * Shape<H>::kElems;
-    c.index = e0 + c.pos;
-    c.valid = Shape<H>::valid(c.pos, n);
-    return c;
-  }
   template <class G>
   __device__ __forceinline__ void chunk(const G& g, const char* slot, dc_u64 off,
                                         dc_u64 bytes) const {
@@ -360,7 +356,7 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const bool net = MIXED && ((a.net_peers >> peer) & 1u);
   const Plan pl = plan_for<THREADS>(a.p, Shape<H>::wire_bytes(n), net, a.blocks_per_peer);
   if (b >= pl.blocks) return;
-  const HookSend<H> m{base_ctx<H>(a, peer, rows, true), first * a.row_len, n};
+  const HookSend<H> m{{base_ctx<H>(a, peer, rows, true), first * a.row_len, n}};
   const P2PSide s{0, pl.wire, counter(a, 0, peer), counter(a, 2, peer), pl.chunk, peer,
                   pl.blocks, pl.ll, 0};
   constexpr dc_u32 kWarps = THREADS / 32;
@@ -384,7 +380,7 @@ __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const bool net = MIXED && ((a.net_peers >> peer) & 1u);
   const Plan pl = plan_for<THREADS>(a.p, Shape<H>::wire_bytes(n), net, a.blocks_per_peer);
   if (b >= pl.blocks) return;
-  const HookRecv<H> m{base_ctx<H>(a, peer, rows, false), first * a.row_len, n, overflow};
+  const HookRecv<H> m{{base_ctx<H>(a, peer, rows, false), first * a.row_len, n}, overflow};
   const P2PSide r{0, pl.wire, counter(a, 1, peer), counter(a, 3, peer), pl.chunk, peer,
                   pl.blocks, pl.ll, 0};
   constexpr dc_u32 kWarps = THREADS / 32;
@@ -412,8 +408,8 @@ __device__ void self_role(const CollLaunch& a, dc_u32 b, dc_u64 seq) {
   if (overflow) return;
   const dc_u64 n = rows * a.row_len;
   const dc_u64 tiles = (n + Shape<H>::kElems - 1) / Shape<H>::kElems;
-  const HookSend<H> src{base_ctx<H>(a, me, rows, true), sfirst * a.row_len, n};
-  const HookRecv<H> dst{base_ctx<H>(a, me, rows, false), first * a.row_len, n, false};
+  const ChunkTiles<H> src{base_ctx<H>(a, me, rows, true), sfirst * a.row_len, n};
+  const ChunkTiles<H> dst{base_ctx<H>(a, me, rows, false), first * a.row_len, n};
   const dc_u64 stride = (dc_u64)a.blocks_per_peer * THREADS;
   for (dc_u64 t = (dc_u64)b * THREADS + threadIdx.x; t < tiles; t += stride) {
     H::consume(dst.at(t), H::produce(src.at(t)));

@@ -4,6 +4,7 @@
 
 pub mod handle;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -42,15 +43,44 @@ pub const MAX_BLOCKS_PER_PEER: u32 = 32;
 ///   }
 /// };
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone)]
 pub struct Hooks {
-    name: String,
-    source: String,
+    name: Cow<'static, str>,
+    source: Cow<'static, str>,
     in_size: usize,
     out_size: usize,
+    /// Hash of everything above: the key of the loaded-kernel cache (no copy per launch).
+    key: u64,
 }
 
+/// The copy hooks by element size, 1 to 16 bytes (index: log2 of the size).
+const COPY_HOOKS: [&str; 5] = [
+    "devcomm::CopyHooks<devcomm::Bytes1>",
+    "devcomm::CopyHooks<devcomm::Bytes2>",
+    "devcomm::CopyHooks<devcomm::Bytes4>",
+    "devcomm::CopyHooks<devcomm::Bytes8>",
+    "devcomm::CopyHooks<devcomm::Bytes16>",
+];
+
 impl Hooks {
+    fn build(
+        name: Cow<'static, str>,
+        source: Cow<'static, str>,
+        in_size: usize,
+        out_size: usize,
+    ) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&name, &source, in_size, out_size).hash(&mut h);
+        Self {
+            name,
+            source,
+            in_size,
+            out_size,
+            key: h.finish(),
+        }
+    }
+
     /// The default hooks: copy elements of `T` (whose size must divide 16).
     pub fn copy<T>() -> Result<Self> {
         let size = std::mem::size_of::<T>();
@@ -62,38 +92,41 @@ impl Hooks {
                 ),
             });
         }
-        Ok(Self {
-            name: format!("devcomm::CopyHooks<devcomm::Bytes{size}>"),
-            source: String::new(),
-            in_size: size,
-            out_size: size,
-        })
+        let name = COPY_HOOKS[size.trailing_zeros() as usize];
+        Ok(Self::build(name.into(), "".into(), size, size))
     }
 
     /// User hooks: `name` is the struct defined in `source`, whose `In` and `Out` types must be
     /// as large as `I` and `O` (checked when the kernel compiles).
     pub fn new<I, O>(name: impl Into<String>, source: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            source: source.into(),
-            in_size: std::mem::size_of::<I>(),
-            out_size: std::mem::size_of::<O>(),
+        Self::build(
+            Cow::Owned(name.into()),
+            Cow::Owned(source.into()),
+            std::mem::size_of::<I>(),
+            std::mem::size_of::<O>(),
+        )
+    }
+
+    /// Checks that these hooks were declared for the buffers' element sizes (`None`: that
+    /// side is not used by the call).
+    pub(crate) fn check_sizes(
+        &self,
+        op: &'static str,
+        input: Option<usize>,
+        output: Option<usize>,
+    ) -> Result<()> {
+        let fits = |want: Option<usize>, have: usize| want.is_none_or(|w| w == have);
+        if fits(input, self.in_size) && fits(output, self.out_size) {
+            return Ok(());
         }
-    }
-
-    /// Whether these hooks were declared for elements of `in_size` and `out_size` bytes.
-    pub fn accepts(&self, in_size: usize, out_size: usize) -> bool {
-        self.in_size == in_size && self.out_size == out_size
-    }
-
-    /// Whether the hooks' `In` elements are `size` bytes.
-    pub fn accepts_input(&self, size: usize) -> bool {
-        self.in_size == size
-    }
-
-    /// Whether the hooks' `Out` elements are `size` bytes.
-    pub fn accepts_output(&self, size: usize) -> bool {
-        self.out_size == size
+        Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "hooks `{}` were declared for elements of {} and {} bytes, the buffers' are \
+                 {input:?} and {output:?}",
+                self.name, self.in_size, self.out_size
+            ),
+        })
     }
 
     /// The hooks struct's name.
@@ -195,7 +228,8 @@ pub(crate) struct Collective {
     state_ptr: u64,
     /// The smallest SM count of the group (all ranks use the same blocks per peer).
     sm_count: u32,
-    functions: Mutex<HashMap<(Hooks, bool), (CudaFunction, u32)>>,
+    /// Loaded kernels by (hooks key, mixed tuning), with their resident blocks per SM.
+    functions: Mutex<HashMap<(u64, bool), (CudaFunction, u32)>>,
 }
 
 impl Collective {
@@ -250,7 +284,7 @@ impl Collective {
             rank: group.rank as i32,
             reason: "a thread panicked while loading kernels".into(),
         };
-        let key = (hooks.clone(), mixed);
+        let key = (hooks.key, mixed);
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(f.clone());
         }
