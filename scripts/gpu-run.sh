@@ -47,6 +47,14 @@ for w in $what; do
     sweep)
       step sweep $bin launch -n 2 -- $bin bench --op sendrecv --sweep --device-kind "$kind" --json "$out/sweep.json"
       step sweep-both $bin launch -n 2 -- $bin bench --op sendrecv --sweep --both-directions --device-kind "$kind" --json "$out/sweep-both.json" ;;
+    zc) step selftest-zc $bin launch -n "$n" -- $bin selftest --only zc ;;
+    zc-bench)
+      step zc-sendrecv $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --device-kind "$kind" --json "$out/zc-sendrecv.json" --plot "$out/zc-sendrecv.svg"
+      step zc-sendrecv-both $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --both-directions --device-kind "$kind" --json "$out/zc-sendrecv-both.json" --plot "$out/zc-sendrecv-both.svg" ;;
+    zc-cap)
+      for b in 8 32; do
+        step zc-sendrecv-cap$b env DEVCOMM_ZC_BLOCKS=$b $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --device-kind "$kind" --json "$out/zc-sendrecv-cap$b.json"
+      done ;;
     a2a) step a2a $bin launch -n "$n" -- $bin bench --op all_to_all --device-kind "$kind" --json "$out/a2a.json" --plot "$out/a2a.svg" ;;
     a2av) step a2av $bin launch -n "$n" -- $bin bench --op all_to_allv --device-kind "$kind" --json "$out/a2av.json" --plot "$out/a2av.svg" ;;
     graph) step sendrecv-graph $bin launch -n 2 -- $bin bench --op sendrecv --graph --device-kind "$kind" --json "$out/sendrecv-graph.json" ;;

@@ -48,6 +48,10 @@ pub struct BenchArgs {
     /// report the fastest, with its configuration: the data behind the defaults table.
     #[arg(long)]
     sweep: bool,
+    /// Send/recv: the destination is a registered buffer and devcomm writes straight into it
+    /// (`Comm::send_registered` / `recv_registered`); NCCL receives into the same buffer.
+    #[arg(long)]
+    zero_copy: bool,
     /// Send/recv: capture runs of back-to-back calls in CUDA graphs (devcomm's and NCCL's) and
     /// time their replays, for messages up to 64 KiB.
     #[arg(long)]

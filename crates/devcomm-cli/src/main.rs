@@ -11,6 +11,7 @@ mod info;
 mod selftest;
 mod selftest_coll;
 mod selftest_p2p;
+mod selftest_zc;
 
 /// Device-initiated GPU communication: launcher, self-test and benchmarks.
 #[derive(Debug, Parser)]

@@ -497,6 +497,15 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
         crate::selftest_p2p::check_graph(cx, args.replays)
     });
     run_one("all_gather_ring", &crate::selftest_p2p::check_all_gather);
+    run_one("zc_sizes", &crate::selftest_zc::check_sizes);
+    run_one("zc_errors", &crate::selftest_zc::check_errors);
+    run_one("zc_ring", &crate::selftest_zc::check_ring);
+    run_one("zc_back_to_back", &|cx| {
+        crate::selftest_zc::check_back_to_back(cx, args.calls)
+    });
+    run_one("zc_graph", &|cx| {
+        crate::selftest_zc::check_graph(cx, args.replays)
+    });
     run_one("a2a_sizes", &crate::selftest_coll::check_all_to_all);
     run_one("a2av_counts", &crate::selftest_coll::check_all_to_allv);
     run_one("a2a_examples", &crate::selftest_coll::check_examples);

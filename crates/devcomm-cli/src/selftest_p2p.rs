@@ -11,7 +11,7 @@ type Check = Result<String, String>;
 pub(crate) const POISON: u8 = 0xA5;
 
 /// Partner for pairwise checks: 0<->1, 2<->3, ...; None for an odd last rank.
-fn partner(cx: &Ctx) -> Option<usize> {
+pub(crate) fn partner(cx: &Ctx) -> Option<usize> {
     let (r, w) = (cx.comm.rank(), cx.comm.world_size());
     let p = r ^ 1;
     (p < w).then_some(p)
@@ -22,6 +22,24 @@ fn poisoned(cx: &Ctx, bytes: usize) -> Result<CudaSlice<u8>, String> {
         .clone_htod(&vec![POISON; bytes])
         .map_err(|e| e.to_string())
 }
+
+/// Message sizes of the size checks: 1 B to 1 GiB, odd sizes included.
+pub(crate) const SIZES: &[usize] = &[
+    1,
+    7,
+    8,
+    13,
+    4095,
+    4099,
+    65_536,
+    65_537,
+    262_147,
+    (1 << 20) + 5,
+    (8 << 20) + 17,
+    64 << 20,
+    (256 << 20) + 1,
+    1 << 30,
+];
 
 pub(crate) fn compare(got: &[u8], expect: &[u8], what: &str) -> Result<(), String> {
     if got.len() != expect.len() {
@@ -40,6 +58,13 @@ pub(crate) fn compare(got: &[u8], expect: &[u8], what: &str) -> Result<(), Strin
     }
 }
 
+/// The partner and whether this rank sends and receives: both ways, or even ranks send and odd
+/// ranks receive. `None` for an odd last rank.
+pub(crate) fn roles(cx: &Ctx, both: bool) -> Option<(usize, bool, bool)> {
+    let rank = cx.comm.rank();
+    partner(cx).map(|peer| (peer, both || rank % 2 == 0, both || rank % 2 == 1))
+}
+
 /// One send/recv between partners at `bytes`, source and destination at byte offsets
 /// `src_off`/`dst_off` (odd alignments), one-way (even rank sends) or both ways. Checks that the
 /// bytes around the destination stay poisoned.
@@ -51,14 +76,13 @@ fn exchange(
     both: bool,
     tag: u64,
 ) -> Result<(), String> {
-    let Some(peer) = partner(cx) else {
+    let Some((peer, sends, receives)) = roles(cx, both) else {
         return cx.host_barrier();
     };
-    let rank = cx.comm.rank();
-    let sends = both || rank % 2 == 0;
-    let receives = both || rank % 2 == 1;
-    let data = cx.data_of(rank, tag, src_off + bytes);
-    let src = cx.stream.clone_htod(&data).map_err(|e| e.to_string())?;
+    let src = cx
+        .stream
+        .clone_htod(&cx.data_of(cx.comm.rank(), tag, src_off + bytes))
+        .map_err(|e| e.to_string())?;
     let guard = 64;
     let mut dst = poisoned(cx, dst_off + bytes + guard)?;
     cx.sync()?;
@@ -96,22 +120,7 @@ fn exchange(
 }
 
 pub(crate) fn check_sizes(cx: &Ctx) -> Check {
-    let sizes: &[usize] = &[
-        1,
-        7,
-        8,
-        13,
-        4095,
-        4099,
-        65_536,
-        65_537,
-        262_147,
-        (1 << 20) + 5,
-        (8 << 20) + 17,
-        64 << 20,
-        (256 << 20) + 1,
-        1 << 30,
-    ];
+    let sizes = SIZES;
     let mut n = 0;
     for (i, &bytes) in sizes.iter().enumerate() {
         for both in [false, true] {

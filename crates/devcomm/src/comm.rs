@@ -1,6 +1,8 @@
 //! The object a user holds: joins the process group, discovers the topology, owns the kernel
 //! cache, and creates windows and registrations.
 
+mod zero_copy;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +23,8 @@ use crate::memory::Registry;
 use crate::p2p::{P2PLimits, Transfer, P2P};
 use crate::topology::Topology;
 use crate::window::Window;
+
+pub use zero_copy::RegisteredRange;
 
 /// Environment variable: bound of every device wait, in milliseconds (default 10,000).
 pub const TIMEOUT_ENV: &str = "DEVCOMM_TIMEOUT_MS";

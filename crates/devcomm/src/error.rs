@@ -93,6 +93,26 @@ pub enum Error {
         /// Rows the buffer holds.
         capacity: u64,
     },
+    /// The two sides of a zero-copy send/recv disagree on the destination (registration,
+    /// offset) or the size: the sender wrote nothing, both calls returned, and the
+    /// communicator stays usable. Reported once, on each side.
+    #[error(
+        "rank {rank}: zero-copy call with peer {peer} does not match: {field} is {local} here \
+         but {remote} on the other side (sender and receiver must name the same registration, \
+         offset and size); nothing was written"
+    )]
+    ZeroCopyMismatch {
+        /// The rank reporting.
+        rank: i32,
+        /// The other side.
+        peer: i32,
+        /// `registration`, `offset` or `bytes`; `call` when the sender refused it.
+        field: &'static str,
+        /// This side's value.
+        local: u64,
+        /// The other side's value (0 when the receiver learns of the refusal).
+        remote: u64,
+    },
     /// An argument is invalid; nothing was launched or written.
     #[error("{op}: invalid argument: {reason}")]
     InvalidArgument {

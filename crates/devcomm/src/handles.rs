@@ -24,6 +24,12 @@ pub enum DeviceOp {
     CountExchange,
     /// All-to-all-v counts outside the send or receive buffer (no wait involved).
     CountOverflow,
+    /// A zero-copy sender waiting for the receiver's descriptor.
+    ZeroCopyReady,
+    /// A zero-copy receiver waiting for the sender's data.
+    ZeroCopyDone,
+    /// A zero-copy call whose two sides disagree (no wait involved).
+    ZeroCopyMismatch,
     /// A wait issued by user code through the raw window operations.
     User,
     /// A code this version does not know.
@@ -40,6 +46,9 @@ impl DeviceOp {
             4 => Self::RecvSlotFull,
             5 => Self::CountExchange,
             6 => Self::CountOverflow,
+            7 => Self::ZeroCopyReady,
+            8 => Self::ZeroCopyDone,
+            9 => Self::ZeroCopyMismatch,
             100 => Self::User,
             other => Self::Unknown(other),
         }
@@ -64,6 +73,15 @@ impl std::fmt::Display for DeviceOp {
                  call the same collective on its stream?)",
             ),
             Self::CountOverflow => f.write_str("all-to-all-v count check"),
+            Self::ZeroCopyReady => f.write_str(
+                "send_registered (waiting for the receiver's descriptor: did the peer post the \
+                 matching recv_registered on its stream?)",
+            ),
+            Self::ZeroCopyDone => f.write_str(
+                "recv_registered (waiting for the sender's data: did the peer post the matching \
+                 send_registered on its stream?)",
+            ),
+            Self::ZeroCopyMismatch => f.write_str("zero-copy descriptor check"),
             Self::User => f.write_str("user wait"),
             Self::Unknown(code) => write!(f, "device op {code}"),
         }

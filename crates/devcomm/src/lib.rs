@@ -32,7 +32,7 @@ pub mod topology;
 pub mod window;
 
 pub use collective::{AllToAllVCounts, Hooks};
-pub use comm::{Comm, CommBuilder, HookArgs};
+pub use comm::{Comm, CommBuilder, HookArgs, RegisteredRange};
 pub use error::{Error, Result};
 pub use handles::{DeviceOp, DeviceWindow, RegisteredBuffer};
 pub use topology::{LinkKind, Topology};

@@ -3,11 +3,15 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result as nccl_result;
-use devcomm::p2p::{default_config, sweep_configs, P2PConfig, Protocol, Transfer};
+use devcomm::p2p::{
+    default_config, sweep_configs, zero_copy_blocks, P2PConfig, Protocol, Transfer,
+};
+use devcomm::RegisteredRange;
 
 use crate::bench::nccl::NcclPair;
 use crate::bench::{device_label, time_pair, today, BenchArgs, Record};
 use crate::selftest::Ctx;
+use crate::selftest_zc::RegBuf;
 
 /// Message sizes from 8 B to 1 GiB.
 pub(crate) const SIZES: &[usize] = &[
@@ -42,7 +46,24 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     let nccl = NcclPair::new(cx)?;
     let src_host = cx.data_of(rank, 1234, max);
     let src: CudaSlice<u8> = cx.stream.clone_htod(&src_host).map_err(|e| e.to_string())?;
-    let mut dst: CudaSlice<u8> = cx.stream.alloc_zeros(max).map_err(|e| e.to_string())?;
+    // Zero-copy: the destination is a registered cuMemAlloc buffer (NCCL receives into the
+    // same one); otherwise an ordinary allocation.
+    let registered = if args.zero_copy {
+        Some(RegBuf::new(cx, max)?)
+    } else {
+        None
+    };
+    let mut dst_owned: Option<CudaSlice<u8>> = None;
+    if registered.is_none() {
+        dst_owned = Some(cx.stream.alloc_zeros(max).map_err(|e| e.to_string())?);
+    }
+    // Never dropped: the memory belongs to `registered`, which frees it.
+    let mut dst_view = registered.as_ref().map(|r| r.view(&cx.stream));
+    let dst: &mut CudaSlice<u8> = match (&mut dst_view, &mut dst_owned) {
+        (Some(v), _) => v,
+        (None, Some(o)) => o,
+        (None, None) => unreachable!("one destination exists"),
+    };
     let expect = if active {
         cx.data_of(peer, 1234, max)
     } else {
@@ -52,7 +73,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     let mut out = Vec::new();
     for &bytes in &sizes {
         let default = default_config(bytes as u64, comm.p2p_limits());
-        let candidates = if args.sweep {
+        let candidates = if args.sweep && registered.is_none() {
             sweep_configs(bytes as u64, comm.p2p_limits())
         } else {
             vec![default]
@@ -63,10 +84,13 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             // Poison, one call, verify every byte (large sizes only for the default in sweeps,
             // to bound the run's length).
             if active && (!args.sweep || bytes <= 64 << 20 || cfg == default) {
-                cx.stream
-                    .memset_zeros(&mut dst)
-                    .map_err(|e| e.to_string())?;
-                devcomm_call(cx, &src, &mut dst, bytes, peer, both, cfg)?;
+                cx.stream.memset_zeros(dst).map_err(|e| e.to_string())?;
+                cx.sync()?;
+                cx.host_barrier()?;
+                match &registered {
+                    Some(r) => zero_copy_call(cx, &src, r.handle, bytes, peer, both)?,
+                    None => devcomm_call(cx, &src, dst, bytes, peer, both, cfg)?,
+                }
                 cx.sync()?;
                 let got = cx
                     .stream
@@ -86,16 +110,28 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                 }
             }
             cx.host_barrier()?;
-            let us = time_pair(cx, args.warmup, args.iters, calls, "devcomm", &mut || {
-                devcomm_call(cx, &src, &mut dst, bytes, peer, both, cfg)
-            })?;
+            let us =
+                time_pair(
+                    cx,
+                    args.warmup,
+                    args.iters,
+                    calls,
+                    "devcomm",
+                    &mut || match &registered {
+                        Some(r) => zero_copy_call(cx, &src, r.handle, bytes, peer, both),
+                        None => devcomm_call(cx, &src, dst, bytes, peer, both, cfg),
+                    },
+                )?;
             if best.is_none_or(|(b, _)| us < b) {
                 best = Some((us, cfg));
             }
         }
         let Some((d_us, cfg)) = best else { continue };
+        // Registered destinations up to the low-latency size travel by the low-latency path
+        // (`Comm::send_registered`), with the default configuration.
+        let zero_copy = registered.is_some() && bytes as u64 > comm.p2p_limits().ll_max_bytes;
         let n_us = time_pair(cx, args.warmup, args.iters, calls, "nccl", &mut || {
-            nccl_call(&nccl, &src, &mut dst, bytes, peer, both, rank)
+            nccl_call(&nccl, &src, dst, bytes, peer, both, rank)
         })?;
         if rank == 0 {
             let gbps = |us: f64| bytes as f64 / us / 1e3;
@@ -107,19 +143,56 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                 devcomm_us: d_us,
                 nccl_us: n_us,
                 ratio: n_us / d_us,
-                sms: cfg.blocks,
+                sms: if zero_copy {
+                    zero_copy_blocks(bytes as u64, comm.p2p_limits())
+                } else {
+                    cfg.blocks
+                },
                 device: device_label(cx, args),
                 date: today(),
-                reference: "NCCL send/recv".into(),
+                reference: if registered.is_some() {
+                    "NCCL send/recv (into the same registered buffer)".into()
+                } else {
+                    "NCCL send/recv".into()
+                },
                 devcomm_gbps: gbps(d_us),
                 nccl_gbps: gbps(n_us),
-                config: describe(&cfg),
+                config: if zero_copy {
+                    format!(
+                        "zero-copy/{}x512",
+                        zero_copy_blocks(bytes as u64, comm.p2p_limits())
+                    )
+                } else {
+                    describe(&cfg)
+                },
                 tokens: None,
             });
         }
         cx.host_barrier()?;
     }
     Ok(out)
+}
+
+/// One zero-copy call: rank 0 sends (and rank 1 receives) into offset 0 of the registration.
+fn zero_copy_call(
+    cx: &Ctx,
+    src: &CudaSlice<u8>,
+    handle: u64,
+    bytes: usize,
+    peer: usize,
+    both: bool,
+) -> Result<(), String> {
+    let at = RegisteredRange::new(handle, 0);
+    let n = bytes as u64;
+    let src = src.slice(..bytes);
+    let r = match (both, cx.comm.rank()) {
+        (true, _) => cx
+            .comm
+            .sendrecv_registered(&src, peer, at, at, n, peer, &cx.stream),
+        (false, 0) => cx.comm.send_registered(&src, peer, at, &cx.stream),
+        (false, _) => cx.comm.recv_registered(at, n, peer, &cx.stream),
+    };
+    r.map_err(|e| e.to_string())
 }
 
 /// One-way send/recv replayed from CUDA graphs: each graph holds a run of back-to-back calls

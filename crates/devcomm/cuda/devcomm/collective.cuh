@@ -70,7 +70,7 @@ struct Plan {
 };
 
 // The tuning table (docs/COLLECTIVES.md, "Per-peer tuning"). NVLink peers: low-latency lines
-// up to 256 KiB, one block per 8 KiB of payload; bulk with one block per 128 KiB, up to B blocks,
+// up to 256 KiB, one block per 8 KiB of payload; bulk with one block per 64 KiB, up to B blocks,
 // 32 KiB chunks once each channel has 64 KiB. Network-like peers: low-latency up to 16 KiB on
 // one block; bulk on at most 2 blocks with the largest chunk the slots hold.
 template <int THREADS>
@@ -88,7 +88,7 @@ __device__ __forceinline__ Plan plan_for(const P2PLaunch& p, dc_u64 wire, bool n
     return pl;
   }
   const dc_u32 cap = net ? (most < 2 ? most : 2) : most;
-  dc_u64 b = (wire + (128ull << 10) - 1) / (128ull << 10);
+  dc_u64 b = (wire + (64ull << 10) - 1) / (64ull << 10);
   pl.blocks = (dc_u32)(b < cap ? b : cap);
   const dc_u64 channels = (dc_u64)pl.blocks * (THREADS / 32);
   dc_u64 chunk = net ? p.slot_stride : (wire / channels >= (64ull << 10) ? (32ull << 10) : (16ull << 10));
@@ -217,20 +217,7 @@ __device__ __forceinline__ dc_u64 count_val_slot(const CollLaunch& a, int sender
 // a record with flag set, abort clear and op = kOpCountOverflow as complete.
 __device__ inline void record_count_error(const CollLaunch& a, int peer, dc_u64 capacity,
                                           dc_u64 needed) {
-  DeviceErrorState* err = error_state(a.p.w);
-  if (err == nullptr) return;
-  if (atomicCAS(&err->record.flag, 0u, 1u) == 0u) {
-    volatile ErrorRecord* rec = &err->record;
-    rec->rank = a.p.w.rank;
-    rec->peer = peer;
-    rec->slot = 0;
-    rec->expected = capacity;
-    rec->seen = needed;
-    rec->elapsed_ns = 0;
-    __threadfence_system();
-    rec->op = kOpCountOverflow;
-    __threadfence_system();
-  }
+  record_soft_error(error_state(a.p.w), kOpCountOverflow, a.p.w.rank, peer, 0, capacity, needed);
 }
 
 // Rows this rank sends to `peer` and the first of them; a range outside the send buffer is an

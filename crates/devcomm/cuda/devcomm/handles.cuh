@@ -36,6 +36,9 @@ enum DeviceOp : dc_u32 {
   kOpRecvSlotFull = 4,   // receiver waiting for TAIL (sender filled a staging slot)
   kOpCountExchange = 5,  // all-to-all-v waiting for a peer's counts
   kOpCountOverflow = 6,  // all-to-all-v counts outside a buffer (no wait: expected = capacity)
+  kOpZcReady = 7,        // zero-copy sender waiting for the receiver's descriptor (READY)
+  kOpZcDone = 8,         // zero-copy receiver waiting for the sender's blocks (DONE)
+  kOpZcMismatch = 9,     // zero-copy call whose two sides disagree (no wait: slot = field)
   kOpUser = 100,         // waits issued by user code through the raw window ops
 };
 

@@ -69,4 +69,38 @@ DC_HOST_DEVICE inline dc_u64 p2p_llhead_slot(const P2PLaunch& a, int receiver, d
   return 2ull * a.w.world_size * a.max_channels + (dc_u64)receiver * a.max_blocks + b;
 }
 
+// Zero-copy send/recv into a registered destination (docs/PROTOCOL.md, "Zero-copy"). The
+// receiver posts a descriptor of where the message may land (registration, offset, bytes) and
+// then READY = call number into the sender's pad; the sender checks the descriptor against its
+// own call, writes straight into the receiver's registered buffer and publishes DONE per block.
+// `p.send` / `p.recv` carry buf (source / own destination), bytes, peer, blocks, and in `steps`
+// the zero-copy call counters (send: u64[max_blocks] per peer; recv: u64 per peer).
+struct ZcLaunch {
+  P2PLaunch p;          // @0
+  dc_u64 send_dst;      // @240 destination as mapped here: peer's registered buffer + offset
+  dc_u64 send_reg;      // @248 registration id of the destination (same on every rank)
+  dc_u64 send_offset;   // @256 byte offset of the destination in that registration
+  dc_u64 recv_reg;      // @264 the receiver's own registration id
+  dc_u64 recv_offset;   // @272 and offset
+  dc_u64 zc_slot0;      // @280 first zero-copy user slot of the p2p window
+};
+
+static_assert(sizeof(ZcLaunch) == 288, "ZcLaunch size");
+static_assert(DC_OFFSETOF(ZcLaunch, send_dst) == 240, "ZcLaunch.send_dst");
+static_assert(DC_OFFSETOF(ZcLaunch, recv_reg) == 264, "ZcLaunch.recv_reg");
+static_assert(DC_OFFSETOF(ZcLaunch, zc_slot0) == 280, "ZcLaunch.zc_slot0");
+
+// Zero-copy user slots, from zc_slot0:
+//   descriptor of receiver r (in the sender's pad): 4 r + {0 READY, 1 registration, 2 offset,
+//   3 bytes}
+//   DONE(sender q, block b) (in the receiver's pad): 4 world + q * max_blocks + b; the value is
+//   2 x call for a moved block, 2 x call + 1 when the sender refused the call (mismatch).
+constexpr dc_u32 kZcReady = 0, kZcReg = 1, kZcOffset = 2, kZcBytes = 3;
+DC_HOST_DEVICE inline dc_u64 zc_desc_slot(const ZcLaunch& z, int receiver, dc_u32 field) {
+  return z.zc_slot0 + 4ull * receiver + field;
+}
+DC_HOST_DEVICE inline dc_u64 zc_done_slot(const ZcLaunch& z, int sender, dc_u32 b) {
+  return z.zc_slot0 + 4ull * z.p.w.world_size + (dc_u64)sender * z.p.max_blocks + b;
+}
+
 }  // namespace devcomm

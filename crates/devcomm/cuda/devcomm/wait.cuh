@@ -85,6 +85,29 @@ __device__ inline void record_wait_failure(DeviceErrorState* err, dc_i32 rank, W
   __threadfence_system();
 }
 
+// Records an error that leaves the protocol consistent (the kernel still ran it to the end, so
+// no peer waits on this one): no abort is raised and the communicator stays usable. `op` is
+// written last: the host takes a record with flag set, abort clear and a soft op as complete
+// (src/cuda/error_state.rs). Used for all-to-all-v counts beyond a buffer and for zero-copy
+// calls whose two sides disagree.
+__device__ inline void record_soft_error(DeviceErrorState* err, dc_u32 op, dc_i32 rank,
+                                         dc_i32 peer, dc_u64 slot, dc_u64 expected,
+                                         dc_u64 seen) {
+  if (err == nullptr) return;
+  if (atomicCAS(&err->record.flag, 0u, 1u) == 0u) {
+    volatile ErrorRecord* rec = &err->record;
+    rec->rank = rank;
+    rec->peer = peer;
+    rec->slot = slot;
+    rec->expected = expected;
+    rec->seen = seen;
+    rec->elapsed_ns = 0;
+    __threadfence_system();
+    rec->op = op;
+    __threadfence_system();
+  }
+}
+
 // Waits (one thread) until `cmp(*addr, expected)` holds, at most `timeout_ns` nanoseconds.
 // Returns true when it holds (with acquire semantics: what the writer published before its
 // release store is visible to this thread), false on timeout or abort (see CALLER CONTRACT).

@@ -67,5 +67,108 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
   }
 }
 
+// ---- Zero-copy into a registered destination (docs/PROTOCOL.md, "Zero-copy") ----
+
+// Sender block b of a zero-copy message: waits for the receiver's descriptor of this call,
+// checks it against its own, copies its span straight into the receiver's registered buffer and
+// publishes DONE. Nothing is written when the two sides disagree; block 0 then answers every
+// DONE slot with the refusal so the receiver never waits for blocks that will not come.
+__device__ inline void zc_send(const ZcLaunch& z, dc_u32 b) {
+  const P2PSide& s = z.p.send;
+  const DeviceWindow& w = z.p.w;
+  dc_u64* counters = reinterpret_cast<dc_u64*>(s.steps);
+  const dc_u64 seq = counters[b] + 1;
+  __shared__ int status;  // 0 go, 1 refused (mismatch), 2 failed wait
+  if (threadIdx.x == 0) {
+    const dc_u64 ready_slot = zc_desc_slot(z, s.peer, kZcReady);
+    const dc_u64* desc = own_user_slot(w, ready_slot);
+    status = wait_until(error_state(w), w.timeout_ns, w.rank, desc, seq, Cmp::Ge,
+                        WaitSite{kOpZcReady, s.peer, ready_slot})
+                 ? 0
+                 : 2;
+    if (status == 0) {
+      // After the acquire of READY: the descriptor the receiver wrote before it is visible.
+      const dc_u64 mine[3] = {z.send_reg, z.send_offset, s.bytes};
+      for (dc_u32 f = 0; f < 3; ++f) {
+        const dc_u64 theirs = ld_relaxed_sys(desc + 1 + f);
+        if (theirs != mine[f]) {
+          status = 1;
+          if (b == 0) {
+            record_soft_error(error_state(w), kOpZcMismatch, w.rank, s.peer, f, mine[f], theirs);
+          }
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  const int st = status;
+  if (st == 2) return;  // the wait failed and aborted the communicator: publish nothing
+  if (st == 0) {
+    const Span sp = block_span(s.bytes, s.blocks, b, 16);
+    copy_bytes(Block{}, reinterpret_cast<unsigned char*>(z.send_dst) + sp.begin,
+               reinterpret_cast<const unsigned char*>(s.buf) + sp.begin, sp.len);
+    __syncthreads();  // every thread's stores of the span are issued
+    if (threadIdx.x == 0) publish(peer_user_slot(w, s.peer, zc_done_slot(z, w.rank, b)), 2 * seq);
+  } else if (b == 0) {
+    for (dc_u32 i = threadIdx.x; i < z.p.max_blocks; i += blockDim.x) {
+      st_release_sys(peer_user_slot(w, s.peer, zc_done_slot(z, w.rank, i)), 2 * seq + 1);
+    }
+  }
+  // Block b read counters[b] before the barrier above; block 0 also advances the blocks this
+  // call does not use, as the low-latency path does, so every counter of the peer stays equal.
+  for (dc_u32 i = threadIdx.x; i < z.p.max_blocks; i += blockDim.x) {
+    if (i == b || (b == 0 && i >= s.blocks)) counters[i] = seq;
+  }
+}
+
+// The receiver (one warp): posts where this call may land, then waits for every sender block.
+__device__ inline void zc_recv(const ZcLaunch& z) {
+  const P2PSide& r = z.p.recv;
+  const DeviceWindow& w = z.p.w;
+  const dc_u32 lane = threadIdx.x & 31u;
+  dc_u64* counter = reinterpret_cast<dc_u64*>(r.steps);
+  const dc_u64 seq = *counter + 1;
+  if (lane == 0) {
+    // Stream order: every earlier kernel of this stream, including any reader of the
+    // destination, has finished, so the sender may overwrite it from now on.
+    dc_u64* desc = peer_user_slot(w, r.peer, zc_desc_slot(z, w.rank, 0));
+    st_relaxed_sys(desc + kZcReg, z.recv_reg);
+    st_relaxed_sys(desc + kZcOffset, z.recv_offset);
+    st_relaxed_sys(desc + kZcBytes, r.bytes);
+    publish(desc + kZcReady, seq);
+  }
+  bool ok = true, refused = false;
+  for (dc_u32 i = lane; i < r.blocks; i += 32) {
+    const dc_u64 slot = zc_done_slot(z, r.peer, i);
+    const dc_u64* done = own_user_slot(w, slot);
+    ok = ok && wait_until(error_state(w), w.timeout_ns, w.rank, done, 2 * seq, Cmp::Ge,
+                          WaitSite{kOpZcDone, r.peer, slot});
+    if (ok) refused = refused || (ld_relaxed_sys(done) & 1) != 0;
+  }
+  const bool failed = __any_sync(0xffffffffu, !ok);
+  refused = __any_sync(0xffffffffu, refused);
+  __syncwarp();
+  if (failed) return;
+  if (lane == 0) {
+    if (refused) {
+      record_soft_error(error_state(w), kOpZcMismatch, w.rank, r.peer, 3, r.bytes, 0);
+    }
+    *counter = seq;
+  }
+}
+
+// One launch for a zero-copy send, receive or both: blocks [0, send.blocks) send, one more block
+// receives (its first warp), so both directions at once cannot deadlock.
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS, 1) p2p_zc_kernel(ZcLaunch z) {
+  const dc_u32 send_blocks = z.p.send.peer >= 0 ? z.p.send.blocks : 0;
+  if (blockIdx.x < send_blocks) {
+    zc_send(z, blockIdx.x);
+  } else if (z.p.recv.peer >= 0 && threadIdx.x < 32) {
+    zc_recv(z);
+  }
+}
+
 }  // namespace p2p
 }  // namespace devcomm

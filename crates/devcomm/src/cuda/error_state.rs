@@ -131,7 +131,7 @@ impl ErrorState {
                 Verdict::Pending => break settle(&state, self.rank),
             }
         };
-        if let Err(Error::CountOverflow { .. }) = &result {
+        if let Err(Error::CountOverflow { .. } | Error::ZeroCopyMismatch { .. }) = &result {
             // The kernel drained every peer's data and left the protocol's counters
             // consistent: the communicator stays usable. Report this once, then clear it.
             self.clear_record();
@@ -206,7 +206,12 @@ pub(crate) fn evaluate(state: &DeviceErrorState, rank: usize, host_raised: bool)
         (true, true) => Verdict::Failed(Box::new(record_to_error(&state.record))),
         (true, false) if host_raised => Verdict::Failed(Box::new(host_abort(rank))),
         // A count error raises no abort; its writer stores `op` last, so the op marks it whole.
-        (false, true) if DeviceOp::from_code(state.record.op) == DeviceOp::CountOverflow => {
+        (false, true)
+            if matches!(
+                DeviceOp::from_code(state.record.op),
+                DeviceOp::CountOverflow | DeviceOp::ZeroCopyMismatch
+            ) =>
+        {
             Verdict::Failed(Box::new(record_to_error(&state.record)))
         }
         (false, true) | (true, false) => Verdict::Pending,
@@ -244,6 +249,20 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
             peer: record.peer,
             needed: record.seen,
             capacity: record.expected,
+        };
+    }
+    if DeviceOp::from_code(record.op) == DeviceOp::ZeroCopyMismatch {
+        return Error::ZeroCopyMismatch {
+            rank: record.rank,
+            peer: record.peer,
+            field: match record.slot {
+                0 => "the registration",
+                1 => "the offset",
+                2 => "the size in bytes",
+                _ => "the call (refused by the sender; receiver's size in bytes)",
+            },
+            local: record.expected,
+            remote: record.seen,
         };
     }
     Error::PeerTimeout {

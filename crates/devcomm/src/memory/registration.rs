@@ -30,11 +30,13 @@ struct ExportInfo {
     offset: u64,
     /// Bytes of the shared allocation (VMM: of the mapping; peers map that much).
     alloc_bytes: u64,
+    /// Bytes the rank registered (what a peer may write into).
+    bytes: u64,
     /// The IPC handle (zero for VMM).
     ipc: [u8; IPC_HANDLE_BYTES],
 }
 
-const INFO_BYTES: usize = 1 + 8 + 8 + IPC_HANDLE_BYTES;
+const INFO_BYTES: usize = 1 + 8 + 8 + 8 + IPC_HANDLE_BYTES;
 
 impl ExportInfo {
     fn encode(&self) -> Vec<u8> {
@@ -42,6 +44,7 @@ impl ExportInfo {
         out.push(self.backend as u8);
         out.extend_from_slice(&self.offset.to_le_bytes());
         out.extend_from_slice(&self.alloc_bytes.to_le_bytes());
+        out.extend_from_slice(&self.bytes.to_le_bytes());
         out.extend_from_slice(&self.ipc);
         out
     }
@@ -60,7 +63,8 @@ impl ExportInfo {
             backend,
             offset: word(1)?,
             alloc_bytes: word(9)?,
-            ipc: bytes[17..].try_into().ok()?,
+            bytes: word(17)?,
+            ipc: bytes[25..].try_into().ok()?,
         })
     }
 }
@@ -94,6 +98,8 @@ pub struct Registration {
     bytes: usize,
     /// The buffer as mapped here, by rank; 0 without an NVLink path.
     peer_ptrs: Vec<u64>,
+    /// Bytes each rank registered.
+    peer_bytes: Vec<u64>,
     /// `RegisteredBuffer` (the handle), `DevicePeerTable`, and the `u64[world_size]` table.
     handle: DeviceBuffer,
     _peer_table: DeviceBuffer,
@@ -176,6 +182,7 @@ impl Registration {
             ptr,
             bytes,
             peer_ptrs,
+            peer_bytes: infos.iter().map(|i| i.bytes).collect(),
             handle,
             _peer_table: peer_table,
             _table: table,
@@ -205,6 +212,11 @@ impl Registration {
     /// an NVLink path.
     pub fn get_nvlink_address(&self, peer: usize) -> Option<u64> {
         self.peer_ptrs.get(peer).copied().filter(|&p| p != 0)
+    }
+
+    /// Bytes `peer` registered in this registration.
+    pub fn peer_bytes(&self, peer: usize) -> Option<u64> {
+        self.peer_bytes.get(peer).copied()
     }
 
     /// Collective tear-down: waits for this device's work, closes peers' buffers, then waits
@@ -283,6 +295,7 @@ fn inspect(group: &Group, ptr: u64, bytes: usize) -> Result<(ExportInfo, Option<
             backend: Backend::Vmm,
             offset: ptr - base,
             alloc_bytes: size as u64,
+            bytes: bytes as u64,
             ipc: [0; IPC_HANDLE_BYTES],
         };
         Ok((info, Some(fd)))
@@ -295,6 +308,7 @@ fn inspect(group: &Group, ptr: u64, bytes: usize) -> Result<(ExportInfo, Option<
             backend: Backend::Ipc,
             offset: ptr - base,
             alloc_bytes: size as u64,
+            bytes: bytes as u64,
             ipc: *handle.as_bytes(),
         };
         Ok((info, None))
@@ -405,6 +419,17 @@ pub struct Registry {
     entries: Mutex<Entries>,
 }
 
+/// One rank's buffer of a registration, as [`Registry::target`] resolves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RegisteredTarget {
+    /// The registration's creation number plus one: equal on every rank, never zero.
+    pub id: u64,
+    /// The buffer as mapped here.
+    pub ptr: u64,
+    /// Bytes that rank registered.
+    pub bytes: u64,
+}
+
 /// Registrations by handle, each with its creation index.
 #[derive(Debug, Default)]
 struct Entries {
@@ -469,6 +494,19 @@ impl Registry {
             .and_then(|(_, r)| r.get_nvlink_address(peer))
     }
 
+    /// Where a zero-copy message for `peer` may land in registration `handle`: the
+    /// registration's id (the same on every rank), and the buffer of `peer` as mapped here
+    /// with its registered size (`peer` may be this rank: its own buffer).
+    pub(crate) fn target(&self, handle: u64, peer: usize) -> Option<RegisteredTarget> {
+        let entries = self.lock();
+        let (index, r) = entries.by_handle.get(&handle)?;
+        Some(RegisteredTarget {
+            id: index + 1,
+            ptr: r.get_nvlink_address(peer)?,
+            bytes: r.peer_bytes(peer)?,
+        })
+    }
+
     /// Number of live registrations.
     pub fn len(&self) -> usize {
         self.lock().by_handle.len()
@@ -507,12 +545,14 @@ mod tests {
                 backend: Backend::Ipc,
                 offset: 4096,
                 alloc_bytes: 1 << 30,
+                bytes: 12345,
                 ipc,
             },
             ExportInfo {
                 backend: Backend::Vmm,
                 offset: 0,
                 alloc_bytes: 2 << 20,
+                bytes: 2 << 20,
                 ipc: [0; IPC_HANDLE_BYTES],
             },
         ] {
@@ -524,6 +564,7 @@ mod tests {
             backend: Backend::Ipc,
             offset: 0,
             alloc_bytes: 1,
+            bytes: 1,
             ipc,
         }
         .encode();

@@ -79,8 +79,14 @@ impl P2PLimits {
     }
 
     /// User signal slots of the p2p window: TAIL and HEAD per (peer, channel), LLHEAD per
-    /// (peer, block), then the count exchange.
+    /// (peer, block), the count exchange, then zero-copy descriptors and DONE per (peer, block).
     pub fn signal_slots(&self, world_size: usize) -> usize {
+        self.zc_slot0(world_size) + world_size * (4 + self.max_blocks as usize)
+    }
+
+    /// First user slot of zero-copy send/recv: a descriptor of 4 slots per receiver, then DONE
+    /// per (sender, block) (`cuda/devcomm/p2p.cuh`).
+    pub fn zc_slot0(&self, world_size: usize) -> usize {
         self.count_slot0(world_size) + 4 * world_size
     }
 
@@ -125,6 +131,25 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
         chunk_bytes: chunk.min(limits.slot_bytes),
     }
 }
+
+/// Blocks (of 512 threads) that push a zero-copy message of `bytes` straight into the peer's
+/// registered buffer. Sender and receiver both take it from the size. SM push reaches its
+/// plateau with 8 blocks at 1 GiB and 181 GB/s at 1 MiB (BASELINES.md); a block per 64 KiB
+/// keeps small messages on few SMs. [`ZC_BLOCKS_ENV`] caps it (for sweeps; set it on every rank).
+pub fn zero_copy_blocks(bytes: u64, limits: &P2PLimits) -> u32 {
+    static CAP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let cap = *CAP.get_or_init(|| {
+        std::env::var(ZC_BLOCKS_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(16)
+    });
+    let blocks = bytes.div_ceil(64 << 10).clamp(1, cap.max(1));
+    (blocks as u32).min(limits.max_blocks)
+}
+
+/// Environment variable: the most blocks a zero-copy message uses (default 16).
+pub const ZC_BLOCKS_ENV: &str = "DEVCOMM_ZC_BLOCKS";
 
 /// Candidate configurations for a message of `bytes`, in a fixed order (every rank iterates
 /// the same list): what `devcomm bench --sweep` tries.
@@ -266,7 +291,9 @@ mod tests {
         assert_eq!(l.max_channels(), 512);
         assert_eq!(l.ll_offset(), 512 * 4 * (32 << 10));
         assert!(l.region_bytes() >= l.ll_offset() + 4 * l.ll_max_bytes);
-        assert_eq!(l.signal_slots(4), 4 * (2 * 512 + 32) + 16);
+        assert_eq!(l.count_slot0(4), 4 * (2 * 512 + 32));
+        assert_eq!(l.zc_slot0(4), 4 * (2 * 512 + 32) + 16);
+        assert_eq!(l.signal_slots(4), 4 * (2 * 512 + 32) + 16 + 4 * (4 + 32));
     }
 
     #[test]

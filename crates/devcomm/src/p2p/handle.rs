@@ -62,6 +62,30 @@ pub struct P2PLaunch {
 // tests/layout.rs).
 unsafe impl DeviceRepr for P2PLaunch {}
 
+/// A zero-copy send/recv launch: the p2p launch plus the destination of the send role and the
+/// descriptor the receive role posts (`cuda/devcomm/p2p.cuh`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZcLaunch {
+    /// Roles, window and sizes; `steps` of each side points at the zero-copy call counters.
+    pub p: P2PLaunch,
+    /// The destination as mapped here (the peer's registered buffer plus the offset).
+    pub send_dst: u64,
+    /// Registration id of the send destination.
+    pub send_reg: u64,
+    /// Byte offset of the send destination in its registration.
+    pub send_offset: u64,
+    /// Registration id of the receive destination (this rank's buffer).
+    pub recv_reg: u64,
+    /// Byte offset of the receive destination.
+    pub recv_offset: u64,
+    /// First zero-copy user slot of the p2p window.
+    pub zc_slot0: u64,
+}
+
+// SAFETY: as for P2PLaunch.
+unsafe impl DeviceRepr for ZcLaunch {}
+
 /// Field offsets for the layout test, as in [`crate::handles::LAYOUT`].
 pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
     (
@@ -166,9 +190,36 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
         offset_of!(P2PLaunch, depth),
         size_of::<P2PLaunch>(),
     ),
+    (
+        "ZcLaunch",
+        "send_dst",
+        offset_of!(ZcLaunch, send_dst),
+        size_of::<ZcLaunch>(),
+    ),
+    (
+        "ZcLaunch",
+        "send_offset",
+        offset_of!(ZcLaunch, send_offset),
+        size_of::<ZcLaunch>(),
+    ),
+    (
+        "ZcLaunch",
+        "recv_reg",
+        offset_of!(ZcLaunch, recv_reg),
+        size_of::<ZcLaunch>(),
+    ),
+    (
+        "ZcLaunch",
+        "zc_slot0",
+        offset_of!(ZcLaunch, zc_slot0),
+        size_of::<ZcLaunch>(),
+    ),
 ];
 
 const _: () = {
+    assert!(size_of::<ZcLaunch>() == 288);
+    assert!(offset_of!(ZcLaunch, send_dst) == 240);
+    assert!(offset_of!(ZcLaunch, recv_reg) == 264);
     assert!(size_of::<P2PSide>() == 56);
     assert!(offset_of!(P2PSide, chunk_bytes) == 32);
     assert!(offset_of!(P2PSide, peer) == 40);

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
-pub use config::{default_config, sweep_configs, P2PConfig, P2PLimits, Protocol};
-use handle::{P2PLaunch, P2PSide};
+pub use config::{default_config, sweep_configs, zero_copy_blocks, P2PConfig, P2PLimits, Protocol};
+use handle::{P2PLaunch, P2PSide, ZcLaunch};
 
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::Group;
@@ -32,6 +32,13 @@ fn split_expression(threads: u32) -> String {
     format!("devcomm::p2p::p2p_split_kernel<{threads}>")
 }
 
+/// Threads per block of the zero-copy kernel.
+const ZC_THREADS: u32 = 512;
+
+fn zc_expression() -> String {
+    format!("devcomm::p2p::p2p_zc_kernel<{ZC_THREADS}>")
+}
+
 /// Environment variable: `0` runs both directions in one block per index (warp-specialised
 /// roles sharing a CTA); otherwise, when both roles have the same thread count, sender and
 /// receiver roles get blocks of their own in the same launch.
@@ -39,7 +46,7 @@ pub const SPLIT_ENV: &str = "DEVCOMM_P2P_SPLIT";
 
 /// The kernel spec with every (send threads, recv threads) instantiation.
 pub fn sendrecv_spec() -> KernelSpec {
-    let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE);
+    let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE).name_expression(zc_expression());
     for t in [256, 512] {
         spec = spec.name_expression(split_expression(t));
     }
@@ -67,13 +74,39 @@ pub struct Transfer {
     pub config: Option<P2PConfig>,
 }
 
-// Counter arrays: bulk steps [world][max_channels], low-latency calls [world][max_blocks].
+/// The send role of a zero-copy call: `bytes` from `src` into `peer`'s registered buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ZcSend {
+    pub src: u64,
+    pub bytes: u64,
+    pub peer: usize,
+    /// The destination as mapped here (registered buffer of `peer` plus `offset`).
+    pub dst: u64,
+    pub reg: u64,
+    pub offset: u64,
+}
+
+/// The receive role of a zero-copy call: `bytes` from `peer` into this rank's registered
+/// buffer `reg` at `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ZcRecv {
+    pub dst: u64,
+    pub bytes: u64,
+    pub peer: usize,
+    pub reg: u64,
+    pub offset: u64,
+}
+
+// Counter arrays: bulk steps [world][max_channels], low-latency calls [world][max_blocks],
+// zero-copy send calls [world][max_blocks], zero-copy receive calls [world].
 #[derive(Debug, Clone, Copy)]
 enum Counter {
     SendSteps,
     RecvSteps,
     LlSend,
     LlRecv,
+    ZcSend,
+    ZcRecv,
 }
 
 /// Per-communicator send/recv state (one signal namespace, bound to one stream).
@@ -86,7 +119,7 @@ pub(crate) struct P2P {
     counters_base: u64,
     bound_stream: Mutex<Option<usize>>,
     module: OnceLock<Arc<LoadedModule>>,
-    functions: Mutex<HashMap<(u32, u32), CudaFunction>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
     /// Both directions in separate blocks (see [`SPLIT_ENV`]).
     split: bool,
 }
@@ -104,7 +137,8 @@ impl P2P {
         let window = Window::<u8>::new(group, region * world, limits.signal_slots(world))?;
         let rank = group.rank as i32;
         let stream = group.ctx.default_stream();
-        let n = 2 * world * (limits.max_channels() + limits.max_blocks) as usize;
+        let n = 2 * world * (limits.max_channels() + limits.max_blocks) as usize
+            + world * (limits.max_blocks as usize + 1);
         let counters = stream
             .alloc_zeros::<u64>(n)
             .cuda(rank, "cuMemAlloc (p2p counters)")?;
@@ -139,6 +173,8 @@ impl P2P {
             Counter::RecvSteps => (world + peer) * ch,
             Counter::LlSend => 2 * world * ch + peer * bl,
             Counter::LlRecv => 2 * world * ch + (world + peer) * bl,
+            Counter::ZcSend => 2 * world * (ch + bl) + peer * bl,
+            Counter::ZcRecv => 2 * world * (ch + bl) + world * bl + peer,
         };
         self.counters_base + (index * std::mem::size_of::<u64>()) as u64
     }
@@ -228,7 +264,7 @@ impl P2P {
         let split =
             self.split && sides[0].peer >= 0 && sides[1].peer >= 0 && threads[0] == threads[1];
         let (func, cfg) = if split {
-            let func = self.function(group, jit, threads[0], u32::MAX)?;
+            let func = self.function(group, jit, &split_expression(threads[0]))?;
             let blocks = sides[0].blocks + sides[1].blocks;
             (
                 func,
@@ -239,7 +275,7 @@ impl P2P {
                 },
             )
         } else {
-            let func = self.function(group, jit, threads[0], threads[1])?;
+            let func = self.function(group, jit, &kernel_expression(threads[0], threads[1]))?;
             let blocks = sides[0].blocks.max(sides[1].blocks);
             (
                 func,
@@ -258,6 +294,102 @@ impl P2P {
         // from cudarc slices). The guard above checked peers, blocks and chunk against the
         // window, so the kernel writes only inside the receiver's region for this sender.
         unsafe { builder.launch(cfg) }.cuda(group.rank as i32, "cuLaunchKernel (sendrecv)")?;
+        Ok(())
+    }
+
+    /// Zero-copy send, receive or both (`cuda/kernels/sendrecv.cu`, `p2p_zc_kernel`). The
+    /// caller has checked that each range lies inside its registered buffer; peers are checked
+    /// here. A message of at most [`P2PLimits::ll_max_bytes`] travels by the low-latency path
+    /// instead (one launch before the zero-copy one, on both ranks, so the two cannot wait on
+    /// each other): flag-in-data lines cost one NVLink trip where the zero-copy handshake costs
+    /// three. Sender and receiver choose alike, from the size.
+    pub(crate) fn launch_zero_copy(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        send: Option<ZcSend>,
+        recv: Option<ZcRecv>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        group.errors.check()?;
+        self.bind(group, stream)?;
+        let small = |bytes: u64| bytes <= self.limits.ll_max_bytes;
+        let ll_send = send.filter(|t| small(t.bytes)).map(|t| Transfer {
+            ptr: t.src,
+            bytes: t.bytes,
+            peer: t.peer,
+            config: None,
+        });
+        let ll_recv = recv.filter(|t| small(t.bytes)).map(|t| Transfer {
+            ptr: t.dst,
+            bytes: t.bytes,
+            peer: t.peer,
+            config: None,
+        });
+        if ll_send.is_some() || ll_recv.is_some() {
+            self.launch(group, jit, ll_send, ll_recv, stream)?;
+        }
+        let send = send.filter(|t| !small(t.bytes));
+        let recv = recv.filter(|t| !small(t.bytes));
+        let world = group.world_size;
+        let unused = P2PSide {
+            peer: -1,
+            ..Default::default()
+        };
+        let mut z = ZcLaunch {
+            p: P2PLaunch {
+                send: unused,
+                recv: unused,
+                ..self.base_launch()
+            },
+            zc_slot0: self.limits.zc_slot0(world) as u64,
+            ..Default::default()
+        };
+        if let Some(t) = send {
+            self.check_peer(group, "send_registered", t.peer)?;
+            debug_assert!(t.bytes > 0);
+            z.p.send = P2PSide {
+                buf: t.src,
+                bytes: t.bytes,
+                steps: self.counter_ptr(Counter::ZcSend, t.peer, world),
+                peer: t.peer as i32,
+                blocks: zero_copy_blocks(t.bytes, &self.limits),
+                ..unused
+            };
+            z.send_dst = t.dst;
+            z.send_reg = t.reg;
+            z.send_offset = t.offset;
+        }
+        if let Some(t) = recv {
+            self.check_peer(group, "recv_registered", t.peer)?;
+            z.p.recv = P2PSide {
+                buf: t.dst,
+                bytes: t.bytes,
+                steps: self.counter_ptr(Counter::ZcRecv, t.peer, world),
+                peer: t.peer as i32,
+                blocks: zero_copy_blocks(t.bytes, &self.limits),
+                ..unused
+            };
+            z.recv_reg = t.reg;
+            z.recv_offset = t.offset;
+        }
+        let blocks = send.map_or(0, |_| z.p.send.blocks) + u32::from(recv.is_some());
+        if blocks == 0 {
+            return Ok(());
+        }
+        let func = self.function(group, jit, &zc_expression())?;
+        let mut builder = stream.launch_builder(&func);
+        builder.arg(&z);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (ZC_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: p2p_zc_kernel<512>(ZcLaunch) takes exactly this struct by value. The send
+        // role writes `bytes` at `send_dst`, which the caller checked lies inside the peer's
+        // registered buffer as mapped here, and only after the receiver's descriptor matched;
+        // the source range is the caller's; counters and signal slots are this namespace's.
+        unsafe { builder.launch(cfg) }.cuda(group.rank as i32, "cuLaunchKernel (zero-copy)")?;
         Ok(())
     }
 
@@ -312,12 +444,12 @@ impl P2P {
         }
     }
 
-    fn function(&self, group: &Group, jit: &Jit, s: u32, r: u32) -> Result<CudaFunction> {
+    fn function(&self, group: &Group, jit: &Jit, expr: &str) -> Result<CudaFunction> {
         let poisoned = || Error::Aborted {
             rank: group.rank as i32,
             reason: "a thread panicked while loading kernels".into(),
         };
-        if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&(s, r)) {
+        if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(expr) {
             return Ok(f.clone());
         }
         let module = match self.module.get() {
@@ -327,16 +459,11 @@ impl P2P {
                 self.module.get_or_init(|| m).clone()
             }
         };
-        let expr = if r == u32::MAX {
-            split_expression(s)
-        } else {
-            kernel_expression(s, r)
-        };
-        let f = module.function(&expr)?;
+        let f = module.function(expr)?;
         self.functions
             .lock()
             .map_err(|_| poisoned())?
-            .insert((s, r), f.clone());
+            .insert(expr.to_owned(), f.clone());
         Ok(f)
     }
 }
