@@ -316,6 +316,50 @@ mod tests {
     }
 
     #[test]
+    fn zero_copy_mismatch_is_a_complete_soft_record() {
+        // Written by a kernel without raising abort: complete as soon as `op` is there.
+        let rec = ErrorRecord {
+            op: 9,
+            slot: 1,
+            expected: 64,
+            seen: 128,
+            ..record()
+        };
+        let state = DeviceErrorState {
+            abort: 0,
+            reserved: 0,
+            record: rec,
+        };
+        match evaluate(&state, 3, false) {
+            Verdict::Failed(e) => match *e {
+                Error::ZeroCopyMismatch {
+                    rank,
+                    peer,
+                    field,
+                    local,
+                    remote,
+                } => {
+                    assert_eq!((rank, peer, local, remote), (3, 1, 64, 128));
+                    assert_eq!(field, "the offset");
+                }
+                other => panic!("unexpected {other:?}"),
+            },
+            other => panic!("unexpected {other:?}"),
+        }
+        let msg = record_to_error(&rec).to_string();
+        assert!(
+            msg.contains("peer 1") && msg.contains("does not match"),
+            "{msg}"
+        );
+        // The same shape with a wait's op is still in progress (abort not yet raised).
+        let waiting = DeviceErrorState {
+            record: ErrorRecord { op: 7, ..rec },
+            ..state
+        };
+        assert!(matches!(evaluate(&waiting, 3, false), Verdict::Pending));
+    }
+
+    #[test]
     fn unknown_op_codes_survive() {
         let rec = ErrorRecord { op: 42, ..record() };
         assert!(matches!(

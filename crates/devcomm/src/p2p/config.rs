@@ -297,6 +297,24 @@ mod tests {
     }
 
     #[test]
+    fn zero_copy_blocks_grow_with_the_size_within_the_signal_slots() {
+        let limits = P2PLimits::default();
+        if std::env::var(ZC_BLOCKS_ENV).is_ok() {
+            return; // the cap is the user's then
+        }
+        assert_eq!(zero_copy_blocks(0, &limits), 1);
+        assert_eq!(zero_copy_blocks(64 << 10, &limits), 1);
+        assert_eq!(zero_copy_blocks((64 << 10) + 1, &limits), 2);
+        assert_eq!(zero_copy_blocks(1 << 20, &limits), 16);
+        assert_eq!(zero_copy_blocks(1 << 30, &limits), 16);
+        let small = P2PLimits {
+            max_blocks: 4,
+            ..limits
+        };
+        assert_eq!(zero_copy_blocks(1 << 30, &small), 4);
+    }
+
+    #[test]
     fn every_sweep_candidate_passes_the_guard() {
         let limits = P2PLimits::default();
         for shift in 0..=30 {
