@@ -100,6 +100,25 @@ impl Ctx {
         self.sync()
     }
 
+    /// Captures what `work` enqueues on this stream into a CUDA graph (thread-local capture
+    /// mode). Capture always ends, so an error from `work` leaves the stream usable.
+    pub(crate) fn capture<E: std::fmt::Display>(
+        &self,
+        work: impl FnOnce() -> Result<(), E>,
+    ) -> Result<cudarc::driver::CudaGraph, String> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| e.to_string())?;
+        let captured = work();
+        let graph = self
+            .stream
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .map_err(|e| e.to_string())?;
+        captured.map_err(|e| e.to_string())?;
+        graph.ok_or_else(|| "capture produced no graph".to_owned())
+    }
+
     /// Reads `bytes` at a raw device address back to the host.
     pub(crate) fn read_ptr(&self, src: u64, bytes: usize) -> Result<Vec<u8>, String> {
         let mut tmp = self

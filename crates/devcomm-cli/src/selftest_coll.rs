@@ -322,20 +322,10 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
     let mut counts = AllToAllVCounts::new(&cx.stream, world).map_err(err)?;
     cx.sync()?;
     cx.host_barrier()?;
-    cx.stream
-        .begin_capture(
-            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        )
-        .map_err(err)?;
-    let captured = cx
-        .comm
-        .all_to_allv(&send, &mut recv, &mut counts, row, &cx.stream);
-    let graph = cx
-        .stream
-        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-        .map_err(err)?;
-    captured.map_err(err)?;
-    let graph = graph.ok_or("capture produced no graph")?;
+    let graph = cx.capture(|| {
+        cx.comm
+            .all_to_allv(&send, &mut recv, &mut counts, row, &cx.stream)
+    })?;
     for r in 0..replays {
         let v = (r * 3 + 1) % variants;
         let c = &mut cases[v];

@@ -318,12 +318,7 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
         p
     };
     cx.sync()?;
-    cx.stream
-        .begin_capture(
-            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        )
-        .map_err(|e| e.to_string())?;
-    let captured = (|| -> Result<(), Error> {
+    let graph = cx.capture(|| -> Result<(), Error> {
         let mut off = 0u64;
         for &b in &sizes {
             let t = |ptr: u64| Transfer {
@@ -337,13 +332,7 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
             off += b as u64;
         }
         Ok(())
-    })();
-    let graph = cx
-        .stream
-        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-        .map_err(|e| e.to_string())?;
-    captured.map_err(|e| e.to_string())?;
-    let graph = graph.ok_or("capture produced no graph")?;
+    })?;
     for r in 0..replays {
         let v = (r * 5 + 3) % variants;
         cx.stream

@@ -424,24 +424,13 @@ fn graph_replays(
         .map_err(|e| e.to_string())?;
     cx.sync()?;
     cx.host_barrier()?;
-    cx.stream
-        .begin_capture(
-            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        )
-        .map_err(|e| e.to_string())?;
-    let captured = (|| -> Result<(), String> {
+    let graph = cx.capture(|| -> Result<(), String> {
         dst.poison(&cx.stream)?;
         let at = dst.at(32);
         cx.comm
             .sendrecv_registered(&src, peer, at, at, bytes as u64, peer, &cx.stream)
             .map_err(|e| e.to_string())
-    })();
-    let graph = cx
-        .stream
-        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-        .map_err(|e| e.to_string())?;
-    captured?;
-    let graph = graph.ok_or("capture produced no graph")?;
+    })?;
     let expects: Vec<Vec<u8>> = (0..variants)
         .map(|v| cx.data_of(peer, 980 + v as u64, bytes))
         .collect();

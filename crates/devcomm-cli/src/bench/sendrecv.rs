@@ -198,7 +198,6 @@ fn zero_copy_call(
 /// One-way send/recv replayed from CUDA graphs: each graph holds a run of back-to-back calls
 /// (devcomm's, or NCCL's send/recv), captured once and replayed per timed sample.
 pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let comm = &cx.comm;
     let rank = comm.rank();
     let active = rank < 2;
@@ -226,31 +225,18 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
             if !active {
                 return Ok(None);
             }
-            cx.stream
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(|e| e.to_string())?;
-            let mut captured = Ok(());
-            for _ in 0..calls {
-                let r = if which == "devcomm" {
-                    devcomm_call(cx, &src, dst, bytes, peer, false, cfg)
-                } else {
-                    nccl_call(&nccl, &src, dst, bytes, peer, false, rank)
-                };
-                if r.is_err() {
-                    captured = r;
-                    break;
+            cx.capture(|| {
+                for _ in 0..calls {
+                    if which == "devcomm" {
+                        devcomm_call(cx, &src, dst, bytes, peer, false, cfg)?;
+                    } else {
+                        nccl_call(&nccl, &src, dst, bytes, peer, false, rank)?;
+                    }
                 }
-            }
-            let graph = cx
-                .stream
-                .end_capture(
-                    CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-                )
-                .map_err(|e| e.to_string())?;
-            captured?;
-            graph
-                .map(Some)
-                .ok_or_else(|| format!("{which}: capture produced no graph"))
+                Ok::<(), String>(())
+            })
+            .map(Some)
+            .map_err(|e| format!("{which}: {e}"))
         };
         // One plain call of each first: kernels are loaded and NCCL connects outside capture.
         if active {

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr};
 
 use super::Comm;
 use crate::error::{Error, Result};
-use crate::p2p::{ZcRecv, ZcSend};
+use crate::p2p::ZcRole;
 
 /// A place inside a registered buffer: where a zero-copy message lands.
 ///
@@ -98,38 +98,28 @@ impl Comm {
     }
 
     /// Resolves and bounds-checks the send role.
-    fn zc_send(&self, src: u64, bytes: u64, peer: usize, dst: RegisteredRange) -> Result<ZcSend> {
-        let op = "send_registered";
-        let target = self.zc_target(op, dst, bytes, peer)?;
-        Ok(ZcSend {
-            src,
-            bytes,
-            peer,
-            dst: target.0,
-            reg: target.1,
-            offset: dst.offset,
-        })
-    }
-
-    /// Resolves and bounds-checks the receive role.
-    fn zc_recv(&self, dst: RegisteredRange, bytes: u64, peer: usize) -> Result<ZcRecv> {
-        let op = "recv_registered";
-        if peer >= self.world_size() {
-            return Err(Error::InvalidArgument {
-                op,
-                reason: format!(
-                    "peer {peer} is not a rank (world size {})",
-                    self.world_size()
-                ),
-            });
-        }
-        let (ptr, reg) = self.zc_target(op, dst, bytes, self.rank())?;
-        Ok(ZcRecv {
-            dst: ptr,
+    fn zc_send(&self, src: u64, bytes: u64, peer: usize, dst: RegisteredRange) -> Result<ZcRole> {
+        let (remote, reg) = self.zc_target("send_registered", dst, bytes, peer)?;
+        Ok(ZcRole {
+            buf: src,
             bytes,
             peer,
             reg,
             offset: dst.offset,
+            remote,
+        })
+    }
+
+    /// Resolves and bounds-checks the receive role (the peer is checked at launch).
+    fn zc_recv(&self, dst: RegisteredRange, bytes: u64, peer: usize) -> Result<ZcRole> {
+        let (buf, reg) = self.zc_target("recv_registered", dst, bytes, self.rank())?;
+        Ok(ZcRole {
+            buf,
+            bytes,
+            peer,
+            reg,
+            offset: dst.offset,
+            remote: 0,
         })
     }
 

@@ -32,6 +32,27 @@ fn split_expression(threads: u32) -> String {
     format!("devcomm::p2p::p2p_split_kernel<{threads}>")
 }
 
+/// A loaded kernel of the send/recv module; its name expression is made only on a cache miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum KernelKey {
+    /// `p2p_kernel<SEND_THREADS, RECV_THREADS>`.
+    Fused(u32, u32),
+    /// `p2p_split_kernel<THREADS>`.
+    Split(u32),
+    /// `p2p_zc_kernel<ZC_THREADS>`.
+    ZeroCopy,
+}
+
+impl KernelKey {
+    fn expression(self) -> String {
+        match self {
+            Self::Fused(s, r) => kernel_expression(s, r),
+            Self::Split(t) => split_expression(t),
+            Self::ZeroCopy => zc_expression(),
+        }
+    }
+}
+
 /// Threads per block of the zero-copy kernel.
 const ZC_THREADS: u32 = 512;
 
@@ -74,27 +95,18 @@ pub struct Transfer {
     pub config: Option<P2PConfig>,
 }
 
-/// The send role of a zero-copy call: `bytes` from `src` into `peer`'s registered buffer.
+/// One role of a zero-copy call: `bytes` between `buf` (the source when sending, this rank's
+/// destination when receiving) and `peer`, landing in registration `reg` at `offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ZcSend {
-    pub src: u64,
-    pub bytes: u64,
-    pub peer: usize,
-    /// The destination as mapped here (registered buffer of `peer` plus `offset`).
-    pub dst: u64,
-    pub reg: u64,
-    pub offset: u64,
-}
-
-/// The receive role of a zero-copy call: `bytes` from `peer` into this rank's registered
-/// buffer `reg` at `offset`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ZcRecv {
-    pub dst: u64,
+pub(crate) struct ZcRole {
+    pub buf: u64,
     pub bytes: u64,
     pub peer: usize,
     pub reg: u64,
     pub offset: u64,
+    /// Sending: the destination as mapped here (`peer`'s registered buffer plus `offset`).
+    /// Receiving: unused (0).
+    pub remote: u64,
 }
 
 // Counter arrays: bulk steps [world][max_channels], low-latency calls [world][max_blocks],
@@ -119,7 +131,7 @@ pub(crate) struct P2P {
     counters_base: u64,
     bound_stream: Mutex<Option<usize>>,
     module: OnceLock<Arc<LoadedModule>>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    functions: Mutex<HashMap<KernelKey, CudaFunction>>,
     /// Both directions in separate blocks (see [`SPLIT_ENV`]).
     split: bool,
 }
@@ -264,7 +276,7 @@ impl P2P {
         let split =
             self.split && sides[0].peer >= 0 && sides[1].peer >= 0 && threads[0] == threads[1];
         let (func, cfg) = if split {
-            let func = self.function(group, jit, &split_expression(threads[0]))?;
+            let func = self.function(group, jit, KernelKey::Split(threads[0]))?;
             let blocks = sides[0].blocks + sides[1].blocks;
             (
                 func,
@@ -275,7 +287,7 @@ impl P2P {
                 },
             )
         } else {
-            let func = self.function(group, jit, &kernel_expression(threads[0], threads[1]))?;
+            let func = self.function(group, jit, KernelKey::Fused(threads[0], threads[1]))?;
             let blocks = sides[0].blocks.max(sides[1].blocks);
             (
                 func,
@@ -307,77 +319,65 @@ impl P2P {
         &self,
         group: &Group,
         jit: &Jit,
-        send: Option<ZcSend>,
-        recv: Option<ZcRecv>,
+        send: Option<ZcRole>,
+        recv: Option<ZcRole>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         group.errors.check()?;
         self.bind(group, stream)?;
-        let small = |bytes: u64| bytes <= self.limits.ll_max_bytes;
-        let ll_send = send.filter(|t| small(t.bytes)).map(|t| Transfer {
-            ptr: t.src,
+        // Both roles are checked before either route launches anything.
+        if let Some(t) = send {
+            self.check_peer(group, "send_registered", t.peer)?;
+        }
+        if let Some(t) = recv {
+            self.check_peer(group, "recv_registered", t.peer)?;
+        }
+        let small = |t: &ZcRole| t.bytes <= self.limits.ll_max_bytes;
+        let ll = |t: ZcRole| Transfer {
+            ptr: t.buf,
             bytes: t.bytes,
             peer: t.peer,
             config: None,
-        });
-        let ll_recv = recv.filter(|t| small(t.bytes)).map(|t| Transfer {
-            ptr: t.dst,
-            bytes: t.bytes,
-            peer: t.peer,
-            config: None,
-        });
+        };
+        let (ll_send, ll_recv) = (send.filter(small).map(ll), recv.filter(small).map(ll));
         if ll_send.is_some() || ll_recv.is_some() {
             self.launch(group, jit, ll_send, ll_recv, stream)?;
         }
-        let send = send.filter(|t| !small(t.bytes));
-        let recv = recv.filter(|t| !small(t.bytes));
+        let send = send.filter(|t| !small(t));
+        let recv = recv.filter(|t| !small(t));
         let world = group.world_size;
         let unused = P2PSide {
             peer: -1,
             ..Default::default()
         };
+        let side = |t: ZcRole, counter: Counter| P2PSide {
+            buf: t.buf,
+            bytes: t.bytes,
+            steps: self.counter_ptr(counter, t.peer, world),
+            peer: t.peer as i32,
+            blocks: zero_copy_blocks(t.bytes, &self.limits),
+            ..unused
+        };
         let mut z = ZcLaunch {
             p: P2PLaunch {
-                send: unused,
-                recv: unused,
+                send: send.map_or(unused, |t| side(t, Counter::ZcSend)),
+                recv: recv.map_or(unused, |t| side(t, Counter::ZcRecv)),
                 ..self.base_launch()
             },
             zc_slot0: self.limits.zc_slot0(world) as u64,
             ..Default::default()
         };
         if let Some(t) = send {
-            self.check_peer(group, "send_registered", t.peer)?;
-            debug_assert!(t.bytes > 0);
-            z.p.send = P2PSide {
-                buf: t.src,
-                bytes: t.bytes,
-                steps: self.counter_ptr(Counter::ZcSend, t.peer, world),
-                peer: t.peer as i32,
-                blocks: zero_copy_blocks(t.bytes, &self.limits),
-                ..unused
-            };
-            z.send_dst = t.dst;
-            z.send_reg = t.reg;
-            z.send_offset = t.offset;
+            (z.send_dst, z.send_reg, z.send_offset) = (t.remote, t.reg, t.offset);
         }
         if let Some(t) = recv {
-            self.check_peer(group, "recv_registered", t.peer)?;
-            z.p.recv = P2PSide {
-                buf: t.dst,
-                bytes: t.bytes,
-                steps: self.counter_ptr(Counter::ZcRecv, t.peer, world),
-                peer: t.peer as i32,
-                blocks: zero_copy_blocks(t.bytes, &self.limits),
-                ..unused
-            };
-            z.recv_reg = t.reg;
-            z.recv_offset = t.offset;
+            (z.recv_reg, z.recv_offset) = (t.reg, t.offset);
         }
         let blocks = send.map_or(0, |_| z.p.send.blocks) + u32::from(recv.is_some());
         if blocks == 0 {
             return Ok(());
         }
-        let func = self.function(group, jit, &zc_expression())?;
+        let func = self.function(group, jit, KernelKey::ZeroCopy)?;
         let mut builder = stream.launch_builder(&func);
         builder.arg(&z);
         let cfg = LaunchConfig {
@@ -444,12 +444,12 @@ impl P2P {
         }
     }
 
-    fn function(&self, group: &Group, jit: &Jit, expr: &str) -> Result<CudaFunction> {
+    fn function(&self, group: &Group, jit: &Jit, key: KernelKey) -> Result<CudaFunction> {
         let poisoned = || Error::Aborted {
             rank: group.rank as i32,
             reason: "a thread panicked while loading kernels".into(),
         };
-        if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(expr) {
+        if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(f.clone());
         }
         let module = match self.module.get() {
@@ -459,11 +459,11 @@ impl P2P {
                 self.module.get_or_init(|| m).clone()
             }
         };
-        let f = module.function(expr)?;
+        let f = module.function(&key.expression())?;
         self.functions
             .lock()
             .map_err(|_| poisoned())?
-            .insert(expr.to_owned(), f.clone());
+            .insert(key, f.clone());
         Ok(f)
     }
 }
