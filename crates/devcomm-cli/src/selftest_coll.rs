@@ -415,11 +415,14 @@ pub(crate) fn check_overflow(cx: &Ctx) -> Check {
 
 pub(crate) fn check_examples(cx: &Ctx) -> Check {
     cx.host_barrier()?;
+    // Partial edge blocks on the low-latency path; whole blocks (16-byte loads) on the bulk path.
     let t = transpose_example::run_transpose(&cx.comm, &cx.stream, 300, 129, cx.seed)?;
+    cx.host_barrier()?;
+    let t2 = transpose_example::run_transpose(&cx.comm, &cx.stream, 512, 1024, cx.seed)?;
     cx.host_barrier()?;
     let f = fp8_example::run_fp8(&cx.comm, &cx.stream, 100_003, cx.seed)?;
     cx.host_barrier()?;
-    Ok(format!("transpose: {t}; fp8: {f}"))
+    Ok(format!("transpose: {t}; {t2}; fp8: {f}"))
 }
 
 pub(crate) fn check_mixed_kinds(cx: &Ctx) -> Check {

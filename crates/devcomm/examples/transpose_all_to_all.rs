@@ -1,6 +1,9 @@
 //! A non-contiguous all-to-all: every rank sends each peer a `rows x cols` matrix of f32, and
-//! the receiver stores it transposed (`cols x rows`) through the ten-line `consume` hook in
-//! `hooks/transpose.cu`. The result is checked against a host reference.
+//! the receiver stores it transposed (`cols x rows`) through the hooks in `hooks/transpose.cu`
+//! (nine lines): the wire carries each chunk in 8 x 8 blocks (`devcomm::gather_blocked` in
+//! `produce`, `devcomm::scatter_blocked` in `consume`), so both the sender's reads and the
+//! receiver's writes cover whole memory sectors. The result is checked against a host
+//! reference.
 //!
 //! On a machine with GPUs: `devcomm launch -n 4 -- target/release/examples/transpose_all_to_all`
 
@@ -69,7 +72,11 @@ pub fn run_transpose(
 fn main() -> Result<(), String> {
     let comm = Comm::from_env().map_err(|e| e.to_string())?;
     let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
-    let msg = run_transpose(&comm, &stream, 300, 129, 7)?;
-    println!("rank {}: {msg}", comm.rank());
+    // 300 x 129: neither side a multiple of 8, so partial blocks at the bottom and right edges
+    // (and rows not 16-byte aligned); 512 x 1024: whole blocks, read with 16-byte loads.
+    for (rows, cols) in [(300, 129), (512, 1024)] {
+        let msg = run_transpose(&comm, &stream, rows, cols, 7)?;
+        println!("rank {}: {msg}", comm.rank());
+    }
     Ok(())
 }

@@ -1,6 +1,10 @@
 //! Checks that `cuda/devcomm/handles.cuh`, compiled by the host C++ compiler, lays out every
 //! struct exactly as Rust does (`devcomm::handles::LAYOUT`). Needs `c++` (or `$CXX`) on PATH.
 
+#[path = "common/cxx.rs"]
+mod cxx;
+
+use cxx::{compile_cpp, run_ok, scratch_dir};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,55 +34,6 @@ fn probe_source() -> String {
     }
     src.push_str("  return 0;\n}\n");
     src
-}
-
-fn compiler() -> String {
-    std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
-}
-
-/// A directory of its own for each test (they run in parallel and remove theirs at the end).
-fn scratch_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("devcomm-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Compiles `source` (a C++ file written into `dir` as `name.cpp`) against `cuda/` with `flags`
-/// and returns the binary, or `None` when there is no host compiler (a failure instead when
-/// `DEVCOMM_REQUIRE_CXX` is set, as in CI).
-fn compile_cpp(dir: &Path, name: &str, source: &str, flags: &[&str]) -> Option<PathBuf> {
-    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
-    let source_path = dir.join(format!("{name}.cpp"));
-    let binary = dir.join(name);
-    std::fs::write(&source_path, source).unwrap();
-    let output = match Command::new(compiler())
-        .arg("-std=c++17")
-        .args(flags)
-        .arg("-o")
-        .arg(&binary)
-        .arg("-I")
-        .arg(&include)
-        .arg(&source_path)
-        .output()
-    {
-        Ok(output) => output,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            assert!(
-                std::env::var_os("DEVCOMM_REQUIRE_CXX").is_none(),
-                "DEVCOMM_REQUIRE_CXX is set but `{}` was not found",
-                compiler()
-            );
-            eprintln!("SKIPPED: no host C++ compiler `{}`", compiler());
-            return None;
-        }
-        Err(err) => panic!("running {}: {err}", compiler()),
-    };
-    assert!(
-        output.status.success(),
-        "{name}.cpp does not compile as host C++:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Some(binary)
 }
 
 fn compile_probe(dir: &Path) -> Option<PathBuf> {
@@ -191,8 +146,6 @@ fn copy_bytes_is_exact_for_every_size_and_alignment() {
     ) else {
         return;
     };
-    let run = Command::new(&binary).output().unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success() && stdout.contains("OK"), "{stdout}");
+    run_ok(&binary);
     std::fs::remove_dir_all(&dir).unwrap();
 }
