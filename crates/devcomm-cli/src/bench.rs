@@ -44,6 +44,13 @@ pub struct BenchArgs {
     /// Largest message size to time (per peer for `all_to_all`, which stops at 256 MiB).
     #[arg(long, default_value_t = 1 << 30)]
     max_bytes: usize,
+    /// Smallest message size to time (send/recv and all-to-all).
+    #[arg(long, default_value_t = 0)]
+    min_bytes: usize,
+    /// Send/recv: blocks (SMs) per direction for staged messages instead of the table's
+    /// (bandwidth against SMs used).
+    #[arg(long)]
+    blocks: Option<u32>,
     /// Send/recv: time every candidate configuration per size (protocol, blocks, chunk) and
     /// report the fastest, with its configuration: the data behind the defaults table.
     #[arg(long)]

@@ -41,6 +41,37 @@ pub(crate) const SIZES: &[usize] = &[
     1 << 30,
 ];
 
+/// This rank's fresh source (`data_of(rank, tag, src_bytes)`) and a poisoned destination of
+/// `dst_bytes`, both ready on the device and every rank past a barrier.
+fn fresh_pair(
+    cx: &Ctx,
+    tag: u64,
+    src_bytes: usize,
+    dst_bytes: usize,
+) -> Result<(CudaSlice<u8>, CudaSlice<u8>), String> {
+    let src = cx
+        .stream
+        .clone_htod(&cx.data_of(cx.comm.rank(), tag, src_bytes))
+        .map_err(|e| e.to_string())?;
+    let dst = poisoned(cx, dst_bytes)?;
+    cx.sync()?;
+    cx.host_barrier()?;
+    Ok((src, dst))
+}
+
+/// Waits for the stream, then checks that `dst` holds what rank `from` generated with `tag`.
+fn check_received(
+    cx: &Ctx,
+    dst: &CudaSlice<u8>,
+    from: usize,
+    tag: u64,
+    what: &str,
+) -> Result<(), String> {
+    cx.sync()?;
+    let got = cx.stream.clone_dtoh(dst).map_err(|e| e.to_string())?;
+    compare(&got, &cx.data_of(from, tag, got.len()), what)
+}
+
 pub(crate) fn compare(got: &[u8], expect: &[u8], what: &str) -> Result<(), String> {
     if got.len() != expect.len() {
         return Err(format!(
@@ -76,17 +107,23 @@ fn exchange(
     both: bool,
     tag: u64,
 ) -> Result<(), String> {
+    exchange_with(cx, bytes, (src_off, dst_off), both, tag, None)
+}
+
+/// [`exchange`] with an explicit configuration (the same on both ranks), or the defaults.
+fn exchange_with(
+    cx: &Ctx,
+    bytes: usize,
+    (src_off, dst_off): (usize, usize),
+    both: bool,
+    tag: u64,
+    config: Option<P2PConfig>,
+) -> Result<(), String> {
     let Some((peer, sends, receives)) = roles(cx, both) else {
         return cx.host_barrier();
     };
-    let src = cx
-        .stream
-        .clone_htod(&cx.data_of(cx.comm.rank(), tag, src_off + bytes))
-        .map_err(|e| e.to_string())?;
     let guard = 64;
-    let mut dst = poisoned(cx, dst_off + bytes + guard)?;
-    cx.sync()?;
-    cx.host_barrier()?;
+    let (src, mut dst) = fresh_pair(cx, tag, src_off + bytes, dst_off + bytes + guard)?;
     {
         let (sp, _s) = src.device_ptr(&cx.stream);
         let (dp, _d) = dst.device_ptr_mut(&cx.stream);
@@ -94,7 +131,7 @@ fn exchange(
             ptr,
             bytes: bytes as u64,
             peer,
-            config: None,
+            config,
         };
         let send = sends.then(|| t(sp + src_off as u64));
         let recv = receives.then(|| t(dp + dst_off as u64));
@@ -197,23 +234,11 @@ pub(crate) fn check_ring(cx: &Ctx) -> Check {
     let prev = (rank + world - 1) % world;
     for (i, bytes) in [13usize, 40_000, (3 << 20) + 1].into_iter().enumerate() {
         let tag = 300 + i as u64;
-        let src = cx
-            .stream
-            .clone_htod(&cx.data_of(rank, tag, bytes))
-            .map_err(|e| e.to_string())?;
-        let mut dst = poisoned(cx, bytes)?;
-        cx.sync()?;
-        cx.host_barrier()?;
+        let (src, mut dst) = fresh_pair(cx, tag, bytes, bytes)?;
         cx.comm
             .sendrecv(&src, next, &mut dst, prev, &cx.stream)
             .map_err(|e| e.to_string())?;
-        cx.sync()?;
-        let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
-        compare(
-            &got,
-            &cx.data_of(prev, tag, bytes),
-            &format!("ring {bytes} B from {prev}"),
-        )?;
+        check_received(cx, &dst, prev, tag, &format!("ring {bytes} B from {prev}"))?;
         cx.host_barrier()?;
     }
     Ok(format!(
@@ -221,9 +246,87 @@ pub(crate) fn check_ring(cx: &Ctx) -> Check {
     ))
 }
 
-pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
+/// The default configuration of `bytes` with the pull protocol (staged sizes only).
+fn pulled(cx: &Ctx, bytes: usize) -> P2PConfig {
+    P2PConfig {
+        protocol: Protocol::Pull,
+        ..default_config(bytes as u64, cx.comm.p2p_limits())
+    }
+}
+
+/// The pull protocol at staged sizes, one way and both ways, then back-to-back calls that
+/// alternate push, pull and low-latency on the same channels.
+pub(crate) fn check_pull(cx: &Ctx, calls: usize) -> Check {
+    let sizes = [
+        (1usize << 20) + 3,
+        (7 << 20) + 5,
+        64 << 20,
+        (256 << 20) + 16,
+    ];
+    let mut n = 0;
+    for (i, &bytes) in sizes.iter().enumerate() {
+        for both in [false, true] {
+            let offs = if i % 2 == 0 { (0, 0) } else { (5, 3) };
+            let tag = 700 + i as u64 + if both { 50 } else { 0 };
+            exchange_with(cx, bytes, offs, both, tag, Some(pulled(cx, bytes)))?;
+            n += 1;
+        }
+    }
+    for (i, bytes) in [(4usize << 20) + 7, 64 << 20].into_iter().enumerate() {
+        asymmetric(cx, bytes, 760 + i as u64)?;
+        n += 1;
+    }
+    let mixed = back_to_back(cx, calls, &|call, bytes| {
+        (call % 3 == 1 && bytes > cx.comm.p2p_limits().ll_max_bytes as usize)
+            .then(|| pulled(cx, bytes))
+    })?;
+    Ok(format!(
+        "{n} pulled exchanges (1 MiB to 256 MiB, odd sizes and alignments, one-way and both \
+         ways, and one rank's sendrecv against the other's send then recv); {mixed} \
+         back-to-back calls mixing pull, push and low-latency, all verified"
+    ))
+}
+
+/// Both ways between partners where the even rank calls `sendrecv` (so it pushes: it also
+/// receives from its peer) and the odd rank calls `send`, then `recv` (a one-way launch, so
+/// it pulls): each receiver must follow the sender's choice.
+fn asymmetric(cx: &Ctx, bytes: usize, tag: u64) -> Result<(), String> {
     let Some(peer) = partner(cx) else {
-        return cx.host_barrier().map(|_| "no partner".into());
+        return cx.host_barrier();
+    };
+    let rank = cx.comm.rank();
+    let (src, mut dst) = fresh_pair(cx, tag, bytes, bytes)?;
+    let e = |x: devcomm::Error| x.to_string();
+    if rank % 2 == 0 {
+        cx.comm
+            .sendrecv(&src, peer, &mut dst, peer, &cx.stream)
+            .map_err(e)?;
+    } else {
+        cx.comm.send(&src, peer, &cx.stream).map_err(e)?;
+        cx.comm.recv(&mut dst, peer, &cx.stream).map_err(e)?;
+    }
+    let what = format!("{bytes} B from {peer} (sendrecv against send, recv)");
+    check_received(cx, &dst, peer, tag, &what)?;
+    cx.host_barrier()
+}
+
+pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
+    let n = back_to_back(cx, calls, &|_, _| None)?;
+    Ok(format!(
+        "{n} back-to-back sendrecv calls of mixed sizes (8 B to 1 MiB), every one verified"
+    ))
+}
+
+/// `calls` back-to-back sendrecv calls of mixed sizes both ways with the partner, each call's
+/// configuration from `config(call, bytes)` (None: the defaults); every call verified.
+fn back_to_back(
+    cx: &Ctx,
+    calls: usize,
+    config: &dyn Fn(usize, usize) -> Option<P2PConfig>,
+) -> Result<usize, String> {
+    let Some(peer) = partner(cx) else {
+        cx.host_barrier()?;
+        return Ok(0);
     };
     let rank = cx.comm.rank();
     let sizes = [8usize, 4097, 100_000, (1 << 20) + 3, 24];
@@ -249,7 +352,7 @@ pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
                 ptr,
                 bytes: bytes as u64,
                 peer,
-                config: None,
+                config: config(call, bytes),
             };
             // SAFETY: offsets stay inside src (stride + 4096) and inside dst's slot.
             unsafe {
@@ -277,9 +380,7 @@ pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
         }
     }
     cx.host_barrier()?;
-    Ok(format!(
-        "{calls} back-to-back sendrecv calls of mixed sizes (8 B to 1 MiB), every one verified"
-    ))
+    Ok(calls)
 }
 
 pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
@@ -353,16 +454,10 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
 }
 
 pub(crate) fn check_all_gather(cx: &Ctx) -> Check {
-    let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
+    let world = cx.comm.world_size();
     for (i, n) in [1usize, 333, (1 << 20) + 3].into_iter().enumerate() {
         let tag = 600 + i as u64;
-        let src = cx
-            .stream
-            .clone_htod(&cx.data_of(rank, tag, n))
-            .map_err(|e| e.to_string())?;
-        let mut dst = poisoned(cx, n * world)?;
-        cx.sync()?;
-        cx.host_barrier()?;
+        let (src, mut dst) = fresh_pair(cx, tag, n, n * world)?;
         cx.comm
             .all_gather_ring(&src, &mut dst, &cx.stream)
             .map_err(|e| e.to_string())?;

@@ -48,7 +48,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let sizes: Vec<usize> = SIZES
         .iter()
         .copied()
-        .filter(|&s| s <= max && 2 * world * s <= free)
+        .filter(|&s| s <= max && s >= args.min_bytes && 2 * world * s <= free)
         .collect();
     let largest = sizes.last().copied().ok_or("no all-to-all size fits")?;
     let mut send: CudaSlice<u8> = cx

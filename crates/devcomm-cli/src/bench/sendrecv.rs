@@ -4,7 +4,7 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result as nccl_result;
 use devcomm::p2p::{
-    default_config, sweep_configs, zero_copy_blocks, P2PConfig, Protocol, Transfer,
+    auto_pull, default_config, sweep_configs, zero_copy_blocks, P2PConfig, Protocol, Transfer,
 };
 use devcomm::RegisteredRange;
 
@@ -42,7 +42,11 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     let active = rank < 2;
     let peer = 1 - rank.min(1);
     let max = args.max_bytes.min(1 << 30);
-    let sizes: Vec<usize> = SIZES.iter().copied().filter(|&s| s <= max).collect();
+    let sizes: Vec<usize> = SIZES
+        .iter()
+        .copied()
+        .filter(|&s| s <= max && s >= args.min_bytes)
+        .collect();
     let nccl = NcclPair::new(cx)?;
     let src_host = cx.data_of(rank, 1234, max);
     let src: CudaSlice<u8> = cx.stream.clone_htod(&src_host).map_err(|e| e.to_string())?;
@@ -72,7 +76,10 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     cx.sync()?;
     let mut out = Vec::new();
     for &bytes in &sizes {
-        let default = default_config(bytes as u64, comm.p2p_limits());
+        let mut default = default_config(bytes as u64, comm.p2p_limits());
+        if let Some(b) = args.blocks.filter(|_| default.protocol.is_staged()) {
+            default.blocks = b;
+        }
         let candidates = if args.sweep && registered.is_none() {
             sweep_configs(bytes as u64, comm.p2p_limits())
         } else {
@@ -105,7 +112,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                         .unwrap_or(0);
                     return Err(format!(
                         "sendrecv {bytes} B with {}: wrong byte at {i} on rank {rank}",
-                        describe(&cfg)
+                        describe(&cfg, bytes, both)
                     ));
                 }
             }
@@ -163,7 +170,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                         zero_copy_blocks(bytes as u64, comm.p2p_limits())
                     )
                 } else {
-                    describe(&cfg)
+                    describe(&cfg, bytes, both)
                 },
                 tokens: None,
             });
@@ -294,7 +301,7 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
                 reference: "NCCL send/recv, graph-replayed".into(),
                 devcomm_gbps: bytes as f64 / d_us / 1e3,
                 nccl_gbps: bytes as f64 / n_us / 1e3,
-                config: describe(&cfg),
+                config: describe(&cfg, bytes, false),
                 tokens: None,
             });
         }
@@ -306,10 +313,16 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
     Ok(out)
 }
 
-fn describe(c: &P2PConfig) -> String {
+/// A configuration as the records name it: `ll`, `push` or `pull`, then blocks x threads and
+/// the chunk. For [`Protocol::Bulk`], the staging the sender picks for this call.
+fn describe(c: &P2PConfig, bytes: usize, both: bool) -> String {
+    let staged = |what: &str| format!("{what}/{}x{}/{}K", c.blocks, c.threads, c.chunk_bytes >> 10);
     match c.protocol {
         Protocol::LowLatency => format!("ll/{}x{}", c.blocks, c.threads),
-        Protocol::Bulk => format!("bulk/{}x{}/{}K", c.blocks, c.threads, c.chunk_bytes >> 10),
+        Protocol::Push => staged("push"),
+        Protocol::Pull => staged("pull"),
+        Protocol::Bulk if auto_pull(bytes as u64, both) => staged("pull"),
+        Protocol::Bulk => staged("push"),
     }
 }
 

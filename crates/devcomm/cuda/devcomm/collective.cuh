@@ -165,8 +165,8 @@ struct HookRecv : ChunkTiles<H> {
   static constexpr dc_u64 kUnit = 16;
   bool discard;
   template <class G>
-  __device__ __forceinline__ void chunk(const G& g, const char* slot, dc_u64 off,
-                                        dc_u64 bytes) const {
+  __device__ __forceinline__ void chunk(const G& g, const char* slot, dc_u64 off, dc_u64 bytes,
+                                        bool /*remote*/) const {
     if (discard) return;
     const dc_u64 t0 = off / 16, nt = bytes / 16, gs = g.size();
     const uint4* src = reinterpret_cast<const uint4*>(slot);

@@ -15,26 +15,28 @@ namespace devcomm {
 
 #if defined(__CUDACC__)
 
-// Independent loads each thread keeps in flight per iteration.
+// Independent loads each thread keeps in flight per iteration. Reads over NVLink (the pull
+// protocol) wait a round trip per load, so they take kCopyUnrollRemote.
 constexpr int kCopyUnroll = 4;
+constexpr int kCopyUnrollRemote = 8;
 
 namespace detail {
 
 // Copies `n` elements of T; threads of `g` take elements round-robin (coalesced), kCopyUnroll
 // per iteration. Needs dst and src aligned to sizeof(T).
-template <class T, class G>
+template <int U, class T, class G>
 __device__ __forceinline__ void copy_elements(const G& g, T* dst, const T* src, dc_u64 n) {
   const dc_u64 nthreads = g.size();
   dc_u64 i = g.thread_rank();
   // All loads of one iteration are issued before its stores so they overlap in flight.
-  for (; i + (kCopyUnroll - 1) * nthreads < n; i += kCopyUnroll * nthreads) {
-    T v[kCopyUnroll];
+  for (; i + (U - 1) * nthreads < n; i += U * nthreads) {
+    T v[U];
 #pragma unroll
-    for (int k = 0; k < kCopyUnroll; ++k) v[k] = src[i + k * nthreads];
+    for (int k = 0; k < U; ++k) v[k] = src[i + k * nthreads];
 #pragma unroll
-    for (int k = 0; k < kCopyUnroll; ++k) dst[i + k * nthreads] = v[k];
+    for (int k = 0; k < U; ++k) dst[i + k * nthreads] = v[k];
   }
-  // Fewer than kCopyUnroll elements left for this thread.
+  // Fewer than U elements left for this thread.
   for (; i < n; i += nthreads) dst[i] = src[i];
 }
 
@@ -50,7 +52,8 @@ __device__ __forceinline__ void copy_tail_bytes(const G& g, unsigned char* dst,
 // Copies `bytes` from `src` to `dst` (either may be local or a peer's NVLink mapping).
 // Called by every thread of `g`. There is no barrier at the end: a thread's stores are not
 // ordered with the others'. Publish with put_signal / a group sync, never by one thread alone.
-template <class G>
+// U: loads in flight per thread (kCopyUnrollRemote when `src` is a peer's memory).
+template <int U = kCopyUnroll, class G>
 __device__ inline void copy_bytes(const G& g, void* dst, const void* src, dc_u64 bytes) {
   unsigned char* d = static_cast<unsigned char*>(dst);
   const unsigned char* s = static_cast<const unsigned char*>(src);
@@ -68,20 +71,20 @@ __device__ inline void copy_bytes(const G& g, void* dst, const void* src, dc_u64
   const dc_u64 n = bytes / width;
   switch (width) {
     case 16:
-      detail::copy_elements(g, reinterpret_cast<uint4*>(d), reinterpret_cast<const uint4*>(s), n);
+      detail::copy_elements<U>(g, reinterpret_cast<uint4*>(d), reinterpret_cast<const uint4*>(s), n);
       break;
     case 8:
-      detail::copy_elements(g, reinterpret_cast<dc_u64*>(d), reinterpret_cast<const dc_u64*>(s), n);
+      detail::copy_elements<U>(g, reinterpret_cast<dc_u64*>(d), reinterpret_cast<const dc_u64*>(s), n);
       break;
     case 4:
-      detail::copy_elements(g, reinterpret_cast<dc_u32*>(d), reinterpret_cast<const dc_u32*>(s), n);
+      detail::copy_elements<U>(g, reinterpret_cast<dc_u32*>(d), reinterpret_cast<const dc_u32*>(s), n);
       break;
     case 2:
-      detail::copy_elements(g, reinterpret_cast<unsigned short*>(d),
+      detail::copy_elements<U>(g, reinterpret_cast<unsigned short*>(d),
                             reinterpret_cast<const unsigned short*>(s), n);
       break;
     default:
-      detail::copy_elements(g, d, s, n);
+      detail::copy_elements<U>(g, d, s, n);
       break;
   }
   const dc_u64 done = n * width;

@@ -26,7 +26,10 @@ struct P2PSide {
   dc_i32 peer;         // @40
   dc_u32 blocks;       // @44 blocks of this role (<= max_blocks); channels = blocks x warps
   dc_u32 low_latency;  // @48 1: flag-in-data lines, 0: staged bulk
-  dc_u32 reserved;     // @52
+  dc_u32 pull;         // @52 send side of a bulk message. 0: push (staging in the receiver's
+                       //     window, written over NVLink); 1: pull (staging in the sender's own
+                       //     window, read by the receiver over NVLink). The receiver learns it
+                       //     per chunk from the MODE word (below), so it may differ per call.
 };
 
 // Everything one send/recv launch needs.
@@ -41,19 +44,31 @@ struct P2PLaunch {
   dc_u32 max_blocks;       // @224 most blocks per direction (low-latency credit slots)
   dc_u32 depth;            // @228 staging slots per channel
   dc_u32 max_channels;     // @232 most bulk channels (warps) per direction
-  dc_u32 reserved;         // @236
+  dc_u32 mode_slot0;       // @236 first MODE user slot (below)
 };
 
 static_assert(sizeof(P2PSide) == 56, "P2PSide size");
 static_assert(DC_OFFSETOF(P2PSide, chunk_bytes) == 32, "P2PSide.chunk_bytes");
 static_assert(DC_OFFSETOF(P2PSide, peer) == 40, "P2PSide.peer");
 static_assert(DC_OFFSETOF(P2PSide, low_latency) == 48, "P2PSide.low_latency");
+static_assert(DC_OFFSETOF(P2PSide, pull) == 52, "P2PSide.pull");
 static_assert(sizeof(P2PLaunch) == 240, "P2PLaunch size");
 static_assert(DC_OFFSETOF(P2PLaunch, max_channels) == 232, "P2PLaunch.max_channels");
 static_assert(DC_OFFSETOF(P2PLaunch, send) == 80, "P2PLaunch.send");
 static_assert(DC_OFFSETOF(P2PLaunch, recv) == 136, "P2PLaunch.recv");
 static_assert(DC_OFFSETOF(P2PLaunch, slot_stride) == 192, "P2PLaunch.slot_stride");
 static_assert(DC_OFFSETOF(P2PLaunch, max_blocks) == 224, "P2PLaunch.max_blocks");
+static_assert(DC_OFFSETOF(P2PLaunch, mode_slot0) == 236, "P2PLaunch.mode_slot0");
+
+// Window data of the p2p window: W regions, one per sender (push staging, then the low-latency
+// lines), then W outboxes, one per receiver (pull staging, ll_offset bytes each: the same
+// channel x depth x slot layout as a region's staging).
+DC_HOST_DEVICE inline dc_u64 p2p_inbox_offset(const P2PLaunch& a, int sender) {
+  return (dc_u64)sender * a.region_bytes;
+}
+DC_HOST_DEVICE inline dc_u64 p2p_outbox_offset(const P2PLaunch& a, int receiver) {
+  return (dc_u64)a.w.world_size * a.region_bytes + (dc_u64)receiver * a.ll_offset;
+}
 
 // User signal slots of the p2p window (user slot i is pad entry world_size + i).
 //   TAIL(sender q, channel c)   in the receiver's pad: q * max_channels + c
@@ -67,6 +82,13 @@ DC_HOST_DEVICE inline dc_u64 p2p_head_slot(const P2PLaunch& a, int receiver, dc_
 }
 DC_HOST_DEVICE inline dc_u64 p2p_llhead_slot(const P2PLaunch& a, int receiver, dc_u32 b) {
   return 2ull * a.w.world_size * a.max_channels + (dc_u64)receiver * a.max_blocks + b;
+}
+//   MODE(sender q, channel c, slot k) in the receiver's pad: mode_slot0 + (q * max_channels + c)
+//   * depth + k: 1 if the chunk now in slot k is pulled (it lies in the sender's outbox), 0 if
+//   pushed (in the receiver's inbox). Written by the sender once the slot is free and before
+//   the chunk's TAIL; read by the receiver after TAIL.
+DC_HOST_DEVICE inline dc_u64 p2p_mode_slot(const P2PLaunch& a, int sender, dc_u32 c, dc_u32 k) {
+  return a.mode_slot0 + ((dc_u64)sender * a.max_channels + c) * a.depth + k;
 }
 
 // Zero-copy send/recv into a registered destination (docs/PROTOCOL.md, "Zero-copy"). The

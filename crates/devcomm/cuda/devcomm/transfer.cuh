@@ -16,7 +16,8 @@
 //       one thread: the wire bytes [off, off + n) (n <= kUnit) as kUnit / 8 words
 // and a mover for the receiving side
 //   static constexpr dc_u64 kUnit;
-//   template <class G> void chunk(const G&, const char* slot, dc_u64 off, dc_u64 n) const;
+//   template <class G> void chunk(const G&, const char* slot, dc_u64 off, dc_u64 n,
+//                                 bool remote) const;   // remote: `slot` is the sender's memory
 //   void unit(dc_u64 off, dc_u64 n, const dc_u64 (&v)[kUnit / 8]) const;
 #pragma once
 
@@ -67,8 +68,13 @@ __device__ void bulk_send(const G& g, const P2PLaunch& a, const P2PSide& s, cons
   if (nchunks == 0) return;
   dc_u64* steps = reinterpret_cast<dc_u64*>(s.steps);
   const dc_u64 step0 = steps[c];  // written by an earlier kernel: ordered by the kernel boundary
-  char* staging = static_cast<char*>(get_nvlink_address(a.w, s.peer)) +
-                  (dc_u64)a.w.rank * a.region_bytes + (dc_u64)c * a.depth * a.slot_stride;
+  // Push: the receiver's inbox for this rank, written over NVLink. Pull: this rank's own
+  // outbox for the receiver, which the receiver reads over NVLink.
+  char* staging = (s.pull ? reinterpret_cast<char*>(a.w.data) + p2p_outbox_offset(a, s.peer)
+                          : static_cast<char*>(get_nvlink_address(a.w, s.peer)) +
+                                p2p_inbox_offset(a, a.w.rank)) +
+                  (dc_u64)c * a.depth * a.slot_stride;
+  dc_u64* mode = peer_user_slot(a.w, s.peer, p2p_mode_slot(a, a.w.rank, c, 0));
   const dc_u64 head_slot = p2p_head_slot(a, s.peer, c);
   const dc_u64* head = own_user_slot(a.w, head_slot);
   dc_u64* tail = peer_user_slot(a.w, s.peer, p2p_tail_slot(a, a.w.rank, c));
@@ -84,6 +90,10 @@ __device__ void bulk_send(const G& g, const P2PLaunch& a, const P2PSide& s, cons
     const dc_u64 step = step0 + i;
     const dc_u64 off = i * s.chunk_bytes;
     const dc_u64 n = sp.len - off < s.chunk_bytes ? sp.len - off : s.chunk_bytes;
+    // The slot is free (its previous chunk was consumed), so its MODE word is too. Written
+    // before the copy so that the remote store is long done when the fence below runs; the
+    // fence and TAIL's release order it before TAIL.
+    if (leader) st_relaxed_sys(mode + step % a.depth, s.pull);
     m.chunk(g, staging + (step % a.depth) * a.slot_stride, sp.begin + off, n);
     if (leader && i + 1 < nchunks && step + 1 >= a.depth) {
       ok = bounded_wait(a, head, step + 2 - a.depth, kOpSendSlotFree, s.peer, head_slot);
@@ -104,8 +114,14 @@ __device__ void bulk_recv(const G& g, const P2PLaunch& a, const P2PSide& r, cons
   if (nchunks == 0) return;
   dc_u64* steps = reinterpret_cast<dc_u64*>(r.steps);
   const dc_u64 step0 = steps[c];
-  const char* staging = reinterpret_cast<const char*>(a.w.data) +
-                        (dc_u64)r.peer * a.region_bytes + (dc_u64)c * a.depth * a.slot_stride;
+  // The sender chose per chunk where it staged it (MODE word): our inbox (push) or its
+  // outbox (pull).
+  const dc_u64 channel_off = (dc_u64)c * a.depth * a.slot_stride;
+  const char* inbox =
+      reinterpret_cast<const char*>(a.w.data) + p2p_inbox_offset(a, r.peer) + channel_off;
+  const char* outbox = static_cast<const char*>(get_nvlink_address(a.w, r.peer)) +
+                       p2p_outbox_offset(a, a.w.rank) + channel_off;
+  const dc_u64* mode = own_user_slot(a.w, p2p_mode_slot(a, r.peer, c, 0));
   const dc_u64 tail_slot = p2p_tail_slot(a, r.peer, c);
   const dc_u64* tail = own_user_slot(a.w, tail_slot);
   dc_u64* head = peer_user_slot(a.w, r.peer, p2p_head_slot(a, a.w.rank, c));
@@ -114,19 +130,24 @@ __device__ void bulk_recv(const G& g, const P2PLaunch& a, const P2PSide& r, cons
   bool ok = true;
   if (leader) ok = bounded_wait(a, tail, step0 + 1, kOpRecvSlotFull, r.peer, tail_slot);
   if (g.any(!ok)) return;  // barrier after the acquire: the chunk is visible to every lane
+  // The leader read MODE after its acquire of TAIL; `any` hands it to the lanes.
+  bool pull = g.any(leader && ld_relaxed_sys(mode + step0 % a.depth) != 0);
   for (dc_u64 i = 0; i < nchunks; ++i) {
     const dc_u64 step = step0 + i;
     const dc_u64 off = i * r.chunk_bytes;
     const dc_u64 n = sp.len - off < r.chunk_bytes ? sp.len - off : r.chunk_bytes;
-    m.chunk(g, staging + (step % a.depth) * a.slot_stride, sp.begin + off, n);
+    const dc_u64 slot_off = (step % a.depth) * a.slot_stride;
+    m.chunk(g, (pull ? outbox : inbox) + slot_off, sp.begin + off, n, pull);
     if (leader && i + 1 < nchunks) {
       ok = bounded_wait(a, tail, step + 2, kOpRecvSlotFull, r.peer, tail_slot);
     }
     const bool failed = g.any(!ok);  // barrier: every read of this slot is done
     // The slot may be refilled. Only reads precede this store (nothing to publish), so a
-    // release store without the full fence is enough.
+    // release store without the full fence is enough: it also orders the reads of a pulled
+    // chunk before the sender overwrites it.
     if (leader) st_release_sys(head, step + 1);
     if (failed) return;
+    if (i + 1 < nchunks) pull = g.any(leader && ld_relaxed_sys(mode + (step + 1) % a.depth) != 0);
   }
   if (leader) steps[c] = step0 + nchunks;
 }
@@ -296,8 +317,13 @@ struct ByteRecv {
   static constexpr dc_u64 kUnit = 8;
   unsigned char* dst;
   template <class G>
-  __device__ __forceinline__ void chunk(const G& g, const char* slot, dc_u64 off, dc_u64 n) const {
-    copy_bytes(g, dst + off, slot, n);
+  __device__ __forceinline__ void chunk(const G& g, const char* slot, dc_u64 off, dc_u64 n,
+                                        bool remote) const {
+    if (remote) {  // reads over NVLink: more loads in flight
+      copy_bytes<kCopyUnrollRemote>(g, dst + off, slot, n);
+    } else {
+      copy_bytes(g, dst + off, slot, n);
+    }
   }
   __device__ __forceinline__ void unit(dc_u64 off, dc_u64 n, const dc_u64 (&v)[1]) const {
     store_payload(dst + off, v[0], n);

@@ -11,8 +11,27 @@ use crate::error::{Error, Result};
 pub enum Protocol {
     /// 16-byte lines of 8 payload bytes plus flags: one store moves and signals (small messages).
     LowLatency,
-    /// Staged, pipelined chunks with TAIL/HEAD signals (large messages).
+    /// Staged, pipelined chunks with TAIL/HEAD signals (large messages); the sender picks
+    /// where the chunks are staged ([`auto_pull`]): pulled for a one-way message, pushed
+    /// when the same launch also receives from that peer.
     Bulk,
+    /// Staged and pushed: the sender writes each chunk over NVLink into staging in the
+    /// receiver's memory, the receiver copies it out.
+    Push,
+    /// Staged and pulled: the sender copies each chunk into staging in its own memory, the
+    /// receiver reads it over NVLink into the destination. The sender's per-chunk fence then
+    /// waits for local stores only, and on H200 NVLink reads reach a higher one-way rate than
+    /// NVLink writes (BASELINES.md: 373 against 354 GB/s with 32 blocks). Slower than push
+    /// when the link carries data both ways (docs/PERFORMANCE.md, v7).
+    Pull,
+}
+
+impl Protocol {
+    /// True for the staged protocols (any of which a receiver may meet: the sender's choice
+    /// travels with each chunk).
+    pub fn is_staged(self) -> bool {
+        matches!(self, Protocol::Bulk | Protocol::Push | Protocol::Pull)
+    }
 }
 
 /// The knobs of one direction of a send/recv.
@@ -78,9 +97,23 @@ impl P2PLimits {
         self.ll_offset() + 2 * self.ll_parity_bytes()
     }
 
+    /// Data bytes of the p2p window: a region per sender (push staging and low-latency
+    /// lines), then an outbox per receiver (pull staging, `ll_offset()` bytes each).
+    pub fn window_bytes(&self, world_size: usize) -> u64 {
+        world_size as u64 * (self.region_bytes() + self.ll_offset())
+    }
+
     /// User signal slots of the p2p window: TAIL and HEAD per (peer, channel), LLHEAD per
-    /// (peer, block), the count exchange, then zero-copy descriptors and DONE per (peer, block).
+    /// (peer, block), the count exchange, zero-copy descriptors and DONE per (peer, block),
+    /// then MODE per (sender, channel, staging slot).
     pub fn signal_slots(&self, world_size: usize) -> usize {
+        self.mode_slot0(world_size)
+            + world_size * self.max_channels() as usize * self.depth as usize
+    }
+
+    /// First MODE slot: whether the chunk in a staging slot was pushed or pulled
+    /// (`cuda/devcomm/p2p.cuh`).
+    pub fn mode_slot0(&self, world_size: usize) -> usize {
         self.zc_slot0(world_size) + world_size * (4 + self.max_blocks as usize)
     }
 
@@ -116,7 +149,7 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
     // From the one-way sweeps of 2026-11-22 on 2 H200s (docs/PERFORMANCE.md): one chunk per
     // channel up to a few MiB (fewest fences), then 32 blocks of 16 channels.
     let (blocks, threads, chunk) = if bytes <= MIB {
-        (8, 256, 16 * KIB)
+        (32, 256, 16 * KIB)
     } else if bytes <= 4 * MIB {
         (32, 256, 32 * KIB)
     } else if bytes <= 16 * MIB {
@@ -130,6 +163,29 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
         threads,
         chunk_bytes: chunk.min(limits.slot_bytes),
     }
+}
+
+/// Environment variable: `1` makes every [`Protocol::Bulk`] message pull, `0` push; unset,
+/// [`auto_pull`] decides. Only the sender's setting matters: the receiver follows the choice
+/// the sender records with each chunk.
+pub const PULL_ENV: &str = "DEVCOMM_P2P_PULL";
+
+/// One-way bulk messages from this size on are pulled by default (measured: pull is ahead
+/// from 1 MiB on 32 blocks; docs/PERFORMANCE.md, v7).
+pub const PULL_MIN_BYTES: u64 = 1 << 20;
+
+/// Whether the sender of a [`Protocol::Bulk`] message of `bytes` stages it for the receiver
+/// to pull. `receives_from_peer`: the same launch also receives from that peer, so the link
+/// carries data both ways, where pushing is faster (pulling both ways, or pushing one way and
+/// pulling the other, measured slower: docs/PERFORMANCE.md, v7).
+pub fn auto_pull(bytes: u64, receives_from_peer: bool) -> bool {
+    static FORCE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let force = *FORCE.get_or_init(|| match std::env::var(PULL_ENV).as_deref().map(str::trim) {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    });
+    force.unwrap_or(bytes >= PULL_MIN_BYTES && !receives_from_peer)
 }
 
 /// Blocks (of 512 threads) that push a zero-copy message of `bytes` straight into the peer's
@@ -167,6 +223,22 @@ pub fn sweep_configs(bytes: u64, limits: &P2PLimits) -> Vec<P2PConfig> {
             }
         }
     }
+    if bytes >= 1 << 20 {
+        for threads in [256u32, MAX_ROLE_THREADS] {
+            for blocks in [8u32, 16, 32] {
+                for chunk in [16384u64, 32768] {
+                    if blocks <= limits.max_blocks && chunk <= limits.slot_bytes {
+                        out.push(P2PConfig {
+                            protocol: Protocol::Pull,
+                            blocks,
+                            threads,
+                            chunk_bytes: chunk,
+                        });
+                    }
+                }
+            }
+        }
+    }
     if bytes >= 4096 {
         for threads in [256u32, MAX_ROLE_THREADS] {
             for blocks in [4u32, 8, 16, 24, 32] {
@@ -177,7 +249,7 @@ pub fn sweep_configs(bytes: u64, limits: &P2PLimits) -> Vec<P2PConfig> {
                         && bytes >= channels * 256
                     {
                         out.push(P2PConfig {
-                            protocol: Protocol::Bulk,
+                            protocol: Protocol::Push,
                             blocks,
                             threads,
                             chunk_bytes: chunk,
@@ -213,11 +285,13 @@ impl P2PConfig {
                 bytes,
                 capacity: limits.ll_max_bytes,
             }),
-            Protocol::Bulk if self.chunk_bytes == 0 || self.chunk_bytes % 16 != 0 => bad(format!(
-                "chunk of {} bytes; use a positive multiple of 16",
-                self.chunk_bytes
-            )),
-            Protocol::Bulk if self.chunk_bytes > limits.slot_bytes => {
+            p if p.is_staged() && (self.chunk_bytes == 0 || self.chunk_bytes % 16 != 0) => {
+                bad(format!(
+                    "chunk of {} bytes; use a positive multiple of 16",
+                    self.chunk_bytes
+                ))
+            }
+            p if p.is_staged() && self.chunk_bytes > limits.slot_bytes => {
                 Err(Error::CapacityExceeded {
                     op,
                     peer: usize::MAX,
@@ -250,11 +324,11 @@ mod tests {
         let limits = P2PLimits::default();
         assert_eq!(default_config(8, &limits).protocol, Protocol::LowLatency);
         assert_eq!(default_config(8, &limits).blocks, 1);
-        assert_eq!(default_config(1 << 30, &limits).protocol, Protocol::Bulk);
+        assert!(default_config(1 << 30, &limits).protocol.is_staged());
         // One switch size: low latency up to it, bulk above.
         let switch = (1u64..=(1 << 20))
             .step_by(61)
-            .find(|&b| default_config(b, &limits).protocol == Protocol::Bulk)
+            .find(|&b| default_config(b, &limits).protocol.is_staged())
             .expect("bulk above some size");
         assert!((1..switch)
             .step_by(97)
@@ -293,7 +367,21 @@ mod tests {
         assert!(l.region_bytes() >= l.ll_offset() + 4 * l.ll_max_bytes);
         assert_eq!(l.count_slot0(4), 4 * (2 * 512 + 32));
         assert_eq!(l.zc_slot0(4), 4 * (2 * 512 + 32) + 16);
-        assert_eq!(l.signal_slots(4), 4 * (2 * 512 + 32) + 16 + 4 * (4 + 32));
+        assert_eq!(l.mode_slot0(4), 4 * (2 * 512 + 32) + 16 + 4 * (4 + 32));
+        assert_eq!(l.signal_slots(4), l.mode_slot0(4) + 4 * 512 * 4);
+        // Regions per sender, then outboxes per receiver of the same staging size.
+        assert_eq!(l.window_bytes(4), 4 * l.region_bytes() + 4 * l.ll_offset());
+    }
+
+    #[test]
+    fn bulk_pulls_one_way_from_the_threshold_and_pushes_both_ways() {
+        if std::env::var(PULL_ENV).is_ok() {
+            return; // forced by the user then
+        }
+        assert!(!auto_pull(PULL_MIN_BYTES - 1, false));
+        assert!(auto_pull(PULL_MIN_BYTES, false));
+        assert!(auto_pull(1 << 30, false));
+        assert!(!auto_pull(1 << 30, true));
     }
 
     #[test]

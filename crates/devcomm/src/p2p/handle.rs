@@ -26,8 +26,10 @@ pub struct P2PSide {
     pub blocks: u32,
     /// 1: low-latency lines; 0: staged bulk.
     pub low_latency: u32,
-    /// Padding; keep zero.
-    pub reserved: u32,
+    /// Send side of a bulk message. 0: push (staging in the receiver's window); 1: pull
+    /// (staging in the sender's window, read by the receiver over NVLink). The receiver reads
+    /// the sender's choice per chunk from the signal pad.
+    pub pull: u32,
 }
 
 /// Everything one send/recv launch needs.
@@ -54,8 +56,8 @@ pub struct P2PLaunch {
     pub depth: u32,
     /// Most bulk channels (warps) per direction.
     pub max_channels: u32,
-    /// Padding; keep zero.
-    pub reserved: u32,
+    /// First MODE user slot (per sender, channel and staging slot: pushed or pulled).
+    pub mode_slot0: u32,
 }
 
 // SAFETY: plain #[repr(C)] integers whose layout equals the C++ struct (asserted below and in
@@ -137,6 +139,12 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
         size_of::<P2PSide>(),
     ),
     (
+        "P2PSide",
+        "pull",
+        offset_of!(P2PSide, pull),
+        size_of::<P2PSide>(),
+    ),
+    (
         "P2PLaunch",
         "w",
         offset_of!(P2PLaunch, w),
@@ -191,6 +199,12 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
         size_of::<P2PLaunch>(),
     ),
     (
+        "P2PLaunch",
+        "mode_slot0",
+        offset_of!(P2PLaunch, mode_slot0),
+        size_of::<P2PLaunch>(),
+    ),
+    (
         "ZcLaunch",
         "send_dst",
         offset_of!(ZcLaunch, send_dst),
@@ -230,4 +244,6 @@ const _: () = {
     assert!(offset_of!(P2PLaunch, recv) == 136);
     assert!(offset_of!(P2PLaunch, slot_stride) == 192);
     assert!(offset_of!(P2PLaunch, max_blocks) == 224);
+    assert!(offset_of!(P2PLaunch, mode_slot0) == 236);
+    assert!(offset_of!(P2PSide, pull) == 52);
 };

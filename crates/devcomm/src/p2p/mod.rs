@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
-pub use config::{default_config, sweep_configs, zero_copy_blocks, P2PConfig, P2PLimits, Protocol};
+pub use config::{
+    auto_pull, default_config, sweep_configs, zero_copy_blocks, P2PConfig, P2PLimits, Protocol,
+};
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
 
 use crate::error::{CudaResultExt, Error, Result};
@@ -141,12 +143,12 @@ impl P2P {
     /// counters.
     pub(crate) fn new(group: &Arc<Group>, limits: P2PLimits) -> Result<Self> {
         let world = group.world_size;
-        let region =
-            usize::try_from(limits.region_bytes()).map_err(|_| Error::InvalidArgument {
+        let data =
+            usize::try_from(limits.window_bytes(world)).map_err(|_| Error::InvalidArgument {
                 op: "p2p setup",
-                reason: "staging region does not fit in memory".into(),
+                reason: "staging regions do not fit in memory".into(),
             })?;
-        let window = Window::<u8>::new(group, region * world, limits.signal_slots(world))?;
+        let window = Window::<u8>::new(group, data, limits.signal_slots(world))?;
         let rank = group.rank as i32;
         let stream = group.ctx.default_stream();
         let n = 2 * world * (limits.max_channels() + limits.max_blocks) as usize
@@ -193,8 +195,9 @@ impl P2P {
 
     /// The launch arguments every kernel on this namespace shares (no roles set).
     pub(crate) fn base_launch(&self) -> P2PLaunch {
+        let w = self.window.device_handle();
         P2PLaunch {
-            w: self.window.device_handle(),
+            w,
             send: P2PSide {
                 peer: -1,
                 ..Default::default()
@@ -210,7 +213,7 @@ impl P2P {
             max_blocks: self.limits.max_blocks,
             depth: self.limits.depth,
             max_channels: self.limits.max_channels(),
-            reserved: 0,
+            mode_slot0: self.limits.mode_slot0(w.world_size as usize) as u32,
         }
     }
 
@@ -261,7 +264,16 @@ impl P2P {
                 peer: t.peer as i32,
                 blocks: cfg.blocks,
                 low_latency: u32::from(cfg.protocol == Protocol::LowLatency),
-                reserved: 0,
+                pull: u32::from(
+                    i == 0
+                        && match cfg.protocol {
+                            Protocol::Pull => true,
+                            Protocol::Bulk => {
+                                auto_pull(t.bytes, recv.is_some_and(|r| r.peer == t.peer))
+                            }
+                            Protocol::Push | Protocol::LowLatency => false,
+                        },
+                ),
             };
             threads[i] = cfg.threads;
         }
