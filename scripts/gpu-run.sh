@@ -3,7 +3,7 @@
 # the GPU self-test on every GPU, then the quick benchmarks. Full logs and JSON go to $OUT
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
-#   what: info selftest selftest2 p2p coll coll-mixed examples latency put sendrecv pull pull-sweep
+#   what: info selftest selftest2 p2p coll coll-mixed examples latency put sendrecv pull pull-sweep sms
 #         a2a a2av sweep graph ...
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -59,8 +59,6 @@ for w in $what; do
         step sms$b $bin launch -n 2 -- $bin bench --op sendrecv --blocks $b --min-bytes 67108864 --device-kind "$kind" --json "$out/sms$b.json"
         step sms$b-both $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --blocks $b --min-bytes 67108864 --device-kind "$kind" --json "$out/sms$b-both.json"
       done ;;
-    a2a1)  # one rank: the all-to-all is its own chunk only (hooks without the wire)
-      step a2a-1rank $bin launch -n 1 -- $bin bench --op all_to_all --min-bytes 16777216 --max-bytes 16777216 --device-kind "$kind" --json "$out/a2a-1rank.json" ;;
     pull-sweep)
       step sweep-large $bin launch -n 2 -- $bin bench --op sendrecv --sweep --min-bytes 1048576 --device-kind "$kind" --json "$out/sweep-large.json"
       step sweep-large-both $bin launch -n 2 -- $bin bench --op sendrecv --sweep --both-directions --min-bytes 1048576 --device-kind "$kind" --json "$out/sweep-large-both.json" ;;

@@ -25,6 +25,13 @@ typedef std::int32_t dc_i32;
 #define DC_OFFSETOF(type, field) offsetof(type, field)
 #endif
 
+// Functions usable from host code and device code (plain host C++ included).
+#if defined(__CUDACC__)
+#define DC_HOST_DEVICE __host__ __device__
+#else
+#define DC_HOST_DEVICE
+#endif
+
 namespace devcomm {
 
 // What a bounded wait was doing when it gave up. Values are stable: Rust decodes them.

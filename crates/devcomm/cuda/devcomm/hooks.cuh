@@ -53,13 +53,6 @@ struct alignas(16) Tile {
   W v[kElems];
 };
 
-#ifndef DC_HOST_DEVICE
-#if defined(__CUDACC__)
-#define DC_HOST_DEVICE __host__ __device__
-#else
-#define DC_HOST_DEVICE
-#endif
-#endif
 #ifndef DC_NOINLINE
 #if defined(__CUDACC_RTC__) || defined(__NVCC__)
 #define DC_NOINLINE __noinline__

@@ -6,12 +6,6 @@
 
 #include "devcomm/handles.cuh"
 
-#if defined(__CUDACC__)
-#define DC_HOST_DEVICE __host__ __device__
-#else
-#define DC_HOST_DEVICE
-#endif
-
 namespace devcomm {
 
 // One direction of a call as a kernel sees it. `peer < 0` means the role is unused.
