@@ -2,7 +2,7 @@
 //! outputs, every byte compared with the sender's data regenerated on the host.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use devcomm::p2p::{default_config, P2PConfig, Protocol, Transfer};
+use devcomm::p2p::{default_config, staged_config, P2PConfig, Protocol, Transfer};
 use devcomm::Error;
 
 use crate::selftest::Ctx;
@@ -250,7 +250,7 @@ pub(crate) fn check_ring(cx: &Ctx) -> Check {
 fn pulled(cx: &Ctx, bytes: usize) -> P2PConfig {
     P2PConfig {
         protocol: Protocol::Pull,
-        ..default_config(bytes as u64, cx.comm.p2p_limits())
+        ..staged_config(bytes as u64, cx.comm.p2p_limits())
     }
 }
 
@@ -284,6 +284,49 @@ pub(crate) fn check_pull(cx: &Ctx, calls: usize) -> Check {
         "{n} pulled exchanges (1 MiB to 256 MiB, odd sizes and alignments, one-way and both \
          ways, and one rank's sendrecv against the other's send then recv); {mixed} \
          back-to-back calls mixing pull, push and low-latency, all verified"
+    ))
+}
+
+/// LL128 with `blocks` blocks of `threads` threads.
+fn ll128(blocks: u32, threads: u32) -> P2PConfig {
+    P2PConfig {
+        protocol: Protocol::LowLatency128,
+        blocks,
+        threads,
+        chunk_bytes: 0,
+    }
+}
+
+/// LL128 lines forced at sizes from 1 B to its largest message (partial lines, a line per
+/// block, odd alignments), one way and both ways, on few and many blocks of both thread
+/// counts; then back-to-back calls that alternate LL128, LL and the staged protocols on the
+/// same call counters and parities, every call verified.
+pub(crate) fn check_ll128(cx: &Ctx, calls: usize) -> Check {
+    let max = cx.comm.p2p_limits().ll128_max_bytes as usize;
+    let cases = [
+        (1usize, ll128(1, 256)),
+        (119, ll128(1, 512)),
+        (121, ll128(2, 256)),
+        (32 * 120 - 1, ll128(32, 512)),
+        (100_003, ll128(8, 256)),
+        ((1 << 20) + 5, ll128(32, 512)),
+        ((3 << 20) + 17, ll128(16, 256)),
+        (max, ll128(32, 512)),
+    ];
+    let mut n = 0;
+    for (i, &(bytes, config)) in cases.iter().enumerate() {
+        for both in [false, true] {
+            let offs = if i % 2 == 0 { (0, 0) } else { (3, 5) };
+            let tag = 800 + i as u64 + if both { 50 } else { 0 };
+            exchange_with(cx, bytes, offs, both, tag, Some(config))?;
+            n += 1;
+        }
+    }
+    let mixed = back_to_back(cx, calls, &|call, _| (call % 4 == 2).then(|| ll128(8, 512)))?;
+    Ok(format!(
+        "{n} LL128 exchanges (1 B to {} MiB, odd sizes and alignments, 1 to 32 blocks, one way \
+         and both ways); {mixed} back-to-back calls mixing LL128, LL and staged, all verified",
+        max >> 20
     ))
 }
 
@@ -484,7 +527,10 @@ pub(crate) fn check_guard(cx: &Ctx) -> Check {
     let limits = *comm.p2p_limits();
     let mut dst = poisoned(cx, 4096)?;
     let (dp, _d) = dst.device_ptr_mut(&cx.stream);
-    let base = default_config(1 << 20, &limits);
+    let base = P2PConfig {
+        protocol: Protocol::Bulk,
+        ..default_config(64 << 20, &limits)
+    };
     let cases: Vec<(&str, Transfer)> = vec![
         (
             "too many blocks",
@@ -523,6 +569,15 @@ pub(crate) fn check_guard(cx: &Ctx) -> Check {
             },
         ),
         (
+            "LL128 message above its buffer",
+            Transfer {
+                ptr: dp,
+                bytes: limits.ll128_max_bytes + 1,
+                peer,
+                config: Some(ll128(8, 512)),
+            },
+        ),
+        (
             "peer is this rank",
             Transfer {
                 ptr: dp,
@@ -556,5 +611,5 @@ pub(crate) fn check_guard(cx: &Ctx) -> Check {
         return Err("a refused call wrote into the destination".into());
     }
     cx.host_barrier()?;
-    Ok("5 bad calls refused before launch; destination untouched".into())
+    Ok("6 bad calls refused before launch; destination untouched".into())
 }

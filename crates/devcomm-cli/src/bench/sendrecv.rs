@@ -22,7 +22,9 @@ pub(crate) const SIZES: &[usize] = &[
     16 << 10,
     64 << 10,
     256 << 10,
+    512 << 10,
     1 << 20,
+    2 << 20,
     4 << 20,
     8 << 20,
     16 << 20,
@@ -129,6 +131,9 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                         None => devcomm_call(cx, &src, dst, bytes, peer, both, cfg),
                     },
                 )?;
+            if args.sweep && rank == 0 {
+                eprintln!("  {bytes} B {}: {us:.2} us", describe(&cfg, bytes, both));
+            }
             if best.is_none_or(|(b, _)| us < b) {
                 best = Some((us, cfg));
             }
@@ -319,6 +324,7 @@ fn describe(c: &P2PConfig, bytes: usize, both: bool) -> String {
     let staged = |what: &str| format!("{what}/{}x{}/{}K", c.blocks, c.threads, c.chunk_bytes >> 10);
     match c.protocol {
         Protocol::LowLatency => format!("ll/{}x{}", c.blocks, c.threads),
+        Protocol::LowLatency128 => format!("ll128/{}x{}", c.blocks, c.threads),
         Protocol::Push => staged("push"),
         Protocol::Pull => staged("pull"),
         Protocol::Bulk if auto_pull(bytes as u64, both) => staged("pull"),

@@ -66,25 +66,34 @@ struct Plan {
   dc_u64 wire;   // wire bytes (whole tiles)
   dc_u64 chunk;  // bulk bytes per pipeline step
   dc_u32 blocks; // blocks of the role that work (0: nothing to move)
-  dc_u32 ll;     // 1: low-latency lines
+  dc_u32 ll;     // P2PSide::low_latency: 0 staged, 1 LL lines, 2 LL128 lines
 };
 
-// The tuning table (docs/COLLECTIVES.md, "Per-peer tuning"). NVLink peers: low-latency lines
-// up to 256 KiB, one block per 8 KiB of payload; bulk with one block per 64 KiB, up to B blocks,
-// 32 KiB chunks once each channel has 64 KiB. Network-like peers: low-latency up to 16 KiB on
-// one block; bulk on at most 2 blocks with the largest chunk the slots hold.
+// The tuning table (docs/COLLECTIVES.md, "Per-peer tuning"). NVLink peers: LL lines up to
+// 128 KiB, one block per 8 KiB of payload; LL128 lines up to 2 MiB, one block per 8 KiB; bulk
+// with one block per 64 KiB, up to B blocks, 32 KiB chunks once each channel has 64 KiB.
+// Network-like peers: LL up to 16 KiB on one block, no LL128 (it needs NVLink's 128-byte
+// stores); bulk on at most 2 blocks with the largest chunk the slots hold.
 template <int THREADS>
 __device__ __forceinline__ Plan plan_for(const P2PLaunch& p, dc_u64 wire, bool net, dc_u32 B) {
   Plan pl{wire, 0, 0, 0};
   if (wire == 0) return pl;
   const dc_u64 ll_cap = (p.ll_parity_bytes - 16ull * p.max_blocks) / 2;
-  const dc_u64 ll_max = net ? (16ull << 10) : (256ull << 10);
+  const dc_u64 ll_max = net ? (16ull << 10) : (128ull << 10);
+  const dc_u64 ll128_cap = (p2p_ll128_parity_bytes(p) / 128 - p.max_blocks) * 112;
+  const dc_u64 ll128_max = net ? 0 : (2ull << 20);
   const dc_u32 most = B < p.max_blocks ? B : p.max_blocks;
   if (wire <= (ll_max < ll_cap ? ll_max : ll_cap)) {
     const dc_u64 per = (dc_u64)THREADS * 16;
     dc_u64 b = net ? 1 : (wire + per - 1) / per;
     pl.blocks = (dc_u32)(b < most ? b : most);
     pl.ll = 1;
+    return pl;
+  }
+  if (wire <= (ll128_max < ll128_cap ? ll128_max : ll128_cap)) {
+    const dc_u64 b = (wire + (8ull << 10) - 1) / (8ull << 10);
+    pl.blocks = (dc_u32)(b < most ? b : most);
+    pl.ll = 2;
     return pl;
   }
   const dc_u32 cap = net ? (most < 2 ? most : 2) : most;

@@ -19,7 +19,8 @@ struct P2PSide {
   dc_u64 chunk_bytes;  // @32 bulk bytes per pipeline step of one channel (<= slot_stride)
   dc_i32 peer;         // @40
   dc_u32 blocks;       // @44 blocks of this role (<= max_blocks); channels = blocks x warps
-  dc_u32 low_latency;  // @48 1: flag-in-data lines, 0: staged bulk
+  dc_u32 low_latency;  // @48 0: staged bulk; 1: LL, 16-byte flag-in-data lines; 2: LL128,
+                       //     128-byte lines of 120 (or 112) payload bytes and a flag
   dc_u32 pull;         // @52 send side of a bulk message. 0: push (staging in the receiver's
                        //     window, written over NVLink); 1: pull (staging in the sender's own
                        //     window, read by the receiver over NVLink). The receiver learns it
@@ -54,11 +55,18 @@ static_assert(DC_OFFSETOF(P2PLaunch, slot_stride) == 192, "P2PLaunch.slot_stride
 static_assert(DC_OFFSETOF(P2PLaunch, max_blocks) == 224, "P2PLaunch.max_blocks");
 static_assert(DC_OFFSETOF(P2PLaunch, mode_slot0) == 236, "P2PLaunch.mode_slot0");
 
-// Window data of the p2p window: W regions, one per sender (push staging, then the low-latency
-// lines), then W outboxes, one per receiver (pull staging, ll_offset bytes each: the same
-// channel x depth x slot layout as a region's staging).
+// Window data of the p2p window: W regions, one per sender (push staging, then the LL lines of
+// two parities, then the LL128 lines of two parities), then W outboxes, one per receiver (pull
+// staging, ll_offset bytes each: the same channel x depth x slot layout as a region's staging).
+// The LL128 lines fill the rest of a region, so their size needs no field of its own.
 DC_HOST_DEVICE inline dc_u64 p2p_inbox_offset(const P2PLaunch& a, int sender) {
   return (dc_u64)sender * a.region_bytes;
+}
+DC_HOST_DEVICE inline dc_u64 p2p_ll128_offset(const P2PLaunch& a) {
+  return a.ll_offset + 2 * a.ll_parity_bytes;
+}
+DC_HOST_DEVICE inline dc_u64 p2p_ll128_parity_bytes(const P2PLaunch& a) {
+  return (a.region_bytes - p2p_ll128_offset(a)) / 2;
 }
 DC_HOST_DEVICE inline dc_u64 p2p_outbox_offset(const P2PLaunch& a, int receiver) {
   return (dc_u64)a.w.world_size * a.region_bytes + (dc_u64)receiver * a.ll_offset;

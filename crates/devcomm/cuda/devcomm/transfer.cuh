@@ -174,18 +174,233 @@ __device__ __forceinline__ dc_u32* ll_lines(const P2PLaunch& a, char* window_dat
                                    (seq & 1) * a.ll_parity_bytes + sp.begin / 8 * 16);
 }
 
-// Low-latency calls share one sequence number across all blocks: a line's position depends on
-// how the call splits the message over blocks, which changes with the size, so a flag must be
-// unique to the call, not to the block. Counters stay equal because block 0 also advances the
-// counters of the blocks the call does not use (no other block of this launch touches them).
+// The clock of a flag-in-data poll loop (one thread): every kAbortCheckPolls polls it reads the
+// time, checks the communicator's abort flag every `abort_ns` (a host read over PCIe) and gives
+// up after the timeout, recording the failure.
+struct PollClock {
+  dc_u64 start = 0;
+  dc_u64 next_abort_check = 0;
+  dc_u32 polls = 0;
+  dc_u64 abort_ns = kAbortCheckNs;
 
-// Low-latency send of block b's span of side `s`: every 8 bytes of payload travel with the
-// call's sequence number.
+  // False when the poll loop must stop: timeout (recorded here) or abort.
+  __device__ __forceinline__ bool tick(const P2PLaunch& a, DeviceErrorState* err, int peer,
+                                       dc_u64 index, dc_u64 expected, dc_u64 seen) {
+    if (++polls % kAbortCheckPolls != 0) return true;
+    const dc_u64 now = globaltimer_ns();
+    if (start == 0) {
+      start = now;
+      next_abort_check = now + abort_ns;
+    }
+    if (now >= next_abort_check) {
+      if (abort_raised(err)) return false;
+      next_abort_check = now + abort_ns;
+    }
+    if (now - start >= a.w.timeout_ns) {
+      record_wait_failure(err, a.w.rank, WaitSite{kOpRecvSlotFull, peer, index}, expected, seen,
+                          now - start);
+      return false;
+    }
+    return true;
+  }
+};
+
+// Polls one line until both flags carry `flag`; false on timeout or abort. Every thread of an
+// LL receive polls on its own, up to 16384 of them per GPU: lane 0 of each warp checks the
+// abort flag every kAbortCheckNs and the other lanes 32 times less often, so that waiting
+// receivers read host memory about as rarely as the bulk path's one leader per warp (an abort
+// reaches every lane within 32 x kAbortCheckNs). See docs/PERFORMANCE.md, v8, for the
+// intermittent small-message stalls this was meant to remove (not established).
+__device__ __forceinline__ bool ll_poll(const P2PLaunch& a, DeviceErrorState* err,
+                                        const dc_u32* line, dc_u32 flag, int peer, dc_u64 index,
+                                        dc_u64& v) {
+  dc_u32 lo, f0, hi, f1;
+  ll_load(line, lo, f0, hi, f1);
+  PollClock clock;
+  if ((linear_thread_index() & 31u) != 0) clock.abort_ns = 32 * kAbortCheckNs;
+  while (f0 != flag || f1 != flag) {
+    if (!clock.tick(a, err, peer, index, flag, (dc_u64)(f0 == flag ? f1 : f0))) return false;
+    ll_load(line, lo, f0, hi, f1);
+  }
+  v = ((dc_u64)hi << 32) | lo;
+  return true;
+}
+
+// ---- LL128: 128-byte lines (docs/PROTOCOL.md, "LL128") ----
+//
+// A line is 16 words of 8 bytes; word 15 carries the call number (the flag), the others the
+// payload: 15 words for 8-byte units, 14 for 16-byte units (a unit never straddles lines). Eight
+// consecutive lanes of a warp move a line, lane l holding words 2l and 2l + 1, with ONE 16-byte
+// store each in the same warp instruction; the receiver loads a line the same way and takes it
+// when the flag lane sees this call's number. This relies on NVLink and the L2 delivering a
+// warp's aligned 128-byte store whole (not promised by the PTX memory model; NCCL's LL128 relies
+// on the same on NVLink). DEVCOMM_P2P_LL128=0 turns the protocol off (src/p2p/config.rs).
+template <dc_u64 kUnit>
+struct Ll128 {
+  static_assert(kUnit == 8 || kUnit == 16, "low-latency units are 8 or 16 bytes");
+  static constexpr dc_u64 kWords = kUnit == 8 ? 15 : 14;  // payload words per line
+  static constexpr dc_u64 kBytes = kWords * 8;              // payload bytes per line
+};
+
+// Line groups (4 lines: one per 8 lanes) each warp keeps in flight.
+constexpr int kLl128Unroll = 4;
+
+__device__ __forceinline__ void ll128_store(dc_u64* p, dc_u64 v0, dc_u64 v1) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(v0), "l"(v1) : "memory");
+}
+
+__device__ __forceinline__ void ll128_load(const dc_u64* p, dc_u64& v0, dc_u64& v1) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+               : "=l"(v0), "=l"(v1)
+               : "l"(p)
+               : "memory");
+}
+
+// The LL128 lines of call `seq` from `sender`, from line `first` on, inside a window's data.
+__device__ __forceinline__ dc_u64* ll128_lines(const P2PLaunch& a, char* window_data, int sender,
+                                               dc_u64 seq, dc_u64 first) {
+  return reinterpret_cast<dc_u64*>(window_data + (dc_u64)sender * a.region_bytes +
+                                   p2p_ll128_offset(a) + (seq & 1) * p2p_ll128_parity_bytes(a) +
+                                   first * 128);
+}
+
+// Lane l's payload of a line whose first payload byte is `off` in the span (`len` bytes from
+// `begin` of the message): the mover's units, zero past the end.
+template <class M>
+__device__ __forceinline__ void ll128_pack(const M& m, dc_u64 begin, dc_u64 len, dc_u64 off,
+                                           dc_u32 l, dc_u64 (&v)[2]) {
+  v[0] = 0;
+  v[1] = 0;
+  if constexpr (M::kUnit == 8) {
+#pragma unroll
+    for (dc_u32 k = 0; k < 2; ++k) {
+      const dc_u64 o = off + (2 * l + k) * 8;
+      if (2 * l + k < 15 && o < len) {
+        dc_u64 u[1];
+        m.unit(begin + o, len - o < 8 ? len - o : 8, u);
+        v[k] = u[0];
+      }
+    }
+  } else {
+    const dc_u64 o = off + l * 16;
+    if (l < 7 && o < len) m.unit(begin + o, len - o < 16 ? len - o : 16, v);
+  }
+}
+
+// The inverse of ll128_pack: hands lane l's payload of a line to the mover.
+template <class M>
+__device__ __forceinline__ void ll128_unpack(const M& m, dc_u64 begin, dc_u64 len, dc_u64 off,
+                                             dc_u32 l, const dc_u64 (&v)[2]) {
+  if constexpr (M::kUnit == 8) {
+#pragma unroll
+    for (dc_u32 k = 0; k < 2; ++k) {
+      const dc_u64 o = off + (2 * l + k) * 8;
+      if (2 * l + k < 15 && o < len) {
+        const dc_u64 u[1] = {v[k]};
+        m.unit(begin + o, len - o < 8 ? len - o : 8, u);
+      }
+    }
+  } else {
+    const dc_u64 o = off + l * 16;
+    if (l < 7 && o < len) m.unit(begin + o, len - o < 16 ? len - o : 16, v);
+  }
+}
+
+// LL128 send of span `sp` by the warps of `g`.
+template <class G, class M>
+__device__ __forceinline__ void ll128_send_span(const G& g, const P2PLaunch& a, const P2PSide& s,
+                                                const M& m, const Span& sp, dc_u64 seq) {
+  using L = Ll128<M::kUnit>;
+  constexpr dc_u64 kGroup = 4 * kLl128Unroll;  // lines a warp moves per step
+  const dc_u64 nlines = (sp.len + L::kBytes - 1) / L::kBytes;
+  dc_u64* lines = ll128_lines(a, static_cast<char*>(get_nvlink_address(a.w, s.peer)), a.w.rank,
+                              seq, sp.begin / L::kBytes);
+  const dc_u32 lane = g.thread_rank() & 31u, l = lane & 7u;
+  const dc_u64 warps = g.size() / 32, first = g.thread_rank() / 32 * 4 + lane / 8;
+  // Line j of step `base` for group u: the warps take consecutive quads of lines, so every warp
+  // has work even when the span is short.
+  for (dc_u64 base = 0; base < nlines; base += warps * kGroup) {
+    dc_u64 v[kLl128Unroll][2];
+#pragma unroll
+    for (int u = 0; u < kLl128Unroll; ++u) {
+      const dc_u64 j = base + u * warps * 4 + first;
+      if (j < nlines) ll128_pack(m, sp.begin, sp.len, j * L::kBytes, l, v[u]);
+      if (l == 7) v[u][1] = seq;
+    }
+    __syncwarp();  // the eight stores of a line leave in one instruction
+#pragma unroll
+    for (int u = 0; u < kLl128Unroll; ++u) {
+      const dc_u64 j = base + u * warps * 4 + first;
+      if (j < nlines) ll128_store(lines + j * 16 + 2 * l, v[u][0], v[u][1]);
+    }
+  }
+}
+
+// LL128 receive of span `sp` by the warps of `g`; false on timeout or abort.
+template <class G, class M>
+__device__ __forceinline__ bool ll128_recv_span(const G& g, const P2PLaunch& a, const P2PSide& r,
+                                                const M& m, const Span& sp, dc_u64 seq) {
+  using L = Ll128<M::kUnit>;
+  constexpr dc_u64 kGroup = 4 * kLl128Unroll;
+  const dc_u64 nlines = (sp.len + L::kBytes - 1) / L::kBytes;
+  const dc_u64* lines = ll128_lines(a, reinterpret_cast<char*>(a.w.data), r.peer, seq,
+                                    sp.begin / L::kBytes);
+  const dc_u32 lane = g.thread_rank() & 31u, l = lane & 7u;
+  const dc_u64 warps = g.size() / 32, first = g.thread_rank() / 32 * 4 + lane / 8;
+  DeviceErrorState* err = error_state(a.w);
+  PollClock clock;
+  for (dc_u64 base = 0; base < nlines; base += warps * kGroup) {  // as in ll128_send_span
+    dc_u64 v[kLl128Unroll][2];
+    // Every lane reloads its part of the group's lines until each line's flag lane saw this
+    // call in the same load instruction as the rest of its line.
+    for (;;) {
+      bool ready = true;
+      dc_u64 stale = seq;
+#pragma unroll
+      for (int u = 0; u < kLl128Unroll; ++u) {
+        const dc_u64 j = base + u * warps * 4 + first;
+        if (j < nlines) {
+          ll128_load(lines + j * 16 + 2 * l, v[u][0], v[u][1]);
+          if (l == 7 && v[u][1] != seq) {
+            if (ready) stale = v[u][1];
+            ready = false;
+          }
+        }
+      }
+      const dc_u32 waiting = __ballot_sync(0xffffffffu, !ready);
+      if (waiting == 0) break;
+      const int first = __ffs(waiting) - 1;
+      stale = __shfl_sync(0xffffffffu, stale, first);
+      int stop = 0;
+      if (lane == 0) {
+        stop = !clock.tick(a, err, r.peer, sp.begin / L::kBytes + base, seq, stale);
+      }
+      if (__shfl_sync(0xffffffffu, stop, 0)) return false;
+    }
+#pragma unroll
+    for (int u = 0; u < kLl128Unroll; ++u) {
+      const dc_u64 j = base + u * warps * 4 + first;
+      if (j < nlines) ll128_unpack(m, sp.begin, sp.len, j * L::kBytes, l, v[u]);
+    }
+  }
+  return true;
+}
+
+// Low-latency calls (LL and LL128) share one sequence number across all blocks: a line's
+// position depends on how the call splits the message over blocks, which changes with the
+// size, so a flag must be unique to the call, not to the block. Counters stay equal because
+// block 0 also advances the counters of the blocks the call does not use (no other block of
+// this launch touches them). Parity seq & 1 of the LL lines and of the LL128 lines is free
+// once every receiver block has released call seq - 2, whichever protocol that call used.
+
+// Low-latency send of block b's span of side `s` (s.low_latency: 1 LL, 2 LL128): every 8
+// bytes of payload (LL) or every 120 or 112 (LL128) travel with the call's sequence number.
 template <class G, class M>
 __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const M& m, dc_u32 b) {
   constexpr dc_u64 kUnit = M::kUnit;
   constexpr int kWords = (int)(kUnit / 8);
-  const Span sp = block_span(s.bytes, s.blocks, b, kUnit);
+  const bool lines128 = s.low_latency == 2;
+  const Span sp = block_span(s.bytes, s.blocks, b, lines128 ? Ll128<kUnit>::kBytes : kUnit);
   dc_u64* counters = reinterpret_cast<dc_u64*>(s.ll_steps);
   const dc_u64 seq = counters[b] + 1;
   // This parity's lines were last written by call seq - 2; every receiver block must have
@@ -198,16 +413,20 @@ __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const 
     }
   }
   if (g.any(!ok)) return;
-  dc_u32* lines =
-      ll_lines(a, static_cast<char*>(get_nvlink_address(a.w, s.peer)), a.w.rank, seq, sp);
-  const dc_u64 nunits = (sp.len + kUnit - 1) / kUnit;
-  for (dc_u64 j = g.thread_rank(); j < nunits; j += g.size()) {
-    const dc_u64 n = sp.len - j * kUnit < kUnit ? sp.len - j * kUnit : kUnit;
-    dc_u64 v[kWords];
-    m.unit(sp.begin + j * kUnit, n, v);
+  if (lines128) {
+    ll128_send_span(g, a, s, m, sp, seq);
+  } else {
+    dc_u32* lines =
+        ll_lines(a, static_cast<char*>(get_nvlink_address(a.w, s.peer)), a.w.rank, seq, sp);
+    const dc_u64 nunits = (sp.len + kUnit - 1) / kUnit;
+    for (dc_u64 j = g.thread_rank(); j < nunits; j += g.size()) {
+      const dc_u64 n = sp.len - j * kUnit < kUnit ? sp.len - j * kUnit : kUnit;
+      dc_u64 v[kWords];
+      m.unit(sp.begin + j * kUnit, n, v);
 #pragma unroll
-    for (int k = 0; k < kWords; ++k) {
-      if (k * 8 < (int)n) ll_store(lines + (j * kWords + k) * 4, v[k], (dc_u32)seq);
+      for (int k = 0; k < kWords; ++k) {
+        if (k * 8 < (int)n) ll_store(lines + (j * kWords + k) * 4, v[k], (dc_u32)seq);
+      }
     }
   }
   // Every thread has read counters[b] (before g.any above), so it may now change.
@@ -216,62 +435,36 @@ __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const 
   }
 }
 
-// Polls one line until both flags carry `flag`; false on timeout or abort.
-__device__ __forceinline__ bool ll_poll(const P2PLaunch& a, DeviceErrorState* err,
-                                        const dc_u32* line, dc_u32 flag, int peer, dc_u64 index,
-                                        dc_u64& v) {
-  dc_u32 lo, f0, hi, f1;
-  ll_load(line, lo, f0, hi, f1);
-  dc_u64 start = 0;
-  dc_u64 next_abort_check = 0;
-  for (dc_u32 polls = 1; f0 != flag || f1 != flag; ++polls) {
-    if (polls % kAbortCheckPolls == 0) {
-      const dc_u64 now = globaltimer_ns();
-      if (start == 0) {
-        start = now;
-        next_abort_check = now + kAbortCheckNs;
-      }
-      if (now >= next_abort_check) {  // a host read (PCIe): rarely, see wait.cuh
-        if (abort_raised(err)) return false;
-        next_abort_check = now + kAbortCheckNs;
-      }
-      if (now - start >= a.w.timeout_ns) {
-        record_wait_failure(err, a.w.rank, WaitSite{kOpRecvSlotFull, peer, index}, flag,
-                            (dc_u64)(f0 == flag ? f1 : f0), now - start);
-        return false;
-      }
-    }
-    ll_load(line, lo, f0, hi, f1);
-  }
-  v = ((dc_u64)hi << 32) | lo;
-  return true;
-}
-
-// Low-latency receive of block b's span of side `r`: each thread polls its own lines until both
-// flags carry this call's number.
+// Low-latency receive of block b's span of side `r`: each thread polls its own lines (LL) or
+// its warp's lines (LL128) until they carry this call's number.
 template <class G, class M>
 __device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const M& m, dc_u32 b) {
   constexpr dc_u64 kUnit = M::kUnit;
   constexpr int kWords = (int)(kUnit / 8);
-  const Span sp = block_span(r.bytes, r.blocks, b, kUnit);
+  const bool lines128 = r.low_latency == 2;
+  const Span sp = block_span(r.bytes, r.blocks, b, lines128 ? Ll128<kUnit>::kBytes : kUnit);
   dc_u64* counters = reinterpret_cast<dc_u64*>(r.ll_steps);
   const dc_u64 seq = counters[b] + 1;
-  const dc_u32* lines = ll_lines(a, reinterpret_cast<char*>(a.w.data), r.peer, seq, sp);
-  const dc_u64 nunits = (sp.len + kUnit - 1) / kUnit;
-  DeviceErrorState* err = error_state(a.w);
   bool ok = true;
-  for (dc_u64 j = g.thread_rank(); ok && j < nunits; j += g.size()) {
-    const dc_u64 n = sp.len - j * kUnit < kUnit ? sp.len - j * kUnit : kUnit;
-    dc_u64 v[kWords];
+  if (lines128) {
+    ok = ll128_recv_span(g, a, r, m, sp, seq);
+  } else {
+    const dc_u32* lines = ll_lines(a, reinterpret_cast<char*>(a.w.data), r.peer, seq, sp);
+    const dc_u64 nunits = (sp.len + kUnit - 1) / kUnit;
+    DeviceErrorState* err = error_state(a.w);
+    for (dc_u64 j = g.thread_rank(); ok && j < nunits; j += g.size()) {
+      const dc_u64 n = sp.len - j * kUnit < kUnit ? sp.len - j * kUnit : kUnit;
+      dc_u64 v[kWords];
 #pragma unroll
-    for (int k = 0; k < kWords; ++k) {
-      v[k] = 0;
-      if (ok && k * 8 < (int)n) {
-        ok = ll_poll(a, err, lines + (j * kWords + k) * 4, (dc_u32)seq, r.peer, j * kWords + k,
-                     v[k]);
+      for (int k = 0; k < kWords; ++k) {
+        v[k] = 0;
+        if (ok && k * 8 < (int)n) {
+          ok = ll_poll(a, err, lines + (j * kWords + k) * 4, (dc_u32)seq, r.peer,
+                       j * kWords + k, v[k]);
+        }
       }
+      if (ok) m.unit(sp.begin + j * kUnit, n, v);
     }
-    if (ok) m.unit(sp.begin + j * kUnit, n, v);
   }
   if (g.any(!ok)) return;  // barrier: every line of this block has been read
   // Release this block's share of the parity buffer (block 0 also releases the blocks this

@@ -11,6 +11,12 @@ use crate::error::{Error, Result};
 pub enum Protocol {
     /// 16-byte lines of 8 payload bytes plus flags: one store moves and signals (small messages).
     LowLatency,
+    /// 128-byte lines of 120 payload bytes and a flag word, written by eight lanes of a warp in
+    /// one instruction (mid-size messages: a sixteenth of the wire overhead of
+    /// [`Protocol::LowLatency`], and no fence or signal per chunk as in the staged protocols).
+    /// Relies on NVLink delivering a warp's aligned 128-byte store whole, as NCCL's LL128 does;
+    /// [`LL128_ENV`] = `0` keeps it out of the defaults.
+    LowLatency128,
     /// Staged, pipelined chunks with TAIL/HEAD signals (large messages); the sender picks
     /// where the chunks are staged ([`auto_pull`]): pulled for a one-way message, pushed
     /// when the same launch also receives from that peer.
@@ -31,6 +37,15 @@ impl Protocol {
     /// travels with each chunk).
     pub fn is_staged(self) -> bool {
         matches!(self, Protocol::Bulk | Protocol::Push | Protocol::Pull)
+    }
+
+    /// The kernel's `P2PSide.low_latency` value: 0 staged, 1 LL lines, 2 LL128 lines.
+    pub fn line_kind(self) -> u32 {
+        match self {
+            Protocol::LowLatency => 1,
+            Protocol::LowLatency128 => 2,
+            _ => 0,
+        }
     }
 }
 
@@ -57,8 +72,10 @@ pub struct P2PLimits {
     pub depth: u32,
     /// Bytes per staging slot: the largest chunk.
     pub slot_bytes: u64,
-    /// Largest low-latency message.
+    /// Largest low-latency (LL) message.
     pub ll_max_bytes: u64,
+    /// Largest LL128 message.
+    pub ll128_max_bytes: u64,
 }
 
 impl Default for P2PLimits {
@@ -68,6 +85,7 @@ impl Default for P2PLimits {
             depth: 4,
             slot_bytes: 32 << 10,
             ll_max_bytes: 256 << 10,
+            ll128_max_bytes: 8 << 20,
         }
     }
 }
@@ -82,9 +100,15 @@ impl P2PLimits {
     }
 
     /// Bytes of the low-latency lines of one parity: 16 bytes per 8 payload bytes, plus one
-    /// line of rounding per block.
+    /// line of rounding per block, in whole 128-byte lines (the LL128 lines follow).
     pub fn ll_parity_bytes(&self) -> u64 {
-        2 * self.ll_max_bytes + 16 * u64::from(self.max_blocks)
+        (2 * self.ll_max_bytes + 16 * u64::from(self.max_blocks)).next_multiple_of(128)
+    }
+
+    /// Bytes of the LL128 lines of one parity: a 128-byte line per 112 payload bytes (the
+    /// smaller payload, of 16-byte units), plus a line of rounding per block.
+    pub fn ll128_parity_bytes(&self) -> u64 {
+        128 * (self.ll128_max_bytes.div_ceil(LL128_MIN_PAYLOAD) + u64::from(self.max_blocks))
     }
 
     /// Offset of the low-latency lines inside one sender's region.
@@ -92,9 +116,10 @@ impl P2PLimits {
         u64::from(self.max_channels()) * u64::from(self.depth) * self.slot_bytes
     }
 
-    /// One sender's region in a receiver's window.
+    /// One sender's region in a receiver's window: staging, two parities of LL lines, two of
+    /// LL128 lines (`cuda/devcomm/p2p.cuh` derives the LL128 size from this).
     pub fn region_bytes(&self) -> u64 {
-        self.ll_offset() + 2 * self.ll_parity_bytes()
+        self.ll_offset() + 2 * self.ll_parity_bytes() + 2 * self.ll128_parity_bytes()
     }
 
     /// Data bytes of the p2p window: a region per sender (push staging and low-latency
@@ -130,13 +155,29 @@ impl P2PLimits {
     }
 }
 
+/// The largest message the defaults send as LL128, and the payload per block.
+pub const LL128_DEFAULT_MAX: u64 = 4 << 20;
+const LL128_BYTES_PER_BLOCK: u64 = 8 << 10;
+
+/// Payload bytes of an LL128 line for 16-byte units (120 for 8-byte units, as send/recv uses).
+pub const LL128_MIN_PAYLOAD: u64 = 112;
+
+/// Environment variable: `0` keeps [`Protocol::LowLatency128`] out of the defaults (sizes it
+/// would take go to the staged protocol). Set it alike on every rank.
+pub const LL128_ENV: &str = "DEVCOMM_P2P_LL128";
+
+/// Whether the defaults may use [`Protocol::LowLatency128`] (see [`LL128_ENV`]).
+pub fn ll128_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(LL128_ENV).map_or(true, |v| v.trim() != "0"))
+}
+
 /// The default configuration for a message of `bytes` (measured on H200 NVLink; see
 /// docs/PERFORMANCE.md).
 pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
     const KIB: u64 = 1 << 10;
-    const MIB: u64 = 1 << 20;
     let clamp = |b: u64| (b.max(1) as u32).min(limits.max_blocks);
-    if bytes <= (256 * KIB).min(limits.ll_max_bytes) {
+    if bytes <= (128 * KIB).min(limits.ll_max_bytes) {
         // About 2 KiB of payload per block (sweep of 2026-11-22: 64 KiB fastest on 32 blocks).
         let blocks = clamp(bytes / (2 * KIB));
         return P2PConfig {
@@ -146,6 +187,23 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
             chunk_bytes: 0,
         };
     }
+    if ll128_enabled() && bytes <= LL128_DEFAULT_MAX.min(limits.ll128_max_bytes) {
+        return P2PConfig {
+            protocol: Protocol::LowLatency128,
+            blocks: clamp(bytes.div_ceil(LL128_BYTES_PER_BLOCK)),
+            threads: MAX_ROLE_THREADS,
+            chunk_bytes: 0,
+        };
+    }
+    staged_config(bytes, limits)
+}
+
+/// The default staged ([`Protocol::Bulk`]) configuration for a message of `bytes`: what
+/// [`default_config`] picks above the low-latency sizes, for any size.
+pub fn staged_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
+    const KIB: u64 = 1 << 10;
+    const MIB: u64 = 1 << 20;
+    let clamp = |b: u64| (b.max(1) as u32).min(limits.max_blocks);
     // From the one-way sweeps of 2026-11-22 on 2 H200s (docs/PERFORMANCE.md): one chunk per
     // channel up to a few MiB (fewest fences), then 32 blocks of 16 channels.
     let (blocks, threads, chunk) = if bytes <= MIB {
@@ -223,6 +281,20 @@ pub fn sweep_configs(bytes: u64, limits: &P2PLimits) -> Vec<P2PConfig> {
             }
         }
     }
+    if bytes >= 16 << 10 && bytes <= limits.ll128_max_bytes {
+        for threads in [256u32, MAX_ROLE_THREADS] {
+            for blocks in [8u32, 16, 32] {
+                if blocks <= limits.max_blocks {
+                    out.push(P2PConfig {
+                        protocol: Protocol::LowLatency128,
+                        blocks,
+                        threads,
+                        chunk_bytes: 0,
+                    });
+                }
+            }
+        }
+    }
     if bytes >= 1 << 20 {
         for threads in [256u32, MAX_ROLE_THREADS] {
             for blocks in [8u32, 16, 32] {
@@ -285,6 +357,14 @@ impl P2PConfig {
                 bytes,
                 capacity: limits.ll_max_bytes,
             }),
+            Protocol::LowLatency128 if bytes > limits.ll128_max_bytes => {
+                Err(Error::CapacityExceeded {
+                    op,
+                    peer: usize::MAX,
+                    bytes,
+                    capacity: limits.ll128_max_bytes,
+                })
+            }
             p if p.is_staged() && (self.chunk_bytes == 0 || self.chunk_bytes % 16 != 0) => {
                 bad(format!(
                     "chunk of {} bytes; use a positive multiple of 16",
@@ -325,14 +405,24 @@ mod tests {
         assert_eq!(default_config(8, &limits).protocol, Protocol::LowLatency);
         assert_eq!(default_config(8, &limits).blocks, 1);
         assert!(default_config(1 << 30, &limits).protocol.is_staged());
-        // One switch size: low latency up to it, bulk above.
-        let switch = (1u64..=(1 << 20))
-            .step_by(61)
-            .find(|&b| default_config(b, &limits).protocol.is_staged())
-            .expect("bulk above some size");
-        assert!((1..switch)
-            .step_by(97)
-            .all(|b| default_config(b, &limits).protocol == Protocol::LowLatency));
+        // The protocol only moves forward as the size grows: LL, then LL128, then staged.
+        let rank = |p: Protocol| match p {
+            Protocol::LowLatency => 0,
+            Protocol::LowLatency128 => 1,
+            _ => 2,
+        };
+        let mut last = 0;
+        for b in (1u64..=(64 << 20)).step_by(4099) {
+            let r = rank(default_config(b, &limits).protocol);
+            assert!(r >= last, "{b} bytes goes back to an earlier protocol");
+            last = r;
+        }
+        assert_eq!(last, 2);
+        if ll128_enabled() {
+            let c = default_config(1 << 20, &limits);
+            assert_eq!(c.protocol, Protocol::LowLatency128);
+            assert!(c.blocks >= 1 && c.blocks <= limits.max_blocks);
+        }
     }
 
     #[test]
@@ -357,6 +447,12 @@ mod tests {
             c.check("send", limits.ll_max_bytes + 1, &limits),
             Err(Error::CapacityExceeded { .. })
         ));
+        c.protocol = Protocol::LowLatency128;
+        c.check("send", limits.ll128_max_bytes, &limits).unwrap();
+        assert!(matches!(
+            c.check("send", limits.ll128_max_bytes + 1, &limits),
+            Err(Error::CapacityExceeded { .. })
+        ));
     }
 
     #[test]
@@ -365,6 +461,17 @@ mod tests {
         assert_eq!(l.max_channels(), 512);
         assert_eq!(l.ll_offset(), 512 * 4 * (32 << 10));
         assert!(l.region_bytes() >= l.ll_offset() + 4 * l.ll_max_bytes);
+        // LL128 lines follow the LL lines, 128-byte aligned, and fill the region (the kernel
+        // derives their size from region_bytes): the largest message of 16-byte units fits
+        // with a line of rounding per block.
+        let ll128_offset = l.ll_offset() + 2 * l.ll_parity_bytes();
+        assert_eq!(ll128_offset % 128, 0);
+        assert_eq!(
+            (l.region_bytes() - ll128_offset) / 2,
+            l.ll128_parity_bytes()
+        );
+        let lines = l.ll128_max_bytes.div_ceil(LL128_MIN_PAYLOAD) + u64::from(l.max_blocks);
+        assert!(l.ll128_parity_bytes() >= 128 * lines);
         assert_eq!(l.count_slot0(4), 4 * (2 * 512 + 32));
         assert_eq!(l.zc_slot0(4), 4 * (2 * 512 + 32) + 16);
         assert_eq!(l.mode_slot0(4), 4 * (2 * 512 + 32) + 16 + 4 * (4 + 32));

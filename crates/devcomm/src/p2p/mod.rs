@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 pub use config::{
-    auto_pull, default_config, sweep_configs, zero_copy_blocks, P2PConfig, P2PLimits, Protocol,
+    auto_pull, default_config, staged_config, sweep_configs, zero_copy_blocks, P2PConfig,
+    P2PLimits, Protocol,
 };
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
 
@@ -263,7 +264,7 @@ impl P2P {
                 chunk_bytes: cfg.chunk_bytes,
                 peer: t.peer as i32,
                 blocks: cfg.blocks,
-                low_latency: u32::from(cfg.protocol == Protocol::LowLatency),
+                low_latency: cfg.protocol.line_kind(),
                 pull: u32::from(
                     i == 0
                         && match cfg.protocol {
@@ -271,7 +272,9 @@ impl P2P {
                             Protocol::Bulk => {
                                 auto_pull(t.bytes, recv.is_some_and(|r| r.peer == t.peer))
                             }
-                            Protocol::Push | Protocol::LowLatency => false,
+                            Protocol::Push | Protocol::LowLatency | Protocol::LowLatency128 => {
+                                false
+                            }
                         },
                 ),
             };
