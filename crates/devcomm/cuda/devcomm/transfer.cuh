@@ -207,17 +207,17 @@ struct PollClock {
 
 // Polls one line until both flags carry `flag`; false on timeout or abort. Every thread of an
 // LL receive polls on its own, up to 16384 of them per GPU: lane 0 of each warp checks the
-// abort flag every kAbortCheckNs and the other lanes 32 times less often, so that waiting
+// abort flag every kAbortCheckNs and the other lanes 8 times less often, so that waiting
 // receivers read host memory about as rarely as the bulk path's one leader per warp (an abort
-// reaches every lane within 32 x kAbortCheckNs). See docs/PERFORMANCE.md, v8, for the
-// intermittent small-message stalls this was meant to remove (not established).
+// reaches every lane within 8 x kAbortCheckNs; see kAbortCheckNs in wait.cuh for the stalls
+// that frequent host reads caused).
 __device__ __forceinline__ bool ll_poll(const P2PLaunch& a, DeviceErrorState* err,
                                         const dc_u32* line, dc_u32 flag, int peer, dc_u64 index,
                                         dc_u64& v) {
   dc_u32 lo, f0, hi, f1;
   ll_load(line, lo, f0, hi, f1);
   PollClock clock;
-  if ((linear_thread_index() & 31u) != 0) clock.abort_ns = 32 * kAbortCheckNs;
+  if ((linear_thread_index() & 31u) != 0) clock.abort_ns = 8 * kAbortCheckNs;
   while (f0 != flag || f1 != flag) {
     if (!clock.tick(a, err, peer, index, flag, (dc_u64)(f0 == flag ? f1 : f0))) return false;
     ll_load(line, lo, f0, hi, f1);

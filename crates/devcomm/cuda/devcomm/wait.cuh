@@ -30,12 +30,15 @@ struct WaitSite {
 #if defined(__CUDACC__)
 
 // Polls between two reads of the clock. globaltimer is on-chip and cheap enough to read every
-// 64 polls; the abort flag lives in host memory (a PCIe round trip), so it is read only once
-// every kAbortCheckNs of waiting: with thousands of polling threads (low-latency receives), a
-// per-poll-batch host read congests PCIe and slows every transfer (measured: 64 KiB messages
-// took 27 us instead of 5 us).
+// 64 polls; the abort flag lives in host memory (a PCIe round trip), so a waiting thread reads
+// it only once every kAbortCheckNs. Thousands of threads wait at once (a warp leader per staged
+// channel, every thread of an LL receive), and host reads from all of them congest PCIe and
+// slow every transfer. Measured on 4 H200s: with a read every 20 us, all-to-alls stalled at
+// 10-100x their time (64 MiB per peer: 5.6 ms instead of 0.7; docs/PERFORMANCE.md, v8);
+// per-poll-batch reads had made 64 KiB messages take 27 us instead of 5 us. An abort raised
+// elsewhere reaches a waiting kernel within about kAbortCheckNs; timeouts do not depend on it.
 constexpr dc_u32 kAbortCheckPolls = 64;
-constexpr dc_u64 kAbortCheckNs = 20000;
+constexpr dc_u64 kAbortCheckNs = 1000000;
 
 // A wait not satisfied within kSpinPolls polls sleeps between polls, from kMinSleepNs doubling
 // to kMaxSleepNs: a spinning warp takes issue slots from the warps that share its SM (measured:
