@@ -4,7 +4,7 @@
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
 #   what: info selftest selftest2 p2p coll coll-mixed examples latency put sendrecv pull pull-sweep sms
-#         ll128-sweep ll128-off a2a a2av sweep graph ...
+#         ll128-sweep ll128-off tune a2a a2av sweep graph ...
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_CACHE_DIR=${DEVCOMM_CACHE_DIR:-/tmp/devcomm-cache}
@@ -68,6 +68,10 @@ for w in $what; do
     ll128-off)
       step ll128-off env DEVCOMM_P2P_LL128=0 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 65536 --max-bytes 8388608 --device-kind "$kind" --json "$out/ll128-off.json"
       step ll128-off-both env DEVCOMM_P2P_LL128=0 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 65536 --max-bytes 8388608 --device-kind "$kind" --json "$out/ll128-off-both.json" ;;
+    tune)
+      step tune $bin launch -n 2 -- $bin tune --out "$out/tune.json"
+      step tuned env DEVCOMM_TUNE_FILE="$out/tune.json" $bin launch -n 2 -- $bin bench --op sendrecv --device-kind "$kind" --json "$out/tuned.json"
+      step tuned-both env DEVCOMM_TUNE_FILE="$out/tune.json" $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --device-kind "$kind" --json "$out/tuned-both.json" ;;
     zc) step selftest-zc $bin launch -n "$n" -- $bin selftest --only zc ;;
     zc-bench)
       step zc-sendrecv $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --device-kind "$kind" --json "$out/zc-sendrecv.json" --plot "$out/zc-sendrecv.svg"

@@ -12,6 +12,7 @@ mod alltoall;
 pub(crate) mod nccl;
 mod plot;
 mod sendrecv;
+pub(crate) mod tune;
 
 /// Arguments of `devcomm bench`.
 #[derive(Debug, clap::Args)]

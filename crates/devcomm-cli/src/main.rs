@@ -49,6 +49,9 @@ enum Command {
     Selftest(selftest::SelftestArgs),
     /// Times devcomm against NCCL in the same processes on the same buffers.
     Bench(bench::BenchArgs),
+    /// Sweeps send/recv configurations on the local GPUs (checked byte for byte, NCCL timed
+    /// alongside) and writes a tuning table for DEVCOMM_TUNE_FILE.
+    Tune(bench::tune::TuneArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         Command::Info(args) => autolaunch::or_run("info", || info::run(&args)),
         Command::Selftest(args) => autolaunch::or_run("selftest", || selftest::run(&args)),
         Command::Bench(args) => autolaunch::or_run("bench", || bench::run(&args)),
+        Command::Tune(args) => autolaunch::or_run("tune", || bench::tune::run(&args)),
     };
     match result {
         Ok(0) => ExitCode::SUCCESS,

@@ -20,7 +20,7 @@ use crate::error::{CudaResultExt, Error, Result};
 use crate::group::Group;
 use crate::jit::{Jit, KernelSpec};
 use crate::memory::Registry;
-use crate::p2p::{P2PLimits, Transfer, P2P};
+use crate::p2p::{P2PConfig, P2PLimits, Transfer, TuneTable, P2P, TUNE_FILE_ENV};
 use crate::topology::Topology;
 use crate::window::Window;
 
@@ -42,6 +42,7 @@ pub struct CommBuilder {
     device_timeout: Duration,
     setup_timeout: Duration,
     p2p_limits: P2PLimits,
+    tune: Option<TuneTable>,
 }
 
 impl CommBuilder {
@@ -53,6 +54,10 @@ impl CommBuilder {
             device_timeout: duration_env(TIMEOUT_ENV, DEFAULT_DEVICE_TIMEOUT)?,
             setup_timeout: duration_env(SETUP_TIMEOUT_ENV, DEFAULT_SETUP_TIMEOUT)?,
             p2p_limits: p2p_limits_env()?,
+            tune: match std::env::var_os(TUNE_FILE_ENV) {
+                Some(path) => Some(TuneTable::load(std::path::Path::new(&path))?),
+                None => None,
+            },
         })
     }
 
@@ -72,6 +77,14 @@ impl CommBuilder {
     /// Bound of every host setup step (joining, exchanging handles, agreements).
     pub fn setup_timeout(mut self, timeout: Duration) -> Self {
         self.setup_timeout = timeout;
+        self
+    }
+
+    /// The send/recv tuning table (as `devcomm tune` writes it; default: the file named by
+    /// [`TUNE_FILE_ENV`], if set). Every rank must pass the same table: `build` checks it
+    /// against the GPU and the window, and compares it across ranks.
+    pub fn tune_table(mut self, table: Option<TuneTable>) -> Self {
+        self.tune = table;
         self
     }
 
@@ -97,6 +110,19 @@ impl CommBuilder {
             DeviceInfo::query(&ctx).map_err(|e| crate::cuda::with_rank(e, rank)),
             self.setup_timeout,
         )?;
+        let tune = agree_on_store(
+            &store,
+            "tuning table",
+            rank,
+            match &self.tune {
+                Some(t) => t
+                    .validate(&self.p2p_limits, &device.name)
+                    .map(|()| Some(t.clone())),
+                None => Ok(None),
+            },
+            self.setup_timeout,
+        )?;
+        same_table_everywhere(&store, rank, tune.as_ref(), self.setup_timeout)?;
         let topology = Topology::discover(
             rank,
             self.info.world_size,
@@ -123,7 +149,7 @@ impl CommBuilder {
             self.setup_timeout,
         ));
         let control = Window::<u64>::new(&group, group.world_size, 0)?;
-        let p2p = P2P::new(&group, self.p2p_limits)?;
+        let p2p = P2P::new(&group, self.p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
         let comm = Comm {
             p2p,
@@ -138,6 +164,43 @@ impl CommBuilder {
         };
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);
         Ok(comm)
+    }
+}
+
+/// Fails on every rank unless every rank loaded the same tuning table (or none): sender and
+/// receiver of a message must pick the same configuration from it.
+fn same_table_everywhere(
+    store: &Store,
+    rank: usize,
+    table: Option<&TuneTable>,
+    timeout: Duration,
+) -> Result<()> {
+    let mine = table.map_or_else(Vec::new, |t| t.fingerprint().to_vec());
+    let all = store.all_gather("__devcomm/tune/fingerprint", &mine, timeout)?;
+    let failures: Vec<(usize, String)> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| **f != all[0])
+        .map(|(r, f)| {
+            let what = if f.is_empty() {
+                "no tuning table"
+            } else {
+                "another tuning table"
+            };
+            (
+                r,
+                format!("{what} than rank 0 (set {TUNE_FILE_ENV} alike on every rank)"),
+            )
+        })
+        .collect();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        log::debug!("rank {rank}: tuning tables differ: {failures:?}");
+        Err(Error::Setup {
+            step: "tuning table".into(),
+            failures,
+        })
     }
 }
 
@@ -475,6 +538,17 @@ impl Comm {
     /// Sizes of this communicator's send/recv window.
     pub fn p2p_limits(&self) -> &P2PLimits {
         self.p2p.limits()
+    }
+
+    /// The configuration a send/recv of `bytes` uses when the call names none: the tuning
+    /// table's (if one is loaded and covers the size), the built-in defaults otherwise.
+    pub fn p2p_config(&self, bytes: u64) -> P2PConfig {
+        self.p2p.config_for(bytes)
+    }
+
+    /// The send/recv tuning table this communicator loaded, if any.
+    pub fn tune_table(&self) -> Option<&TuneTable> {
+        self.p2p.tune_table()
     }
 
     /// Ring all-gather composed from `sendrecv`: `recv` (world_size x `send`'s length) gets
@@ -834,5 +908,75 @@ impl Comm {
         }
         self.coll
             .launch(&self.group, &self.jit, &self.p2p, hooks, call, stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::p2p::default_config;
+    use crate::p2p::tune::{TuneEntry, TunedLimits, OP_SENDRECV, TUNE_VERSION};
+
+    const T: Duration = Duration::from_secs(20);
+
+    fn table(blocks: u32) -> TuneTable {
+        let limits = P2PLimits::default();
+        TuneTable {
+            version: TUNE_VERSION,
+            device: "NVIDIA H200".into(),
+            world_size: 2,
+            date: "2026-11-22".into(),
+            limits: TunedLimits::from(&limits),
+            entries: vec![TuneEntry {
+                op: OP_SENDRECV.into(),
+                max_bytes: 1 << 20,
+                config: P2PConfig {
+                    blocks,
+                    ..default_config(1 << 20, &limits)
+                },
+                one_way_us: 8.0,
+                both_ways_us: 12.0,
+                nccl_one_way_us: 12.0,
+                nccl_both_ways_us: 15.0,
+            }],
+        }
+    }
+
+    /// Two ranks in this process (rank 1 on a thread) compare their tables; returns each
+    /// rank's outcome.
+    fn compare(mine: Option<TuneTable>, theirs: Option<TuneTable>) -> [Result<()>; 2] {
+        let info0 = RankInfo::new(0, 2).with_master("127.0.0.1", 0);
+        let s0 = Store::connect(&info0, T).expect("rank 0 store");
+        let info1 = RankInfo::new(1, 2).with_master("127.0.0.1", s0.master_port());
+        let rank1 = std::thread::spawn(move || {
+            let s1 = Store::connect(&info1, T).expect("rank 1 store");
+            same_table_everywhere(&s1, 1, theirs.as_ref(), T)
+        });
+        let r0 = same_table_everywhere(&s0, 0, mine.as_ref(), T);
+        [r0, rank1.join().expect("rank 1 thread")]
+    }
+
+    #[test]
+    fn every_rank_must_load_the_same_tuning_table() {
+        for r in compare(Some(table(32)), Some(table(32))) {
+            r.unwrap();
+        }
+        for r in compare(None, None) {
+            r.unwrap();
+        }
+        for r in compare(Some(table(32)), Some(table(16))) {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("rank(s) 1") && e.contains("another tuning table"),
+                "{e}"
+            );
+        }
+        for r in compare(Some(table(32)), None) {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("no tuning table") && e.contains(TUNE_FILE_ENV),
+                "{e}"
+            );
+        }
     }
 }

@@ -3,9 +3,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result as nccl_result;
-use devcomm::p2p::{
-    auto_pull, default_config, sweep_configs, zero_copy_blocks, P2PConfig, Protocol, Transfer,
-};
+use devcomm::p2p::{auto_pull, sweep_configs, zero_copy_blocks, P2PConfig, Protocol, Transfer};
 use devcomm::RegisteredRange;
 
 use crate::bench::nccl::NcclPair;
@@ -78,7 +76,8 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     cx.sync()?;
     let mut out = Vec::new();
     for &bytes in &sizes {
-        let mut default = default_config(bytes as u64, comm.p2p_limits());
+        // What a call without a configuration uses: the loaded tuning table's, else defaults.
+        let mut default = comm.p2p_config(bytes as u64);
         if let Some(b) = args.blocks.filter(|_| default.protocol.is_staged()) {
             default.blocks = b;
         }
@@ -93,30 +92,19 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             // Poison, one call, verify every byte (large sizes only for the default in sweeps,
             // to bound the run's length).
             if active && (!args.sweep || bytes <= 64 << 20 || cfg == default) {
-                cx.stream.memset_zeros(dst).map_err(|e| e.to_string())?;
-                cx.sync()?;
-                cx.host_barrier()?;
-                match &registered {
-                    Some(r) => zero_copy_call(cx, &src, r.handle, bytes, peer, both)?,
-                    None => devcomm_call(cx, &src, dst, bytes, peer, both, cfg)?,
-                }
-                cx.sync()?;
-                let got = cx
-                    .stream
-                    .clone_dtoh(&dst.slice(..bytes))
-                    .map_err(|e| e.to_string())?;
-                let receives = both || rank == 1;
-                if receives && got != expect[..bytes] {
-                    let i = got
-                        .iter()
-                        .zip(&expect)
-                        .position(|(a, b)| a != b)
-                        .unwrap_or(0);
-                    return Err(format!(
-                        "sendrecv {bytes} B with {}: wrong byte at {i} on rank {rank}",
-                        describe(&cfg, bytes, both)
-                    ));
-                }
+                let what = describe(&cfg, bytes, both);
+                verify_call(
+                    cx,
+                    dst,
+                    &expect,
+                    bytes,
+                    both,
+                    &what,
+                    &mut |dst| match &registered {
+                        Some(r) => zero_copy_call(cx, &src, r.handle, bytes, peer, both),
+                        None => devcomm_call(cx, &src, dst, bytes, peer, both, cfg),
+                    },
+                )?;
             }
             cx.host_barrier()?;
             let us =
@@ -185,6 +173,41 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     Ok(out)
 }
 
+/// Poisons `dst`, makes one call through `call` and checks every received byte against
+/// `expect` (rank 1 receives one way; both ranks both ways). Ranks 0 and 1 only.
+pub(crate) fn verify_call(
+    cx: &Ctx,
+    dst: &mut CudaSlice<u8>,
+    expect: &[u8],
+    bytes: usize,
+    both: bool,
+    what: &str,
+    call: &mut dyn FnMut(&mut CudaSlice<u8>) -> Result<(), String>,
+) -> Result<(), String> {
+    let rank = cx.comm.rank();
+    cx.stream.memset_zeros(dst).map_err(|e| e.to_string())?;
+    cx.sync()?;
+    cx.host_barrier()?;
+    call(dst)?;
+    cx.sync()?;
+    let got = cx
+        .stream
+        .clone_dtoh(&dst.slice(..bytes))
+        .map_err(|e| e.to_string())?;
+    let receives = both || rank == 1;
+    if receives && got != expect[..bytes] {
+        let i = got
+            .iter()
+            .zip(expect)
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        return Err(format!(
+            "sendrecv {bytes} B with {what}: wrong byte at {i} on rank {rank}"
+        ));
+    }
+    Ok(())
+}
+
 /// One zero-copy call: rank 0 sends (and rank 1 receives) into offset 0 of the registration.
 fn zero_copy_call(
     cx: &Ctx,
@@ -230,7 +253,7 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
     let calls = 50;
     let mut out = Vec::new();
     for bytes in [8usize, 64, 512, 4096, 65536] {
-        let cfg = default_config(bytes as u64, comm.p2p_limits());
+        let cfg = comm.p2p_config(bytes as u64);
         let capture = |which: &str,
                        dst: &mut CudaSlice<u8>|
          -> Result<Option<cudarc::driver::CudaGraph>, String> {
@@ -320,7 +343,7 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
 
 /// A configuration as the records name it: `ll`, `push` or `pull`, then blocks x threads and
 /// the chunk. For [`Protocol::Bulk`], the staging the sender picks for this call.
-fn describe(c: &P2PConfig, bytes: usize, both: bool) -> String {
+pub(crate) fn describe(c: &P2PConfig, bytes: usize, both: bool) -> String {
     let staged = |what: &str| format!("{what}/{}x{}/{}K", c.blocks, c.threads, c.chunk_bytes >> 10);
     match c.protocol {
         Protocol::LowLatency => format!("ll/{}x{}", c.blocks, c.threads),
@@ -332,7 +355,7 @@ fn describe(c: &P2PConfig, bytes: usize, both: bool) -> String {
     }
 }
 
-fn devcomm_call(
+pub(crate) fn devcomm_call(
     cx: &Ctx,
     src: &CudaSlice<u8>,
     dst: &mut CudaSlice<u8>,
@@ -360,7 +383,7 @@ fn devcomm_call(
     unsafe { cx.comm.sendrecv_raw(send, recv, &cx.stream) }.map_err(|e| e.to_string())
 }
 
-fn nccl_call(
+pub(crate) fn nccl_call(
     nccl: &NcclPair,
     src: &CudaSlice<u8>,
     dst: &mut CudaSlice<u8>,

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod handle;
+pub mod tune;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -14,6 +15,7 @@ pub use config::{
     P2PLimits, Protocol,
 };
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
+pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::Group;
@@ -137,12 +139,18 @@ pub(crate) struct P2P {
     functions: Mutex<HashMap<KernelKey, CudaFunction>>,
     /// Both directions in separate blocks (see [`SPLIT_ENV`]).
     split: bool,
+    /// The measured configurations, checked against `limits` and equal on every rank.
+    tune: Option<TuneTable>,
 }
 
 impl P2P {
     /// Collective: creates the p2p window (staging for every sender, signal pad) and zeroed
     /// counters.
-    pub(crate) fn new(group: &Arc<Group>, limits: P2PLimits) -> Result<Self> {
+    pub(crate) fn new(
+        group: &Arc<Group>,
+        limits: P2PLimits,
+        tune: Option<TuneTable>,
+    ) -> Result<Self> {
         let world = group.world_size;
         let data =
             usize::try_from(limits.window_bytes(world)).map_err(|_| Error::InvalidArgument {
@@ -172,7 +180,22 @@ impl P2P {
             module: OnceLock::new(),
             functions: Mutex::new(HashMap::new()),
             split: std::env::var(SPLIT_ENV).map_or(true, |v| v.trim() != "0"),
+            tune,
         })
+    }
+
+    /// The configuration a call of `bytes` without an explicit one uses: the tuning table's
+    /// bucket when a table is loaded and covers the size, the built-in defaults otherwise.
+    pub(crate) fn config_for(&self, bytes: u64) -> P2PConfig {
+        self.tune
+            .as_ref()
+            .and_then(|t| t.config_for(bytes))
+            .unwrap_or_else(|| default_config(bytes, &self.limits))
+    }
+
+    /// The loaded tuning table.
+    pub(crate) fn tune_table(&self) -> Option<&TuneTable> {
+        self.tune.as_ref()
     }
 
     /// The window sizes.
@@ -246,9 +269,7 @@ impl P2P {
             let Some(t) = t else { continue };
             let op = if i == 0 { "send" } else { "recv" };
             self.check_peer(group, op, t.peer)?;
-            let cfg = t
-                .config
-                .unwrap_or_else(|| default_config(t.bytes, &self.limits));
+            let cfg = t.config.unwrap_or_else(|| self.config_for(t.bytes));
             cfg.check(op, t.bytes, &self.limits)
                 .map_err(|e| with_peer(e, t.peer))?;
             let kind = if i == 0 {

@@ -1,0 +1,291 @@
+//! `devcomm tune`: sweeps every send/recv configuration candidate on the local GPUs, one way
+//! and both ways, checks each result byte for byte, times NCCL in the same processes, and
+//! writes a tuning table (`devcomm::p2p::TuneTable`) that a communicator loads through
+//! `DEVCOMM_TUNE_FILE`.
+//!
+//! A configuration must be a function of the message size alone (sender and receiver derive
+//! it independently), so one entry serves both one-way and both-ways calls: per size the table
+//! takes the candidate whose worse slowdown against the fastest candidate of either direction
+//! is smallest. The staged `Bulk` protocol (push when the launch also receives from the peer,
+//! pull otherwise) is scored from the measured push (both ways) and pull (one way) times of the
+//! same shape.
+
+use std::path::PathBuf;
+
+use cudarc::driver::CudaSlice;
+use devcomm::p2p::tune::{TunedLimits, OP_SENDRECV, TUNE_VERSION};
+use devcomm::p2p::{sweep_configs, P2PConfig, Protocol, TuneEntry, TuneTable};
+
+use crate::bench::nccl::NcclPair;
+use crate::bench::sendrecv::{
+    calls_per_sample, describe, devcomm_call, nccl_call, verify_call, SIZES,
+};
+use crate::bench::{time_pair, today};
+use crate::selftest::Ctx;
+
+/// Arguments of `devcomm tune`.
+#[derive(Debug, clap::Args)]
+pub struct TuneArgs {
+    /// Where rank 0 writes the table (JSON). Load it with DEVCOMM_TUNE_FILE=FILE on every rank.
+    #[arg(long)]
+    out: PathBuf,
+    /// Smallest message size to tune.
+    #[arg(long, default_value_t = 0)]
+    min_bytes: usize,
+    /// Largest message size to tune (at most 1 GiB); larger messages keep the defaults.
+    #[arg(long, default_value_t = 1 << 30)]
+    max_bytes: usize,
+    /// Warm-up samples per candidate.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Timed samples per candidate (the median is kept).
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+}
+
+/// Every candidate is checked byte for byte up to this size; above it only the chosen one (a
+/// poisoned 1 GiB check per candidate would dominate the run).
+const VERIFY_EVERY_CANDIDATE_MAX: usize = 64 << 20;
+
+/// One checked call of `config` (see `verify_call`).
+#[allow(clippy::too_many_arguments)]
+fn verify(
+    cx: &Ctx,
+    src: &CudaSlice<u8>,
+    dst: &mut CudaSlice<u8>,
+    expect: &[u8],
+    bytes: usize,
+    peer: usize,
+    both: bool,
+    config: P2PConfig,
+) -> Result<(), String> {
+    let what = describe(&config, bytes, both);
+    verify_call(cx, dst, expect, bytes, both, &what, &mut |dst| {
+        devcomm_call(cx, src, dst, bytes, peer, both, config)
+    })
+}
+
+/// Every candidate of one size, with its measured times (one way, both ways).
+struct Scored {
+    config: P2PConfig,
+    one_way_us: f64,
+    both_ways_us: f64,
+}
+
+/// The candidate whose worse relative slowdown (against the fastest one way, and against the
+/// fastest both ways) is smallest; the first one on a tie.
+fn choose(scored: &[Scored]) -> Option<&Scored> {
+    let best = |f: fn(&Scored) -> f64| scored.iter().map(f).fold(f64::INFINITY, f64::min);
+    let (one, both) = (best(|s| s.one_way_us), best(|s| s.both_ways_us));
+    let score = |s: &Scored| (s.one_way_us / one).max(s.both_ways_us / both);
+    scored
+        .iter()
+        .filter(|s| s.one_way_us.is_finite() && s.both_ways_us.is_finite())
+        .fold(None, |acc: Option<&Scored>, s| match acc {
+            Some(a) if score(a) <= score(s) => Some(a),
+            _ => Some(s),
+        })
+}
+
+/// Adds a `Bulk` candidate for every staged shape measured as both push and pull: one way it
+/// pulls, both ways it pushes (`devcomm::p2p::auto_pull`).
+fn with_bulk(mut scored: Vec<Scored>) -> Vec<Scored> {
+    let shape = |c: &P2PConfig| (c.blocks, c.threads, c.chunk_bytes);
+    let mut bulk = Vec::new();
+    for pull in scored
+        .iter()
+        .filter(|s| s.config.protocol == Protocol::Pull)
+    {
+        if let Some(push) = scored.iter().find(|s| {
+            s.config.protocol == Protocol::Push && shape(&s.config) == shape(&pull.config)
+        }) {
+            bulk.push(Scored {
+                config: P2PConfig {
+                    protocol: Protocol::Bulk,
+                    ..pull.config
+                },
+                one_way_us: pull.one_way_us,
+                both_ways_us: push.both_ways_us,
+            });
+        }
+    }
+    scored.extend(bulk);
+    scored
+}
+
+/// Runs the sweep on every rank (ranks 0 and 1 move data, the others keep step); rank 0
+/// writes the table.
+pub fn run(args: &TuneArgs) -> Result<i32, String> {
+    let cx = Ctx::new()?;
+    let comm = &cx.comm;
+    if comm.world_size() < 2 {
+        return Err("tuning needs at least 2 ranks".into());
+    }
+    let rank = comm.rank();
+    let active = rank < 2;
+    let peer = 1 - rank.min(1);
+    let sizes: Vec<usize> = SIZES
+        .iter()
+        .copied()
+        .filter(|&s| s >= args.min_bytes && s <= args.max_bytes.min(1 << 30))
+        .collect();
+    let Some(&max) = sizes.last() else {
+        return Err(format!(
+            "no benchmark size between {} and {} bytes",
+            args.min_bytes, args.max_bytes
+        ));
+    };
+    let limits = *comm.p2p_limits();
+    let nccl = NcclPair::new(&cx)?;
+    let src: CudaSlice<u8> = cx
+        .stream
+        .clone_htod(&cx.data_of(rank, 5150, max))
+        .map_err(|e| e.to_string())?;
+    let mut dst: CudaSlice<u8> = cx.stream.alloc_zeros(max).map_err(|e| e.to_string())?;
+    let expect = if active {
+        cx.data_of(peer, 5150, max)
+    } else {
+        Vec::new()
+    };
+    cx.sync()?;
+    let mut entries = Vec::new();
+    for (i, &bytes) in sizes.iter().enumerate() {
+        let calls = calls_per_sample(bytes);
+        let candidates = sweep_configs(bytes as u64, &limits);
+        let mut scored: Vec<Scored> = Vec::with_capacity(candidates.len());
+        for &config in &candidates {
+            let mut us = [0.0f64; 2];
+            for (d, both) in [false, true].into_iter().enumerate() {
+                if active && bytes <= VERIFY_EVERY_CANDIDATE_MAX {
+                    verify(&cx, &src, &mut dst, &expect, bytes, peer, both, config)?;
+                }
+                cx.host_barrier()?;
+                us[d] = time_pair(&cx, args.warmup, args.iters, calls, "tune", &mut || {
+                    devcomm_call(&cx, &src, &mut dst, bytes, peer, both, config)
+                })?;
+            }
+            scored.push(Scored {
+                config,
+                one_way_us: us[0],
+                both_ways_us: us[1],
+            });
+        }
+        let scored = with_bulk(scored);
+        let Some(pick) = choose(&scored) else {
+            return Err(format!("no candidate measured at {bytes} bytes"));
+        };
+        // The chosen configuration itself, both ways (a Bulk pick was timed as its parts).
+        for both in [false, true] {
+            if active {
+                verify(&cx, &src, &mut dst, &expect, bytes, peer, both, pick.config)?;
+            }
+            cx.host_barrier()?;
+        }
+        let mut nccl_us = [0.0f64; 2];
+        for (d, both) in [false, true].into_iter().enumerate() {
+            nccl_us[d] = time_pair(&cx, args.warmup, args.iters, calls, "nccl", &mut || {
+                nccl_call(&nccl, &src, &mut dst, bytes, peer, both, rank)
+            })?;
+        }
+        if rank == 0 {
+            eprintln!(
+                "[{}/{}] {bytes} B: {} of {} candidates; one way {:.2} us ({:.2}x NCCL), both \
+                 ways {:.2} us ({:.2}x NCCL)",
+                i + 1,
+                sizes.len(),
+                describe(&pick.config, bytes, false),
+                scored.len(),
+                pick.one_way_us,
+                nccl_us[0] / pick.one_way_us,
+                pick.both_ways_us,
+                nccl_us[1] / pick.both_ways_us,
+            );
+        }
+        entries.push(TuneEntry {
+            op: OP_SENDRECV.into(),
+            max_bytes: bytes as u64,
+            config: pick.config,
+            one_way_us: pick.one_way_us,
+            both_ways_us: pick.both_ways_us,
+            nccl_one_way_us: nccl_us[0],
+            nccl_both_ways_us: nccl_us[1],
+        });
+        cx.host_barrier()?;
+    }
+    let table = TuneTable {
+        version: TUNE_VERSION,
+        device: comm.device_info().name.clone(),
+        world_size: comm.world_size(),
+        date: today(),
+        limits: TunedLimits::from(&limits),
+        entries,
+    };
+    // What the table will be checked against when it is loaded.
+    table
+        .validate(&limits, &comm.device_info().name)
+        .map_err(|e| e.to_string())?;
+    if rank == 0 {
+        std::fs::write(&args.out, table.to_json())
+            .map_err(|e| format!("{}: {e}", args.out.display()))?;
+        println!(
+            "wrote {} ({} sizes); use it with DEVCOMM_TUNE_FILE={} on every rank",
+            args.out.display(),
+            table.entries.len(),
+            args.out.display()
+        );
+    }
+    cx.host_barrier()?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(protocol: Protocol, blocks: u32, one: f64, both: f64) -> Scored {
+        Scored {
+            config: P2PConfig {
+                protocol,
+                blocks,
+                threads: 512,
+                chunk_bytes: if protocol == Protocol::LowLatency128 {
+                    0
+                } else {
+                    16384
+                },
+            },
+            one_way_us: one,
+            both_ways_us: both,
+        }
+    }
+
+    #[test]
+    fn the_choice_minimises_the_worse_slowdown_of_the_two_directions() {
+        // A is fastest one way but 50% slower both ways; B is 10% slower one way, fastest both.
+        let all = vec![
+            s(Protocol::Pull, 32, 10.0, 30.0),
+            s(Protocol::LowLatency128, 32, 11.0, 20.0),
+        ];
+        assert_eq!(
+            choose(&all).unwrap().config.protocol,
+            Protocol::LowLatency128
+        );
+        assert!(choose(&[]).is_none());
+    }
+
+    #[test]
+    fn bulk_is_scored_from_pull_one_way_and_push_both_ways_of_the_same_shape() {
+        let all = with_bulk(vec![
+            s(Protocol::Pull, 32, 10.0, 40.0),
+            s(Protocol::Push, 32, 12.0, 20.0),
+            s(Protocol::Push, 16, 11.0, 19.0), // no pull of this shape: no bulk candidate
+        ]);
+        assert_eq!(all.len(), 4);
+        let bulk = &all[3];
+        assert_eq!(bulk.config.protocol, Protocol::Bulk);
+        assert_eq!(bulk.config.blocks, 32);
+        assert_eq!((bulk.one_way_us, bulk.both_ways_us), (10.0, 20.0));
+        // It beats both of its parts: fastest one way, within 6% both ways.
+        assert_eq!(choose(&all).unwrap().config.protocol, Protocol::Bulk);
+    }
+}
