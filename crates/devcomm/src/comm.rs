@@ -914,32 +914,14 @@ impl Comm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::p2p::default_config;
-    use crate::p2p::tune::{TuneEntry, TunedLimits, OP_SENDRECV, TUNE_VERSION};
 
     const T: Duration = Duration::from_secs(20);
 
+    /// The tuning module's sample table, its first bucket on `blocks` blocks.
     fn table(blocks: u32) -> TuneTable {
-        let limits = P2PLimits::default();
-        TuneTable {
-            version: TUNE_VERSION,
-            device: "NVIDIA H200".into(),
-            world_size: 2,
-            date: "2026-11-22".into(),
-            limits: TunedLimits::from(&limits),
-            entries: vec![TuneEntry {
-                op: OP_SENDRECV.into(),
-                max_bytes: 1 << 20,
-                config: P2PConfig {
-                    blocks,
-                    ..default_config(1 << 20, &limits)
-                },
-                one_way_us: 8.0,
-                both_ways_us: 12.0,
-                nccl_one_way_us: 12.0,
-                nccl_both_ways_us: 15.0,
-            }],
-        }
+        let mut t = crate::p2p::tune::tests::table(&P2PLimits::default());
+        t.entries[0].config.blocks = blocks;
+        t
     }
 
     /// Two ranks in this process (rank 1 on a thread) compare their tables; returns each

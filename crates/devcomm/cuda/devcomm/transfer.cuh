@@ -264,6 +264,20 @@ __device__ __forceinline__ dc_u64* ll128_lines(const P2PLaunch& a, char* window_
                                    first * 128);
 }
 
+// Calls f(o, n, k) for each mover unit that lane l holds in a line whose first payload byte is
+// `off` of a span of `len` bytes: o is the unit's offset in the span, n its bytes (fewer at the
+// span's end), k its first word among the lane's two. Units past the end are skipped.
+template <dc_u64 kUnit, class F>
+__device__ __forceinline__ void ll128_lane_units(dc_u64 off, dc_u64 len, dc_u32 l, F f) {
+  constexpr dc_u32 kPerLane = (dc_u32)(16 / kUnit);  // units per lane: 2 or 1
+#pragma unroll
+  for (dc_u32 k = 0; k < kPerLane; ++k) {
+    const dc_u32 word = 2 * l + k;  // with 16-byte units k is 0: the unit is both words
+    const dc_u64 o = off + (dc_u64)word * 8;
+    if (word < Ll128<kUnit>::kWords && o < len) f(o, len - o < kUnit ? len - o : kUnit, k);
+  }
+}
+
 // Lane l's payload of a line whose first payload byte is `off` in the span (`len` bytes from
 // `begin` of the message): the mover's units, zero past the end.
 template <class M>
@@ -271,39 +285,25 @@ __device__ __forceinline__ void ll128_pack(const M& m, dc_u64 begin, dc_u64 len,
                                            dc_u32 l, dc_u64 (&v)[2]) {
   v[0] = 0;
   v[1] = 0;
-  if constexpr (M::kUnit == 8) {
+  ll128_lane_units<M::kUnit>(off, len, l, [&](dc_u64 o, dc_u64 n, dc_u32 k) {
+    dc_u64 u[M::kUnit / 8];
+    m.unit(begin + o, n, u);
 #pragma unroll
-    for (dc_u32 k = 0; k < 2; ++k) {
-      const dc_u64 o = off + (2 * l + k) * 8;
-      if (2 * l + k < 15 && o < len) {
-        dc_u64 u[1];
-        m.unit(begin + o, len - o < 8 ? len - o : 8, u);
-        v[k] = u[0];
-      }
-    }
-  } else {
-    const dc_u64 o = off + l * 16;
-    if (l < 7 && o < len) m.unit(begin + o, len - o < 16 ? len - o : 16, v);
-  }
+    for (dc_u32 i = 0; i < M::kUnit / 8; ++i) v[k + i] = u[i];
+  });
 }
 
 // The inverse of ll128_pack: hands lane l's payload of a line to the mover.
 template <class M>
 __device__ __forceinline__ void ll128_unpack(const M& m, dc_u64 begin, dc_u64 len, dc_u64 off,
                                              dc_u32 l, const dc_u64 (&v)[2]) {
-  if constexpr (M::kUnit == 8) {
+  ll128_lane_units<M::kUnit>(off, len, l, [&](dc_u64 o, dc_u64 n, dc_u32 k) {
+    dc_u64 u[M::kUnit / 8];
 #pragma unroll
-    for (dc_u32 k = 0; k < 2; ++k) {
-      const dc_u64 o = off + (2 * l + k) * 8;
-      if (2 * l + k < 15 && o < len) {
-        const dc_u64 u[1] = {v[k]};
-        m.unit(begin + o, len - o < 8 ? len - o : 8, u);
-      }
-    }
-  } else {
-    const dc_u64 o = off + l * 16;
-    if (l < 7 && o < len) m.unit(begin + o, len - o < 16 ? len - o : 16, v);
-  }
+    for (dc_u32 i = 0; i < M::kUnit / 8; ++i) u[i] = v[k + i];
+    const dc_u64(&cu)[M::kUnit / 8] = u;  // the receiving movers take their unit as const
+    m.unit(begin + o, n, cu);
+  });
 }
 
 // LL128 send of span `sp` by the warps of `g`.

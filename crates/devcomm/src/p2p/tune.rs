@@ -188,11 +188,12 @@ impl TuneTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::p2p::config::{default_config, Protocol};
 
-    fn table(limits: &P2PLimits) -> TuneTable {
+    /// A valid table of three buckets for `limits` (also used by the communicator's tests).
+    pub(crate) fn table(limits: &P2PLimits) -> TuneTable {
         let entry = |max_bytes: u64, config: P2PConfig| TuneEntry {
             op: OP_SENDRECV.into(),
             max_bytes,
