@@ -69,7 +69,7 @@ for w in $what; do
       step ll128-off env DEVCOMM_P2P_LL128=0 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 65536 --max-bytes 8388608 --device-kind "$kind" --json "$out/ll128-off.json"
       step ll128-off-both env DEVCOMM_P2P_LL128=0 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 65536 --max-bytes 8388608 --device-kind "$kind" --json "$out/ll128-off-both.json" ;;
     tune)
-      step tune $bin launch -n 2 -- $bin tune --out "$out/tune.json"
+      step tune $bin launch -n 2 -- $bin tune --out "$out/tune.json" ${TUNE_ARGS:-}
       step tuned env DEVCOMM_TUNE_FILE="$out/tune.json" $bin launch -n 2 -- $bin bench --op sendrecv --device-kind "$kind" --json "$out/tuned.json"
       step tuned-both env DEVCOMM_TUNE_FILE="$out/tune.json" $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --device-kind "$kind" --json "$out/tuned-both.json" ;;
     zc) step selftest-zc $bin launch -n "$n" -- $bin selftest --only zc ;;

@@ -380,6 +380,9 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let comm = &cx.comm;
     let rank = comm.rank();
     let max = 1usize << 30;
+    // SAFETY: everything below runs on one stream, synchronised before any buffer is dropped;
+    // nothing needs cudarc's cross-stream events, which a graph capture cannot contain.
+    unsafe { comm.context().disable_event_tracking() };
     let module = cx.foundation()?;
     let f = module
         .function("put_bandwidth")
@@ -431,59 +434,68 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         };
         cx.host_barrier()?;
         for blocks in [4u32, 8, 16, 32, 132] {
-            let us = if rank == 0 {
-                let (sp, _g) = src.device_ptr(&cx.stream);
-                let peer = 1i32;
-                let b = bytes as u64;
-                time_us(
+            let (sp, _g) = src.device_ptr(&cx.stream);
+            let peer = 1i32;
+            let b = bytes as u64;
+            let launches = || -> Result<(), String> {
+                for _ in 0..calls {
+                    let mut l = cx.stream.launch_builder(&f);
+                    l.arg(&handle).arg(&peer).arg(&sp).arg(&b);
+                    // SAFETY: put_bandwidth(DeviceWindow, int, const void*, u64); the window
+                    // and src hold at least `bytes`.
+                    unsafe {
+                        l.launch(LaunchConfig {
+                            grid_dim: (blocks, 1, 1),
+                            block_dim: (512, 1, 1),
+                            shared_mem_bytes: 0,
+                        })
+                    }
+                    .map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            };
+            let (us, graph_us) = if rank == 0 {
+                let us = time_us(&cx.stream, args.warmup, args.iters, || Ok(()), launches)?
+                    / calls as f64;
+                // The same launches captured once and replayed: METHOD.md's remedy for launch
+                // gaps between short kernels (at 1 MiB a put takes about 6 us).
+                let graph = cx.capture(launches)?;
+                let g_us = time_us(
                     &cx.stream,
                     args.warmup,
                     args.iters,
                     || Ok(()),
-                    || {
-                        for _ in 0..calls {
-                            let mut l = cx.stream.launch_builder(&f);
-                            l.arg(&handle).arg(&peer).arg(&sp).arg(&b);
-                            // SAFETY: put_bandwidth(DeviceWindow, int, const void*, u64); the
-                            // window and src hold at least `bytes`.
-                            unsafe {
-                                l.launch(LaunchConfig {
-                                    grid_dim: (blocks, 1, 1),
-                                    block_dim: (512, 1, 1),
-                                    shared_mem_bytes: 0,
-                                })
-                            }
-                            .map_err(|e| e.to_string())?;
-                        }
-                        Ok(())
-                    },
-                )? / calls as f64
+                    || graph.launch().map_err(|e| e.to_string()),
+                )? / calls as f64;
+                (us, g_us)
             } else {
-                f64::NAN
+                (f64::NAN, f64::NAN)
             };
             cx.host_barrier()?;
             if rank == 0 {
-                for (reference, ref_us) in [
-                    ("copy engine cuMemcpyAsync", ce_us),
-                    ("NCCL send/recv", nccl_us),
-                ] {
-                    out.push(Record {
-                        op: "put".into(),
-                        world_size: comm.world_size(),
-                        bytes: bytes as u64,
-                        both_directions: false,
-                        devcomm_us: us,
-                        nccl_us: ref_us,
-                        ratio: ref_us / us,
-                        sms: blocks,
-                        device: device_label(cx, args),
-                        date: today(),
-                        reference: reference.into(),
-                        devcomm_gbps: bytes as f64 / us / 1e3,
-                        nccl_gbps: bytes as f64 / ref_us / 1e3,
-                        config: String::new(),
-                        tokens: None,
-                    });
+                for (launch, t) in [("stream", us), ("graph", graph_us)] {
+                    for (reference, ref_us) in [
+                        ("copy engine cuMemcpyAsync", ce_us),
+                        ("NCCL send/recv", nccl_us),
+                    ] {
+                        out.push(Record {
+                            op: "put".into(),
+                            world_size: comm.world_size(),
+                            bytes: bytes as u64,
+                            both_directions: false,
+                            devcomm_us: t,
+                            nccl_us: ref_us,
+                            ratio: ref_us / t,
+                            sms: blocks,
+                            device: device_label(cx, args),
+                            date: today(),
+                            reference: reference.into(),
+                            devcomm_gbps: bytes as f64 / t / 1e3,
+                            nccl_gbps: bytes as f64 / ref_us / 1e3,
+                            config: format!("{calls} launches per sample, {launch}"),
+                            tokens: None,
+                        });
+                    }
                 }
             }
         }
