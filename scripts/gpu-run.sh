@@ -4,7 +4,7 @@
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
 #   what: info selftest selftest2 p2p coll coll-mixed examples latency put sendrecv pull pull-sweep sms
-#         ll128-sweep ll128-off tune a2a a2av sweep graph ...
+#         ll128-sweep ll128-off tune ce ce-sweep a2a a2av sweep graph ...
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_CACHE_DIR=${DEVCOMM_CACHE_DIR:-/tmp/devcomm-cache}
@@ -72,6 +72,17 @@ for w in $what; do
       step tune $bin launch -n 2 -- $bin tune --out "$out/tune.json" ${TUNE_ARGS:-}
       step tuned env DEVCOMM_TUNE_FILE="$out/tune.json" $bin launch -n 2 -- $bin bench --op sendrecv --device-kind "$kind" --json "$out/tuned.json"
       step tuned-both env DEVCOMM_TUNE_FILE="$out/tune.json" $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --device-kind "$kind" --json "$out/tuned-both.json" ;;
+    ce)
+      step ce-on env DEVCOMM_P2P_CE=1 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 4194304 --device-kind "$kind" --json "$out/ce-on.json"
+      step ce-on-both env DEVCOMM_P2P_CE=1 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 4194304 --device-kind "$kind" --json "$out/ce-on-both.json" ;;
+    ce-depth8)
+      step ce8-on env DEVCOMM_P2P_CE=1 DEVCOMM_P2P_DEPTH=8 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 67108864 --device-kind "$kind" --json "$out/ce8-on.json"
+      step ce8-on-both env DEVCOMM_P2P_CE=1 DEVCOMM_P2P_DEPTH=8 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 67108864 --device-kind "$kind" --json "$out/ce8-on-both.json" ;;
+    ce1)
+      step ce1-on env DEVCOMM_P2P_CE=1 DEVCOMM_P2P_CE_STREAMS=1 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 67108864 --device-kind "$kind" --json "$out/ce1-on.json" ;;
+    ce-sweep)
+      step sweep-ce $bin launch -n 2 -- $bin bench --op sendrecv --sweep --min-bytes 4194304 --device-kind "$kind" --json "$out/sweep-ce.json"
+      step sweep-ce-both $bin launch -n 2 -- $bin bench --op sendrecv --sweep --both-directions --min-bytes 4194304 --device-kind "$kind" --json "$out/sweep-ce-both.json" ;;
     zc) step selftest-zc $bin launch -n "$n" -- $bin selftest --only zc ;;
     zc-bench)
       step zc-sendrecv $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --device-kind "$kind" --json "$out/zc-sendrecv.json" --plot "$out/zc-sendrecv.svg"

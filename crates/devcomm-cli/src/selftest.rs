@@ -518,6 +518,9 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
     run_one("sendrecv_ll128", &|cx| {
         crate::selftest_p2p::check_ll128(cx, args.calls)
     });
+    run_one("sendrecv_copy_engine", &|cx| {
+        crate::selftest_p2p::check_copy_engine(cx, args.calls)
+    });
     run_one("sendrecv_graph", &|cx| {
         crate::selftest_p2p::check_graph(cx, args.replays)
     });

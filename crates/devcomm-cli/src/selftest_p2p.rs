@@ -330,6 +330,102 @@ pub(crate) fn check_ll128(cx: &Ctx, calls: usize) -> Check {
     ))
 }
 
+/// The copy-engine protocol with `blocks` receiver blocks and chunks of `chunk` bytes.
+fn by_copy_engine(blocks: u32, chunk: u64) -> P2PConfig {
+    P2PConfig {
+        protocol: Protocol::CopyEngine,
+        blocks,
+        threads: 512,
+        chunk_bytes: chunk,
+    }
+}
+
+/// Copy-engine messages from 1 B to 256 MiB (one chunk, several, more chunks than slots, odd
+/// sizes and alignments), one way and both ways; one rank's copy engine against the other's
+/// SMs in the same launch; back-to-back calls mixing the copy engine with the staged and
+/// low-latency protocols on the same staging; 100 replays of a captured graph.
+pub(crate) fn check_copy_engine(cx: &Ctx, calls: usize) -> Check {
+    let slot = cx.comm.p2p_limits().ce_slot_bytes();
+    let cases = [
+        (1usize, by_copy_engine(1, 64 << 10)),
+        (100_003, by_copy_engine(2, 64 << 10)),
+        ((5 << 20) + 7, by_copy_engine(4, 1 << 20)),
+        ((64 << 20) + 16, by_copy_engine(8, slot)),
+        ((256 << 20) + 3, by_copy_engine(16, slot)),
+    ];
+    let mut n = 0;
+    for (i, &(bytes, config)) in cases.iter().enumerate() {
+        for both in [false, true] {
+            let offs = if i % 2 == 0 { (0, 0) } else { (3, 5) };
+            let tag = 900 + i as u64 + if both { 50 } else { 0 };
+            exchange_with(cx, bytes, offs, both, tag, Some(config))?;
+            n += 1;
+        }
+    }
+    let mixed = back_to_back(cx, calls, &|call, bytes| match call % 5 {
+        1 => Some(by_copy_engine(4, 256 << 10)),
+        3 if bytes > cx.comm.p2p_limits().ll_max_bytes as usize => Some(pulled(cx, bytes)),
+        _ => None,
+    })?;
+    mixed_launch(cx)?;
+    replay_graph(
+        cx,
+        100,
+        &[(3 << 20) + 1, 1000],
+        Some(by_copy_engine(4, 1 << 20)),
+    )?;
+    Ok(format!(
+        "{n} copy-engine exchanges (1 B to 256 MiB, 1 to 17 chunks, odd sizes and alignments, \
+         one way and both ways); {mixed} back-to-back calls mixing the copy engine, staged and \
+         low-latency; 100 graph replays, all verified"
+    ))
+}
+
+/// One launch per rank that sends by one protocol and receives by another: the even rank
+/// sends 5 MiB + 1 by the copy engine and receives 3 MiB + 5 staged, the odd rank the reverse.
+fn mixed_launch(cx: &Ctx) -> Result<(), String> {
+    let Some(peer) = partner(cx) else {
+        return cx.host_barrier();
+    };
+    let (ce_bytes, sm_bytes) = ((5usize << 20) + 1, (3usize << 20) + 5);
+    let even = cx.comm.rank() % 2 == 0;
+    let (send_bytes, recv_bytes) = if even {
+        (ce_bytes, sm_bytes)
+    } else {
+        (sm_bytes, ce_bytes)
+    };
+    let tag = 990;
+    let (src, mut dst) = fresh_pair(cx, tag, send_bytes, recv_bytes)?;
+    let config = |ce: bool| ce.then(|| by_copy_engine(4, 1 << 20));
+    {
+        let (sp, _s) = src.device_ptr(&cx.stream);
+        let (dp, _d) = dst.device_ptr_mut(&cx.stream);
+        let send = Transfer {
+            ptr: sp,
+            bytes: send_bytes as u64,
+            peer,
+            config: config(even),
+        };
+        let recv = Transfer {
+            ptr: dp,
+            bytes: recv_bytes as u64,
+            peer,
+            config: config(!even),
+        };
+        // SAFETY: src holds send_bytes and dst recv_bytes; both live until the sync below.
+        unsafe { cx.comm.sendrecv_raw(Some(send), Some(recv), &cx.stream) }
+            .map_err(|e| e.to_string())?;
+    }
+    check_received(
+        cx,
+        &dst,
+        peer,
+        tag,
+        "copy engine one way, staged the other, one launch",
+    )?;
+    cx.host_barrier()
+}
+
 /// Both ways between partners where the even rank calls `sendrecv` (so it pushes: it also
 /// receives from its peer) and the odd rank calls `send`, then `recv` (a one-way launch, so
 /// it pulls): each receiver must follow the sender's choice.
@@ -427,11 +523,22 @@ fn back_to_back(
 }
 
 pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
+    replay_graph(cx, replays, &[1000, (1 << 20) + 8], None)?;
+    Ok(format!("{replays} replays of a captured sendrecv (1000 B low-latency + 1 MiB bulk), every one verified"))
+}
+
+/// Captures one sendrecv with the partner per size in `sizes` (configuration `config`, or the
+/// defaults) into a graph and replays it `replays` times on fresh data, verifying each replay.
+fn replay_graph(
+    cx: &Ctx,
+    replays: usize,
+    sizes: &[usize],
+    config: Option<P2PConfig>,
+) -> Result<(), String> {
     let Some(peer) = partner(cx) else {
-        return cx.host_barrier().map(|_| "no partner".into());
+        return cx.host_barrier();
     };
     let rank = cx.comm.rank();
-    let sizes = [1000usize, (1 << 20) + 8];
     let total: usize = sizes.iter().sum();
     let variants = 8;
     let pool: Vec<CudaSlice<u8>> = (0..variants)
@@ -464,12 +571,12 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
     cx.sync()?;
     let graph = cx.capture(|| -> Result<(), Error> {
         let mut off = 0u64;
-        for &b in &sizes {
+        for &b in sizes {
             let t = |ptr: u64| Transfer {
                 ptr: ptr + off,
                 bytes: b as u64,
                 peer,
-                config: None,
+                config,
             };
             // SAFETY: src and dst hold `total` bytes and outlive the graph's replays below.
             unsafe { cx.comm.sendrecv_raw(Some(t(sp)), Some(t(dp)), &cx.stream) }?;
@@ -492,8 +599,7 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
         let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
         compare(&got, &expects[v], &format!("replay {r}"))?;
     }
-    cx.host_barrier()?;
-    Ok(format!("{replays} replays of a captured sendrecv (1000 B low-latency + 1 MiB bulk), every one verified"))
+    cx.host_barrier()
 }
 
 pub(crate) fn check_all_gather(cx: &Ctx) -> Check {

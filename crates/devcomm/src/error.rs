@@ -113,6 +113,27 @@ pub enum Error {
         /// The other side's value (0 when the receiver learns of the refusal).
         remote: u64,
     },
+    /// A copy-engine receive found another chunk in its slot than the one it expected: the two
+    /// sides posted different messages, or the sender gave up on a wait and its released copies
+    /// overwrote a slot being read. The destination's contents are undefined; the communicator
+    /// is aborted.
+    #[error(
+        "rank {rank}: copy-engine recv from peer {peer}: {field} is {seen} in the slot, {expected} \
+         expected (did both sides post the same message, of the same size, on their streams?); \
+         the communicator must be rebuilt"
+    )]
+    CopyEngineMismatch {
+        /// The receiving rank.
+        rank: i32,
+        /// The sender.
+        peer: i32,
+        /// `the chunk id` or `the message size`.
+        field: &'static str,
+        /// What the receiver expected.
+        expected: u64,
+        /// What the slot carried.
+        seen: u64,
+    },
     /// An argument is invalid; nothing was launched or written.
     #[error("{op}: invalid argument: {reason}")]
     InvalidArgument {

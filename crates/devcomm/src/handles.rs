@@ -30,6 +30,9 @@ pub enum DeviceOp {
     ZeroCopyDone,
     /// A zero-copy call whose two sides disagree (no wait involved).
     ZeroCopyMismatch,
+    /// A copy-engine chunk whose id or message size is not the one the receiver expected (the
+    /// two sides posted different calls, or the sender gave up and overwrote a slot).
+    CopyEngineMismatch,
     /// A wait issued by user code through the raw window operations.
     User,
     /// A code this version does not know.
@@ -49,6 +52,7 @@ impl DeviceOp {
             7 => Self::ZeroCopyReady,
             8 => Self::ZeroCopyDone,
             9 => Self::ZeroCopyMismatch,
+            10 => Self::CopyEngineMismatch,
             100 => Self::User,
             other => Self::Unknown(other),
         }
@@ -82,6 +86,10 @@ impl std::fmt::Display for DeviceOp {
                  send_registered on its stream?)",
             ),
             Self::ZeroCopyMismatch => f.write_str("zero-copy descriptor check"),
+            Self::CopyEngineMismatch => f.write_str(
+                "copy-engine recv (the chunk in the slot is not the expected one: did the peer \
+                 post the matching send, of the same size, on its stream?)",
+            ),
             Self::User => f.write_str("user wait"),
             Self::Unknown(code) => write!(f, "device op {code}"),
         }

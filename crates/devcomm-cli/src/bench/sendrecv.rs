@@ -341,8 +341,8 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
     Ok(out)
 }
 
-/// A configuration as the records name it: `ll`, `push` or `pull`, then blocks x threads and
-/// the chunk. For [`Protocol::Bulk`], the staging the sender picks for this call.
+/// A configuration as the records name it: `ll`, `ll128`, `push`, `pull` or `ce`, then blocks x
+/// threads and the chunk. For [`Protocol::Bulk`], the staging the sender picks for this call.
 pub(crate) fn describe(c: &P2PConfig, bytes: usize, both: bool) -> String {
     let staged = |what: &str| format!("{what}/{}x{}/{}K", c.blocks, c.threads, c.chunk_bytes >> 10);
     match c.protocol {
@@ -352,6 +352,12 @@ pub(crate) fn describe(c: &P2PConfig, bytes: usize, both: bool) -> String {
         Protocol::Pull => staged("pull"),
         Protocol::Bulk if auto_pull(bytes as u64, both) => staged("pull"),
         Protocol::Bulk => staged("push"),
+        // The sender's copy engine and one pacing warp; blocks x threads copy out at the
+        // receiver.
+        Protocol::CopyEngine if c.chunk_bytes >= 1 << 20 => {
+            format!("ce/{}x{}/{}M", c.blocks, c.threads, c.chunk_bytes >> 20)
+        }
+        Protocol::CopyEngine => staged("ce"),
     }
 }
 

@@ -46,6 +46,9 @@ enum DeviceOp : dc_u32 {
   kOpZcReady = 7,        // zero-copy sender waiting for the receiver's descriptor (READY)
   kOpZcDone = 8,         // zero-copy receiver waiting for the sender's blocks (DONE)
   kOpZcMismatch = 9,     // zero-copy call whose two sides disagree (no wait: slot = field)
+  kOpCeMismatch = 10,    // copy-engine chunk whose id or size is not the one expected (no
+                         // wait: slot = the word in the peer's block, INTENT 4..8 or SIZE
+                         // 8..12; expected = ours, seen = the slot's)
   kOpUser = 100,         // waits issued by user code through the raw window ops
 };
 

@@ -93,6 +93,36 @@ DC_HOST_DEVICE inline dc_u64 p2p_mode_slot(const P2PLaunch& a, int sender, dc_u3
   return a.mode_slot0 + ((dc_u64)sender * a.max_channels + c) * a.depth + k;
 }
 
+// Copy-engine messages (docs/PROTOCOL.md, "Copy engine"). The sender's copy engine writes
+// whole chunks into kCeSlots fixed slots that overlay the push staging of the receiver's inbox
+// for this sender (each slot p2p_ce_slot_bytes); a one-warp kernel of the sender paces it
+// through two words per slot in the sender's own pad (GO, set by the kernel when the slot is
+// free, waited for by the copy stream; DONE, written by the copy stream after the copy) and
+// alone signals the receiver, so a failed wait never announces data. Every rank's pad holds,
+// from ce_slot0, kCeWords words per peer p; the words a sender writes into the receiver's pad
+// sit in the receiver's block for that sender, and so on:
+//   +0 TAIL    chunks of p announced here (written by p)    +1 SENT  chunks sent to p
+//   +2 RECV    chunks received from p                         +4 INTENT[s] id of p's chunk in
+//   slot s (written by p before the copy)   +8 SIZE[s] its message bytes   +12 CNT[s] receiver
+//   blocks done with slot s   +16 HEAD[s] id + 1 of the last chunk in slot s that p consumed
+//   (written by p)   +20 GO[s]   +24 DONE[s]   +28 LAST[s] id + 1 of the last chunk sent to p
+//   in slot s.
+constexpr dc_u32 kCeSlots = 4;
+constexpr dc_u32 kCeWords = 32;
+constexpr dc_u32 kCeTail = 0, kCeSent = 1, kCeRecv = 2, kCeIntent = 4, kCeSize = 8, kCeCnt = 12,
+                 kCeHead = 16, kCeGo = 20, kCeDone = 24, kCeLast = 28;
+DC_HOST_DEVICE inline dc_u64 p2p_ce_slot0(const P2PLaunch& a) {
+  return (dc_u64)a.mode_slot0 + (dc_u64)a.w.world_size * a.max_channels * a.depth;
+}
+// User slot of word `word` of peer `p`'s block.
+DC_HOST_DEVICE inline dc_u64 p2p_ce_word(const P2PLaunch& a, int p, dc_u32 word) {
+  return p2p_ce_slot0(a) + (dc_u64)p * kCeWords + word;
+}
+// Bytes of one copy-engine slot: a kCeSlots-th of the push staging, in whole 256-byte units.
+DC_HOST_DEVICE inline dc_u64 p2p_ce_slot_bytes(const P2PLaunch& a) {
+  return a.ll_offset / kCeSlots / 256 * 256;
+}
+
 // Zero-copy send/recv into a registered destination (docs/PROTOCOL.md, "Zero-copy"). The
 // receiver posts a descriptor of where the message may land (registration, offset, bytes) and
 // then READY = call number into the sender's pad; the sender checks the descriptor against its

@@ -85,6 +85,18 @@ __device__ void bulk_send(const G& g, const P2PLaunch& a, const P2PSide& s, cons
   if (leader && step0 >= a.depth) {
     ok = bounded_wait(a, head, step0 - a.depth + 1, kOpSendSlotFree, s.peer, head_slot);
   }
+  // Copy-engine slots overlay the push staging: lane s waits until the receiver consumed the
+  // last copy-engine chunk sent to slot s (LAST is 0 when none was). Two local loads when the
+  // last message to this peer was not a copy-engine one.
+  if (!s.pull && g.thread_rank() < kCeSlots) {
+    const dc_u32 k = g.thread_rank();
+    const dc_u64 last = *own_user_slot(a.w, p2p_ce_word(a, s.peer, kCeLast + k));
+    const dc_u64 ce_head = p2p_ce_word(a, s.peer, kCeHead + k);
+    if (last != 0) {
+      ok = ok && bounded_wait(a, own_user_slot(a.w, ce_head), last, kOpSendSlotFree, s.peer,
+                              ce_head);
+    }
+  }
   if (g.any(!ok)) return;
   for (dc_u64 i = 0; i < nchunks; ++i) {
     const dc_u64 step = step0 + i;

@@ -265,6 +265,21 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
             remote: record.seen,
         };
     }
+    if DeviceOp::from_code(record.op) == DeviceOp::CopyEngineMismatch {
+        // The kernel records the word of the peer's block: INTENT 4..8, SIZE 8..12.
+        let word = record.slot;
+        return Error::CopyEngineMismatch {
+            rank: record.rank,
+            peer: record.peer,
+            field: if (8..12).contains(&word) {
+                "the message size"
+            } else {
+                "the chunk id"
+            },
+            expected: record.expected,
+            seen: record.seen,
+        };
+    }
     Error::PeerTimeout {
         op: DeviceOp::from_code(record.op),
         rank: record.rank,

@@ -60,6 +60,29 @@ pub fn memcpy_dtod_async(dst: u64, src: u64, bytes: usize, stream: &CudaStream) 
         .cuda(NO_RANK, "cuMemcpyDtoDAsync")
 }
 
+/// Makes `stream` wait until the 64-bit word at `addr` is at least `value` (a stream memory
+/// operation: no kernel, no deadline of its own; the writer must be bounded).
+pub fn stream_wait_geq(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
+    use cudarc::driver::sys;
+    let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+    // SAFETY: `addr` is device memory of (or mapped into) the stream's context that lives as
+    // long as the communicator; the driver validates it.
+    unsafe { sys::cuStreamWaitValue64_v2(stream.cu_stream(), addr, value, flags) }
+        .result()
+        .cuda(NO_RANK, "cuStreamWaitValue64")
+}
+
+/// Writes `value` to the 64-bit word at `addr` once the stream's earlier work is done, after a
+/// memory barrier (the default flags), so what that work wrote is visible first.
+pub fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
+    use cudarc::driver::sys;
+    let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+    // SAFETY: as stream_wait_geq.
+    unsafe { sys::cuStreamWriteValue64_v2(stream.cu_stream(), addr, value, flags) }
+        .result()
+        .cuda(NO_RANK, "cuStreamWriteValue64")
+}
+
 /// Fills in the rank of an [`Error::Cuda`] raised by this layer (which does not know it);
 /// other errors pass through unchanged.
 pub fn with_rank(err: Error, rank: usize) -> Error {

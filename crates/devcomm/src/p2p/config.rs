@@ -30,6 +30,13 @@ pub enum Protocol {
     /// NVLink writes (BASELINES.md: 373 against 354 GB/s with 32 blocks). Slower than push
     /// when the link carries data both ways (docs/PERFORMANCE.md, v7).
     Pull,
+    /// Whole chunks written by the sender's copy engine into fixed slots of the receiver's
+    /// staging, paced by a one-warp kernel, and copied out by the receiver's blocks
+    /// (docs/PROTOCOL.md, "Copy engine"). The copy engine reaches 397 GB/s at 1 GiB where SM
+    /// stores stop near 370 (BASELINES.md), and the sender spends one warp, not 16-32 SMs.
+    /// `chunk_bytes` is the chunk (at most [`P2PLimits::ce_slot_bytes`]), `blocks` and
+    /// `threads` the receiver's.
+    CopyEngine,
 }
 
 impl Protocol {
@@ -130,10 +137,21 @@ impl P2PLimits {
 
     /// User signal slots of the p2p window: TAIL and HEAD per (peer, channel), LLHEAD per
     /// (peer, block), the count exchange, zero-copy descriptors and DONE per (peer, block),
-    /// then MODE per (sender, channel, staging slot).
+    /// MODE per (sender, channel, staging slot), then the copy-engine words per peer.
     pub fn signal_slots(&self, world_size: usize) -> usize {
+        self.ce_slot0(world_size) + world_size * CE_WORDS
+    }
+
+    /// First copy-engine word: [`CE_WORDS`] per peer (`cuda/devcomm/p2p.cuh`).
+    pub fn ce_slot0(&self, world_size: usize) -> usize {
         self.mode_slot0(world_size)
             + world_size * self.max_channels() as usize * self.depth as usize
+    }
+
+    /// Bytes of one copy-engine slot: a [`CE_SLOTS`]-th of the push staging of a region, in
+    /// whole 256-byte units (16 MiB with the default limits).
+    pub fn ce_slot_bytes(&self) -> u64 {
+        self.ll_offset() / CE_SLOTS / 256 * 256
     }
 
     /// First MODE slot: whether the chunk in a staging slot was pushed or pulled
@@ -152,6 +170,42 @@ impl P2PLimits {
     /// slot for each of two parities.
     pub fn count_slot0(&self, world_size: usize) -> usize {
         world_size * (2 * self.max_channels() as usize + self.max_blocks as usize)
+    }
+}
+
+/// Copy-engine slots per (sender, receiver) and pad words per peer (`cuda/devcomm/p2p.cuh`).
+pub const CE_SLOTS: u64 = 4;
+/// Pad words of the copy-engine protocol per peer.
+pub const CE_WORDS: usize = 32;
+
+/// Environment variable: `1` lets the defaults send messages of [`CE_DEFAULT_MIN`] bytes or more
+/// by the copy engine, `0` keeps them on SMs. Set it alike on every rank.
+pub const CE_ENV: &str = "DEVCOMM_P2P_CE";
+
+/// The smallest message the defaults send by the copy engine (when it is on).
+pub const CE_DEFAULT_MIN: u64 = 64 << 20;
+
+/// Whether the defaults may use [`Protocol::CopyEngine`] (see [`CE_ENV`]).
+pub fn ce_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(CE_ENV).is_ok_and(|v| v.trim() == "1"))
+}
+
+/// The default copy-engine configuration for a message of `bytes`: chunks of up to a slot,
+/// at least two of them in flight when the message allows, copied out by 16 receiver blocks
+/// (a local copy at the copy engine's ~390 GB/s needs more than 8 SMs' loads in flight).
+pub fn ce_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
+    let slot = limits.ce_slot_bytes();
+    let chunk = if bytes >= 4 * slot {
+        slot
+    } else {
+        (slot / 2).max(256)
+    };
+    P2PConfig {
+        protocol: Protocol::CopyEngine,
+        blocks: 16.min(limits.max_blocks),
+        threads: MAX_ROLE_THREADS,
+        chunk_bytes: chunk,
     }
 }
 
@@ -195,8 +249,15 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
             chunk_bytes: 0,
         };
     }
+    if ce_enabled() && bytes >= CE_DEFAULT_MIN && limits.ce_slot_bytes() >= CE_MIN_CHUNK {
+        return ce_config(bytes, limits);
+    }
     staged_config(bytes, limits)
 }
+
+/// The smallest copy-engine chunk the guard accepts: below it the copy engine's per-copy cost
+/// dominates.
+pub const CE_MIN_CHUNK: u64 = 64 << 10;
 
 /// The default staged ([`Protocol::Bulk`]) configuration for a message of `bytes`: what
 /// [`default_config`] picks above the low-latency sizes, for any size.
@@ -311,6 +372,20 @@ pub fn sweep_configs(bytes: u64, limits: &P2PLimits) -> Vec<P2PConfig> {
             }
         }
     }
+    if bytes >= 4 << 20 {
+        for blocks in [8u32, 16, 32] {
+            for chunk in [8u64 << 20, 16 << 20, 32 << 20] {
+                if blocks <= limits.max_blocks && chunk <= limits.ce_slot_bytes() {
+                    out.push(P2PConfig {
+                        protocol: Protocol::CopyEngine,
+                        blocks,
+                        threads: MAX_ROLE_THREADS,
+                        chunk_bytes: chunk,
+                    });
+                }
+            }
+        }
+    }
     if bytes >= 4096 {
         for threads in [256u32, MAX_ROLE_THREADS] {
             for blocks in [4u32, 8, 16, 24, 32] {
@@ -369,6 +444,28 @@ impl P2PConfig {
                 bad(format!(
                     "chunk of {} bytes; use a positive multiple of 16",
                     self.chunk_bytes
+                ))
+            }
+            Protocol::CopyEngine
+                if self.chunk_bytes < CE_MIN_CHUNK || self.chunk_bytes % 256 != 0 =>
+            {
+                bad(format!(
+                    "copy-engine chunk of {} bytes; use a multiple of 256 of at least {}",
+                    self.chunk_bytes, CE_MIN_CHUNK
+                ))
+            }
+            Protocol::CopyEngine if self.chunk_bytes > limits.ce_slot_bytes() => {
+                Err(Error::CapacityExceeded {
+                    op,
+                    peer: usize::MAX,
+                    bytes: self.chunk_bytes,
+                    capacity: limits.ce_slot_bytes(),
+                })
+            }
+            Protocol::CopyEngine if self.threads != 256 && self.threads != MAX_ROLE_THREADS => {
+                bad(format!(
+                    "{} threads per receiver block; the copy-engine receiver has 256 or 512",
+                    self.threads
                 ))
             }
             p if p.is_staged() && self.chunk_bytes > limits.slot_bytes => {
@@ -475,9 +572,43 @@ mod tests {
         assert_eq!(l.count_slot0(4), 4 * (2 * 512 + 32));
         assert_eq!(l.zc_slot0(4), 4 * (2 * 512 + 32) + 16);
         assert_eq!(l.mode_slot0(4), 4 * (2 * 512 + 32) + 16 + 4 * (4 + 32));
-        assert_eq!(l.signal_slots(4), l.mode_slot0(4) + 4 * 512 * 4);
+        assert_eq!(l.ce_slot0(4), l.mode_slot0(4) + 4 * 512 * 4);
+        assert_eq!(l.signal_slots(4), l.ce_slot0(4) + 4 * CE_WORDS);
+        // Copy-engine slots overlay the push staging: 4 of 16 MiB in its 64 MiB.
+        assert_eq!(l.ce_slot_bytes(), 16 << 20);
+        assert!(CE_SLOTS * l.ce_slot_bytes() <= l.ll_offset());
         // Regions per sender, then outboxes per receiver of the same staging size.
         assert_eq!(l.window_bytes(4), 4 * l.region_bytes() + 4 * l.ll_offset());
+    }
+
+    #[test]
+    fn copy_engine_configs_pass_or_fail_the_guard_as_documented() {
+        let l = P2PLimits::default();
+        for bytes in [1u64, 4 << 20, 64 << 20, 1 << 30, (1 << 30) + 7] {
+            ce_config(bytes, &l).check("test", bytes, &l).unwrap();
+            for c in sweep_configs(bytes, &l) {
+                c.check("test", bytes, &l).unwrap();
+            }
+        }
+        let ok = ce_config(1 << 30, &l);
+        let with = |chunk_bytes: u64, threads: u32| P2PConfig {
+            chunk_bytes,
+            threads,
+            ..ok
+        };
+        assert!(with(l.ce_slot_bytes() + 256, 512)
+            .check("t", 1 << 30, &l)
+            .is_err());
+        assert!(with(CE_MIN_CHUNK - 256, 512)
+            .check("t", 1 << 30, &l)
+            .is_err());
+        assert!(with(CE_MIN_CHUNK + 16, 512)
+            .check("t", 1 << 30, &l)
+            .is_err());
+        assert!(with(CE_MIN_CHUNK, 384).check("t", 1 << 30, &l).is_err());
+        with(CE_MIN_CHUNK, 256).check("t", 1 << 30, &l).unwrap();
+        // Copy-engine chunks of at least a slot's half at every size the defaults use it.
+        assert_eq!(ce_config(1 << 30, &l).chunk_bytes, l.ce_slot_bytes());
     }
 
     #[test]

@@ -11,9 +11,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 pub use config::{
-    auto_pull, default_config, staged_config, sweep_configs, zero_copy_blocks, P2PConfig,
-    P2PLimits, Protocol,
+    auto_pull, ce_config, default_config, staged_config, sweep_configs, zero_copy_blocks,
+    P2PConfig, P2PLimits, Protocol, CE_SLOTS, CE_WORDS,
 };
+
+/// Copy-engine pad words the host's copy stream uses (offsets in a peer's block; the full
+/// layout is in `cuda/devcomm/p2p.cuh`).
+const CE_GO: usize = 20;
+const CE_DONE: usize = 24;
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 
@@ -46,6 +51,10 @@ enum KernelKey {
     Split(u32),
     /// `p2p_zc_kernel<ZC_THREADS>`.
     ZeroCopy,
+    /// `p2p_ce_send_kernel` (the copy-engine pacer).
+    CeSend,
+    /// `p2p_ce_recv_kernel<THREADS>`.
+    CeRecv(u32),
 }
 
 impl KernelKey {
@@ -54,6 +63,8 @@ impl KernelKey {
             Self::Fused(s, r) => kernel_expression(s, r),
             Self::Split(t) => split_expression(t),
             Self::ZeroCopy => zc_expression(),
+            Self::CeSend => CE_SEND_EXPRESSION.to_owned(),
+            Self::CeRecv(t) => ce_recv_expression(t),
         }
     }
 }
@@ -65,6 +76,26 @@ fn zc_expression() -> String {
     format!("devcomm::p2p::p2p_zc_kernel<{ZC_THREADS}>")
 }
 
+const CE_SEND_EXPRESSION: &str = "devcomm::p2p::p2p_ce_send_kernel";
+
+fn ce_recv_expression(threads: u32) -> String {
+    format!("devcomm::p2p::p2p_ce_recv_kernel<{threads}>")
+}
+
+/// Environment variable: `1` puts every copy-engine chunk on one copy stream (for comparison;
+/// the default alternates two). Only the sender's setting matters.
+pub const CE_STREAMS_ENV: &str = "DEVCOMM_P2P_CE_STREAMS";
+
+fn ce_copy_streams() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(
+        || match std::env::var(CE_STREAMS_ENV).as_deref().map(str::trim) {
+            Ok("1") => 1,
+            _ => 2,
+        },
+    )
+}
+
 /// Environment variable: `0` runs both directions in one block per index (warp-specialised
 /// roles sharing a CTA); otherwise, when both roles have the same thread count, sender and
 /// receiver roles get blocks of their own in the same launch.
@@ -72,9 +103,13 @@ pub const SPLIT_ENV: &str = "DEVCOMM_P2P_SPLIT";
 
 /// The kernel spec with every (send threads, recv threads) instantiation.
 pub fn sendrecv_spec() -> KernelSpec {
-    let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE).name_expression(zc_expression());
+    let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE)
+        .name_expression(zc_expression())
+        .name_expression(CE_SEND_EXPRESSION.to_owned());
     for t in [256, 512] {
-        spec = spec.name_expression(split_expression(t));
+        spec = spec
+            .name_expression(split_expression(t))
+            .name_expression(ce_recv_expression(t));
     }
     for s in ROLE_THREADS {
         for r in ROLE_THREADS {
@@ -141,6 +176,21 @@ pub(crate) struct P2P {
     split: bool,
     /// The measured configurations, checked against `limits` and equal on every rank.
     tune: Option<TuneTable>,
+    /// Streams of copy-engine messages.
+    ce: CeStreams,
+}
+
+/// The streams a copy-engine message forks onto from the caller's stream (and joins back):
+/// the pacing kernel and the copies must run beside each other and beside any kernel of the
+/// other direction.
+#[derive(Debug)]
+struct CeStreams {
+    pace: Arc<CudaStream>,
+    /// Chunks alternate between two copy streams, so that one stream's memory operations and
+    /// copy launch between chunks overlap the other's copy (one stream measured about 11 us
+    /// of idle copy engine per chunk on H200: 334 GB/s at 1 GiB, docs/PERFORMANCE.md, v9).
+    copy: [Arc<CudaStream>; 2],
+    recv: Arc<CudaStream>,
 }
 
 impl P2P {
@@ -166,6 +216,19 @@ impl P2P {
             .alloc_zeros::<u64>(n)
             .cuda(rank, "cuMemAlloc (p2p counters)")?;
         stream.synchronize().cuda(rank, "cuStreamSynchronize")?;
+        // Made now, not at the first copy-engine message, which may come inside a graph
+        // capture (where making the first extra stream would synchronise the context).
+        let new = || {
+            group
+                .ctx
+                .new_stream()
+                .cuda(rank, "cuStreamCreate (copy engine)")
+        };
+        let ce = CeStreams {
+            pace: new()?,
+            copy: [new()?, new()?],
+            recv: new()?,
+        };
         let counters_base = {
             use cudarc::driver::DevicePtr;
             let (p, _sync) = counters.device_ptr(&stream);
@@ -181,6 +244,7 @@ impl P2P {
             functions: Mutex::new(HashMap::new()),
             split: std::env::var(SPLIT_ENV).map_or(true, |v| v.trim() != "0"),
             tune,
+            ce,
         })
     }
 
@@ -265,6 +329,7 @@ impl P2P {
             ..Default::default()
         }; 2];
         let mut threads = [0u32; 2];
+        let mut ce = [false; 2];
         for (i, t) in [send, recv].iter().enumerate() {
             let Some(t) = t else { continue };
             let op = if i == 0 { "send" } else { "recv" };
@@ -293,17 +358,43 @@ impl P2P {
                             Protocol::Bulk => {
                                 auto_pull(t.bytes, recv.is_some_and(|r| r.peer == t.peer))
                             }
-                            Protocol::Push | Protocol::LowLatency | Protocol::LowLatency128 => {
-                                false
-                            }
+                            Protocol::Push
+                            | Protocol::LowLatency
+                            | Protocol::LowLatency128
+                            | Protocol::CopyEngine => false,
                         },
                 ),
             };
             threads[i] = cfg.threads;
+            ce[i] = cfg.protocol == Protocol::CopyEngine;
         }
         if sides[0].peer < 0 && sides[1].peer < 0 {
             return Ok(()); // nothing to move
         }
+        let unused = P2PSide {
+            peer: -1,
+            ..Default::default()
+        };
+        if ce[0] || ce[1] {
+            // The roles by copy engine leave the SM kernel; it keeps the others.
+            let sm = [
+                if ce[0] { unused } else { sides[0] },
+                if ce[1] { unused } else { sides[1] },
+            ];
+            return self.launch_with_copy_engine(group, jit, sides, ce, sm, threads, stream);
+        }
+        self.launch_sm(group, jit, sides, threads, stream)
+    }
+
+    /// Launches the SM kernel for the roles in `sides` (either may be unused, not both).
+    fn launch_sm(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        sides: [P2PSide; 2],
+        threads: [u32; 2],
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
         let args = P2PLaunch {
             send: sides[0],
             recv: sides[1],
@@ -342,6 +433,141 @@ impl P2P {
         // from cudarc slices). The guard above checked peers, blocks and chunk against the
         // window, so the kernel writes only inside the receiver's region for this sender.
         unsafe { builder.launch(cfg) }.cuda(group.rank as i32, "cuLaunchKernel (sendrecv)")?;
+        Ok(())
+    }
+
+    /// A call with a copy-engine role (docs/PROTOCOL.md, "Copy engine"): forks from `stream`
+    /// onto the copy-engine streams, enqueues the pacing kernel and the copies of a send, the
+    /// receiving kernel of a receive and the SM kernel of any other role, then joins them back
+    /// into `stream`, so the call is one unit in stream order (and in a captured graph).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_with_copy_engine(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        sides: [P2PSide; 2],
+        ce: [bool; 2],
+        sm: [P2PSide; 2],
+        threads: [u32; 2],
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let rank = group.rank as i32;
+        let streams = &self.ce;
+        let base = self.base_launch();
+        let mut joins: Vec<&Arc<CudaStream>> = Vec::new();
+        let fork = |s: &Arc<CudaStream>| s.join(stream).cuda(rank, "cuStreamWaitEvent (fork)");
+        // Every kernel is resolved before anything is enqueued, so a load failure leaves the
+        // streams untouched.
+        let pace_fn = if ce[0] {
+            Some(self.function(group, jit, KernelKey::CeSend)?)
+        } else {
+            None
+        };
+        let recv_fn = if ce[1] {
+            Some(self.function(group, jit, KernelKey::CeRecv(threads[1]))?)
+        } else {
+            None
+        };
+        if let Some(func) = pace_fn {
+            let s = sides[0];
+            let args = P2PLaunch { send: s, ..base };
+            fork(&streams.pace)?;
+            let mut b = streams.pace.launch_builder(&func);
+            b.arg(&args);
+            // SAFETY: p2p_ce_send_kernel(P2PLaunch) takes this struct by value; it touches only
+            // this namespace's signal pad, the peer's pad words of this pair and the staging
+            // step counters (read). The copies below are the only writers of data.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .cuda(rank, "cuLaunchKernel (copy-engine pacer)")?;
+            joins.push(&streams.pace);
+            for c in &streams.copy {
+                fork(c)?;
+                joins.push(c);
+            }
+            self.enqueue_copies(group, s, &streams.copy)?;
+        }
+        let sm_used = sm[0].peer >= 0 || sm[1].peer >= 0;
+        if sm_used {
+            self.launch_sm(group, jit, sm, threads, stream)?;
+        }
+        if let Some(func) = recv_fn {
+            let args = P2PLaunch {
+                recv: sides[1],
+                ..base
+            };
+            let on = if sm_used {
+                fork(&streams.recv)?;
+                joins.push(&streams.recv);
+                &streams.recv
+            } else {
+                stream
+            };
+            let mut b = on.launch_builder(&func);
+            b.arg(&args);
+            // SAFETY: p2p_ce_recv_kernel<T>(P2PLaunch) takes this struct by value; it writes
+            // `bytes` at the caller's destination (sized by the caller) and this namespace's
+            // own pad words, and reads the staging region of the sender.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (sides[1].blocks, 1, 1),
+                    block_dim: (threads[1], 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .cuda(rank, "cuLaunchKernel (copy-engine receiver)")?;
+        }
+        for s in joins {
+            stream.join(s).cuda(rank, "cuStreamWaitEvent (join)")?;
+        }
+        Ok(())
+    }
+
+    /// The copy streams' part of a copy-engine send of `s`: chunk k (slot k % CE_SLOTS) goes to
+    /// copy stream k % 2, which waits for GO >= k + 1 (set by the pacer once the slot is free),
+    /// copies the chunk into the peer's slot, then writes DONE = k + 1 (after a memory
+    /// barrier); at the end each stream puts the GO words of its slots back to 0 for the next
+    /// call (the pacer, which sets them, is done with them by then).
+    fn enqueue_copies(&self, group: &Group, s: P2PSide, copy: &[Arc<CudaStream>; 2]) -> Result<()> {
+        let rank = group.rank;
+        let world = group.world_size;
+        let peer = s.peer as usize;
+        let own = self.window.device_handle();
+        let word = |w: usize| {
+            own.signals + 8 * (world + self.limits.ce_slot0(world) + peer * CE_WORDS + w) as u64
+        };
+        let remote = self
+            .window
+            .get_nvlink_address(peer)
+            .ok_or_else(|| Error::NoPath {
+                op: "send",
+                rank,
+                peer,
+                kind: "no NVLink mapping".into(),
+            })?
+            + rank as u64 * self.limits.region_bytes();
+        let slot = self.limits.ce_slot_bytes();
+        let chunks = s.bytes.div_ceil(s.chunk_bytes);
+        let ctx = |e: Error| crate::cuda::with_rank(e, rank);
+        let streams = ce_copy_streams();
+        for k in 0..chunks {
+            let i = (k % CE_SLOTS) as usize;
+            let c = &copy[i % streams];
+            let off = k * s.chunk_bytes;
+            let len = (s.bytes - off).min(s.chunk_bytes);
+            crate::cuda::stream_wait_geq(c, word(CE_GO + i), k + 1).map_err(ctx)?;
+            crate::cuda::memcpy_dtod_async(remote + i as u64 * slot, s.buf + off, len as usize, c)
+                .map_err(ctx)?;
+            crate::cuda::stream_write(c, word(CE_DONE + i), k + 1).map_err(ctx)?;
+        }
+        for i in 0..CE_SLOTS as usize {
+            crate::cuda::stream_write(&copy[i % streams], word(CE_GO + i), 0).map_err(ctx)?;
+        }
         Ok(())
     }
 
