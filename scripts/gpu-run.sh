@@ -92,6 +92,12 @@ for w in $what; do
         step zc-sendrecv-cap$b env DEVCOMM_ZC_BLOCKS=$b $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --device-kind "$kind" --json "$out/zc-sendrecv-cap$b.json"
       done ;;
     a2a) step a2a $bin launch -n "$n" -- $bin bench --op all_to_all --device-kind "$kind" --json "$out/a2a.json" --plot "$out/a2a.svg" ;;
+    a2a-ab)
+      # This build against dist/old/devcomm (an earlier build carried alongside), large sizes.
+      for v in new old new2; do
+        b=$bin; [ $v = old ] && b=dist/old/devcomm
+        step a2a-$v $b launch -n "$n" -- $b bench --op all_to_all --min-bytes 67108864 --device-kind "$kind" --json "$out/a2a-$v.json"
+      done ;;
     a2av) step a2av $bin launch -n "$n" -- $bin bench --op all_to_allv --device-kind "$kind" --json "$out/a2av.json" --plot "$out/a2av.svg" ;;
     graph) step sendrecv-graph $bin launch -n 2 -- $bin bench --op sendrecv --graph --device-kind "$kind" --json "$out/sendrecv-graph.json" ;;
     both-fused)

@@ -494,7 +494,9 @@ impl P2P {
         }
         let sm_used = sm[0].peer >= 0 || sm[1].peer >= 0;
         if sm_used {
-            self.launch_sm(group, jit, sm, threads, stream)?;
+            // A role the copy engine took gets no threads in the SM kernel.
+            let sm_threads = [0, 1].map(|i| if sm[i].peer < 0 { 0 } else { threads[i] });
+            self.launch_sm(group, jit, sm, sm_threads, stream)?;
         }
         if let Some(func) = recv_fn {
             let args = P2PLaunch {
