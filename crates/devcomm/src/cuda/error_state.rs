@@ -266,12 +266,13 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
         };
     }
     if DeviceOp::from_code(record.op) == DeviceOp::CopyEngineMismatch {
-        // The kernel records the word of the peer's block: INTENT 4..8, SIZE 8..12.
-        let word = record.slot;
+        // The kernel records the word of the peer's block: INTENT or SIZE of a slot.
+        use crate::p2p::{CE_SIZE, CE_SLOTS};
+        let size_words = CE_SIZE as u64..CE_SIZE as u64 + CE_SLOTS;
         return Error::CopyEngineMismatch {
             rank: record.rank,
             peer: record.peer,
-            field: if (8..12).contains(&word) {
+            field: if size_words.contains(&record.slot) {
                 "the message size"
             } else {
                 "the chunk id"

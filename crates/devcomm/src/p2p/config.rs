@@ -177,6 +177,14 @@ impl P2PLimits {
 pub const CE_SLOTS: u64 = 4;
 /// Pad words of the copy-engine protocol per peer.
 pub const CE_WORDS: usize = 32;
+/// Offsets in a peer's block of copy-engine words that the host reads or writes (the whole
+/// layout is in `cuda/devcomm/p2p.cuh`, `kCe*`): SIZE[slot] (in an error record), GO[slot] and
+/// DONE[slot] (the copy streams' memory operations).
+pub const CE_SIZE: usize = 8;
+/// See [`CE_SIZE`].
+pub const CE_GO: usize = 20;
+/// See [`CE_SIZE`].
+pub const CE_DONE: usize = 24;
 
 /// Environment variable: `1` lets the defaults send messages of [`CE_DEFAULT_MIN`] bytes or more
 /// by the copy engine, `0` keeps them on SMs. Set it alike on every rank.

@@ -12,13 +12,9 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKern
 
 pub use config::{
     auto_pull, ce_config, default_config, staged_config, sweep_configs, zero_copy_blocks,
-    P2PConfig, P2PLimits, Protocol, CE_SLOTS, CE_WORDS,
+    P2PConfig, P2PLimits, Protocol, CE_DONE, CE_GO, CE_SIZE, CE_SLOTS, CE_WORDS,
 };
 
-/// Copy-engine pad words the host's copy stream uses (offsets in a peer's block; the full
-/// layout is in `cuda/devcomm/p2p.cuh`).
-const CE_GO: usize = 20;
-const CE_DONE: usize = 24;
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 
@@ -371,17 +367,8 @@ impl P2P {
         if sides[0].peer < 0 && sides[1].peer < 0 {
             return Ok(()); // nothing to move
         }
-        let unused = P2PSide {
-            peer: -1,
-            ..Default::default()
-        };
         if ce[0] || ce[1] {
-            // The roles by copy engine leave the SM kernel; it keeps the others.
-            let sm = [
-                if ce[0] { unused } else { sides[0] },
-                if ce[1] { unused } else { sides[1] },
-            ];
-            return self.launch_with_copy_engine(group, jit, sides, ce, sm, threads, stream);
+            return self.launch_with_copy_engine(group, jit, sides, ce, threads, stream);
         }
         self.launch_sm(group, jit, sides, threads, stream)
     }
@@ -447,15 +434,29 @@ impl P2P {
         jit: &Jit,
         sides: [P2PSide; 2],
         ce: [bool; 2],
-        sm: [P2PSide; 2],
         threads: [u32; 2],
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let rank = group.rank as i32;
         let streams = &self.ce;
         let base = self.base_launch();
+        // The roles by copy engine leave the SM kernel; it keeps the others.
+        let sm = [0, 1].map(|i| {
+            if ce[i] {
+                P2PSide {
+                    peer: -1,
+                    ..Default::default()
+                }
+            } else {
+                sides[i]
+            }
+        });
         let mut joins: Vec<&Arc<CudaStream>> = Vec::new();
-        let fork = |s: &Arc<CudaStream>| s.join(stream).cuda(rank, "cuStreamWaitEvent (fork)");
+        // One event marks the fork point for every stream that starts from it.
+        let forked = stream
+            .record_event(None)
+            .cuda(rank, "cuEventRecord (fork)")?;
+        let fork = |s: &Arc<CudaStream>| s.wait(&forked).cuda(rank, "cuStreamWaitEvent (fork)");
         // Every kernel is resolved before anything is enqueued, so a load failure leaves the
         // streams untouched.
         let pace_fn = if ce[0] {
