@@ -4,7 +4,7 @@
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
 #   what: info selftest selftest2 p2p coll coll-mixed examples latency put sendrecv pull pull-sweep sms
-#         ll128-sweep ll128-off tune ce ce-sweep a2a a2av sweep graph ...
+#         ll128-sweep ll128-off tune ce ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2av sweep graph ...
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_CACHE_DIR=${DEVCOMM_CACHE_DIR:-/tmp/devcomm-cache}
@@ -87,11 +87,24 @@ for w in $what; do
     zc-bench)
       step zc-sendrecv $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --device-kind "$kind" --json "$out/zc-sendrecv.json" --plot "$out/zc-sendrecv.svg"
       step zc-sendrecv-both $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --both-directions --device-kind "$kind" --json "$out/zc-sendrecv-both.json" --plot "$out/zc-sendrecv-both.svg" ;;
+    zc-routes)
+      # The zero-copy checks with every message above the low-latency size by copy engine, then
+      # by SM blocks up to the copy-engine size.
+      step selftest-zc-all-ce env DEVCOMM_ZC_CE_MIN=0 $bin launch -n "$n" -- $bin selftest --only zc
+      step selftest-zc-blocks env DEVCOMM_ZC_STAGED=0 $bin launch -n "$n" -- $bin selftest --only zc ;;
+    zc-ring-ce) step selftest-zc-ring-ce env DEVCOMM_ZC_CE_MIN=0 $bin launch -n "$n" -- $bin selftest --only zc_ring ;;
+    zc-ce)
+      # Every zero-copy message above the low-latency size by copy engine, then none.
+      for m in 0 off; do
+        step zc-ce-$m env DEVCOMM_ZC_CE_MIN=$m $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --min-bytes 524288 --device-kind "$kind" --json "$out/zc-ce-$m.json"
+        step zc-ce-$m-both env DEVCOMM_ZC_CE_MIN=$m $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --both-directions --min-bytes 524288 --device-kind "$kind" --json "$out/zc-ce-$m-both.json"
+      done ;;
     zc-cap)
       for b in 8 32; do
         step zc-sendrecv-cap$b env DEVCOMM_ZC_BLOCKS=$b $bin launch -n 2 -- $bin bench --op sendrecv --zero-copy --device-kind "$kind" --json "$out/zc-sendrecv-cap$b.json"
       done ;;
     a2a) step a2a $bin launch -n "$n" -- $bin bench --op all_to_all --device-kind "$kind" --json "$out/a2a.json" --plot "$out/a2a.svg" ;;
+    a2a-zc) step a2a-zc $bin launch -n "$n" -- $bin bench --op all_to_all --zero-copy --min-bytes 1048576 --device-kind "$kind" --json "$out/a2a-zc.json" --plot "$out/a2a-zc.svg" ;;
     a2a-ab)
       # This build against dist/old/devcomm (an earlier build carried alongside), large sizes.
       for v in new old new2; do

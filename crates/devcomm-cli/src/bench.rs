@@ -57,7 +57,8 @@ pub struct BenchArgs {
     #[arg(long)]
     sweep: bool,
     /// Send/recv: the destination is a registered buffer and devcomm writes straight into it
-    /// (`Comm::send_registered` / `recv_registered`); NCCL receives into the same buffer.
+    /// (`Comm::send_registered` / `recv_registered`); all-to-all: the output is a registered
+    /// buffer (`Comm::all_to_all_registered`). NCCL receives into the same buffer.
     #[arg(long)]
     zero_copy: bool,
     /// Send/recv: capture runs of back-to-back calls in CUDA graphs (devcomm's and NCCL's) and

@@ -534,6 +534,7 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
     run_one("zc_graph", &|cx| {
         crate::selftest_zc::check_graph(cx, args.replays)
     });
+    run_one("zc_all_to_all", &crate::selftest_zc::check_all_to_all);
     run_one("a2a_sizes", &crate::selftest_coll::check_all_to_all);
     run_one("a2av_counts", &crate::selftest_coll::check_all_to_allv);
     run_one("a2a_examples", &crate::selftest_coll::check_examples);

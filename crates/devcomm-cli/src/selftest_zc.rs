@@ -5,12 +5,28 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
+use devcomm::p2p::{zero_copy_ce_min, zero_copy_route, ZcRoute};
 use devcomm::{Comm, Error, RegisteredRange};
 
 use crate::selftest::Ctx;
 use crate::selftest_p2p::{compare, partner, roles, POISON, SIZES};
 
 type Check = Result<String, String>;
+
+/// A size on the copy-engine route (the smallest, at most 64 MiB; with the copy engine off,
+/// 64 MiB on whatever route it takes then).
+fn large_size(cx: &Ctx) -> usize {
+    let ll = cx.comm.p2p_limits().ll_max_bytes;
+    zero_copy_ce_min().clamp(ll + 1, 64 << 20) as usize
+}
+
+fn route_name(cx: &Ctx, bytes: usize) -> &'static str {
+    match zero_copy_route(bytes as u64, cx.comm.p2p_limits()) {
+        ZcRoute::Staged => "staged",
+        ZcRoute::Blocks(_) => "SM blocks",
+        ZcRoute::CopyEngine => "copy engine",
+    }
+}
 
 /// A `cuMemAlloc` buffer registered with every rank; deregistered and freed on drop.
 pub(crate) struct RegBuf<'a> {
@@ -183,10 +199,13 @@ pub(crate) fn check_sizes(cx: &Ctx) -> Check {
 pub(crate) fn check_errors(cx: &Ctx) -> Check {
     let comm = &cx.comm;
     let rank = comm.rank();
-    let dst = RegBuf::new(cx, 4 << 20)?;
+    let big = large_size(cx);
+    let n = (1usize << 20) + 16;
+    let most = big.max(n) + 64;
+    let dst = RegBuf::new(cx, most + (1 << 20))?;
     let src = cx
         .stream
-        .clone_htod(&cx.data_of(rank, 950, 4 << 20))
+        .clone_htod(&cx.data_of(rank, 950, most))
         .map_err(|e| e.to_string())?;
     // Refused before launch, on every rank.
     let peer = (rank + 1) % comm.world_size();
@@ -202,7 +221,7 @@ pub(crate) fn check_errors(cx: &Ctx) -> Check {
         ),
         (
             "range past this rank's buffer",
-            comm.recv_registered(dst.at(16), 4 << 20, peer, &cx.stream),
+            comm.recv_registered(dst.at(16), dst.bytes as u64, peer, &cx.stream),
         ),
         (
             "unknown handle",
@@ -232,14 +251,22 @@ pub(crate) fn check_errors(cx: &Ctx) -> Check {
         cx.host_barrier()?;
         return Ok("refusals before launch only (no partner)".into());
     };
-    // Mismatches (above the low-latency size, where ranges are compared): the sender (even
+    // Mismatches on the routes that compare the two sides' ranges (SM blocks, copy engine;
+    // the staged route, like send/recv itself, trusts both sides to agree): the sender (even
     // rank) names another offset, then another size.
-    let n = (1usize << 20) + 16;
     let cases = [
         ("offset", 64usize, n, 128usize, n),
         ("size", 0, n, 0, n + 16),
+        ("offset (large)", 64, big + 16, 128, big + 16),
+        ("size (large)", 0, big + 16, 0, big + 32),
     ];
+    let mut checked = Vec::new();
     for (what, send_off, send_n, recv_off, recv_n) in cases {
+        let route = zero_copy_route(send_n as u64, comm.p2p_limits());
+        if route == ZcRoute::Staged || zero_copy_route(recv_n as u64, comm.p2p_limits()) != route {
+            continue;
+        }
+        checked.push(format!("{what} on {}", route_name(cx, send_n)));
         dst.poison(&cx.stream)?;
         cx.sync()?;
         cx.host_barrier()?;
@@ -261,16 +288,33 @@ pub(crate) fn check_errors(cx: &Ctx) -> Check {
                 ))
             }
         }
-        verify(cx, &dst, 0, 0, None, &format!("{what} mismatch"))?;
+        if route == ZcRoute::CopyEngine && rank % 2 == 1 {
+            // A copy already enqueued cannot be taken back: the sender's own range of this
+            // buffer may hold its bytes; everything else must be untouched.
+            let got = cx.read_ptr(dst.ptr, dst.bytes)?;
+            let (a, b) = (send_off, send_off + send_n);
+            if got[..a].iter().chain(&got[b..]).any(|&x| x != POISON) {
+                return Err(format!(
+                    "{what} mismatch: bytes outside the sender's range were written"
+                ));
+            }
+        } else {
+            verify(cx, &dst, 0, 0, None, &format!("{what} mismatch"))?;
+        }
         cx.host_barrier()?;
     }
-    // The next matching call succeeds.
+    // The next matching calls succeed.
     exchange(cx, &dst, 312_345, 0, 48, false, 951)?;
     exchange(cx, &dst, 2_000_001, 1, 3, true, 952)?;
-    Ok(
-        "5 bad calls refused before launch; offset and size mismatches reported on both sides with nothing written; later calls verified"
-            .into(),
-    )
+    exchange(cx, &dst, big + 1, 1, 3, true, 953)?;
+    Ok(format!(
+        "5 bad calls refused before launch; mismatches reported on both sides ({}), nothing written outside the sender's range (nothing at all on SM blocks); later calls verified",
+        if checked.is_empty() {
+            "none: every size is staged".to_owned()
+        } else {
+            checked.join(", ")
+        }
+    ))
 }
 
 /// Ring on 3 or more ranks: send to rank + 1, receive from rank - 1, in one kernel.
@@ -282,12 +326,11 @@ pub(crate) fn check_ring(cx: &Ctx) -> Check {
         return Ok("needs 3 or more ranks".into());
     }
     let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
-    let dst = RegBuf::new(cx, 4 << 20)?;
+    let big = large_size(cx) + 3;
+    let sizes = [5usize, 65_536, (1 << 20) + 3, 3 << 20, big];
+    let dst = RegBuf::new(cx, big.max(3 << 20) + 64)?;
     let mut n = 0;
-    for (i, bytes) in [5usize, 65_536, (1 << 20) + 3, 3 << 20]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, bytes) in sizes.into_iter().enumerate() {
         let tag = 960 + i as u64;
         let src = cx
             .stream
@@ -320,7 +363,8 @@ pub(crate) fn check_ring(cx: &Ctx) -> Check {
         n += 1;
     }
     Ok(format!(
-        "{n} ring steps (send to rank+1, receive from rank-1), 5 B to 3 MiB"
+        "{n} ring steps (send to rank+1, receive from rank-1), 5 B to {big} B ({})",
+        route_name(cx, big)
     ))
 }
 
@@ -332,9 +376,11 @@ pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
     };
     let rank = cx.comm.rank();
     let slices = 8usize;
-    let slice = 2usize << 20;
-    let sizes = [8usize, 4099, (1 << 20) + 3, 96];
-    let pool = 16usize << 20;
+    let big = large_size(cx);
+    // Every route, interleaved.
+    let sizes = [8usize, 4099, (1 << 20) + 3, 96, (5 << 20) + 7, big + 7];
+    let slice = sizes.iter().max().copied().unwrap_or(0) + (1 << 20);
+    let pool = slice + (16 << 20);
     let dst = RegBuf::new(cx, slices * slice)?;
     let src = cx
         .stream
@@ -346,7 +392,7 @@ pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
     let plan = |i: usize| {
         (
             sizes[i % sizes.len()],
-            (i * 4097) % (pool - (2 << 20)),
+            (i * 4097) % (pool - slice),
             i % slices,
         )
     };
@@ -379,7 +425,9 @@ pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
     }
     cx.host_barrier()?;
     Ok(format!(
-        "{calls} zero-copy exchanges back to back (8 B to 1 MiB), the last of each of {slices} slices verified"
+        "{calls} zero-copy exchanges back to back (8 B to {} B: {}), the last of each of {slices} slices verified",
+        big + 7,
+        sizes.map(|b| route_name(cx, b)).join(", ")
     ))
 }
 
@@ -390,16 +438,28 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
         return cx.host_barrier().map(|_| "no partner".into());
     };
     let rank = cx.comm.rank();
-    let bytes = (1usize << 20) + 40;
     let variants = 4usize;
-    let dst = RegBuf::new(cx, bytes + 64)?;
-    // No event tracking for these buffers: captured work must record no events.
-    // SAFETY: every use of these buffers below is ordered on cx.stream and synchronised.
-    unsafe { cx.comm.context().disable_event_tracking() };
-    let result = graph_replays(cx, &dst, peer, rank, bytes, variants, replays);
-    // SAFETY: restores the default for buffers made later.
-    unsafe { cx.comm.context().enable_event_tracking() };
-    result
+    // The large size a tenth as often: each replay moves and verifies 64 MiB by default.
+    let sizes = [(1usize << 20) + 40, large_size(cx) + 40];
+    let mut done = Vec::new();
+    for (bytes, replays) in sizes.into_iter().zip([replays, replays.div_ceil(10)]) {
+        let dst = RegBuf::new(cx, bytes + 64)?;
+        // No event tracking for these buffers: captured work must record no events.
+        // SAFETY: every use of these buffers below is ordered on cx.stream and synchronised.
+        unsafe { cx.comm.context().disable_event_tracking() };
+        let result = graph_replays(cx, &dst, peer, rank, bytes, variants, replays);
+        // SAFETY: restores the default for buffers made later.
+        unsafe { cx.comm.context().enable_event_tracking() };
+        result?;
+        done.push(format!(
+            "{replays} of {bytes} B ({})",
+            route_name(cx, bytes)
+        ));
+    }
+    Ok(format!(
+        "replays of captured zero-copy exchanges, poisoned in the graph, every one verified: {}",
+        done.join(", ")
+    ))
 }
 
 fn graph_replays(
@@ -410,7 +470,7 @@ fn graph_replays(
     bytes: usize,
     variants: usize,
     replays: usize,
-) -> Check {
+) -> Result<(), String> {
     let pool: Vec<CudaSlice<u8>> = (0..variants)
         .map(|v| {
             cx.stream
@@ -452,8 +512,61 @@ fn graph_replays(
             &format!("replay {r}"),
         )?;
     }
+    cx.host_barrier()
+}
+
+/// All-to-all into a registered output, on both schedules (the fused kernel below the
+/// copy-engine size, copy-engine exchanges from it): odd chunk sizes at an odd offset, the
+/// output poisoned first and its guard bytes checked; ten calls back to back; a range past the
+/// buffer refused before launch.
+pub(crate) fn check_all_to_all(cx: &Ctx) -> Check {
+    let comm = &cx.comm;
+    let (world, rank) = (comm.world_size(), comm.rank());
+    let big = large_size(cx) + 24;
+    let off = 40usize;
+    let dst = RegBuf::new(cx, world * big + off + 64)?;
+    let mut done = Vec::new();
+    for (i, chunk) in [1000usize, 96 << 10, big].into_iter().enumerate() {
+        let tag = 990 + i as u64;
+        // Chunk p of rank r's input: data_of(r, tag * 8 + p).
+        let input: Vec<u8> = (0..world)
+            .flat_map(|p| cx.data_of(rank, tag * 8 + p as u64, chunk))
+            .collect();
+        let src = cx.stream.clone_htod(&input).map_err(|e| e.to_string())?;
+        let expect: Vec<u8> = (0..world)
+            .flat_map(|p| cx.data_of(p, tag * 8 + rank as u64, chunk))
+            .collect();
+        for calls in [1usize, 10] {
+            dst.poison(&cx.stream)?;
+            cx.sync()?;
+            cx.host_barrier()?;
+            for _ in 0..calls {
+                comm.all_to_all_registered(&src, dst.at(off), &cx.stream)
+                    .map_err(|e| e.to_string())?;
+            }
+            cx.sync()?;
+            let what = format!("all_to_all_registered {chunk} B per peer x {calls}");
+            verify(cx, &dst, off, world * chunk, Some(&expect), &what)?;
+            cx.host_barrier()?;
+        }
+        done.push(format!("{chunk} B ({})", route_name(cx, chunk)));
+    }
+    // Past the end of the buffer: refused on every rank, nothing launched.
+    let src = cx
+        .stream
+        .alloc_zeros::<u8>(world * big)
+        .map_err(|e| e.to_string())?;
+    match comm.all_to_all_registered(&src, dst.at(off + 128), &cx.stream) {
+        Err(Error::CapacityExceeded { .. }) => {}
+        other => {
+            return Err(format!(
+                "range past the buffer: expected a refusal, got {other:?}"
+            ))
+        }
+    }
     cx.host_barrier()?;
     Ok(format!(
-        "{replays} replays of a captured zero-copy exchange (1 MiB + 40 B, poisoned in the graph), every one verified"
+        "chunks of {} per peer at offset {off}, once and 10 times back to back, verified with guard bytes; a range past the buffer refused",
+        done.join(", ")
     ))
 }

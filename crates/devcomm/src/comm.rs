@@ -650,11 +650,26 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        const OP: &str = "all_to_all";
         let (i, o) = sizes::<I, O>();
-        hooks.check_sizes(OP, i, o)?;
-        let world = self.world_size() as u64;
+        hooks.check_sizes("all_to_all", i, o)?;
         let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
+        let (input, _s) = send.device_ptr(stream);
+        let (output, _r) = recv.device_ptr_mut(stream);
+        self.all_to_all_at(hooks, (input, in_elems), (output, out_elems), args, stream)
+    }
+
+    /// The all-to-all of [`Comm::all_to_all_hooked`] on device addresses and element counts
+    /// (the hooks' element sizes already checked).
+    fn all_to_all_at(
+        &self,
+        hooks: &Hooks,
+        (input, in_elems): (u64, u64),
+        (output, out_elems): (u64, u64),
+        args: HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const OP: &str = "all_to_all";
+        let world = self.world_size() as u64;
         if in_elems % world != 0 || out_elems % world != 0 || in_elems != out_elems {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -679,8 +694,6 @@ impl Comm {
                 reason: format!("row length {row_len} does not divide the chunk of {n} elements"),
             });
         }
-        let (input, _s) = send.device_ptr(stream);
-        let (output, _r) = recv.device_ptr_mut(stream);
         let call = CollCall {
             op: OP,
             input,

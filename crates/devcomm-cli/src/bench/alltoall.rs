@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
 use devcomm::collective::MAX_BLOCKS_PER_PEER;
+use devcomm::p2p::{zero_copy_route, ZcRoute};
 use devcomm::AllToAllVCounts;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -13,6 +14,7 @@ use crate::bench::nccl::{max_over_ranks, NcclPair};
 use crate::bench::sendrecv::calls_per_sample;
 use crate::bench::{device_label, time_ranks, time_wall, today, BenchArgs, Record};
 use crate::selftest::Ctx;
+use crate::selftest_zc::RegBuf;
 
 /// All-to-all sizes per peer: 1 KiB to 256 MiB in powers of 4.
 const SIZES: &[usize] = &[
@@ -55,16 +57,38 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         .stream
         .alloc_zeros(world * largest)
         .map_err(|e| e.to_string())?;
-    let mut recv: CudaSlice<u8> = cx
-        .stream
-        .alloc_zeros(world * largest)
-        .map_err(|e| e.to_string())?;
+    // --zero-copy: the output is a registered cuMemAlloc buffer (NCCL receives into the same
+    // one) and devcomm calls all_to_all_registered.
+    let registered = if args.zero_copy {
+        Some(RegBuf::new(cx, world * largest)?)
+    } else {
+        None
+    };
+    let mut recv_owned: Option<CudaSlice<u8>> = None;
+    if registered.is_none() {
+        recv_owned = Some(
+            cx.stream
+                .alloc_zeros(world * largest)
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    // Never dropped: the memory belongs to `registered`, which frees it.
+    let mut recv_view = registered.as_ref().map(|r| r.view(&cx.stream));
+    let recv: &mut CudaSlice<u8> = match (&mut recv_view, &mut recv_owned) {
+        (Some(v), _) => v,
+        (None, Some(o)) => o,
+        (None, None) => unreachable!("one output exists"),
+    };
+    let handle = registered.as_ref().map(|r| r.handle);
     let mut out = Vec::new();
     for &bytes in &sizes {
-        let r = a2a_point(cx, args, &nccl, &mut send, &mut recv, bytes)?;
+        let r = a2a_point(cx, args, &nccl, &mut send, recv, handle, bytes)?;
         out.extend(r);
     }
-    drop((send, recv));
+    drop((send, recv_owned, registered));
+    if args.zero_copy {
+        return Ok(out); // the hooked all-to-alls have no registered variant
+    }
     if HOOKED_BYTES <= max && 2 * world * HOOKED_BYTES <= free {
         out.extend(hooked_points(cx, args)?);
     }
@@ -151,6 +175,7 @@ fn a2a_point(
     nccl: &NcclPair,
     send: &mut CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
+    registered: Option<u64>,
     bytes: usize,
 ) -> Result<Option<Record>, String> {
     let (world, rank) = (cx.comm.world_size(), cx.comm.rank());
@@ -166,28 +191,52 @@ fn a2a_point(
     let calls = calls_per_sample(n);
     let (warmup, iters) = (args.warmup, args.iters);
     let d_us = time_ranks(cx, world, warmup, iters, calls, "a2a-devcomm", &mut || {
-        a2a_call(cx, send, recv, n)
+        a2a_call(cx, send, recv, registered, n)
     })?;
-    verify_a2a(cx, send, recv, bytes)?;
+    verify_a2a(cx, send, recv, registered, bytes)?;
     let n_us = time_ranks(cx, world, warmup, iters, calls, "a2a-nccl", &mut || {
         nccl.all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &chunks, &chunks)
     })?;
     let r = record(cx, args, "all_to_all", bytes as u64, (d_us, n_us));
-    Ok((rank == 0).then(|| Record {
-        reference: "NCCL grouped send/recv".into(),
-        ..r
+    let copy_engine = zero_copy_route(bytes as u64, cx.comm.p2p_limits()) == ZcRoute::CopyEngine;
+    Ok((rank == 0).then(|| match registered {
+        None => Record {
+            reference: "NCCL grouped send/recv".into(),
+            ..r
+        },
+        Some(_) => Record {
+            reference: "NCCL grouped send/recv (into the same registered buffer)".into(),
+            config: if copy_engine {
+                "registered/copy-engine steps".into()
+            } else {
+                "registered/fused".into()
+            },
+            sms: if copy_engine { 1 } else { r.sms },
+            ..r
+        },
     }))
 }
 
+/// One devcomm all-to-all of `n` bytes in all: into `recv`, or with `registered`, into that
+/// registration (which `recv` views) at offset 0.
 fn a2a_call(
     cx: &Ctx,
     send: &CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
+    registered: Option<u64>,
     n: usize,
 ) -> Result<(), String> {
-    cx.comm
-        .all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &cx.stream)
-        .map_err(|e| e.to_string())
+    match registered {
+        None => cx
+            .comm
+            .all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &cx.stream),
+        Some(h) => cx.comm.all_to_all_registered(
+            &send.slice(..n),
+            devcomm::RegisteredRange::new(h, 0),
+            &cx.stream,
+        ),
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// Tag of the data rank `src` sends to `dst` at `bytes` per peer (`src` is `data_of`'s sender).
@@ -201,6 +250,7 @@ fn verify_a2a(
     cx: &Ctx,
     send: &CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
+    registered: Option<u64>,
     bytes: usize,
 ) -> Result<(), String> {
     let (world, rank) = (cx.comm.world_size(), cx.comm.rank());
@@ -210,7 +260,7 @@ fn verify_a2a(
         .map_err(|e| e.to_string())?;
     cx.sync()?;
     cx.host_barrier()?;
-    a2a_call(cx, send, recv, n)?;
+    a2a_call(cx, send, recv, registered, n)?;
     cx.sync()?;
     for (p, c) in packed(&vec![1; world], bytes).into_iter().enumerate() {
         let got = cx

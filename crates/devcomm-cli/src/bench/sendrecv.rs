@@ -3,7 +3,9 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result as nccl_result;
-use devcomm::p2p::{auto_pull, sweep_configs, zero_copy_blocks, P2PConfig, Protocol, Transfer};
+use devcomm::p2p::{
+    auto_pull, sweep_configs, zero_copy_route, P2PConfig, Protocol, Transfer, ZcRoute,
+};
 use devcomm::RegisteredRange;
 
 use crate::bench::nccl::NcclPair;
@@ -129,7 +131,12 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
         let Some((d_us, cfg)) = best else { continue };
         // Registered destinations up to the low-latency size travel by the low-latency path
         // (`Comm::send_registered`), with the default configuration.
-        let zero_copy = registered.is_some() && bytes as u64 > comm.p2p_limits().ll_max_bytes;
+        // Registered destinations go by the route of their size (`Comm::send_registered`):
+        // the ordinary path with the default configuration, SM blocks, or the copy engine,
+        // whose sender runs one pacing warp (one block).
+        let zc_route = registered
+            .is_some()
+            .then(|| zero_copy_route(bytes as u64, comm.p2p_limits()));
         let n_us = time_pair(cx, args.warmup, args.iters, calls, "nccl", &mut || {
             nccl_call(&nccl, &src, dst, bytes, peer, both, rank)
         })?;
@@ -143,10 +150,10 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                 devcomm_us: d_us,
                 nccl_us: n_us,
                 ratio: n_us / d_us,
-                sms: if zero_copy {
-                    zero_copy_blocks(bytes as u64, comm.p2p_limits())
-                } else {
-                    cfg.blocks
+                sms: match zc_route {
+                    Some(ZcRoute::Blocks(b)) => b,
+                    Some(ZcRoute::CopyEngine) => 1,
+                    Some(ZcRoute::Staged) | None => cfg.blocks,
                 },
                 device: device_label(cx, args),
                 date: today(),
@@ -157,13 +164,11 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                 },
                 devcomm_gbps: gbps(d_us),
                 nccl_gbps: gbps(n_us),
-                config: if zero_copy {
-                    format!(
-                        "zero-copy/{}x512",
-                        zero_copy_blocks(bytes as u64, comm.p2p_limits())
-                    )
-                } else {
-                    describe(&cfg, bytes, both)
+                config: match zc_route {
+                    Some(ZcRoute::Blocks(b)) => format!("zero-copy/{b}x512"),
+                    Some(ZcRoute::CopyEngine) => "zero-copy/copy-engine".into(),
+                    Some(ZcRoute::Staged) => format!("registered/{}", describe(&cfg, bytes, both)),
+                    None => describe(&cfg, bytes, both),
                 },
                 tokens: None,
             });

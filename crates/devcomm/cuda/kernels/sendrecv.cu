@@ -69,6 +69,41 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
 
 // ---- Zero-copy into a registered destination (docs/PROTOCOL.md, "Zero-copy") ----
 
+// Thread 0 of a zero-copy sender: waits for the receiver's descriptor of call `seq` and checks
+// it against this call. 0: they match; 1: refused (a mismatch, recorded once, by `record`);
+// 2: the wait failed (the communicator is aborted).
+__device__ inline int zc_await_descriptor(const ZcLaunch& z, dc_u64 seq, bool record) {
+  const P2PSide& s = z.p.send;
+  const DeviceWindow& w = z.p.w;
+  const dc_u64 ready_slot = zc_desc_slot(z, s.peer, kZcReady);
+  const dc_u64* desc = own_user_slot(w, ready_slot);
+  if (!wait_until(error_state(w), w.timeout_ns, w.rank, desc, seq, Cmp::Ge,
+                  WaitSite{kOpZcReady, s.peer, ready_slot})) {
+    return 2;
+  }
+  // After the acquire of READY: the descriptor the receiver wrote before it is visible.
+  const dc_u64 mine[3] = {z.send_reg, z.send_offset, s.bytes};
+  for (dc_u32 f = 0; f < 3; ++f) {
+    const dc_u64 theirs = ld_relaxed_sys(desc + 1 + f);
+    if (theirs != mine[f]) {
+      if (record) {
+        record_soft_error(error_state(w), kOpZcMismatch, w.rank, s.peer, f, mine[f], theirs);
+      }
+      return 1;
+    }
+  }
+  return 0;
+}
+
+// A refused zero-copy call: DONE = 2 seq + 1 in every DONE slot of this sender, so the receiver
+// never waits for blocks that will not come, whatever block count it derived from its own size.
+__device__ inline void zc_refuse_all(const ZcLaunch& z, dc_u64 seq, dc_u32 lane, dc_u32 lanes) {
+  const DeviceWindow& w = z.p.w;
+  for (dc_u32 i = lane; i < z.p.max_blocks; i += lanes) {
+    st_release_sys(peer_user_slot(w, z.p.send.peer, zc_done_slot(z, w.rank, i)), 2 * seq + 1);
+  }
+}
+
 // Sender block b of a zero-copy message: waits for the receiver's descriptor of this call,
 // checks it against its own, copies its span straight into the receiver's registered buffer and
 // publishes DONE. Nothing is written when the two sides disagree; block 0 then answers every
@@ -79,28 +114,7 @@ __device__ inline void zc_send(const ZcLaunch& z, dc_u32 b) {
   dc_u64* counters = reinterpret_cast<dc_u64*>(s.steps);
   const dc_u64 seq = counters[b] + 1;
   __shared__ int status;  // 0 go, 1 refused (mismatch), 2 failed wait
-  if (threadIdx.x == 0) {
-    const dc_u64 ready_slot = zc_desc_slot(z, s.peer, kZcReady);
-    const dc_u64* desc = own_user_slot(w, ready_slot);
-    status = wait_until(error_state(w), w.timeout_ns, w.rank, desc, seq, Cmp::Ge,
-                        WaitSite{kOpZcReady, s.peer, ready_slot})
-                 ? 0
-                 : 2;
-    if (status == 0) {
-      // After the acquire of READY: the descriptor the receiver wrote before it is visible.
-      const dc_u64 mine[3] = {z.send_reg, z.send_offset, s.bytes};
-      for (dc_u32 f = 0; f < 3; ++f) {
-        const dc_u64 theirs = ld_relaxed_sys(desc + 1 + f);
-        if (theirs != mine[f]) {
-          status = 1;
-          if (b == 0) {
-            record_soft_error(error_state(w), kOpZcMismatch, w.rank, s.peer, f, mine[f], theirs);
-          }
-          break;
-        }
-      }
-    }
-  }
+  if (threadIdx.x == 0) status = zc_await_descriptor(z, seq, b == 0);
   __syncthreads();
   const int st = status;
   if (st == 2) return;  // the wait failed and aborted the communicator: publish nothing
@@ -111,9 +125,7 @@ __device__ inline void zc_send(const ZcLaunch& z, dc_u32 b) {
     __syncthreads();  // every thread's stores of the span are issued
     if (threadIdx.x == 0) publish(peer_user_slot(w, s.peer, zc_done_slot(z, w.rank, b)), 2 * seq);
   } else if (b == 0) {
-    for (dc_u32 i = threadIdx.x; i < z.p.max_blocks; i += blockDim.x) {
-      st_release_sys(peer_user_slot(w, s.peer, zc_done_slot(z, w.rank, i)), 2 * seq + 1);
-    }
+    zc_refuse_all(z, seq, threadIdx.x, blockDim.x);
   }
   // Block b read counters[b] before the barrier above; block 0 also advances the blocks this
   // call does not use, as the low-latency path does, so every counter of the peer stays equal.
@@ -168,6 +180,44 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_zc_kernel(ZcLaunch z) {
   } else if (z.p.recv.peer >= 0 && threadIdx.x < 32) {
     zc_recv(z);
   }
+}
+
+// Paces a zero-copy send by copy engine (one warp, on a stream of its own; docs/PROTOCOL.md,
+// "Zero-copy by copy engine"). The host enqueued the copy of the whole message on a copy stream
+// behind "GO >= 1" (the peer's copy-engine GO word of slot 0 in this rank's pad), followed by
+// GO = 0 and DONE = 1. This kernel waits for the receiver's descriptor, checks it, releases GO,
+// waits for DONE, puts it back to 0 and only then publishes DONE to the receiver (one DONE slot:
+// the receiver derives one block for this route from the size). The copy stream's waits have
+// no deadline, so GO is released whatever happens: after a mismatch or a failed wait the copy
+// still lands in the sender's own range of the receiver's registered buffer (checked against
+// its size on the host), and the error is reported on both sides.
+__global__ void __launch_bounds__(32, 1) p2p_zc_ce_kernel(ZcLaunch z) {
+  const P2PSide& s = z.p.send;
+  const DeviceWindow& w = z.p.w;
+  dc_u64* counters = reinterpret_cast<dc_u64*>(s.steps);
+  const dc_u32 lane = threadIdx.x;
+  const dc_u64 seq = counters[0] + 1;
+  int st = 0;
+  if (lane == 0) {
+    st = zc_await_descriptor(z, seq, true);
+    dc_u64* go = own_user_slot(w, p2p_ce_word(z.p, s.peer, kCeGo));
+    st_release_sys(go, 1);
+    if (st != 2) {
+      const dc_u64 word = p2p_ce_word(z.p, s.peer, kCeDone);
+      dc_u64* done = own_user_slot(w, word);
+      if (!wait_until(error_state(w), w.timeout_ns, w.rank, done, 1, Cmp::Ge,
+                      WaitSite{kOpSendSlotFree, s.peer, word})) {
+        st = 2;
+      } else {
+        *done = 0;  // the copy stream wrote GO = 0 before DONE: both are back to 0
+        if (st == 0) publish(peer_user_slot(w, s.peer, zc_done_slot(z, w.rank, 0)), 2 * seq);
+      }
+    }
+  }
+  st = __shfl_sync(0xffffffffu, st, 0);
+  if (st == 2) return;  // aborted: nothing announced, the counters stay
+  if (st == 1) zc_refuse_all(z, seq, lane, 32);
+  for (dc_u32 i = lane; i < z.p.max_blocks; i += 32) counters[i] = seq;
 }
 
 // ---- Copy-engine messages (docs/PROTOCOL.md, "Copy engine"; words in devcomm/p2p.cuh) ----

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr};
 
 use super::Comm;
 use crate::error::{Error, Result};
-use crate::p2p::ZcRole;
+use crate::p2p::{zero_copy_route, ZcRole, ZcRoute};
 
 /// A place inside a registered buffer: where a zero-copy message lands.
 ///
@@ -95,6 +95,77 @@ impl Comm {
         let recv = self.zc_recv(recv_dst, recv_bytes, recv_peer)?;
         self.p2p
             .launch_zero_copy(&self.group, &self.jit, Some(send), Some(recv), stream)
+    }
+
+    /// All-to-all into a registered output: `send` holds `world_size` equal chunks, chunk `p`
+    /// for rank `p`; this rank's registered buffer `recv.handle` gets rank `p`'s chunk for it
+    /// at `recv.offset + p x chunk`. Every rank names the same registration and offset.
+    ///
+    /// The schedule goes by the chunk's zero-copy route
+    /// ([`zero_copy_route`](crate::p2p::zero_copy_route)): below the copy-engine size it is
+    /// [`Comm::all_to_all`] into the registered memory (one fused kernel); from there each
+    /// rank copies its own chunk locally and then, in `world_size - 1` steps, exchanges
+    /// straight into the peers' buffers ([`Comm::sendrecv_registered`]: sending to rank
+    /// `r + k` while receiving from `r - k`), each chunk one copy-engine transfer. Ranges past
+    /// any rank's registered buffer are refused before anything is launched.
+    pub fn all_to_all_registered<T: DeviceRepr, S: DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: RegisteredRange,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const OP: &str = "all_to_all_registered";
+        let (world, rank) = (self.world_size(), self.rank());
+        let total = send.num_bytes() as u64;
+        let elem = std::mem::size_of::<T>().max(1) as u64;
+        if total % (world as u64 * elem) != 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "send holds {total} bytes; it must be world size {world} x a chunk of whole                      elements of {elem} bytes"
+                ),
+            });
+        }
+        let chunk = total / world as u64;
+        // This rank's output range (and the registration) first.
+        let (own, _) = self.zc_target(OP, recv, total, rank)?;
+        if chunk == 0 {
+            return Ok(());
+        }
+        let (src, _sync) = send.device_ptr(stream);
+        let at = |p: usize| RegisteredRange::new(recv.handle, recv.offset + p as u64 * chunk);
+        if zero_copy_route(chunk, self.p2p_limits()) != ZcRoute::CopyEngine {
+            let hooks = crate::collective::Hooks::copy::<T>()?;
+            let elems = total / elem;
+            return self.all_to_all_at(
+                &hooks,
+                (src, elems),
+                (own, elems),
+                super::HookArgs::default(),
+                stream,
+            );
+        }
+        // Every step resolved (and bounds-checked on its peers) before anything is enqueued.
+        let steps = (1..world)
+            .map(|k| {
+                let (to, from) = ((rank + k) % world, (rank + world - k) % world);
+                let send = self.zc_send(src + to as u64 * chunk, chunk, to, at(rank))?;
+                let recv = self.zc_recv(at(from), chunk, from)?;
+                Ok((send, recv))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        crate::cuda::memcpy_dtod_async(
+            own + rank as u64 * chunk,
+            src + rank as u64 * chunk,
+            chunk as usize,
+            stream,
+        )
+        .map_err(|e| crate::cuda::with_rank(e, rank))?;
+        for (send, recv) in steps {
+            self.p2p
+                .launch_zero_copy(&self.group, &self.jit, Some(send), Some(recv), stream)?;
+        }
+        Ok(())
     }
 
     /// Resolves and bounds-checks the send role.

@@ -334,6 +334,72 @@ pub fn zero_copy_blocks(bytes: u64, limits: &P2PLimits) -> u32 {
 /// Environment variable: the most blocks a zero-copy message uses (default 16).
 pub const ZC_BLOCKS_ENV: &str = "DEVCOMM_ZC_BLOCKS";
 
+/// Zero-copy messages from this size on are moved by the sender's copy engine
+/// (docs/PROTOCOL.md, "Zero-copy by copy engine"). Measured on 2 H200s (docs/PERFORMANCE.md,
+/// v10): ahead of SM blocks from 64 MiB one way (205 against 216 us) and both ways (equal at
+/// 64 MiB, 780 against 816 us at 256 MiB); a fixed ~21 us per call puts it behind below.
+pub const ZC_CE_MIN_BYTES: u64 = 64 << 20;
+
+/// Environment variable: the smallest zero-copy message, in bytes, that the sender's copy
+/// engine moves (default [`ZC_CE_MIN_BYTES`]); `off` never. Sender and receiver both take the
+/// route from the size, so set it alike on every rank.
+pub const ZC_CE_MIN_ENV: &str = "DEVCOMM_ZC_CE_MIN";
+
+/// Environment variable: `0` sends zero-copy messages between the low-latency size and the
+/// copy-engine size by SM blocks straight into the receiver's buffer; otherwise (the default)
+/// they take the staged path of [`default_config`] into it, measured faster there. Set it
+/// alike on every rank.
+pub const ZC_STAGED_ENV: &str = "DEVCOMM_ZC_STAGED";
+
+/// How a message into a registered destination travels ([`zero_copy_route`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZcRoute {
+    /// The ordinary send/recv path ([`default_config`] or the tuning table) into the
+    /// registered destination: low-latency lines up to `ll_max_bytes`, staged chunks above.
+    /// The two sides' ranges are not compared.
+    Staged,
+    /// This many SM blocks of the sender write straight into the receiver's buffer after the
+    /// receiver posted a matching descriptor.
+    Blocks(u32),
+    /// One `cuMemcpyAsync` of the sender straight into the receiver's buffer, paced by a
+    /// one-warp kernel after the receiver posted a matching descriptor.
+    CopyEngine,
+}
+
+/// The smallest zero-copy message the copy engine moves ([`ZC_CE_MIN_ENV`]).
+pub fn zero_copy_ce_min() -> u64 {
+    static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        parse_ce_min(std::env::var(ZC_CE_MIN_ENV).ok().as_deref()).unwrap_or(ZC_CE_MIN_BYTES)
+    })
+}
+
+/// The route of a zero-copy message of `bytes`, the same on both sides (it depends on the
+/// size and the environment only): low-latency up to `ll_max_bytes`, the copy engine from
+/// [`zero_copy_ce_min`], staged (or SM blocks, [`ZC_STAGED_ENV`] = `0`) between.
+pub fn zero_copy_route(bytes: u64, limits: &P2PLimits) -> ZcRoute {
+    static STAGED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let staged =
+        *STAGED.get_or_init(|| std::env::var(ZC_STAGED_ENV).map_or(true, |v| v.trim() != "0"));
+    if bytes <= limits.ll_max_bytes {
+        ZcRoute::Staged
+    } else if bytes >= zero_copy_ce_min() {
+        ZcRoute::CopyEngine
+    } else if staged {
+        ZcRoute::Staged
+    } else {
+        ZcRoute::Blocks(zero_copy_blocks(bytes, limits))
+    }
+}
+
+/// [`ZC_CE_MIN_ENV`]'s value: `off` is `u64::MAX`; anything unreadable is the default.
+fn parse_ce_min(v: Option<&str>) -> Option<u64> {
+    match v.map(str::trim)? {
+        "off" => Some(u64::MAX),
+        n => n.parse().ok(),
+    }
+}
+
 /// Candidate configurations for a message of `bytes`, in a fixed order (every rank iterates
 /// the same list): what `devcomm bench --sweep` tries.
 pub fn sweep_configs(bytes: u64, limits: &P2PLimits) -> Vec<P2PConfig> {
@@ -646,6 +712,25 @@ mod tests {
             ..limits
         };
         assert_eq!(zero_copy_blocks(1 << 30, &small), 4);
+    }
+
+    #[test]
+    fn zero_copy_route_by_size() {
+        assert_eq!(parse_ce_min(Some(" off")), Some(u64::MAX));
+        assert_eq!(parse_ce_min(Some("1048576")), Some(1 << 20));
+        assert_eq!(parse_ce_min(Some("lots")), None);
+        assert_eq!(parse_ce_min(None), None);
+        if std::env::var(ZC_CE_MIN_ENV).is_ok() || std::env::var(ZC_STAGED_ENV).is_ok() {
+            return; // the routes are the user's then
+        }
+        let limits = P2PLimits::default();
+        let route = |b| zero_copy_route(b, &limits);
+        assert_eq!(route(0), ZcRoute::Staged);
+        assert_eq!(route(limits.ll_max_bytes), ZcRoute::Staged);
+        assert_eq!(route(limits.ll_max_bytes + 1), ZcRoute::Staged);
+        assert_eq!(route(ZC_CE_MIN_BYTES - 1), ZcRoute::Staged);
+        assert_eq!(route(ZC_CE_MIN_BYTES), ZcRoute::CopyEngine);
+        assert_eq!(route(1 << 30), ZcRoute::CopyEngine);
     }
 
     #[test]

@@ -32,6 +32,16 @@ pub struct P2PSide {
     pub pull: u32,
 }
 
+impl P2PSide {
+    /// A role the launch does not have (`peer = -1`).
+    pub(crate) fn unused() -> Self {
+        Self {
+            peer: -1,
+            ..Default::default()
+        }
+    }
+}
+
 /// Everything one send/recv launch needs.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -12,7 +12,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKern
 
 pub use config::{
     auto_pull, ce_config, default_config, staged_config, sweep_configs, zero_copy_blocks,
-    P2PConfig, P2PLimits, Protocol, CE_DONE, CE_GO, CE_SIZE, CE_SLOTS, CE_WORDS,
+    zero_copy_ce_min, zero_copy_route, P2PConfig, P2PLimits, Protocol, ZcRoute, CE_DONE, CE_GO,
+    CE_SIZE, CE_SLOTS, CE_WORDS,
 };
 
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
@@ -51,6 +52,8 @@ enum KernelKey {
     CeSend,
     /// `p2p_ce_recv_kernel<THREADS>`.
     CeRecv(u32),
+    /// `p2p_zc_ce_kernel` (the pacer of a zero-copy send by copy engine).
+    ZeroCopyCe,
 }
 
 impl KernelKey {
@@ -61,6 +64,7 @@ impl KernelKey {
             Self::ZeroCopy => zc_expression(),
             Self::CeSend => CE_SEND_EXPRESSION.to_owned(),
             Self::CeRecv(t) => ce_recv_expression(t),
+            Self::ZeroCopyCe => ZC_CE_EXPRESSION.to_owned(),
         }
     }
 }
@@ -73,6 +77,7 @@ fn zc_expression() -> String {
 }
 
 const CE_SEND_EXPRESSION: &str = "devcomm::p2p::p2p_ce_send_kernel";
+const ZC_CE_EXPRESSION: &str = "devcomm::p2p::p2p_zc_ce_kernel";
 
 fn ce_recv_expression(threads: u32) -> String {
     format!("devcomm::p2p::p2p_ce_recv_kernel<{threads}>")
@@ -101,7 +106,8 @@ pub const SPLIT_ENV: &str = "DEVCOMM_P2P_SPLIT";
 pub fn sendrecv_spec() -> KernelSpec {
     let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE)
         .name_expression(zc_expression())
-        .name_expression(CE_SEND_EXPRESSION.to_owned());
+        .name_expression(CE_SEND_EXPRESSION.to_owned())
+        .name_expression(ZC_CE_EXPRESSION.to_owned());
     for t in [256, 512] {
         spec = spec
             .name_expression(split_expression(t))
@@ -282,14 +288,8 @@ impl P2P {
         let w = self.window.device_handle();
         P2PLaunch {
             w,
-            send: P2PSide {
-                peer: -1,
-                ..Default::default()
-            },
-            recv: P2PSide {
-                peer: -1,
-                ..Default::default()
-            },
+            send: P2PSide::unused(),
+            recv: P2PSide::unused(),
             slot_stride: self.limits.slot_bytes,
             region_bytes: self.limits.region_bytes(),
             ll_offset: self.limits.ll_offset(),
@@ -320,10 +320,7 @@ impl P2P {
         let world = group.world_size;
         let send = send.filter(|t| t.bytes > 0);
         let recv = recv.filter(|t| t.bytes > 0);
-        let mut sides = [P2PSide {
-            peer: -1,
-            ..Default::default()
-        }; 2];
+        let mut sides = [P2PSide::unused(); 2];
         let mut threads = [0u32; 2];
         let mut ce = [false; 2];
         for (i, t) in [send, recv].iter().enumerate() {
@@ -441,16 +438,7 @@ impl P2P {
         let streams = &self.ce;
         let base = self.base_launch();
         // The roles by copy engine leave the SM kernel; it keeps the others.
-        let sm = [0, 1].map(|i| {
-            if ce[i] {
-                P2PSide {
-                    peer: -1,
-                    ..Default::default()
-                }
-            } else {
-                sides[i]
-            }
-        });
+        let sm = [0, 1].map(|i| if ce[i] { P2PSide::unused() } else { sides[i] });
         let mut joins: Vec<&Arc<CudaStream>> = Vec::new();
         // One event marks the fork point for every stream that starts from it.
         let forked = stream
@@ -473,19 +461,11 @@ impl P2P {
             let s = sides[0];
             let args = P2PLaunch { send: s, ..base };
             fork(&streams.pace)?;
-            let mut b = streams.pace.launch_builder(&func);
-            b.arg(&args);
             // SAFETY: p2p_ce_send_kernel(P2PLaunch) takes this struct by value; it touches only
             // this namespace's signal pad, the peer's pad words of this pair and the staging
             // step counters (read). The copies below are the only writers of data.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (1, 1, 1),
-                    block_dim: (32, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .cuda(rank, "cuLaunchKernel (copy-engine pacer)")?;
+            unsafe { launch_one_warp(&streams.pace, &func, &args) }
+                .cuda(rank, "cuLaunchKernel (copy-engine pacer)")?;
             joins.push(&streams.pace);
             for c in &streams.copy {
                 fork(c)?;
@@ -540,10 +520,7 @@ impl P2P {
         let rank = group.rank;
         let world = group.world_size;
         let peer = s.peer as usize;
-        let own = self.window.device_handle();
-        let word = |w: usize| {
-            own.signals + 8 * (world + self.limits.ce_slot0(world) + peer * CE_WORDS + w) as u64
-        };
+        let word = |w: usize| self.ce_word(world, peer, w);
         let remote = self
             .window
             .get_nvlink_address(peer)
@@ -574,12 +551,13 @@ impl P2P {
         Ok(())
     }
 
-    /// Zero-copy send, receive or both (`cuda/kernels/sendrecv.cu`, `p2p_zc_kernel`). The
-    /// caller has checked that each range lies inside its registered buffer; peers are checked
-    /// here. A message of at most [`P2PLimits::ll_max_bytes`] travels by the low-latency path
-    /// instead (one launch before the zero-copy one, on both ranks, so the two cannot wait on
-    /// each other): flag-in-data lines cost one NVLink trip where the zero-copy handshake costs
-    /// three. Sender and receiver choose alike, from the size.
+    /// Zero-copy send, receive or both into registered buffers, each role by the route of its
+    /// size ([`zero_copy_route`], the same on both ranks): the ordinary send/recv path into
+    /// the registered destination (low-latency lines, or staged chunks where they measured
+    /// faster than writing straight into the peer's buffer), SM blocks of `p2p_zc_kernel`, or
+    /// the copy engine. The caller has checked that each range lies inside its registered
+    /// buffer; peers are checked here. Roles on the ordinary path launch first, on both ranks,
+    /// so the launches of the two ranks cannot wait on each other.
     pub(crate) fn launch_zero_copy(
         &self,
         group: &Group,
@@ -597,30 +575,36 @@ impl P2P {
         if let Some(t) = recv {
             self.check_peer(group, "recv_registered", t.peer)?;
         }
-        let small = |t: &ZcRole| t.bytes <= self.limits.ll_max_bytes;
-        let ll = |t: ZcRole| Transfer {
+        let route = |t: &ZcRole| zero_copy_route(t.bytes, &self.limits);
+        let staged = |t: &ZcRole| route(t) == ZcRoute::Staged;
+        let ordinary = |t: ZcRole| Transfer {
             ptr: t.buf,
             bytes: t.bytes,
             peer: t.peer,
             config: None,
         };
-        let (ll_send, ll_recv) = (send.filter(small).map(ll), recv.filter(small).map(ll));
-        if ll_send.is_some() || ll_recv.is_some() {
-            self.launch(group, jit, ll_send, ll_recv, stream)?;
+        let (o_send, o_recv) = (
+            send.filter(staged).map(ordinary),
+            recv.filter(staged).map(ordinary),
+        );
+        if o_send.is_some() || o_recv.is_some() {
+            self.launch(group, jit, o_send, o_recv, stream)?;
         }
-        let send = send.filter(|t| !small(t));
-        let recv = recv.filter(|t| !small(t));
+        let send = send.filter(|t| !staged(t));
+        let recv = recv.filter(|t| !staged(t));
         let world = group.world_size;
-        let unused = P2PSide {
-            peer: -1,
-            ..Default::default()
-        };
+        let unused = P2PSide::unused();
+        let by_ce = |t: &ZcRole| route(t) == ZcRoute::CopyEngine;
+        // The copy-engine route has one DONE slot: the receiver waits for one "block".
         let side = |t: ZcRole, counter: Counter| P2PSide {
             buf: t.buf,
             bytes: t.bytes,
             steps: self.counter_ptr(counter, t.peer, world),
             peer: t.peer as i32,
-            blocks: zero_copy_blocks(t.bytes, &self.limits),
+            blocks: match route(&t) {
+                ZcRoute::Blocks(b) => b,
+                ZcRoute::CopyEngine | ZcRoute::Staged => 1,
+            },
             ..unused
         };
         let mut z = ZcLaunch {
@@ -638,7 +622,27 @@ impl P2P {
         if let Some(t) = recv {
             (z.recv_reg, z.recv_offset) = (t.reg, t.offset);
         }
-        let blocks = send.map_or(0, |_| z.p.send.blocks) + u32::from(recv.is_some());
+        match send {
+            Some(t) if by_ce(&t) => self.launch_zero_copy_ce(group, jit, z, stream),
+            _ => self.launch_zc_kernel(group, jit, z, stream),
+        }
+    }
+
+    /// `p2p_zc_kernel` for the roles of `z` (either may be unused): `send.blocks` sender blocks
+    /// and one receiving block.
+    fn launch_zc_kernel(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        z: ZcLaunch,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let send_blocks = if z.p.send.peer >= 0 {
+            z.p.send.blocks
+        } else {
+            0
+        };
+        let blocks = send_blocks + u32::from(z.p.recv.peer >= 0);
         if blocks == 0 {
             return Ok(());
         }
@@ -656,6 +660,80 @@ impl P2P {
         // the source range is the caller's; counters and signal slots are this namespace's.
         unsafe { builder.launch(cfg) }.cuda(group.rank as i32, "cuLaunchKernel (zero-copy)")?;
         Ok(())
+    }
+
+    /// A zero-copy call whose send role goes by copy engine (docs/PROTOCOL.md, "Zero-copy by
+    /// copy engine"): forks the pacing stream and the first copy stream from `stream`; the
+    /// copy stream waits for GO, copies the whole message into the receiver's registered
+    /// buffer, then writes GO = 0 and DONE = 1; the pacer (`p2p_zc_ce_kernel`) checks the
+    /// receiver's descriptor, releases GO and announces DONE. A receive role runs in
+    /// `p2p_zc_kernel` on `stream` meanwhile; both streams are joined back into `stream`.
+    fn launch_zero_copy_ce(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        z: ZcLaunch,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let rank = group.rank;
+        let s = z.p.send;
+        let peer = s.peer as usize;
+        let pace_fn = self.function(group, jit, KernelKey::ZeroCopyCe)?;
+        if z.p.recv.peer >= 0 {
+            // Resolved before anything is enqueued, so a load failure leaves the streams as
+            // they were.
+            self.function(group, jit, KernelKey::ZeroCopy)?;
+        }
+        let word = |w: usize| self.ce_word(group.world_size, peer, w);
+        let (pace, copy) = (&self.ce.pace, &self.ce.copy[0]);
+        let forked = stream
+            .record_event(None)
+            .cuda(rank as i32, "cuEventRecord (fork)")?;
+        for st in [pace, copy] {
+            st.wait(&forked)
+                .cuda(rank as i32, "cuStreamWaitEvent (fork)")?;
+        }
+        let pacer = ZcLaunch {
+            p: P2PLaunch {
+                recv: P2PSide::unused(),
+                ..z.p
+            },
+            ..z
+        };
+        // SAFETY: p2p_zc_ce_kernel(ZcLaunch) takes exactly this struct by value; it reads and
+        // writes only this namespace's signal words (its pad, the receiver's DONE slots) and
+        // zero-copy counters. The copy below is the only writer of data.
+        unsafe { launch_one_warp(pace, &pace_fn, &pacer) }
+            .cuda(rank as i32, "cuLaunchKernel (zero-copy pacer)")?;
+        let ctx = |e: Error| crate::cuda::with_rank(e, rank);
+        crate::cuda::stream_wait_geq(copy, word(CE_GO), 1).map_err(ctx)?;
+        // `send_dst` .. + bytes lies inside the peer's registered buffer (checked by the
+        // caller against the registration's size).
+        crate::cuda::memcpy_dtod_async(z.send_dst, s.buf, s.bytes as usize, copy).map_err(ctx)?;
+        crate::cuda::stream_write(copy, word(CE_GO), 0).map_err(ctx)?;
+        crate::cuda::stream_write(copy, word(CE_DONE), 1).map_err(ctx)?;
+        if z.p.recv.peer >= 0 {
+            let recv_only = ZcLaunch {
+                p: P2PLaunch {
+                    send: P2PSide::unused(),
+                    ..z.p
+                },
+                ..z
+            };
+            self.launch_zc_kernel(group, jit, recv_only, stream)?;
+        }
+        for st in [pace, copy] {
+            stream
+                .join(st)
+                .cuda(rank as i32, "cuStreamWaitEvent (join)")?;
+        }
+        Ok(())
+    }
+
+    /// Device address of copy-engine word `w` of `peer`'s block in this rank's signal pad.
+    fn ce_word(&self, world: usize, peer: usize, w: usize) -> u64 {
+        let own = self.window.device_handle();
+        own.signals + 8 * (world + self.limits.ce_slot0(world) + peer * CE_WORDS + w) as u64
     }
 
     fn check_peer(&self, group: &Group, op: &'static str, peer: usize) -> Result<()> {
@@ -731,6 +809,30 @@ impl P2P {
             .insert(key, f.clone());
         Ok(f)
     }
+}
+
+/// Launches `func(args)` as one block of one warp on `stream` (the copy-engine pacers).
+///
+/// # Safety
+///
+/// `func` must take exactly one parameter of type `A` by value, and everything it touches
+/// through `args` must stay valid until the kernel has finished.
+unsafe fn launch_one_warp<A: cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    func: &CudaFunction,
+    args: &A,
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    let mut b = stream.launch_builder(func);
+    b.arg(args);
+    // SAFETY: the caller's contract above.
+    unsafe {
+        b.launch(LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map(|_| ())
 }
 
 fn with_peer(e: Error, peer: usize) -> Error {
