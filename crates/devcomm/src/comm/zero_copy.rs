@@ -106,8 +106,10 @@ impl Comm {
     /// [`Comm::all_to_all`] into the registered memory (one fused kernel); from there each
     /// rank copies its own chunk locally and then, in `world_size - 1` steps, exchanges
     /// straight into the peers' buffers ([`Comm::sendrecv_registered`]: sending to rank
-    /// `r + k` while receiving from `r - k`), each chunk one copy-engine transfer. Ranges past
-    /// any rank's registered buffer are refused before anything is launched.
+    /// `r + k` while receiving from `r - k`), each chunk one copy-engine transfer. (All
+    /// exchanges at once, each on streams of its own, measured 1.6x slower on 4 H200s:
+    /// docs/PERFORMANCE.md, c8.) Ranges past any rank's registered buffer are refused before
+    /// anything is launched.
     pub fn all_to_all_registered<T: DeviceRepr, S: DevicePtr<T>>(
         &self,
         send: &S,
@@ -122,7 +124,8 @@ impl Comm {
             return Err(Error::InvalidArgument {
                 op: OP,
                 reason: format!(
-                    "send holds {total} bytes; it must be world size {world} x a chunk of whole                      elements of {elem} bytes"
+                    "send holds {total} bytes; it must be world size {world} x a chunk of whole \
+                     elements of {elem} bytes"
                 ),
             });
         }

@@ -592,25 +592,33 @@ impl P2P {
         }
         let send = send.filter(|t| !staged(t));
         let recv = recv.filter(|t| !staged(t));
-        let world = group.world_size;
-        let unused = P2PSide::unused();
-        let by_ce = |t: &ZcRole| route(t) == ZcRoute::CopyEngine;
+        let z = self.zc_launch(group.world_size, send, recv);
+        match send {
+            Some(t) if route(&t) == ZcRoute::CopyEngine => {
+                self.launch_zero_copy_ce(group, jit, z, stream)
+            }
+            _ => self.launch_zc_kernel(group, jit, z, stream),
+        }
+    }
+
+    /// The zero-copy kernels' arguments for these roles (neither on the staged route).
+    fn zc_launch(&self, world: usize, send: Option<ZcRole>, recv: Option<ZcRole>) -> ZcLaunch {
         // The copy-engine route has one DONE slot: the receiver waits for one "block".
         let side = |t: ZcRole, counter: Counter| P2PSide {
             buf: t.buf,
             bytes: t.bytes,
             steps: self.counter_ptr(counter, t.peer, world),
             peer: t.peer as i32,
-            blocks: match route(&t) {
+            blocks: match zero_copy_route(t.bytes, &self.limits) {
                 ZcRoute::Blocks(b) => b,
                 ZcRoute::CopyEngine | ZcRoute::Staged => 1,
             },
-            ..unused
+            ..P2PSide::unused()
         };
         let mut z = ZcLaunch {
             p: P2PLaunch {
-                send: send.map_or(unused, |t| side(t, Counter::ZcSend)),
-                recv: recv.map_or(unused, |t| side(t, Counter::ZcRecv)),
+                send: send.map_or(P2PSide::unused(), |t| side(t, Counter::ZcSend)),
+                recv: recv.map_or(P2PSide::unused(), |t| side(t, Counter::ZcRecv)),
                 ..self.base_launch()
             },
             zc_slot0: self.limits.zc_slot0(world) as u64,
@@ -622,10 +630,7 @@ impl P2P {
         if let Some(t) = recv {
             (z.recv_reg, z.recv_offset) = (t.reg, t.offset);
         }
-        match send {
-            Some(t) if by_ce(&t) => self.launch_zero_copy_ce(group, jit, z, stream),
-            _ => self.launch_zc_kernel(group, jit, z, stream),
-        }
+        z
     }
 
     /// `p2p_zc_kernel` for the roles of `z` (either may be unused): `send.blocks` sender blocks
@@ -676,15 +681,12 @@ impl P2P {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let rank = group.rank;
-        let s = z.p.send;
-        let peer = s.peer as usize;
         let pace_fn = self.function(group, jit, KernelKey::ZeroCopyCe)?;
         if z.p.recv.peer >= 0 {
             // Resolved before anything is enqueued, so a load failure leaves the streams as
             // they were.
             self.function(group, jit, KernelKey::ZeroCopy)?;
         }
-        let word = |w: usize| self.ce_word(group.world_size, peer, w);
         let (pace, copy) = (&self.ce.pace, &self.ce.copy[0]);
         let forked = stream
             .record_event(None)
@@ -693,6 +695,31 @@ impl P2P {
             st.wait(&forked)
                 .cuda(rank as i32, "cuStreamWaitEvent (fork)")?;
         }
+        self.enqueue_zc_ce_send(group, &pace_fn, z, pace, copy)?;
+        if z.p.recv.peer >= 0 {
+            self.launch_zc_kernel(group, jit, recv_only(z), stream)?;
+        }
+        for st in [pace, copy] {
+            stream
+                .join(st)
+                .cuda(rank as i32, "cuStreamWaitEvent (join)")?;
+        }
+        Ok(())
+    }
+
+    /// The send role of `z` by copy engine, without fork or join: the pacer on `pace`, the
+    /// copy stream's wait for GO, the copy and its GO = 0, DONE = 1 on `copy`.
+    fn enqueue_zc_ce_send(
+        &self,
+        group: &Group,
+        pace_fn: &CudaFunction,
+        z: ZcLaunch,
+        pace: &Arc<CudaStream>,
+        copy: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let rank = group.rank;
+        let s = z.p.send;
+        let word = |w: usize| self.ce_word(group.world_size, s.peer as usize, w);
         let pacer = ZcLaunch {
             p: P2PLaunch {
                 recv: P2PSide::unused(),
@@ -703,7 +730,7 @@ impl P2P {
         // SAFETY: p2p_zc_ce_kernel(ZcLaunch) takes exactly this struct by value; it reads and
         // writes only this namespace's signal words (its pad, the receiver's DONE slots) and
         // zero-copy counters. The copy below is the only writer of data.
-        unsafe { launch_one_warp(pace, &pace_fn, &pacer) }
+        unsafe { launch_one_warp(pace, pace_fn, &pacer) }
             .cuda(rank as i32, "cuLaunchKernel (zero-copy pacer)")?;
         let ctx = |e: Error| crate::cuda::with_rank(e, rank);
         crate::cuda::stream_wait_geq(copy, word(CE_GO), 1).map_err(ctx)?;
@@ -711,23 +738,7 @@ impl P2P {
         // caller against the registration's size).
         crate::cuda::memcpy_dtod_async(z.send_dst, s.buf, s.bytes as usize, copy).map_err(ctx)?;
         crate::cuda::stream_write(copy, word(CE_GO), 0).map_err(ctx)?;
-        crate::cuda::stream_write(copy, word(CE_DONE), 1).map_err(ctx)?;
-        if z.p.recv.peer >= 0 {
-            let recv_only = ZcLaunch {
-                p: P2PLaunch {
-                    send: P2PSide::unused(),
-                    ..z.p
-                },
-                ..z
-            };
-            self.launch_zc_kernel(group, jit, recv_only, stream)?;
-        }
-        for st in [pace, copy] {
-            stream
-                .join(st)
-                .cuda(rank as i32, "cuStreamWaitEvent (join)")?;
-        }
-        Ok(())
+        crate::cuda::stream_write(copy, word(CE_DONE), 1).map_err(ctx)
     }
 
     /// Device address of copy-engine word `w` of `peer`'s block in this rank's signal pad.
@@ -833,6 +844,17 @@ unsafe fn launch_one_warp<A: cudarc::driver::DeviceRepr>(
         })
     }
     .map(|_| ())
+}
+
+/// `z` with its send role removed.
+fn recv_only(z: ZcLaunch) -> ZcLaunch {
+    ZcLaunch {
+        p: P2PLaunch {
+            send: P2PSide::unused(),
+            ..z.p
+        },
+        ..z
+    }
 }
 
 fn with_peer(e: Error, peer: usize) -> Error {
