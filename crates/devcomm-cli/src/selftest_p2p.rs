@@ -313,21 +313,28 @@ pub(crate) fn check_ll128(cx: &Ctx, calls: usize) -> Check {
         ((3 << 20) + 17, ll128(16, 256)),
         (max, ll128(32, 512)),
     ];
-    let mut n = 0;
-    for (i, &(bytes, config)) in cases.iter().enumerate() {
-        for both in [false, true] {
-            let offs = if i % 2 == 0 { (0, 0) } else { (3, 5) };
-            let tag = 800 + i as u64 + if both { 50 } else { 0 };
-            exchange_with(cx, bytes, offs, both, tag, Some(config))?;
-            n += 1;
-        }
-    }
+    let n = exchange_cases(cx, &cases, 800)?;
     let mixed = back_to_back(cx, calls, &|call, _| (call % 4 == 2).then(|| ll128(8, 512)))?;
     Ok(format!(
         "{n} LL128 exchanges (1 B to {} MiB, odd sizes and alignments, 1 to 32 blocks, one way \
          and both ways); {mixed} back-to-back calls mixing LL128, LL and staged, all verified",
         max >> 20
     ))
+}
+
+/// Each (size, configuration) one way and both ways, odd offsets on every other case; tags
+/// from `tag0`. Returns the number of exchanges.
+fn exchange_cases(cx: &Ctx, cases: &[(usize, P2PConfig)], tag0: u64) -> Result<usize, String> {
+    let mut n = 0;
+    for (i, &(bytes, config)) in cases.iter().enumerate() {
+        for both in [false, true] {
+            let offs = if i % 2 == 0 { (0, 0) } else { (3, 5) };
+            let tag = tag0 + i as u64 + if both { 50 } else { 0 };
+            exchange_with(cx, bytes, offs, both, tag, Some(config))?;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// The copy-engine protocol with `blocks` receiver blocks and chunks of `chunk` bytes.
@@ -353,15 +360,7 @@ pub(crate) fn check_copy_engine(cx: &Ctx, calls: usize) -> Check {
         ((64 << 20) + 16, by_copy_engine(8, slot)),
         ((256 << 20) + 3, by_copy_engine(16, slot)),
     ];
-    let mut n = 0;
-    for (i, &(bytes, config)) in cases.iter().enumerate() {
-        for both in [false, true] {
-            let offs = if i % 2 == 0 { (0, 0) } else { (3, 5) };
-            let tag = 900 + i as u64 + if both { 50 } else { 0 };
-            exchange_with(cx, bytes, offs, both, tag, Some(config))?;
-            n += 1;
-        }
-    }
+    let n = exchange_cases(cx, &cases, 900)?;
     let mixed = back_to_back(cx, calls, &|call, bytes| match call % 5 {
         1 => Some(by_copy_engine(4, 256 << 10)),
         3 if bytes > cx.comm.p2p_limits().ll_max_bytes as usize => Some(pulled(cx, bytes)),

@@ -28,6 +28,43 @@ fn route_name(cx: &Ctx, bytes: usize) -> &'static str {
     }
 }
 
+/// A benchmark's destination of `bytes`: a registered `cuMemAlloc` buffer (the zero-copy
+/// benchmarks; NCCL receives into the same one) or an ordinary allocation.
+pub(crate) enum BenchDst<'a> {
+    /// The buffer and a cudarc view of it, never dropped: the `RegBuf` frees the memory.
+    Registered(RegBuf<'a>, std::mem::ManuallyDrop<CudaSlice<u8>>),
+    Owned(CudaSlice<u8>),
+}
+
+impl<'a> BenchDst<'a> {
+    /// Collective when `registered`.
+    pub(crate) fn new(cx: &'a Ctx, bytes: usize, registered: bool) -> Result<Self, String> {
+        if registered {
+            let r = RegBuf::new(cx, bytes)?;
+            let view = r.view(&cx.stream);
+            Ok(Self::Registered(r, view))
+        } else {
+            let b = cx.stream.alloc_zeros(bytes).map_err(|e| e.to_string())?;
+            Ok(Self::Owned(b))
+        }
+    }
+
+    /// This rank's handle of the registration, if registered.
+    pub(crate) fn handle(&self) -> Option<u64> {
+        match self {
+            Self::Registered(r, _) => Some(r.handle),
+            Self::Owned(_) => None,
+        }
+    }
+
+    pub(crate) fn slice(&mut self) -> &mut CudaSlice<u8> {
+        match self {
+            Self::Registered(_, v) => v,
+            Self::Owned(o) => o,
+        }
+    }
+}
+
 /// A `cuMemAlloc` buffer registered with every rank; deregistered and freed on drop.
 pub(crate) struct RegBuf<'a> {
     comm: &'a Comm,

@@ -14,7 +14,7 @@ use crate::bench::nccl::{max_over_ranks, NcclPair};
 use crate::bench::sendrecv::calls_per_sample;
 use crate::bench::{device_label, time_ranks, time_wall, today, BenchArgs, Record};
 use crate::selftest::Ctx;
-use crate::selftest_zc::RegBuf;
+use crate::selftest_zc::BenchDst;
 
 /// All-to-all sizes per peer: 1 KiB to 256 MiB in powers of 4.
 const SIZES: &[usize] = &[
@@ -59,33 +59,15 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         .map_err(|e| e.to_string())?;
     // --zero-copy: the output is a registered cuMemAlloc buffer (NCCL receives into the same
     // one) and devcomm calls all_to_all_registered.
-    let registered = if args.zero_copy {
-        Some(RegBuf::new(cx, world * largest)?)
-    } else {
-        None
-    };
-    let mut recv_owned: Option<CudaSlice<u8>> = None;
-    if registered.is_none() {
-        recv_owned = Some(
-            cx.stream
-                .alloc_zeros(world * largest)
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    // Never dropped: the memory belongs to `registered`, which frees it.
-    let mut recv_view = registered.as_ref().map(|r| r.view(&cx.stream));
-    let recv: &mut CudaSlice<u8> = match (&mut recv_view, &mut recv_owned) {
-        (Some(v), _) => v,
-        (None, Some(o)) => o,
-        (None, None) => unreachable!("one output exists"),
-    };
-    let handle = registered.as_ref().map(|r| r.handle);
+    let mut dest = BenchDst::new(cx, world * largest, args.zero_copy)?;
+    let handle = dest.handle();
+    let recv = dest.slice();
     let mut out = Vec::new();
     for &bytes in &sizes {
         let r = a2a_point(cx, args, &nccl, &mut send, recv, handle, bytes)?;
         out.extend(r);
     }
-    drop((send, recv_owned, registered));
+    drop((send, dest));
     if args.zero_copy {
         return Ok(out); // the hooked all-to-alls have no registered variant
     }

@@ -11,7 +11,7 @@ use devcomm::RegisteredRange;
 use crate::bench::nccl::NcclPair;
 use crate::bench::{device_label, time_pair, today, BenchArgs, Record};
 use crate::selftest::Ctx;
-use crate::selftest_zc::RegBuf;
+use crate::selftest_zc::BenchDst;
 
 /// Message sizes from 8 B to 1 GiB.
 pub(crate) const SIZES: &[usize] = &[
@@ -54,22 +54,9 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     let src: CudaSlice<u8> = cx.stream.clone_htod(&src_host).map_err(|e| e.to_string())?;
     // Zero-copy: the destination is a registered cuMemAlloc buffer (NCCL receives into the
     // same one); otherwise an ordinary allocation.
-    let registered = if args.zero_copy {
-        Some(RegBuf::new(cx, max)?)
-    } else {
-        None
-    };
-    let mut dst_owned: Option<CudaSlice<u8>> = None;
-    if registered.is_none() {
-        dst_owned = Some(cx.stream.alloc_zeros(max).map_err(|e| e.to_string())?);
-    }
-    // Never dropped: the memory belongs to `registered`, which frees it.
-    let mut dst_view = registered.as_ref().map(|r| r.view(&cx.stream));
-    let dst: &mut CudaSlice<u8> = match (&mut dst_view, &mut dst_owned) {
-        (Some(v), _) => v,
-        (None, Some(o)) => o,
-        (None, None) => unreachable!("one destination exists"),
-    };
+    let mut dest = BenchDst::new(cx, max, args.zero_copy)?;
+    let registered = dest.handle();
+    let dst = dest.slice();
     let expect = if active {
         cx.data_of(peer, 1234, max)
     } else {
@@ -102,8 +89,8 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                     bytes,
                     both,
                     &what,
-                    &mut |dst| match &registered {
-                        Some(r) => zero_copy_call(cx, &src, r.handle, bytes, peer, both),
+                    &mut |dst| match registered {
+                        Some(h) => zero_copy_call(cx, &src, h, bytes, peer, both),
                         None => devcomm_call(cx, &src, dst, bytes, peer, both, cfg),
                     },
                 )?;
@@ -116,8 +103,8 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                     args.iters,
                     calls,
                     "devcomm",
-                    &mut || match &registered {
-                        Some(r) => zero_copy_call(cx, &src, r.handle, bytes, peer, both),
+                    &mut || match registered {
+                        Some(h) => zero_copy_call(cx, &src, h, bytes, peer, both),
                         None => devcomm_call(cx, &src, dst, bytes, peer, both, cfg),
                     },
                 )?;
@@ -129,8 +116,6 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             }
         }
         let Some((d_us, cfg)) = best else { continue };
-        // Registered destinations up to the low-latency size travel by the low-latency path
-        // (`Comm::send_registered`), with the default configuration.
         // Registered destinations go by the route of their size (`Comm::send_registered`):
         // the ordinary path with the default configuration, SM blocks, or the copy engine,
         // whose sender runs one pacing warp (one block).
