@@ -65,6 +65,12 @@ pub struct BenchArgs {
     /// time their replays, for messages up to 64 KiB.
     #[arg(long)]
     graph: bool,
+    /// All-to-all: also time these f32 hooks, each given as `FILE:STRUCT` (a CUDA C++ file and
+    /// the hooks struct it defines), at 16 MiB per peer with rows of 2048 elements, against
+    /// the plain all-to-all. Their output is not checked: this is for placing the cost of a
+    /// hook's parts (variants that leave one part out). Repeatable.
+    #[arg(long = "hooks", value_name = "FILE:STRUCT")]
+    extra_hooks: Vec<String>,
 }
 
 /// One measured point. Every devcomm benchmark writes this shape.

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod autolaunch;
 mod bench;
 mod info;
+mod precompile;
 mod selftest;
 mod selftest_coll;
 mod selftest_p2p;
@@ -52,6 +53,9 @@ enum Command {
     /// Sweeps send/recv configurations on the local GPUs (checked byte for byte, NCCL timed
     /// alongside) and writes a tuning table for DEVCOMM_TUNE_FILE.
     Tune(bench::tune::TuneArgs),
+    /// Compiles the kernels for a GPU architecture into the kernel cache, without a GPU (for
+    /// machines or images that should start warm).
+    Precompile(precompile::PrecompileArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
         Command::Selftest(args) => autolaunch::or_run("selftest", || selftest::run(&args)),
         Command::Bench(args) => autolaunch::or_run("bench", || bench::run(&args)),
         Command::Tune(args) => autolaunch::or_run("tune", || bench::tune::run(&args)),
+        Command::Precompile(args) => precompile::run(&args),
     };
     match result {
         Ok(0) => ExitCode::SUCCESS,

@@ -56,6 +56,20 @@ fn example_hooks_compile() {
 }
 
 #[test]
+fn transpose_cost_variants_compile() {
+    if !nvrtc_available() {
+        return;
+    }
+    // The hooks `devcomm bench --hooks` times to place the transpose's cost
+    // (scripts/experiments/transpose): kept compiling with the headers they use. These two use
+    // every helper of the file; the other structs only combine them.
+    let source = include_str!("../../../scripts/experiments/transpose/variants.cu");
+    for name in ["TPeers", "BlockedVec"] {
+        compiles(&Hooks::new::<f32, f32>(name, source));
+    }
+}
+
+#[test]
 fn a_hook_that_does_not_compile_names_its_line() {
     if !nvrtc_available() {
         return;

@@ -135,6 +135,16 @@ fn hooked_points(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         "a2a-transpose",
     )?;
     let f_us = time(&fp8, HookArgs { user, row_len: 0 }, "a2a-fp8")?;
+    let mut extra = Vec::new();
+    for spec in &args.extra_hooks {
+        let hooks = crate::precompile::f32_hooks(spec)?;
+        let name = hooks.name().to_string();
+        let a = HookArgs {
+            user,
+            row_len: side,
+        };
+        extra.push((name.clone(), time(&hooks, a, &name)?));
+    }
     if rank != 0 {
         return Ok(Vec::new());
     }
@@ -144,10 +154,13 @@ fn hooked_points(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         config: format!("plain {plain:.1} us"),
         ..record(cx, args, op, HOOKED_BYTES as u64, (us, plain))
     };
-    Ok(vec![
-        mk("all_to_all_transpose", t_us),
-        mk("all_to_all_fp8", f_us),
-    ])
+    let mut records = vec![mk("all_to_all_transpose", t_us), mk("all_to_all_fp8", f_us)];
+    records.extend(
+        extra
+            .iter()
+            .map(|(name, us)| mk(&format!("all_to_all_hooks:{name}"), *us)),
+    );
+    Ok(records)
 }
 
 /// One size: fresh data, devcomm timed, devcomm verified, NCCL timed. The record on rank 0.

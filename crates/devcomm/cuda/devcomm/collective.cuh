@@ -58,6 +58,40 @@ static_assert(DC_OFFSETOF(CollLaunch, state) == 336, "CollLaunch.state");
 static_assert(DC_OFFSETOF(CollLaunch, blocks_per_peer) == 344, "CollLaunch.blocks_per_peer");
 static_assert(DC_OFFSETOF(CollLaunch, count_slot0) == 352, "CollLaunch.count_slot0");
 
+// Tuning constants of the plans and movers (docs/COLLECTIVES.md, "Per-peer tuning"). Each may
+// be overridden at compile time for experiments (DEVCOMM_COLL_OPTIONS="-DDC_COLL_...=N",
+// docs/TUNING.md); every rank must use the same values, since both ends derive the same plan.
+#ifndef DC_COLL_LL_MAX
+#define DC_COLL_LL_MAX (128ull << 10)  // NVLink peers: LL lines up to this wire size
+#endif
+#ifndef DC_COLL_LL128_MAX
+#define DC_COLL_LL128_MAX (2ull << 20)  // NVLink peers: LL128 lines up to this wire size
+#endif
+#ifndef DC_COLL_LL128_BLOCK
+#define DC_COLL_LL128_BLOCK (8ull << 10)  // LL128: one block per this many wire bytes
+#endif
+#ifndef DC_COLL_BULK_BLOCK
+#define DC_COLL_BULK_BLOCK (64ull << 10)  // bulk: one block per this many wire bytes
+#endif
+#ifndef DC_COLL_BULK_MAX_BLOCKS
+#define DC_COLL_BULK_MAX_BLOCKS 32  // bulk: at most this many blocks per peer (and the grid's B)
+#endif
+#ifndef DC_COLL_CHUNK_BIG
+#define DC_COLL_CHUNK_BIG (32ull << 10)  // bulk chunk once each channel has 64 KiB or more
+#endif
+#ifndef DC_COLL_CHUNK_SMALL
+#define DC_COLL_CHUNK_SMALL (16ull << 10)  // bulk chunk below that
+#endif
+#ifndef DC_COLL_PULL_MIN
+#define DC_COLL_PULL_MIN (~0ull)  // NVLink peers: bulk wire size from which receivers pull
+#endif
+#ifndef DC_COLL_MOVE_ILP
+#define DC_COLL_MOVE_ILP 4  // tiles in flight per thread in the bulk movers
+#endif
+#ifndef DC_COLL_SELF_ILP
+#define DC_COLL_SELF_ILP 4  // tiles in flight per thread in the own chunk's copy
+#endif
+
 #if defined(__CUDACC__)
 namespace coll {
 
@@ -67,6 +101,7 @@ struct Plan {
   dc_u64 chunk;  // bulk bytes per pipeline step
   dc_u32 blocks; // blocks of the role that work (0: nothing to move)
   dc_u32 ll;     // P2PSide::low_latency: 0 staged, 1 LL lines, 2 LL128 lines
+  dc_u32 pull;   // P2PSide::pull: bulk chunks staged in the sender's outbox
 };
 
 // The tuning table (docs/COLLECTIVES.md, "Per-peer tuning"). NVLink peers: LL lines up to
@@ -76,12 +111,12 @@ struct Plan {
 // stores); bulk on at most 2 blocks with the largest chunk the slots hold.
 template <int THREADS>
 __device__ __forceinline__ Plan plan_for(const P2PLaunch& p, dc_u64 wire, bool net, dc_u32 B) {
-  Plan pl{wire, 0, 0, 0};
+  Plan pl{wire, 0, 0, 0, 0};
   if (wire == 0) return pl;
   const dc_u64 ll_cap = (p.ll_parity_bytes - 16ull * p.max_blocks) / 2;
-  const dc_u64 ll_max = net ? (16ull << 10) : (128ull << 10);
+  const dc_u64 ll_max = net ? (16ull << 10) : DC_COLL_LL_MAX;
   const dc_u64 ll128_cap = (p2p_ll128_parity_bytes(p) / 128 - p.max_blocks) * 112;
-  const dc_u64 ll128_max = net ? 0 : (2ull << 20);
+  const dc_u64 ll128_max = net ? 0 : DC_COLL_LL128_MAX;
   const dc_u32 most = B < p.max_blocks ? B : p.max_blocks;
   if (wire <= (ll_max < ll_cap ? ll_max : ll_cap)) {
     const dc_u64 per = (dc_u64)THREADS * 16;
@@ -91,17 +126,20 @@ __device__ __forceinline__ Plan plan_for(const P2PLaunch& p, dc_u64 wire, bool n
     return pl;
   }
   if (wire <= (ll128_max < ll128_cap ? ll128_max : ll128_cap)) {
-    const dc_u64 b = (wire + (8ull << 10) - 1) / (8ull << 10);
+    const dc_u64 b = (wire + DC_COLL_LL128_BLOCK - 1) / DC_COLL_LL128_BLOCK;
     pl.blocks = (dc_u32)(b < most ? b : most);
     pl.ll = 2;
     return pl;
   }
-  const dc_u32 cap = net ? (most < 2 ? most : 2) : most;
-  dc_u64 b = (wire + (64ull << 10) - 1) / (64ull << 10);
+  const dc_u32 bulk_most = most < DC_COLL_BULK_MAX_BLOCKS ? most : DC_COLL_BULK_MAX_BLOCKS;
+  const dc_u32 cap = net ? (most < 2 ? most : 2) : bulk_most;
+  dc_u64 b = (wire + DC_COLL_BULK_BLOCK - 1) / DC_COLL_BULK_BLOCK;
   pl.blocks = (dc_u32)(b < cap ? b : cap);
   const dc_u64 channels = (dc_u64)pl.blocks * (THREADS / 32);
-  dc_u64 chunk = net ? p.slot_stride : (wire / channels >= (64ull << 10) ? (32ull << 10) : (16ull << 10));
+  dc_u64 chunk = net ? p.slot_stride
+                     : (wire / channels >= (64ull << 10) ? DC_COLL_CHUNK_BIG : DC_COLL_CHUNK_SMALL);
   pl.chunk = chunk < p.slot_stride ? chunk : p.slot_stride;
+  pl.pull = !net && wire >= DC_COLL_PULL_MIN;
   return pl;
 }
 
@@ -143,15 +181,16 @@ struct HookSend : ChunkTiles<H> {
   static constexpr dc_u64 kUnit = 16;
   template <class G>
   __device__ __forceinline__ void chunk(const G& g, char* slot, dc_u64 off, dc_u64 bytes) const {
+    constexpr int K = DC_COLL_MOVE_ILP;
     const dc_u64 t0 = off / 16, nt = bytes / 16, gs = g.size();
     uint4* dst = reinterpret_cast<uint4*>(slot);
     dc_u64 j = g.thread_rank();
-    for (; j + 3 * gs < nt; j += 4 * gs) {  // four tiles in flight per thread
-      Tile<W> t[4];
+    for (; j + (K - 1) * gs < nt; j += K * gs) {  // K tiles in flight per thread
+      Tile<W> t[K];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) t[k] = H::produce(at(t0 + j + k * gs));
+      for (int k = 0; k < K; ++k) t[k] = H::produce(at(t0 + j + k * gs));
 #pragma unroll
-      for (int k = 0; k < 4; ++k) dst[j + k * gs] = *reinterpret_cast<const uint4*>(&t[k]);
+      for (int k = 0; k < K; ++k) dst[j + k * gs] = *reinterpret_cast<const uint4*>(&t[k]);
     }
     for (; j < nt; j += gs) {
       const Tile<W> t = H::produce(at(t0 + j));
@@ -177,15 +216,18 @@ struct HookRecv : ChunkTiles<H> {
   __device__ __forceinline__ void chunk(const G& g, const char* slot, dc_u64 off, dc_u64 bytes,
                                         bool /*remote*/) const {
     if (discard) return;
+    constexpr int K = DC_COLL_MOVE_ILP;
     const dc_u64 t0 = off / 16, nt = bytes / 16, gs = g.size();
     const uint4* src = reinterpret_cast<const uint4*>(slot);
     dc_u64 j = g.thread_rank();
-    for (; j + 3 * gs < nt; j += 4 * gs) {
-      uint4 u[4];
+    for (; j + (K - 1) * gs < nt; j += K * gs) {  // K tiles in flight per thread
+      uint4 u[K];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) u[k] = src[j + k * gs];
+      for (int k = 0; k < K; ++k) u[k] = src[j + k * gs];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) H::consume(at(t0 + j + k * gs), *reinterpret_cast<const Tile<W>*>(&u[k]));
+      for (int k = 0; k < K; ++k) {
+        H::consume(at(t0 + j + k * gs), *reinterpret_cast<const Tile<W>*>(&u[k]));
+      }
     }
     for (; j < nt; j += gs) {
       const uint4 u = src[j];
@@ -354,7 +396,7 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   if (b >= pl.blocks) return;
   const HookSend<H> m{{base_ctx<H>(a, peer, rows, true), first * a.row_len, n}};
   const P2PSide s{0, pl.wire, counter(a, 0, peer), counter(a, 2, peer), pl.chunk, peer,
-                  pl.blocks, pl.ll, 0};
+                  pl.blocks, pl.ll, pl.pull};
   constexpr dc_u32 kWarps = THREADS / 32;
   if (pl.ll) {
     p2p::ll_send(Block{}, a.p, s, m, b);
@@ -406,10 +448,18 @@ __device__ void self_role(const CollLaunch& a, dc_u32 b, dc_u64 seq) {
   const dc_u64 tiles = (n + Shape<H>::kElems - 1) / Shape<H>::kElems;
   const ChunkTiles<H> src{base_ctx<H>(a, me, rows, true), sfirst * a.row_len, n};
   const ChunkTiles<H> dst{base_ctx<H>(a, me, rows, false), first * a.row_len, n};
+  // K tiles in flight per thread: their loads are all issued before the first store.
+  constexpr int K = DC_COLL_SELF_ILP;
   const dc_u64 stride = (dc_u64)a.blocks_per_peer * THREADS;
-  for (dc_u64 t = (dc_u64)b * THREADS + threadIdx.x; t < tiles; t += stride) {
-    H::consume(dst.at(t), H::produce(src.at(t)));
+  dc_u64 t = (dc_u64)b * THREADS + threadIdx.x;
+  for (; t + (K - 1) * stride < tiles; t += K * stride) {
+    Tile<typename H::Wire> v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = H::produce(src.at(t + k * stride));
+#pragma unroll
+    for (int k = 0; k < K; ++k) H::consume(dst.at(t + k * stride), v[k]);
   }
+  for (; t < tiles; t += stride) H::consume(dst.at(t), H::produce(src.at(t)));
 }
 
 // The collective kernel (see the top of this file). Instantiated by the JIT as

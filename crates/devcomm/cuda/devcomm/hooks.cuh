@@ -224,12 +224,13 @@ __device__ __forceinline__ void store_tile(const Ctx& c, const Tile<T>& t) {
 
 namespace detail {
 // The element-by-element paths of gather_blocked / scatter_blocked, for tiles that cross a row
-// of a block (or the chunk's end): out of line, as they serve only the chunk's edges (all
-// 4-byte tiles of whole blocks lie in one row) and would otherwise be inlined for every tile
-// the kernel moves.
+// of a block (or the chunk's end). Inlined although they serve only the chunk's edges (all
+// 4-byte tiles of whole blocks lie in one row): out of line, the calls made the collective
+// kernel keep its tiles and contexts in a 440-byte stack frame in local memory, which cost the
+// transpose all-to-all a third of its time (docs/PERFORMANCE.md, c9).
 template <class T, class F>
-__device__ DC_NOINLINE Tile<T> gather_elems(const T* m, BlockedCursor at, dc_u32 valid,
-                                            F index) {
+__device__ __forceinline__ Tile<T> gather_elems(const T* m, BlockedCursor at, dc_u32 valid,
+                                                F index) {
   Tile<T> t;
 #pragma unroll
   for (int k = 0; k < Tile<T>::kElems; ++k) {
@@ -244,8 +245,8 @@ __device__ DC_NOINLINE Tile<T> gather_elems(const T* m, BlockedCursor at, dc_u32
 }
 
 template <class T, class F>
-__device__ DC_NOINLINE void scatter_elems(T* m, const Tile<T> t, BlockedCursor at, dc_u32 valid,
-                                          F index) {
+__device__ __forceinline__ void scatter_elems(T* m, const Tile<T> t, BlockedCursor at,
+                                              dc_u32 valid, F index) {
 #pragma unroll
   for (int k = 0; k < Tile<T>::kElems; ++k) {
     if (!(valid >> k & 1u)) break;

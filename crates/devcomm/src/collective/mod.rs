@@ -155,10 +155,28 @@ impl Hooks {
             i = self.in_size,
             o = self.out_size,
         );
-        KernelSpec::new("collective", source)
+        let mut spec = KernelSpec::new("collective", source)
             .name_expression(self.expression(false))
-            .name_expression(self.expression(true))
+            .name_expression(self.expression(true));
+        spec.options.extend(options_from_env().iter().cloned());
+        spec
     }
+}
+
+/// `DEVCOMM_COLL_OPTIONS`: extra NVRTC options for the collective kernel, split at whitespace,
+/// e.g. `-DDC_COLL_SELF_ILP=1`, to try other values of its tuning constants (the `DC_COLL_*`
+/// macros of `cuda/devcomm/collective.cuh`, docs/TUNING.md). For experiments: every rank must
+/// set the same, since both ends of a transfer derive their plan from these constants. They
+/// are part of the kernel cache's key.
+pub const OPTIONS_ENV: &str = "DEVCOMM_COLL_OPTIONS";
+
+fn options_from_env() -> &'static [String] {
+    static OPTIONS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    OPTIONS.get_or_init(|| {
+        std::env::var(OPTIONS_ENV)
+            .map(|v| v.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default()
+    })
 }
 
 /// Device-resident counts of an all-to-all-v, in rows. `send_counts` (and `send_offsets`, when

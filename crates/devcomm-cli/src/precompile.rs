@@ -1,0 +1,133 @@
+//! `devcomm precompile`: fills the kernel cache for a GPU architecture without a GPU, so that
+//! a machine (or a container image) starts with every kernel compiled: the send/recv kernels,
+//! the collective kernel for the copy hooks of every element size and for both examples'
+//! hooks, and any f32 hooks given with `--hooks`. The cache is `DEVCOMM_CACHE_DIR` (or the
+//! default of `devcomm::jit::Jit::new`); `DEVCOMM_COLL_OPTIONS` applies as it would at run
+//! time. The cache key holds NVRTC's version: the machine that reads the cache must have the
+//! same NVRTC major.minor, or it compiles again.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use devcomm::jit::{CacheOutcome, Jit, KernelSpec};
+use devcomm::Hooks;
+
+#[derive(Debug, clap::Args)]
+pub struct PrecompileArgs {
+    /// Compute capability, e.g. 9.0 for H100 and H200.
+    #[arg(long, default_value = "9.0")]
+    arch: String,
+    /// Also the collective kernel for these f32 hooks, each `FILE:STRUCT`. Repeatable.
+    #[arg(long = "hooks", value_name = "FILE:STRUCT")]
+    hooks: Vec<String>,
+    /// The built-in kernels to compile: `sendrecv`, `copy1`, `copy2`, `copy4`, `copy8`,
+    /// `copy16` (the collective with the copy hooks of that element size), `examples` (the
+    /// transpose and fp8 hooks). Comma-separated; default: all; `none` for only `--hooks`.
+    #[arg(
+        long,
+        default_value = "sendrecv,copy1,copy2,copy4,copy8,copy16,examples"
+    )]
+    builtin: String,
+    /// Compiles at once.
+    #[arg(long, default_value_t = 2)]
+    jobs: usize,
+}
+
+fn parse_arch(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("--arch {s}: expected MAJOR.MINOR, e.g. 9.0");
+    let (major, minor) = s.split_once('.').ok_or_else(bad)?;
+    Ok((
+        major.parse().map_err(|_| bad())?,
+        minor.parse().map_err(|_| bad())?,
+    ))
+}
+
+/// f32 hooks from a `--hooks FILE:STRUCT` argument: the struct `STRUCT` of the CUDA C++ file.
+pub(crate) fn f32_hooks(arg: &str) -> Result<Hooks, String> {
+    let (file, name) = arg
+        .rsplit_once(':')
+        .ok_or_else(|| format!("--hooks {arg}: expected FILE:STRUCT"))?;
+    let source = std::fs::read_to_string(file).map_err(|err| format!("--hooks {file}: {err}"))?;
+    Ok(Hooks::new::<f32, f32>(name, source))
+}
+
+pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
+    let arch = parse_arch(&args.arch)?;
+    let mut specs: Vec<(String, KernelSpec)> = Vec::new();
+    let copy =
+        |h: devcomm::Result<Hooks>| h.map(|h| (format!("collective {}", h.name()), h.spec()));
+    for what in args.builtin.split(',').map(str::trim) {
+        let spec = match what {
+            "none" => continue,
+            "sendrecv" => Ok(("sendrecv".into(), devcomm::p2p::sendrecv_spec())),
+            "copy1" => copy(Hooks::copy::<u8>()),
+            "copy2" => copy(Hooks::copy::<u16>()),
+            "copy4" => copy(Hooks::copy::<f32>()),
+            "copy8" => copy(Hooks::copy::<u64>()),
+            "copy16" => copy(Hooks::copy::<[u32; 4]>()),
+            "examples" => {
+                for (name, source) in [
+                    (
+                        "Transpose",
+                        include_str!("../../devcomm/examples/hooks/transpose.cu"),
+                    ),
+                    ("Fp8", include_str!("../../devcomm/examples/hooks/fp8.cu")),
+                ] {
+                    let h = Hooks::new::<f32, f32>(name, source);
+                    specs.push((format!("collective {name}"), h.spec()));
+                }
+                continue;
+            }
+            other => return Err(format!("--builtin: unknown kernel set `{other}`")),
+        };
+        specs.push(spec.map_err(|e| e.to_string())?);
+    }
+    for spec in &args.hooks {
+        let hooks = f32_hooks(spec)?;
+        specs.push((format!("collective {}", hooks.name()), hooks.spec()));
+    }
+    let jit = Jit::new();
+    println!(
+        "compiling {} kernels for sm_{}{} into {}",
+        specs.len(),
+        arch.0,
+        arch.1,
+        jit.cache_dir().display()
+    );
+    let queue = Mutex::new(specs.into_iter());
+    let failures = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..args.jobs.max(1) {
+            s.spawn(|| loop {
+                let Some((what, spec)) = queue.lock().map(|mut q| q.next()).ok().flatten() else {
+                    return;
+                };
+                let t0 = Instant::now();
+                match jit.compile_cached(&spec, arch) {
+                    Ok((_, outcome)) => {
+                        let how = match outcome {
+                            CacheOutcome::Hit => "already cached",
+                            CacheOutcome::Compiled => "compiled",
+                        };
+                        println!("{what}: {how} ({:.1} s)", t0.elapsed().as_secs_f64());
+                    }
+                    Err(e) => {
+                        eprintln!("{what}: {e}");
+                        if let Ok(mut f) = failures.lock() {
+                            f.push(what);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let failed = failures.into_inner().map_err(|e| e.to_string())?;
+    if failed.is_empty() {
+        Ok(0)
+    } else {
+        Err(format!(
+            "{} kernels failed to compile: {failed:?}",
+            failed.len()
+        ))
+    }
+}
