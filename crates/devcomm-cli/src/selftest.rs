@@ -540,6 +540,7 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
     run_one("a2a_examples", &crate::selftest_coll::check_examples);
     run_one("a2a_tiles", &crate::selftest_coll::check_tiles);
     run_one("a2a_mixed_kinds", &crate::selftest_coll::check_mixed_kinds);
+    run_one("a2a_late_loader", &crate::selftest_coll::check_late_loader);
     run_one("a2av_back_to_back", &|cx| {
         crate::selftest_coll::check_back_to_back(cx, args.coll_calls)
     });

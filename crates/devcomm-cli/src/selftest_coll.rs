@@ -3,7 +3,9 @@
 //! poisoned outputs, every byte compared with a host reference.
 
 use cudarc::driver::CudaSlice;
-use devcomm::{AllToAllVCounts, Error};
+use std::time::Duration;
+
+use devcomm::{AllToAllVCounts, Error, HookArgs, Hooks};
 use rand::{Rng, SeedableRng};
 
 use crate::selftest::Ctx;
@@ -423,6 +425,56 @@ pub(crate) fn check_examples(cx: &Ctx) -> Check {
     let f = fp8_example::run_fp8(&cx.comm, &cx.stream, 100_003, cx.seed)?;
     cx.host_barrier()?;
     Ok(format!("transpose: {t}; {t2}; fp8: {f}"))
+}
+
+/// One rank loads a new collective kernel later than its peers by more than the device wait
+/// bound (as a slow NVRTC compile would): the peers' first launch must wait on the host for it
+/// (the kernel gate), not time out on the device.
+pub(crate) fn check_late_loader(cx: &Ctx) -> Check {
+    const HOOKS: &str = "struct LateLoaderCopy {\n\
+        using In = float; using Out = float; using Wire = float;\n\
+        static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n\
+          return devcomm::load_tile<float>(c);\n\
+        }\n\
+        static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {\n\
+          devcomm::store_tile<float>(c, t);\n\
+        }\n\
+        };\n";
+    let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
+    let n = 4096usize;
+    let value = |src: usize, i: usize| (src * 1_000_000 + i) as f32;
+    let data: Vec<f32> = (0..world * n).map(|i| value(rank, i)).collect();
+    let send = cx.stream.clone_htod(&data).map_err(err)?;
+    let mut recv = cx
+        .stream
+        .clone_htod(&vec![f32::NAN; world * n])
+        .map_err(err)?;
+    let hooks = Hooks::new::<f32, f32>("LateLoaderCopy", HOOKS);
+    let late = cx.comm.device_timeout() + Duration::from_secs(1);
+    cx.sync()?;
+    cx.host_barrier()?;
+    if rank == world - 1 {
+        std::thread::sleep(late);
+    }
+    cx.comm
+        .all_to_all_hooked(&hooks, &send, &mut recv, HookArgs::default(), &cx.stream)
+        .map_err(err)?;
+    cx.sync()?;
+    let got = cx.stream.clone_dtoh(&recv).map_err(err)?;
+    for (k, g) in got.iter().enumerate() {
+        let (src, i) = (k / n, rank * n + k % n);
+        if g.to_bits() != value(src, i).to_bits() {
+            return Err(format!(
+                "element {k} from rank {src}: {g}, expected {}",
+                value(src, i)
+            ));
+        }
+    }
+    cx.host_barrier()?;
+    Ok(format!(
+        "rank {} loaded the kernel {late:?} after its peers; every rank's result checked",
+        world - 1
+    ))
 }
 
 pub(crate) fn check_mixed_kinds(cx: &Ctx) -> Check {

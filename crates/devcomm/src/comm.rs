@@ -160,6 +160,7 @@ impl CommBuilder {
             registry: Registry::new(),
             control,
             barrier_fn: std::sync::OnceLock::new(),
+            barrier_gate: crate::group::KernelGate::new("comm-barrier", group.world_size),
             group,
         };
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);
@@ -290,6 +291,8 @@ pub struct Comm {
     control: Window<u64>,
     /// The barrier kernel, loaded on first use.
     barrier_fn: std::sync::OnceLock<cudarc::driver::CudaFunction>,
+    /// Every rank has loaded the barrier kernel (see `group::KernelGate`).
+    barrier_gate: crate::group::KernelGate,
     p2p: P2P,
     coll: Collective,
     // Dropped last: windows and registrations above release their mappings first.
@@ -394,6 +397,7 @@ impl Comm {
                 self.barrier_fn.get_or_init(|| f).clone()
             }
         };
+        self.barrier_gate.pass(&self.group, 0..self.world_size())?;
         let handle = self.control.device_handle();
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),

@@ -107,3 +107,129 @@ pub(crate) fn agree_on<T>(
         })
     }
 }
+
+/// Kernels are compiled by NVRTC on each rank's first use (or read from the disk cache), so
+/// ranks can be ready to launch a new kernel seconds apart: a rank that compiles while its
+/// peer already waits on the device for it would make the peer's kernel time out (the device
+/// wait bound is [`Group::device_timeout`], 10 s by default, and a compile can take longer).
+/// A gate per loaded kernel closes that gap on the host: after loading, a rank announces it
+/// in the store, and before its first launch towards a peer it waits (bounded by the setup
+/// timeout) until that peer has announced too. After the first launch towards every peer the
+/// check is one atomic load per peer.
+///
+/// The announcement's key names the kernel and the rank, not the communicator: a second
+/// communicator in the same job finds the first one's announcements and does not wait.
+#[derive(Debug)]
+pub(crate) struct KernelGate {
+    name: String,
+    announced: std::sync::atomic::AtomicBool,
+    ready: Vec<std::sync::atomic::AtomicBool>,
+}
+
+impl KernelGate {
+    /// A gate for the kernel `name` (unique per kernel source and instantiation).
+    pub(crate) fn new(name: impl Into<String>, world_size: usize) -> Self {
+        Self {
+            name: name.into(),
+            announced: false.into(),
+            ready: (0..world_size).map(|_| false.into()).collect(),
+        }
+    }
+
+    fn key(&self, rank: usize) -> String {
+        format!("__devcomm/kernel-loaded/{}/{rank}", self.name)
+    }
+
+    /// Announces this rank's load (once), then waits until every rank of `peers` has
+    /// announced its own. Call after loading the kernel, before launching it.
+    pub(crate) fn pass(&self, group: &Group, peers: impl IntoIterator<Item = usize>) -> Result<()> {
+        self.pass_with(&group.store, group.rank, group.setup_timeout, peers)
+    }
+
+    fn pass_with(
+        &self,
+        store: &Store,
+        rank: usize,
+        timeout: Duration,
+        peers: impl IntoIterator<Item = usize>,
+    ) -> Result<()> {
+        if !self.announced.load(Ordering::Acquire) {
+            store.set(&self.key(rank), b"1")?;
+            self.announced.store(true, Ordering::Release);
+        }
+        for peer in peers {
+            let Some(flag) = self.ready.get(peer) else {
+                continue; // out of range: the caller's own checks report it
+            };
+            if peer == rank || flag.load(Ordering::Acquire) {
+                continue;
+            }
+            store
+                .wait(&[&self.key(peer)], timeout)
+                .map_err(|e| Error::Setup {
+                    step: format!("kernel `{}` loaded on every peer", self.name),
+                    failures: vec![(
+                        peer,
+                        format!(
+                            "did not load it within the setup timeout ({e}); does every rank \
+                             make the same call?"
+                        ),
+                    )],
+                })?;
+            flag.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devcomm_bootstrap::RankInfo;
+
+    const T: Duration = Duration::from_secs(20);
+
+    /// Rank 0 and rank 1 (a thread) on one store.
+    fn two_stores() -> (Store, RankInfo) {
+        let info0 = RankInfo::new(0, 2).with_master("127.0.0.1", 0);
+        let s0 = Store::connect(&info0, T).expect("rank 0 store");
+        let info1 = RankInfo::new(1, 2).with_master("127.0.0.1", s0.master_port());
+        (s0, info1)
+    }
+
+    #[test]
+    fn a_gate_waits_for_a_peer_that_loads_late() {
+        let (s0, info1) = two_stores();
+        let late = std::thread::spawn(move || {
+            let s1 = Store::connect(&info1, T).expect("rank 1 store");
+            std::thread::sleep(Duration::from_millis(300)); // "compiling"
+            let gate = KernelGate::new("k", 2);
+            gate.pass_with(&s1, 1, T, [0]).map(|_| s1)
+        });
+        let gate = KernelGate::new("k", 2);
+        let t0 = std::time::Instant::now();
+        gate.pass_with(&s0, 0, T, [0, 1]).expect("rank 0 passes");
+        assert!(
+            t0.elapsed() >= Duration::from_millis(250),
+            "rank 0 did not wait"
+        );
+        let _s1 = late.join().expect("rank 1 thread").expect("rank 1 passes");
+    }
+
+    #[test]
+    fn a_gate_names_the_peer_that_never_loads() {
+        let (s0, info1) = two_stores();
+        let s1 = Store::connect(&info1, T).expect("rank 1 store");
+        let gate = KernelGate::new("other", 2);
+        let err = gate
+            .pass_with(&s0, 0, Duration::from_millis(200), [1])
+            .expect_err("rank 1 never announces");
+        let Error::Setup { step, failures } = err else {
+            panic!("expected a setup error, got {err}");
+        };
+        assert!(step.contains("`other`"), "{step}");
+        assert_eq!(failures.len(), 1);
+        assert_eq!(failures[0].0, 1);
+        drop(s1);
+    }
+}

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 
 use crate::error::{CudaResultExt, Error, Result};
-use crate::group::Group;
+use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, KernelSpec};
 use crate::p2p::P2P;
 use crate::topology::LinkKind;
@@ -179,6 +179,9 @@ fn options_from_env() -> &'static [String] {
     })
 }
 
+/// A loaded collective kernel: the function, its resident blocks per SM, its load gate.
+type LoadedKernel = (CudaFunction, u32, Arc<KernelGate>);
+
 /// Device-resident counts of an all-to-all-v, in rows. `send_counts` (and `send_offsets`, when
 /// given) are read by the kernel, so a kernel enqueued just before may produce them;
 /// `recv_counts` and `recv_offsets` are written by it. Nothing goes through the host.
@@ -247,7 +250,7 @@ pub(crate) struct Collective {
     /// The smallest SM count of the group (all ranks use the same blocks per peer).
     sm_count: u32,
     /// Loaded kernels by (hooks key, mixed tuning), with their resident blocks per SM.
-    functions: Mutex<HashMap<(u64, bool), (CudaFunction, u32)>>,
+    functions: Mutex<HashMap<(u64, bool), LoadedKernel>>,
 }
 
 impl Collective {
@@ -297,7 +300,7 @@ impl Collective {
         jit: &Jit,
         hooks: &Hooks,
         mixed: bool,
-    ) -> Result<(CudaFunction, u32)> {
+    ) -> Result<LoadedKernel> {
         let poisoned = || Error::Aborted {
             rank: group.rank as i32,
             reason: "a thread panicked while loading kernels".into(),
@@ -314,7 +317,11 @@ impl Collective {
                 group.rank as i32,
                 "cuOccupancyMaxActiveBlocksPerMultiprocessor",
             )?;
-        let entry = (f, per_sm);
+        let gate = KernelGate::new(
+            format!("collective-{:016x}-{mixed}", hooks.key),
+            group.world_size,
+        );
+        let entry = (f, per_sm, Arc::new(gate));
         self.functions
             .lock()
             .map_err(|_| poisoned())?
@@ -366,7 +373,13 @@ impl Collective {
         }
         p2p.bind(group, stream)?;
         let mixed = net_peers != 0;
-        let (func, per_sm) = self.function(group, jit, hooks, mixed)?;
+        let (func, per_sm, gate) = self.function(group, jit, hooks, mixed)?;
+        // Every peer this call moves data with has loaded the kernel too (a rank still
+        // compiling it would make this launch's device waits time out).
+        let peers = (0..world).filter(|&q| {
+            call.mode != MODE_PEER_ROWS || call.peer_rows[0][q] > 0 || call.peer_rows[1][q] > 0
+        });
+        gate.pass(group, peers)?;
         let limits = p2p.limits();
         let blocks_per_peer = self.blocks_per_peer(world, limits.max_blocks);
         let grid = (2 * world as u32 - 1) * blocks_per_peer;

@@ -20,7 +20,7 @@ use handle::{P2PLaunch, P2PSide, ZcLaunch};
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 
 use crate::error::{CudaResultExt, Error, Result};
-use crate::group::Group;
+use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, KernelSpec, LoadedModule};
 use crate::topology::LinkKind;
 use crate::window::Window;
@@ -173,6 +173,8 @@ pub(crate) struct P2P {
     counters_base: u64,
     bound_stream: Mutex<Option<usize>>,
     module: OnceLock<Arc<LoadedModule>>,
+    /// Peers known to have loaded `module` (see [`KernelGate`]).
+    gate: KernelGate,
     functions: Mutex<HashMap<KernelKey, CudaFunction>>,
     /// Both directions in separate blocks (see [`SPLIT_ENV`]).
     split: bool,
@@ -243,6 +245,7 @@ impl P2P {
             counters_base,
             bound_stream: Mutex::new(None),
             module: OnceLock::new(),
+            gate: KernelGate::new("sendrecv", world),
             functions: Mutex::new(HashMap::new()),
             split: std::env::var(SPLIT_ENV).map_or(true, |v| v.trim() != "0"),
             tune,
@@ -364,6 +367,7 @@ impl P2P {
         if sides[0].peer < 0 && sides[1].peer < 0 {
             return Ok(()); // nothing to move
         }
+        self.ready(group, jit, [sides[0].peer, sides[1].peer])?;
         if ce[0] || ce[1] {
             return self.launch_with_copy_engine(group, jit, sides, ce, threads, stream);
         }
@@ -575,6 +579,8 @@ impl P2P {
         if let Some(t) = recv {
             self.check_peer(group, "recv_registered", t.peer)?;
         }
+        let peer = |t: Option<ZcRole>| t.map_or(-1, |t| t.peer as i32);
+        self.ready(group, jit, [peer(send), peer(recv)])?;
         let route = |t: &ZcRole| zero_copy_route(t.bytes, &self.limits);
         let staged = |t: &ZcRole| route(t) == ZcRoute::Staged;
         let ordinary = |t: ZcRole| Transfer {
@@ -798,6 +804,24 @@ impl P2P {
         }
     }
 
+    /// Loads the send/recv module (once) and waits until `peers` (-1: none) have loaded it
+    /// too, so that no kernel of this call waits on the device for a rank still compiling.
+    fn ready(&self, group: &Group, jit: &Jit, peers: [i32; 2]) -> Result<()> {
+        self.module(group, jit)?;
+        let peers = peers.into_iter().filter_map(|p| usize::try_from(p).ok());
+        self.gate.pass(group, peers)
+    }
+
+    fn module(&self, group: &Group, jit: &Jit) -> Result<Arc<LoadedModule>> {
+        Ok(match self.module.get() {
+            Some(m) => m.clone(),
+            None => {
+                let m = jit.load(&group.ctx, &sendrecv_spec())?;
+                self.module.get_or_init(|| m).clone()
+            }
+        })
+    }
+
     fn function(&self, group: &Group, jit: &Jit, key: KernelKey) -> Result<CudaFunction> {
         let poisoned = || Error::Aborted {
             rank: group.rank as i32,
@@ -806,14 +830,7 @@ impl P2P {
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(f.clone());
         }
-        let module = match self.module.get() {
-            Some(m) => m.clone(),
-            None => {
-                let m = jit.load(&group.ctx, &sendrecv_spec())?;
-                self.module.get_or_init(|| m).clone()
-            }
-        };
-        let f = module.function(&key.expression())?;
+        let f = self.module(group, jit)?.function(&key.expression())?;
         self.functions
             .lock()
             .map_err(|_| poisoned())?
