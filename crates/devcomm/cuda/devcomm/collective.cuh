@@ -82,6 +82,9 @@ static_assert(DC_OFFSETOF(CollLaunch, count_slot0) == 352, "CollLaunch.count_slo
 #ifndef DC_COLL_CHUNK_SMALL
 #define DC_COLL_CHUNK_SMALL (16ull << 10)  // bulk chunk below that
 #endif
+#ifndef DC_COLL_CHANNEL_WARPS
+#define DC_COLL_CHANNEL_WARPS 1  // bulk: warps that move one channel's chunks together (1-16)
+#endif
 #ifndef DC_COLL_PULL_MIN
 #define DC_COLL_PULL_MIN (~0ull)  // NVLink peers: bulk wire size from which receivers pull
 #endif
@@ -135,7 +138,7 @@ __device__ __forceinline__ Plan plan_for(const P2PLaunch& p, dc_u64 wire, bool n
   const dc_u32 cap = net ? (most < 2 ? most : 2) : bulk_most;
   dc_u64 b = (wire + DC_COLL_BULK_BLOCK - 1) / DC_COLL_BULK_BLOCK;
   pl.blocks = (dc_u32)(b < cap ? b : cap);
-  const dc_u64 channels = (dc_u64)pl.blocks * (THREADS / 32);
+  const dc_u64 channels = (dc_u64)pl.blocks * (THREADS / 32 / DC_COLL_CHANNEL_WARPS);
   dc_u64 chunk = net ? p.slot_stride
                      : (wire / channels >= (64ull << 10) ? DC_COLL_CHUNK_BIG : DC_COLL_CHUNK_SMALL);
   pl.chunk = chunk < p.slot_stride ? chunk : p.slot_stride;
@@ -385,6 +388,25 @@ __device__ __forceinline__ Ctx base_ctx(const CollLaunch& a, int peer, dc_u64 ro
   return c;
 }
 
+// Bulk channel of this thread: DC_COLL_CHANNEL_WARPS warps move one channel's chunks together
+// (a warp, a named barrier of several warps, or the whole block); f(group, channel, channels).
+template <int THREADS, class F>
+__device__ __forceinline__ void bulk_channel(dc_u32 b, dc_u32 blocks, F f) {
+  constexpr dc_u32 kCw = DC_COLL_CHANNEL_WARPS;
+  constexpr dc_u32 kPerBlock = THREADS / 32 / kCw;
+  static_assert(kCw >= 1 && (THREADS / 32) % kCw == 0 && (kCw == 1 || kPerBlock <= 15),
+                "DC_COLL_CHANNEL_WARPS must divide the block's warps (and leave at most 15 "
+                "channels per block when above 1)");
+  const dc_u32 k = threadIdx.x / 32 / kCw;
+  if constexpr (kCw == 1) {
+    f(Warp{}, b * kPerBlock + k, blocks * kPerBlock);
+  } else if constexpr (kPerBlock == 1) {
+    f(Block{}, b, blocks);
+  } else {
+    f(NamedBarrier(1 + k, k * kCw * 32, kCw * 32), b * kPerBlock + k, blocks * kPerBlock);
+  }
+}
+
 template <class H, int THREADS, bool MIXED>
 __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   dc_u64 rows, first;
@@ -397,11 +419,12 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const HookSend<H> m{{base_ctx<H>(a, peer, rows, true), first * a.row_len, n}};
   const P2PSide s{0, pl.wire, counter(a, 0, peer), counter(a, 2, peer), pl.chunk, peer,
                   pl.blocks, pl.ll, pl.pull};
-  constexpr dc_u32 kWarps = THREADS / 32;
   if (pl.ll) {
     p2p::ll_send(Block{}, a.p, s, m, b);
   } else {
-    p2p::bulk_send(Warp{}, a.p, s, m, b * kWarps + threadIdx.x / 32, pl.blocks * kWarps);
+    bulk_channel<THREADS>(b, pl.blocks, [&](const auto& g, dc_u32 c, dc_u32 n) {
+      p2p::bulk_send(g, a.p, s, m, c, n);
+    });
   }
 }
 
@@ -421,11 +444,12 @@ __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const HookRecv<H> m{{base_ctx<H>(a, peer, rows, false), first * a.row_len, n}, overflow};
   const P2PSide r{0, pl.wire, counter(a, 1, peer), counter(a, 3, peer), pl.chunk, peer,
                   pl.blocks, pl.ll, 0};
-  constexpr dc_u32 kWarps = THREADS / 32;
   if (pl.ll) {
     p2p::ll_recv(Block{}, a.p, r, m, b);
   } else {
-    p2p::bulk_recv(Warp{}, a.p, r, m, b * kWarps + threadIdx.x / 32, pl.blocks * kWarps);
+    bulk_channel<THREADS>(b, pl.blocks, [&](const auto& g, dc_u32 c, dc_u32 n) {
+      p2p::bulk_recv(g, a.p, r, m, c, n);
+    });
   }
 }
 
