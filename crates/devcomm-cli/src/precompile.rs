@@ -42,6 +42,17 @@ fn parse_arch(s: &str) -> Result<(u32, u32), String> {
     ))
 }
 
+/// The examples' hooks (crates/devcomm/examples/hooks): the transpose and the fp8 one.
+pub(crate) fn example_hooks() -> [Hooks; 2] {
+    [
+        Hooks::new::<f32, f32>(
+            "Transpose",
+            include_str!("../../devcomm/examples/hooks/transpose.cu"),
+        ),
+        Hooks::new::<f32, f32>("Fp8", include_str!("../../devcomm/examples/hooks/fp8.cu")),
+    ]
+}
+
 /// f32 hooks from a `--hooks FILE:STRUCT` argument: the struct `STRUCT` of the CUDA C++ file.
 pub(crate) fn f32_hooks(arg: &str) -> Result<Hooks, String> {
     let (file, name) = arg
@@ -66,15 +77,8 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
             "copy8" => copy(Hooks::copy::<u64>()),
             "copy16" => copy(Hooks::copy::<[u32; 4]>()),
             "examples" => {
-                for (name, source) in [
-                    (
-                        "Transpose",
-                        include_str!("../../devcomm/examples/hooks/transpose.cu"),
-                    ),
-                    ("Fp8", include_str!("../../devcomm/examples/hooks/fp8.cu")),
-                ] {
-                    let h = Hooks::new::<f32, f32>(name, source);
-                    specs.push((format!("collective {name}"), h.spec()));
+                for h in example_hooks() {
+                    specs.push((format!("collective {}", h.name()), h.spec()));
                 }
                 continue;
             }

@@ -6,9 +6,7 @@ mod zero_copy;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{
-    CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use devcomm_bootstrap::{RankInfo, Store};
 
 use crate::collective::{
@@ -399,11 +397,7 @@ impl Comm {
         };
         self.barrier_gate.pass(&self.group, 0..self.world_size())?;
         let handle = self.control.device_handle();
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = crate::cuda::linear_launch(1, 32);
         let mut launch = stream.launch_builder(&func);
         launch.arg(&handle);
         // SAFETY: the kernel takes one DeviceWindow by value, which is what is pushed; the

@@ -106,14 +106,7 @@ fn hooked_points(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         cx.stream.clone_htod(&[p, p]).map_err(c)?
     };
     let user = user_args.device_ptr(&cx.stream).0;
-    let transpose = Hooks::new::<f32, f32>(
-        "Transpose",
-        include_str!("../../../devcomm/examples/hooks/transpose.cu"),
-    );
-    let fp8 = Hooks::new::<f32, f32>(
-        "Fp8",
-        include_str!("../../../devcomm/examples/hooks/fp8.cu"),
-    );
+    let [transpose, fp8] = crate::precompile::example_hooks();
     let copy = Hooks::copy::<f32>().map_err(e)?;
     cx.sync()?;
     let (warmup, iters) = (args.warmup, args.iters);

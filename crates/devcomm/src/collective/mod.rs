@@ -8,8 +8,9 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 
+use crate::cuda::linear_launch;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, KernelSpec};
@@ -414,11 +415,7 @@ impl Collective {
             mode: call.mode,
             peer_rows: call.peer_rows,
         };
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = linear_launch(grid, THREADS);
         let mut builder = stream.launch_builder(&func);
         builder.arg(&args);
         // SAFETY: coll_kernel<H, THREADS, MIXED>(CollLaunch) takes exactly this struct by

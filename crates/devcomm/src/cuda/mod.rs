@@ -32,6 +32,15 @@ pub use error_state::ErrorState;
 /// Rank placed in errors of this layer, which does not know the rank.
 pub(crate) const NO_RANK: i32 = -1;
 
+/// A one-dimensional launch: `blocks` blocks of `threads` threads, no dynamic shared memory.
+pub(crate) fn linear_launch(blocks: u32, threads: u32) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Maps a raw driver status to `Ok` or [`Error::Cuda`] naming `call`.
 pub(crate) fn check(status: sys::CUresult, call: &'static str) -> Result<()> {
     status.result().cuda(NO_RANK, call)

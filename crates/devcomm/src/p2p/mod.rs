@@ -8,7 +8,7 @@ pub mod tune;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg};
 
 pub use config::{
     auto_pull, ce_config, default_config, staged_config, sweep_configs, zero_copy_blocks,
@@ -19,6 +19,7 @@ pub use config::{
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 
+use crate::cuda::linear_launch;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, KernelSpec, LoadedModule};
@@ -390,29 +391,19 @@ impl P2P {
         };
         let split =
             self.split && sides[0].peer >= 0 && sides[1].peer >= 0 && threads[0] == threads[1];
-        let (func, cfg) = if split {
-            let func = self.function(group, jit, KernelKey::Split(threads[0]))?;
+        // Split: each role in blocks of its own; fused: both roles in every block.
+        let (key, cfg) = if split {
             let blocks = sides[0].blocks + sides[1].blocks;
             (
-                func,
-                LaunchConfig {
-                    grid_dim: (blocks, 1, 1),
-                    block_dim: (threads[0], 1, 1),
-                    shared_mem_bytes: 0,
-                },
+                KernelKey::Split(threads[0]),
+                linear_launch(blocks, threads[0]),
             )
         } else {
-            let func = self.function(group, jit, KernelKey::Fused(threads[0], threads[1]))?;
             let blocks = sides[0].blocks.max(sides[1].blocks);
-            (
-                func,
-                LaunchConfig {
-                    grid_dim: (blocks, 1, 1),
-                    block_dim: (threads[0] + threads[1], 1, 1),
-                    shared_mem_bytes: 0,
-                },
-            )
+            let key = KernelKey::Fused(threads[0], threads[1]);
+            (key, linear_launch(blocks, threads[0] + threads[1]))
         };
+        let func = self.function(group, jit, key)?;
         let mut builder = stream.launch_builder(&func);
         builder.arg(&args);
         // SAFETY: p2p_kernel<S, R>(P2PLaunch) takes exactly this struct by value; its pointers
@@ -500,14 +491,8 @@ impl P2P {
             // SAFETY: p2p_ce_recv_kernel<T>(P2PLaunch) takes this struct by value; it writes
             // `bytes` at the caller's destination (sized by the caller) and this namespace's
             // own pad words, and reads the staging region of the sender.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (sides[1].blocks, 1, 1),
-                    block_dim: (threads[1], 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .cuda(rank, "cuLaunchKernel (copy-engine receiver)")?;
+            unsafe { b.launch(linear_launch(sides[1].blocks, threads[1])) }
+                .cuda(rank, "cuLaunchKernel (copy-engine receiver)")?;
         }
         for s in joins {
             stream.join(s).cuda(rank, "cuStreamWaitEvent (join)")?;
@@ -660,11 +645,7 @@ impl P2P {
         let func = self.function(group, jit, KernelKey::ZeroCopy)?;
         let mut builder = stream.launch_builder(&func);
         builder.arg(&z);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (ZC_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = linear_launch(blocks, ZC_THREADS);
         // SAFETY: p2p_zc_kernel<512>(ZcLaunch) takes exactly this struct by value. The send
         // role writes `bytes` at `send_dst`, which the caller checked lies inside the peer's
         // registered buffer as mapped here, and only after the receiver's descriptor matched;
@@ -812,14 +793,13 @@ impl P2P {
         self.gate.pass(group, peers)
     }
 
-    fn module(&self, group: &Group, jit: &Jit) -> Result<Arc<LoadedModule>> {
-        Ok(match self.module.get() {
-            Some(m) => m.clone(),
-            None => {
-                let m = jit.load(&group.ctx, &sendrecv_spec())?;
-                self.module.get_or_init(|| m).clone()
-            }
-        })
+    /// The send/recv module, loaded on first use.
+    fn module(&self, group: &Group, jit: &Jit) -> Result<&Arc<LoadedModule>> {
+        if let Some(m) = self.module.get() {
+            return Ok(m);
+        }
+        let m = jit.load(&group.ctx, &sendrecv_spec())?;
+        Ok(self.module.get_or_init(|| m))
     }
 
     fn function(&self, group: &Group, jit: &Jit, key: KernelKey) -> Result<CudaFunction> {
@@ -853,14 +833,7 @@ unsafe fn launch_one_warp<A: cudarc::driver::DeviceRepr>(
     let mut b = stream.launch_builder(func);
     b.arg(args);
     // SAFETY: the caller's contract above.
-    unsafe {
-        b.launch(LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        })
-    }
-    .map(|_| ())
+    unsafe { b.launch(linear_launch(1, 32)) }.map(|_| ())
 }
 
 /// `z` with its send role removed.
