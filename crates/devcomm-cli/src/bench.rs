@@ -18,8 +18,8 @@ pub(crate) mod tune;
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// What to time: `sendrecv` (against NCCL send/recv), `latency` (signal ping-pong between
-    /// ranks 0 and 1), `put` (one GPU pushing into a peer's window, against the copy engine
-    /// and NCCL send/recv), `all_to_all` (every rank, equal chunks, against NCCL grouped
+    /// ranks 0 and 1), `put` (one GPU pushing into a peer's window by 16-byte stores and by
+    /// TMA bulk copies, and pulling by TMA, against the copy engine and NCCL send/recv), `all_to_all` (every rank, equal chunks, against NCCL grouped
     /// send/recv), `all_to_allv` (MoE token dispatch with counts on the GPU, against NCCL's
     /// count exchange, host sync and grouped send/recv).
     #[arg(long, default_value = "sendrecv")]
@@ -381,6 +381,46 @@ fn bench_latency(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     }])
 }
 
+/// One `put` record: `bytes` moved on `blocks` in `t` us against a reference's `ref_us`.
+fn put_record(
+    cx: &Ctx,
+    args: &BenchArgs,
+    (bytes, blocks): (usize, u32),
+    (t, ref_us, reference): (f64, f64, &str),
+    config: String,
+) -> Record {
+    Record {
+        op: "put".into(),
+        world_size: cx.comm.world_size(),
+        bytes: bytes as u64,
+        both_directions: false,
+        devcomm_us: t,
+        nccl_us: ref_us,
+        ratio: ref_us / t,
+        sms: blocks,
+        device: device_label(cx, args),
+        date: today(),
+        reference: reference.into(),
+        devcomm_gbps: bytes as f64 / t / 1e3,
+        nccl_gbps: bytes as f64 / ref_us / 1e3,
+        config,
+        tokens: None,
+    }
+}
+
+/// TMA copy shapes the `put` benchmark times: (blocks, warps per block, stages per warp, chunk
+/// bytes). Shared memory per block stays under 200 KiB.
+const TMA_CONFIGS: [(u32, u32, u32, u32); 8] = [
+    (8, 1, 4, 32768),
+    (16, 1, 4, 32768),
+    (32, 1, 4, 32768),
+    (132, 1, 4, 32768),
+    (16, 4, 2, 16384),
+    (32, 4, 2, 16384),
+    (132, 4, 2, 16384),
+    (132, 2, 4, 16384),
+];
+
 /// `put` bandwidth from rank 0 into rank 1's window at several sizes and block counts, next to
 /// the copy engine (cuMemcpyAsync into the same peer mapping) and NCCL send/recv.
 fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
@@ -393,6 +433,9 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let module = cx.foundation()?;
     let f = module
         .function("put_bandwidth")
+        .map_err(|e| e.to_string())?;
+    let tma = module
+        .function("copy_bandwidth_tma")
         .map_err(|e| e.to_string())?;
     let win = comm.window::<u8>(max, 1).map_err(|e| e.to_string())?;
     let src_host = cx.data_of(rank, 9, 1 << 20);
@@ -485,27 +528,65 @@ fn bench_put(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
                         ("copy engine cuMemcpyAsync", ce_us),
                         ("NCCL send/recv", nccl_us),
                     ] {
-                        out.push(Record {
-                            op: "put".into(),
-                            world_size: comm.world_size(),
-                            bytes: bytes as u64,
-                            both_directions: false,
-                            devcomm_us: t,
-                            nccl_us: ref_us,
-                            ratio: ref_us / t,
-                            sms: blocks,
-                            device: device_label(cx, args),
-                            date: today(),
-                            reference: reference.into(),
-                            devcomm_gbps: bytes as f64 / t / 1e3,
-                            nccl_gbps: bytes as f64 / ref_us / 1e3,
-                            config: format!("{calls} launches per sample, {launch}"),
-                            tokens: None,
-                        });
+                        out.push(put_record(
+                            cx,
+                            args,
+                            (bytes, blocks),
+                            (t, ref_us, reference),
+                            format!("{calls} launches per sample, {launch}"),
+                        ));
                     }
                 }
             }
         }
+        // Bulk copies by the Tensor Memory Accelerator (PERFORMANCE.md v11): pushed into the
+        // peer's window, and pulled from it into a local buffer; on rank 0 only.
+        if rank == 0 {
+            for (blocks, warps, stages, chunk) in TMA_CONFIGS {
+                for (dir, dst, srcp) in [
+                    ("push", peer_ptr, src.device_ptr(&cx.stream).0),
+                    ("pull", recv.device_ptr(&cx.stream).0, peer_ptr),
+                ] {
+                    let smem = warps * stages * (chunk + 8);
+                    tma.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                    .map_err(|e| e.to_string())?;
+                    let b = bytes as u64;
+                    let launches = || -> Result<(), String> {
+                        for _ in 0..calls {
+                            let mut l = cx.stream.launch_builder(&tma);
+                            l.arg(&dst).arg(&srcp).arg(&b).arg(&chunk).arg(&stages);
+                            // SAFETY: copy_bandwidth_tma(void*, const void*, u64, u32, u32):
+                            // both ranges hold `bytes`, a multiple of 16 as is `chunk`, and
+                            // the shared memory is the kernel's layout.
+                            unsafe {
+                                l.launch(LaunchConfig {
+                                    grid_dim: (blocks, 1, 1),
+                                    block_dim: (32 * warps, 1, 1),
+                                    shared_mem_bytes: smem,
+                                })
+                            }
+                            .map_err(|e| e.to_string())?;
+                        }
+                        Ok(())
+                    };
+                    let t = time_us(&cx.stream, args.warmup, args.iters, || Ok(()), launches)?
+                        / calls as f64;
+                    out.push(put_record(
+                        cx,
+                        args,
+                        (bytes, blocks),
+                        (t, ce_us, "copy engine cuMemcpyAsync"),
+                        format!(
+                            "tma {dir} warps={warps} stages={stages} chunk={chunk}, {calls} launches per sample"
+                        ),
+                    ));
+                }
+            }
+        }
+        cx.host_barrier()?;
     }
     cx.sync()?;
     Ok(out)

@@ -150,3 +150,67 @@ struct GridThreads {
 extern "C" __global__ void put_bandwidth(DeviceWindow w, int peer, const void* src, dc_u64 bytes) {
   devcomm::put(GridThreads{}, w, peer, 0, src, bytes);
 }
+
+// Copies src[0, bytes) to dst (local or a peer's mapped window) by the Tensor Memory Accelerator:
+// bulk loads into shared memory (completing on an mbarrier) and bulk stores out of it, lane 0 of
+// every warp running its own pipeline of `stages` buffers of `chunk` bytes, the grid's warps
+// taking chunks in turn. Measures whether bulk stores over NVLink pass the SM store ceiling
+// (docs/PERFORMANCE.md, v11). bytes and chunk must be multiples of 16; dynamic shared memory
+// is warps * stages * (chunk + 8) bytes. No signal: kernel completion makes the writes visible.
+extern "C" __global__ void copy_bandwidth_tma(void* dst, const void* src, dc_u64 bytes,
+                                              dc_u32 chunk, dc_u32 stages) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const dc_u32 warp = threadIdx.x / 32;
+  const dc_u32 warps = blockDim.x / 32;
+  if ((threadIdx.x & 31) != 0) return;
+  unsigned char* buf = smem + static_cast<dc_u64>(warp) * stages * chunk;
+  dc_u64* bars = reinterpret_cast<dc_u64*>(smem + static_cast<dc_u64>(warps) * stages * chunk) +
+                 static_cast<dc_u64>(warp) * stages;
+  const dc_u32 buf_s = static_cast<dc_u32>(__cvta_generic_to_shared(buf));
+  const dc_u32 bar_s = static_cast<dc_u32>(__cvta_generic_to_shared(bars));
+  for (dc_u32 s = 0; s < stages; ++s)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_s + 8 * s) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  const dc_u64 nchunks = (bytes + chunk - 1) / chunk;
+  const dc_u64 first = static_cast<dc_u64>(blockIdx.x) * warps + warp;
+  const dc_u64 stride = static_cast<dc_u64>(gridDim.x) * warps;
+  auto load = [&](dc_u64 k) {  // k-th chunk of this warp into stage k % stages
+    const dc_u64 c = first + k * stride;
+    if (c >= nchunks) return;
+    const dc_u64 off = c * chunk;
+    const dc_u32 n = static_cast<dc_u32>(bytes - off < chunk ? bytes - off : chunk);
+    const dc_u32 s = static_cast<dc_u32>(k % stages);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar_s + 8 * s),
+                 "r"(n)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"(buf_s + s * chunk),
+        "l"(static_cast<const unsigned char*>(src) + off), "r"(n), "r"(bar_s + 8 * s)
+        : "memory");
+  };
+  for (dc_u32 k = 0; k < stages; ++k) load(k);
+  for (dc_u64 k = 0; first + k * stride < nchunks; ++k) {
+    const dc_u64 off = (first + k * stride) * chunk;
+    const dc_u32 n = static_cast<dc_u32>(bytes - off < chunk ? bytes - off : chunk);
+    const dc_u32 s = static_cast<dc_u32>(k % stages);
+    const dc_u32 parity = static_cast<dc_u32>((k / stages) & 1);
+    dc_u32 done = 0;
+    while (!done) {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+          : "=r"(done)
+          : "r"(bar_s + 8 * s), "r"(parity)
+          : "memory");
+    }
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
+                     static_cast<unsigned char*>(dst) + off),
+                 "r"(buf_s + s * chunk), "r"(n)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    // The store before this one has read its buffer: refill that stage.
+    asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+    if (k >= 1) load(k - 1 + stages);
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
