@@ -10,7 +10,8 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceRep
 use devcomm_bootstrap::{RankInfo, Store};
 
 use crate::collective::{
-    AllToAllVCounts, CollCall, Collective, Hooks, MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM,
+    AllToAllVCounts, CollCall, CollShape, Collective, Hooks, MODE_DEVICE_COUNTS, MODE_PEER_ROWS,
+    MODE_UNIFORM,
 };
 use crate::cuda::info::DeviceInfo;
 use crate::cuda::ErrorState;
@@ -531,6 +532,16 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.p2p.launch(&self.group, &self.jit, send, recv, stream)
+    }
+
+    /// The collective kernel's blocks (docs/COLLECTIVES.md, "Grid"): for an all-to-all whose
+    /// own chunk has `self_bytes` input bytes, or `None` for device counts (all-to-all-v).
+    pub fn collective_shape(&self, self_bytes: Option<u64>) -> CollShape {
+        self.coll.shape(
+            self.group.world_size,
+            self.p2p.limits().max_blocks,
+            self_bytes,
+        )
     }
 
     /// Sizes of this communicator's send/recv window.

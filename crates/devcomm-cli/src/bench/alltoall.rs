@@ -4,7 +4,6 @@
 use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
-use devcomm::collective::MAX_BLOCKS_PER_PEER;
 use devcomm::p2p::{zero_copy_route, ZcRoute};
 use devcomm::AllToAllVCounts;
 use rand::rngs::StdRng;
@@ -529,7 +528,10 @@ fn record(cx: &Ctx, args: &BenchArgs, op: &str, bytes: u64, (d_us, n_us): (f64, 
         devcomm_us: d_us,
         nccl_us: n_us,
         ratio: n_us / d_us,
-        sms: collective_blocks(cx),
+        sms: cx
+            .comm
+            .collective_shape((op != "all_to_allv").then_some(bytes))
+            .grid(world),
         device: device_label(cx, args),
         date: today(),
         reference: String::new(),
@@ -538,19 +540,6 @@ fn record(cx: &Ctx, args: &BenchArgs, op: &str, bytes: u64, (d_us, n_us): (f64, 
         config: String::new(),
         tokens: None,
     }
-}
-
-/// Blocks of devcomm's collective kernel: `2 W - 1` roles (a sender per peer, a receiver per
-/// other peer) x blocks per peer. Mirrors `Collective::blocks_per_peer` in the library (which
-/// uses the group's smallest SM count; this rank's is the same on one kind of GPU).
-fn collective_blocks(cx: &Ctx) -> u32 {
-    let roles = (2 * cx.comm.world_size() - 1) as u32;
-    let sms = cx.comm.device_info().sm_count.max(1) as u32;
-    let per_peer = (sms / roles)
-        .min(MAX_BLOCKS_PER_PEER)
-        .min(cx.comm.p2p_limits().max_blocks)
-        .max(1);
-    roles * per_peer
 }
 
 /// Consecutive ranges of `counts[p] x scale` elements, in rank order.

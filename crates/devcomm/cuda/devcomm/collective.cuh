@@ -2,11 +2,14 @@
 // send/recv protocol (devcomm/transfer.cuh), with the user's hooks fused into the copy steps.
 // The schedule is docs/COLLECTIVES.md; the host side is src/collective/.
 //
-// Grid: (2 (W - 1) + 1) x B blocks of THREADS threads, B = blocks_per_peer. Role r of block
-// blockIdx.x / B:
+// Grid: 2 (W - 1) x B + S blocks of THREADS threads, B = blocks_per_peer, S = self_blocks.
+// Roles r in [0, 2W - 1):
 //   r in [0, W - 1):        send to peer (rank + 1 + r) % W
 //   r in [W - 1, 2W - 2):   receive from peer (rank - 1 - (r - W + 1)) mod W
 //   r = 2W - 2:             this rank's own chunk (produce then consume, no wire)
+// take the blocks in turn (DC_COLL_INTERLEAVE, docs/COLLECTIVES.md "The schedule"): with S >= B
+// block i < (2W - 1) B serves role i mod (2W - 1), and the own chunk's further S - B blocks come
+// last; with S < B the peer roles take blocks [0, 2(W-1) B) in turn, the own chunk the rest.
 // Each (peer, direction) gets a plan from its wire size and its peer's tuning class (NVLink or
 // network-like); blocks of a role beyond its plan's count return at once (seed 001's masking).
 // Both ends compute the same plan from the same count, so counters and spans agree.
@@ -47,11 +50,14 @@ struct CollLaunch {
   dc_u32 count_slot0;      // @352 first user slot of the count exchange
   dc_u32 mode;             // @356 kModeUniform, kModePeerRows or kModeDeviceCounts
   dc_u64 peer_rows[2][32]; // @360 kModePeerRows: rows sent to / received from each peer
+  dc_u32 self_blocks;      // @872 S: blocks of the own chunk's role
+  dc_u32 reserved;         // @876 0
 };
 
 enum CollMode : dc_u32 { kModeUniform = 0, kModePeerRows = 1, kModeDeviceCounts = 2 };
 
-static_assert(sizeof(CollLaunch) == 872, "CollLaunch size");
+static_assert(sizeof(CollLaunch) == 880, "CollLaunch size");
+static_assert(DC_OFFSETOF(CollLaunch, self_blocks) == 872, "CollLaunch.self_blocks");
 static_assert(DC_OFFSETOF(CollLaunch, peer_rows) == 360, "CollLaunch.peer_rows");
 static_assert(DC_OFFSETOF(CollLaunch, in) == 240, "CollLaunch.in");
 static_assert(DC_OFFSETOF(CollLaunch, state) == 336, "CollLaunch.state");
@@ -90,6 +96,9 @@ static_assert(DC_OFFSETOF(CollLaunch, count_slot0) == 352, "CollLaunch.count_slo
 #endif
 #ifndef DC_COLL_MOVE_ILP
 #define DC_COLL_MOVE_ILP 4  // tiles in flight per thread in the bulk movers
+#endif
+#ifndef DC_COLL_INTERLEAVE
+#define DC_COLL_INTERLEAVE 2  // roles take blocks in turn (2: all, 1: peer roles), 0: runs of B
 #endif
 #ifndef DC_COLL_SELF_ILP
 #define DC_COLL_SELF_ILP 4  // tiles in flight per thread in the own chunk's copy
@@ -474,7 +483,7 @@ __device__ void self_role(const CollLaunch& a, dc_u32 b, dc_u64 seq) {
   const ChunkTiles<H> dst{base_ctx<H>(a, me, rows, false), first * a.row_len, n};
   // K tiles in flight per thread: their loads are all issued before the first store.
   constexpr int K = DC_COLL_SELF_ILP;
-  const dc_u64 stride = (dc_u64)a.blocks_per_peer * THREADS;
+  const dc_u64 stride = (dc_u64)a.self_blocks * THREADS;
   dc_u64 t = (dc_u64)b * THREADS + threadIdx.x;
   for (; t + (K - 1) * stride < tiles; t += K * stride) {
     Tile<typename H::Wire> v[K];
@@ -492,15 +501,26 @@ __device__ void self_role(const CollLaunch& a, dc_u32 b, dc_u64 seq) {
 template <class H, int THREADS, bool MIXED>
 __device__ __forceinline__ void coll_body(const CollLaunch& a, dc_u64 seq) {
   const int W = a.p.w.world_size, me = a.p.w.rank;
-  const dc_u32 B = a.blocks_per_peer;
-  const dc_u32 role = blockIdx.x / B, b = blockIdx.x % B;
-  if (role < (dc_u32)(W - 1)) {
+  const dc_u32 B = a.blocks_per_peer, roles = 2 * (dc_u32)(W - 1);
+  dc_u32 role, b;
+  const dc_u32 in_turn = (DC_COLL_INTERLEAVE == 2 && a.self_blocks >= B) ? roles + 1 : roles;
+  if (blockIdx.x >= in_turn * B) {  // the own chunk's blocks beyond the ones in turn
+    role = roles;
+    b = blockIdx.x - roles * B;
+  } else if (in_turn > roles) {  // every role in turn, own chunk too
+    role = blockIdx.x % in_turn;
+    b = blockIdx.x / in_turn;
+  } else {
+    role = DC_COLL_INTERLEAVE ? blockIdx.x % roles : blockIdx.x / B;
+    b = DC_COLL_INTERLEAVE ? blockIdx.x / roles : blockIdx.x % B;
+  }
+  if (role == roles) {
+    self_role<H, THREADS>(a, b, seq);
+  } else if (role < (dc_u32)(W - 1)) {
     send_role<H, THREADS, MIXED>(a, (me + 1 + (int)role) % W, b, seq);
-  } else if (role < (dc_u32)(2 * W - 2)) {
+  } else {
     const int i = (int)role - (W - 1);
     recv_role<H, THREADS, MIXED>(a, (me + W - 1 - i) % W, b, seq);
-  } else {
-    self_role<H, THREADS>(a, b, seq);
   }
 }
 

@@ -48,6 +48,10 @@ pub struct CollLaunch {
     pub mode: u32,
     /// Mode 1: rows sent to (`[0]`) and received from (`[1]`) each peer.
     pub peer_rows: [[u64; 32]; 2],
+    /// Blocks of the own chunk's role.
+    pub self_blocks: u32,
+    /// 0.
+    pub reserved: u32,
 }
 
 /// `CollLaunch::mode` values.
@@ -166,10 +170,17 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
         offset_of!(CollLaunch, count_slot0),
         size_of::<CollLaunch>(),
     ),
+    (
+        "CollLaunch",
+        "self_blocks",
+        offset_of!(CollLaunch, self_blocks),
+        size_of::<CollLaunch>(),
+    ),
 ];
 
 const _: () = {
-    assert!(size_of::<CollLaunch>() == 872);
+    assert!(size_of::<CollLaunch>() == 880);
+    assert!(offset_of!(CollLaunch, self_blocks) == 872);
     assert!(offset_of!(CollLaunch, peer_rows) == 360);
     assert!(offset_of!(CollLaunch, input) == 240);
     assert!(offset_of!(CollLaunch, state) == 336);

@@ -26,6 +26,80 @@ pub const THREADS: u32 = 512;
 /// `(2 W - 1)` roles, which must all be resident at once.
 pub const MAX_BLOCKS_PER_PEER: u32 = 32;
 
+/// Own-chunk bytes per block of the own chunk's role, by default (see [`coll_shape`]). The
+/// own chunk is a local copy, about 15 GB/s per SM on H200, while a peer's chunk moves at
+/// 3-6 GB/s per sending SM, so the own chunk needs fewer blocks than a peer.
+pub const SELF_BLOCK_BYTES: u64 = 128 << 10;
+
+/// Environment variable: own-chunk KiB per block of the own chunk's role instead of
+/// [`SELF_BLOCK_BYTES`] (experiments; every rank must set the same value). `0` gives the own
+/// chunk as many blocks as a peer, as before this knob existed.
+pub const SELF_BLOCK_ENV: &str = "DEVCOMM_COLL_SELF_BLOCK_KIB";
+
+fn self_block_bytes() -> u64 {
+    // Read once: every launch of the process must use the same shape rule.
+    static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var(SELF_BLOCK_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(SELF_BLOCK_BYTES, |k| k << 10)
+    })
+}
+
+/// Blocks of the collective kernel: `per_peer` for each of the `2 (W - 1)` peer roles (a sender
+/// and a receiver per peer) and `self_blocks` for the own chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollShape {
+    /// Blocks of each peer role.
+    pub per_peer: u32,
+    /// Blocks of the own chunk's role.
+    pub self_blocks: u32,
+}
+
+impl CollShape {
+    /// The grid: every block, all of which must be resident at once.
+    pub fn grid(&self, world: usize) -> u32 {
+        2 * (world.max(1) as u32 - 1) * self.per_peer + self.self_blocks
+    }
+}
+
+/// The collective kernel's shape on GPUs of `sm_count` SMs (one block per SM), for `world`
+/// ranks and a p2p window of `max_blocks` blocks per peer. Every role gets an even share,
+/// `sm_count / (2 W - 1)` blocks (at most [`MAX_BLOCKS_PER_PEER`] and `max_blocks`), unless
+/// the own chunk's input size is known (`self_bytes`, not with device counts) and
+/// `self_block_bytes` is not 0: then the own chunk gets one block per `self_block_bytes` (at
+/// least 1, at most the share), and when that is fewer than the share the peers split the SMs
+/// it leaves. Every rank computes the same shape from the same arguments.
+pub fn coll_shape(
+    sm_count: u32,
+    world: usize,
+    max_blocks: u32,
+    self_bytes: Option<u64>,
+    self_block_bytes: u64,
+) -> CollShape {
+    let world = world.max(1) as u32;
+    let cap = |b: u32| b.min(MAX_BLOCKS_PER_PEER).min(max_blocks).max(1);
+    let even = cap(sm_count / (2 * world - 1));
+    let self_blocks = match self_bytes {
+        Some(bytes) if self_block_bytes > 0 && world > 1 => {
+            (bytes.div_ceil(self_block_bytes).max(1)).min(even as u64) as u32
+        }
+        _ => even,
+    };
+    // The SMs a small own chunk leaves go to the peers; otherwise every role keeps the even
+    // share (giving a large own chunk the few SMs left over measured no faster: PERFORMANCE c10).
+    let per_peer = if self_blocks < even {
+        cap(sm_count.saturating_sub(self_blocks) / (2 * (world - 1)))
+    } else {
+        even
+    };
+    CollShape {
+        per_peer,
+        self_blocks,
+    }
+}
+
 /// A pair of hooks, `produce(ctx) -> tile` and `consume(ctx, tile)`, given as CUDA C++ source
 /// (see `cuda/devcomm/hooks.cuh` for the contract and the `Ctx` struct). The JIT compiles the
 /// source into the collective kernel; a compile error comes back as [`Error::Compile`] with
@@ -285,14 +359,21 @@ impl Collective {
         })
     }
 
-    /// Blocks per (peer, role) for `world` ranks: as many as fit on the group's smallest GPU
-    /// with one block per SM, at most [`MAX_BLOCKS_PER_PEER`] and the p2p window's block count.
-    pub(crate) fn blocks_per_peer(&self, world: usize, max_blocks: u32) -> u32 {
-        let roles = (2 * world - 1) as u32;
-        (self.sm_count / roles)
-            .min(MAX_BLOCKS_PER_PEER)
-            .min(max_blocks)
-            .max(1)
+    /// The kernel's shape for `world` ranks on the group's smallest GPU (one block per SM):
+    /// see [`coll_shape`].
+    pub(crate) fn shape(
+        &self,
+        world: usize,
+        max_blocks: u32,
+        self_bytes: Option<u64>,
+    ) -> CollShape {
+        coll_shape(
+            self.sm_count,
+            world,
+            max_blocks,
+            self_bytes,
+            self_block_bytes(),
+        )
     }
 
     fn function(
@@ -382,8 +463,15 @@ impl Collective {
         });
         gate.pass(group, peers)?;
         let limits = p2p.limits();
-        let blocks_per_peer = self.blocks_per_peer(world, limits.max_blocks);
-        let grid = (2 * world as u32 - 1) * blocks_per_peer;
+        // The own chunk's input bytes where the host knows them (not with device counts).
+        let self_rows = match call.mode {
+            MODE_UNIFORM => Some(call.rows),
+            MODE_PEER_ROWS => Some(call.peer_rows[0][rank]),
+            _ => None,
+        };
+        let self_bytes = self_rows.map(|r| r * call.row_len * hooks.in_size as u64);
+        let shape = self.shape(world, limits.max_blocks, self_bytes);
+        let grid = shape.grid(world);
         if grid > per_sm.max(1) * self.sm_count {
             return Err(Error::InvalidArgument {
                 op: call.op,
@@ -409,11 +497,13 @@ impl Collective {
             user: call.user,
             counters: p2p.counters_base(),
             state: self.state_ptr,
-            blocks_per_peer,
+            blocks_per_peer: shape.per_peer,
             net_peers,
             count_slot0: limits.count_slot0(world) as u32,
             mode: call.mode,
             peer_rows: call.peer_rows,
+            self_blocks: shape.self_blocks,
+            reserved: 0,
         };
         let cfg = linear_launch(grid, THREADS);
         let mut builder = stream.launch_builder(&func);
@@ -426,5 +516,59 @@ impl Collective {
         // is resident (checked above), so the roles' waits on each other cannot deadlock.
         unsafe { builder.launch(cfg) }.cuda(rank as i32, "cuLaunchKernel (collective)")?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_role_gets_an_even_share_without_a_known_own_chunk() {
+        // 132 SMs, 4 ranks: 7 roles of 18 blocks (device counts, or the knob set to 0).
+        let even = CollShape {
+            per_peer: 18,
+            self_blocks: 18,
+        };
+        assert_eq!(coll_shape(132, 4, 32, None, SELF_BLOCK_BYTES), even);
+        assert_eq!(coll_shape(132, 4, 32, Some(1 << 20), 0), even);
+        assert_eq!(even.grid(4), 126);
+        // One rank: only the own chunk.
+        let one = coll_shape(132, 1, 32, Some(1 << 20), SELF_BLOCK_BYTES);
+        assert_eq!(one.grid(1), one.self_blocks);
+    }
+
+    #[test]
+    fn a_small_own_chunk_leaves_its_blocks_to_the_peers() {
+        let s = coll_shape(132, 4, 32, Some(1 << 20), SELF_BLOCK_BYTES);
+        assert_eq!((s.self_blocks, s.per_peer, s.grid(4)), (8, 20, 128));
+        // At least one block for an empty own chunk; at most the even share for a large one.
+        let s = coll_shape(132, 4, 32, Some(0), SELF_BLOCK_BYTES);
+        assert_eq!((s.self_blocks, s.per_peer), (1, 21));
+        let s = coll_shape(132, 4, 32, Some(1 << 30), SELF_BLOCK_BYTES);
+        assert_eq!((s.self_blocks, s.per_peer), (18, 18));
+    }
+
+    #[test]
+    fn shapes_fit_the_gpu_and_the_window() {
+        for sm in [1u32, 7, 16, 78, 132, 144] {
+            for world in 1..=8usize {
+                for max_blocks in [1u32, 4, 16, 32] {
+                    for self_bytes in [None, Some(0), Some(1 << 16), Some(1 << 20), Some(1 << 28)] {
+                        let s = coll_shape(sm, world, max_blocks, self_bytes, SELF_BLOCK_BYTES);
+                        assert!(s.per_peer >= 1 && s.self_blocks >= 1);
+                        assert!(s.per_peer <= max_blocks.min(MAX_BLOCKS_PER_PEER));
+                        let roles = 2 * world as u32 - 1;
+                        // Every block resident whenever one block per role fits.
+                        if sm >= roles {
+                            assert!(
+                                s.grid(world) <= sm,
+                                "{sm} {world} {max_blocks} {self_bytes:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }
