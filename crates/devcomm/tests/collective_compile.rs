@@ -61,10 +61,10 @@ fn transpose_cost_variants_compile() {
         return;
     }
     // The hooks `devcomm bench --hooks` times to place the transpose's cost
-    // (scripts/experiments/transpose): kept compiling with the headers they use. These two use
-    // every helper of the file; the other structs only combine them.
+    // (scripts/experiments/transpose): kept compiling with the headers they use. These three
+    // use every helper of the file; the other structs only combine them.
     let source = include_str!("../../../scripts/experiments/transpose/variants.cu");
-    for name in ["TPeers", "BlockedVec"] {
+    for name in ["TPeers", "BlockedVec", "TSend"] {
         compiles(&Hooks::new::<f32, f32>(name, source));
     }
 }

@@ -62,3 +62,36 @@ struct BlockedVec {
     tx::write_rowmajor(c, t);
   }
 };
+
+// The transpose as the example had it (session 9): the wire in the blocked order of the input,
+// produce reads 16-byte row pieces, consume scatters 4 element stores per tile.
+struct TRecv {
+  using In = float; using Out = float; using Wire = float;
+  static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) { return tx::read_t(c); }
+  static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {
+    tx::write_t(c, t);
+  }
+};
+
+// The transpose done by the sender: the wire in the blocked order of the transposed output
+// (cols x rows), produce gathers 4 elements of an input column per tile, consume stores 16
+// bytes of an output row.
+namespace tx {
+__device__ __forceinline__ devcomm::Ctx swapped(devcomm::Ctx c) {
+  const dc_u64 r = c.rows;
+  c.rows = c.cols;
+  c.cols = r;
+  return c;
+}
+}  // namespace tx
+struct TSend {
+  using In = float; using Out = float; using Wire = float;
+  static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {
+    return devcomm::gather_blocked<float>(tx::swapped(c),
+                                          [&](dc_u64 r, dc_u64 k) { return k * c.cols + r; });
+  }
+  static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {
+    devcomm::scatter_blocked<float>(tx::swapped(c), t,
+                                    [&](dc_u64 r, dc_u64 k) { return r * c.rows + k; });
+  }
+};
