@@ -41,23 +41,37 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
   }
 }
 
-// Both directions with the roles in separate blocks: blocks [0, send.blocks) send, the next
-// recv.blocks receive, each with all THREADS threads. Used when both roles have the same thread
-// count and DEVCOMM_P2P_SPLIT is not 0 (docs/PERFORMANCE.md compares it with p2p_kernel).
-template <int THREADS>
+// Both directions with the roles in separate blocks of all THREADS threads, send.blocks +
+// recv.blocks of them. Used when both roles have the same thread count and DEVCOMM_P2P_SPLIT is
+// not 0 (docs/PERFORMANCE.md compares it with p2p_kernel). INTERLEAVE: the roles take blocks
+// in turn (even blocks send, odd ones receive, the larger role's surplus last), so that each
+// role is spread over the whole GPU; otherwise blocks [0, send.blocks) send and the rest
+// receive (docs/PERFORMANCE.md, v12).
+template <int THREADS, bool INTERLEAVE>
 __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
   constexpr dc_u32 kWarps = THREADS / 32;
   const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
   const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
-  if (blockIdx.x < a.send.blocks) {
-    const dc_u32 b = blockIdx.x;
+  const dc_u32 pairs = a.send.blocks < a.recv.blocks ? a.send.blocks : a.recv.blocks;
+  bool send;
+  dc_u32 b;
+  if (!INTERLEAVE) {
+    send = blockIdx.x < a.send.blocks;
+    b = send ? blockIdx.x : blockIdx.x - a.send.blocks;
+  } else if (blockIdx.x < 2 * pairs) {
+    send = (blockIdx.x & 1u) == 0;
+    b = blockIdx.x >> 1;
+  } else {
+    send = a.send.blocks > a.recv.blocks;
+    b = blockIdx.x - pairs;
+  }
+  if (send) {
     if (a.send.low_latency) {
       ll_send(NamedBarrier(1, 0, THREADS), a, a.send, snd, b);
     } else {
       bulk_send(Warp{}, a, a.send, snd, b * kWarps + threadIdx.x / 32, a.send.blocks * kWarps);
     }
   } else {
-    const dc_u32 b = blockIdx.x - a.send.blocks;
     if (b >= a.recv.blocks) return;
     if (a.recv.low_latency) {
       ll_recv(NamedBarrier(2, 0, THREADS), a, a.recv, rcv, b);

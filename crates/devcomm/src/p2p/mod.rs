@@ -36,8 +36,18 @@ fn kernel_expression(send_threads: u32, recv_threads: u32) -> String {
     format!("devcomm::p2p::p2p_kernel<{send_threads}, {recv_threads}>")
 }
 
-fn split_expression(threads: u32) -> String {
-    format!("devcomm::p2p::p2p_split_kernel<{threads}>")
+fn split_expression(threads: u32, interleave: bool) -> String {
+    format!("devcomm::p2p::p2p_split_kernel<{threads}, {interleave}>")
+}
+
+/// Environment variable: `0` gives the split kernel's roles runs of consecutive blocks (all
+/// senders, then all receivers) instead of taking blocks in turn (docs/PERFORMANCE.md, v12).
+/// Set alike on every rank.
+pub const INTERLEAVE_ENV: &str = "DEVCOMM_P2P_INTERLEAVE";
+
+fn split_interleave() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| std::env::var(INTERLEAVE_ENV).map_or(true, |v| v.trim() != "0"))
 }
 
 /// A loaded kernel of the send/recv module; its name expression is made only on a cache miss.
@@ -45,8 +55,8 @@ fn split_expression(threads: u32) -> String {
 enum KernelKey {
     /// `p2p_kernel<SEND_THREADS, RECV_THREADS>`.
     Fused(u32, u32),
-    /// `p2p_split_kernel<THREADS>`.
-    Split(u32),
+    /// `p2p_split_kernel<THREADS, INTERLEAVE>`.
+    Split(u32, bool),
     /// `p2p_zc_kernel<ZC_THREADS>`.
     ZeroCopy,
     /// `p2p_ce_send_kernel` (the copy-engine pacer).
@@ -61,7 +71,7 @@ impl KernelKey {
     fn expression(self) -> String {
         match self {
             Self::Fused(s, r) => kernel_expression(s, r),
-            Self::Split(t) => split_expression(t),
+            Self::Split(t, i) => split_expression(t, i),
             Self::ZeroCopy => zc_expression(),
             Self::CeSend => CE_SEND_EXPRESSION.to_owned(),
             Self::CeRecv(t) => ce_recv_expression(t),
@@ -111,7 +121,8 @@ pub fn sendrecv_spec() -> KernelSpec {
         .name_expression(ZC_CE_EXPRESSION.to_owned());
     for t in [256, 512] {
         spec = spec
-            .name_expression(split_expression(t))
+            .name_expression(split_expression(t, true))
+            .name_expression(split_expression(t, false))
             .name_expression(ce_recv_expression(t));
     }
     for s in ROLE_THREADS {
@@ -395,7 +406,7 @@ impl P2P {
         let (key, cfg) = if split {
             let blocks = sides[0].blocks + sides[1].blocks;
             (
-                KernelKey::Split(threads[0]),
+                KernelKey::Split(threads[0], split_interleave()),
                 linear_launch(blocks, threads[0]),
             )
         } else {
