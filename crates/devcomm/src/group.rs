@@ -117,8 +117,9 @@ pub(crate) fn agree_on<T>(
 /// timeout) until that peer has announced too. After the first launch towards every peer the
 /// check is one atomic load per peer.
 ///
-/// The announcement's key names the kernel and the rank, not the communicator: a second
-/// communicator in the same job finds the first one's announcements and does not wait.
+/// The announcement's key names the kernel and the rank. It needs no communicator id: every
+/// communicator joins a store of its own (`CommBuilder::build` connects to the store server
+/// that its rank 0 starts on the job's port), so no two communicators share keys.
 #[derive(Debug)]
 pub(crate) struct KernelGate {
     name: String,
