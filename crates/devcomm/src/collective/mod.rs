@@ -463,13 +463,19 @@ impl Collective {
         });
         gate.pass(group, peers)?;
         let limits = p2p.limits();
-        // The own chunk's input bytes where the host knows them (not with device counts).
-        let self_rows = match call.mode {
-            MODE_UNIFORM => Some(call.rows),
-            MODE_PEER_ROWS => Some(call.peer_rows[0][rank]),
+        // The own chunk's input bytes, only where every rank has the same value: both ends of
+        // a transfer derive its block count from the shape's blocks per peer, so the shape must
+        // be equal on every rank. All-to-all: equal chunks everywhere. Hooked send/recv: the
+        // own rank is refused as a peer (`Comm::tiles`), so the own chunk is empty
+        // everywhere. Device counts: unknown on the host.
+        let self_bytes = match call.mode {
+            MODE_UNIFORM => Some(call.rows * call.row_len * hooks.in_size as u64),
+            MODE_PEER_ROWS => {
+                debug_assert_eq!(call.peer_rows[0][rank], 0, "tiles to the own rank");
+                Some(0)
+            }
             _ => None,
         };
-        let self_bytes = self_rows.map(|r| r * call.row_len * hooks.in_size as u64);
         let shape = self.shape(world, limits.max_blocks, self_bytes);
         let grid = shape.grid(world);
         if grid > per_sm.max(1) * self.sm_count {
