@@ -42,7 +42,7 @@ fn split_expression(threads: u32, interleave: bool) -> String {
 
 /// Environment variable: `0` gives the split kernel's roles runs of consecutive blocks (all
 /// senders, then all receivers) instead of taking blocks in turn (docs/PERFORMANCE.md, v12).
-/// Set alike on every rank.
+/// Only which block serves which (role, index) changes, not the channels, so ranks may differ.
 pub const INTERLEAVE_ENV: &str = "DEVCOMM_P2P_INTERLEAVE";
 
 fn split_interleave() -> bool {
