@@ -26,6 +26,47 @@ fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
 
+/// An f32 all-to-all's buffers, `n` elements per peer: send element `i` of this rank is
+/// `value(rank, i)`; recv is poisoned with NaN.
+fn f32_a2a_buffers(
+    cx: &Ctx,
+    n: usize,
+    value: impl Fn(usize, usize) -> f32,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>), String> {
+    let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
+    let data: Vec<f32> = (0..world * n).map(|i| value(rank, i)).collect();
+    let send = cx.stream.clone_htod(&data).map_err(err)?;
+    let recv = cx
+        .stream
+        .clone_htod(&vec![f32::NAN; world * n])
+        .map_err(err)?;
+    Ok((send, recv))
+}
+
+/// Waits for the all-to-all into `recv` (of [`f32_a2a_buffers`]) and checks that chunk `src`
+/// holds rank `src`'s elements for this rank, bit for bit.
+fn check_f32_a2a(
+    cx: &Ctx,
+    recv: &CudaSlice<f32>,
+    n: usize,
+    value: impl Fn(usize, usize) -> f32,
+    what: &str,
+) -> Result<(), String> {
+    cx.sync()?;
+    let rank = cx.comm.rank();
+    let got = cx.stream.clone_dtoh(recv).map_err(err)?;
+    for (k, g) in got.iter().enumerate() {
+        let (src, i) = (k / n, rank * n + k % n);
+        let want = value(src, i);
+        if g.to_bits() != want.to_bits() {
+            return Err(format!(
+                "{what}: element {k} from rank {src} is {g}, expected {want}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// All-to-all of `n` bytes per peer: chunk p of rank s is `data_of(s, tag)[p n..]`.
 fn a2a_once(cx: &Ctx, n: usize, tag: u64) -> Result<(), String> {
     let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
@@ -68,28 +109,14 @@ pub(crate) fn check_all_to_all(cx: &Ctx) -> Check {
         a2a_once(cx, n, 700 + i as u64)?;
     }
     // Typed: f32 with rows of 33 elements.
-    let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
+    let world = cx.comm.world_size();
     let n = 33 * 1000;
     let val = |s: usize, k: usize| (s * 1_000_003 + k) as f32;
-    let send: Vec<f32> = (0..world * n).map(|k| val(rank, k)).collect();
-    let send = cx.stream.clone_htod(&send).map_err(err)?;
-    let mut recv = cx
-        .stream
-        .clone_htod(&vec![f32::NAN; world * n])
-        .map_err(err)?;
+    let (send, mut recv) = f32_a2a_buffers(cx, n, val)?;
     cx.comm
         .all_to_all(&send, &mut recv, &cx.stream)
         .map_err(err)?;
-    cx.sync()?;
-    let got = cx.stream.clone_dtoh(&recv).map_err(err)?;
-    for (k, g) in got.iter().enumerate() {
-        let want = val(k / n, rank * n + k % n);
-        if g.to_bits() != want.to_bits() {
-            return Err(format!(
-                "f32 all_to_all: element {k} is {g}, expected {want}"
-            ));
-        }
-    }
+    check_f32_a2a(cx, &recv, n, val, "f32 all_to_all")?;
     cx.host_barrier()?;
     Ok(format!(
         "{} sizes from 1 B to 64 MiB per peer (u8) and f32, world {world}, guard untouched",
@@ -443,12 +470,7 @@ pub(crate) fn check_late_loader(cx: &Ctx) -> Check {
     let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
     let n = 4096usize;
     let value = |src: usize, i: usize| (src * 1_000_000 + i) as f32;
-    let data: Vec<f32> = (0..world * n).map(|i| value(rank, i)).collect();
-    let send = cx.stream.clone_htod(&data).map_err(err)?;
-    let mut recv = cx
-        .stream
-        .clone_htod(&vec![f32::NAN; world * n])
-        .map_err(err)?;
+    let (send, mut recv) = f32_a2a_buffers(cx, n, value)?;
     let hooks = Hooks::new::<f32, f32>("LateLoaderCopy", HOOKS);
     let late = cx.comm.device_timeout() + Duration::from_secs(1);
     cx.sync()?;
@@ -459,17 +481,7 @@ pub(crate) fn check_late_loader(cx: &Ctx) -> Check {
     cx.comm
         .all_to_all_hooked(&hooks, &send, &mut recv, HookArgs::default(), &cx.stream)
         .map_err(err)?;
-    cx.sync()?;
-    let got = cx.stream.clone_dtoh(&recv).map_err(err)?;
-    for (k, g) in got.iter().enumerate() {
-        let (src, i) = (k / n, rank * n + k % n);
-        if g.to_bits() != value(src, i).to_bits() {
-            return Err(format!(
-                "element {k} from rank {src}: {g}, expected {}",
-                value(src, i)
-            ));
-        }
-    }
+    check_f32_a2a(cx, &recv, n, value, "late-loader all_to_all")?;
     cx.host_barrier()?;
     Ok(format!(
         "rank {} loaded the kernel {late:?} after its peers; every rank's result checked",
