@@ -71,6 +71,13 @@ pub struct BenchArgs {
     /// hook's parts (variants that leave one part out). Repeatable.
     #[arg(long = "hooks", value_name = "FILE:STRUCT")]
     extra_hooks: Vec<String>,
+    /// Keep cudarc's per-buffer event tracking on (its default). With several streams in a
+    /// context, every call that takes a buffer through the safe API then records and waits on
+    /// that buffer's events, a few host driver calls per call for devcomm and NCCL alike. The
+    /// benchmark turns it off by default, so that it times the two libraries and not cudarc's
+    /// bookkeeping (every buffer here is used on one stream); docs/benchmarks/README.md.
+    #[arg(long)]
+    event_tracking: bool,
 }
 
 /// One measured point. Every devcomm benchmark writes this shape.
@@ -108,6 +115,8 @@ pub struct Record {
     /// Tokens per rank (all-to-all-v).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
+    /// Whether cudarc's per-buffer event tracking was on (`--event-tracking`).
+    pub event_tracking: bool,
 }
 
 pub(crate) fn today() -> String {
@@ -160,32 +169,72 @@ pub(crate) fn time_us(
     Ok(samples[samples.len() / 2])
 }
 
-/// Median host wall-clock time of `f` followed by a stream synchronisation, microseconds, the
-/// slowest rank's (every rank returns it). Each sample starts after a host barrier, on an idle
-/// stream. For calls that wait on the GPU from the host inside, where only this times them
-/// the way a user sees them.
-pub(crate) fn time_wall(
+/// Median host wall-clock times of several candidates, timed in turn as in
+/// [`time_ranks_each`]: `f(i)` runs candidate `i` (named `names[i]`), then the stream is
+/// synchronised; each sample starts on an idle stream after a host barrier. Every rank returns
+/// the slowest rank's median per candidate. For calls that wait on the GPU from the host
+/// inside, where only this times them the way a user sees them.
+pub(crate) fn time_wall_each(
     cx: &Ctx,
     warmup: usize,
     iters: usize,
-    what: &str,
-    f: &mut dyn FnMut() -> Result<(), String>,
-) -> Result<f64, String> {
-    let mut samples = Vec::with_capacity(iters);
-    for i in 0..warmup + iters {
-        cx.host_barrier()?;
-        cx.stream.synchronize().map_err(|e| e.to_string())?;
+    names: &[&str],
+    f: &mut dyn FnMut(usize) -> Result<(), String>,
+) -> Result<Vec<f64>, String> {
+    let sync = || cx.stream.synchronize().map_err(|e| e.to_string());
+    let samples = in_turn(cx, true, warmup, iters, names.len(), &mut |i| {
+        sync()?;
         let t0 = std::time::Instant::now();
-        f()?;
-        cx.stream.synchronize().map_err(|e| e.to_string())?;
-        if i >= warmup {
-            samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        f(i)?;
+        sync()?;
+        Ok(t0.elapsed().as_secs_f64() * 1e6)
+    })?;
+    slowest_medians(cx, names, samples)
+}
+
+/// Runs `sample(i)` for every candidate `i < n` in each of `warmup + iters` rounds, after a
+/// host barrier each time, forward in even rounds and backward in odd ones: drift during the
+/// run (clocks, neighbours on the machine) then falls on every candidate alike, and none
+/// always follows the same other. Ranks that do not `time` only meet the barriers. Returns
+/// the timed rounds' samples per candidate (empty where not timed).
+fn in_turn(
+    cx: &Ctx,
+    time: bool,
+    warmup: usize,
+    iters: usize,
+    n: usize,
+    sample: &mut dyn FnMut(usize) -> Result<f64, String>,
+) -> Result<Vec<Vec<f64>>, String> {
+    let mut samples = vec![Vec::with_capacity(iters); n];
+    for round in 0..warmup + iters {
+        for k in 0..n {
+            let i = if round % 2 == 0 { k } else { n - 1 - k };
+            cx.host_barrier()?;
+            if time {
+                let s = sample(i)?;
+                if round >= warmup {
+                    samples[i].push(s);
+                }
+            }
         }
     }
-    samples.sort_by(f64::total_cmp);
-    let us = samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN);
+    Ok(samples)
+}
+
+/// Each candidate's median (0 where this rank has no samples), then the slowest rank's.
+fn slowest_medians(
+    cx: &Ctx,
+    names: &[&str],
+    mut samples: Vec<Vec<f64>>,
+) -> Result<Vec<f64>, String> {
     cx.sync()?;
-    nccl::max_over_ranks(cx, what, us)
+    let mut out = Vec::with_capacity(names.len());
+    for (name, s) in names.iter().zip(&mut samples) {
+        s.sort_by(f64::total_cmp);
+        let us = s.get(s.len() / 2).copied().unwrap_or(0.0);
+        out.push(nccl::max_over_ranks(cx, name, us)?);
+    }
+    Ok(out)
 }
 
 /// Per-call median time of `calls` back-to-back calls of `f` on ranks 0 and 1 (each sample
@@ -212,27 +261,39 @@ pub(crate) fn time_ranks(
     what: &str,
     f: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<f64, String> {
-    let us = if cx.comm.rank() < ranks {
-        time_us(
-            &cx.stream,
-            warmup,
-            iters,
-            || cx.host_barrier(),
-            || {
-                for _ in 0..calls {
-                    f()?;
-                }
-                Ok(())
-            },
-        )? / calls as f64
-    } else {
-        for _ in 0..warmup + iters {
-            cx.host_barrier()?;
+    Ok(time_ranks_each(cx, ranks, warmup, iters, calls, &[what], &mut |_| f())?[0])
+}
+
+/// Per-call median times of several candidates on ranks `0..ranks`, timed in turn (see
+/// `in_turn`): `f(i)` makes one call of candidate `i` (named `names[i]`); a sample is
+/// `calls` back-to-back calls between two CUDA events. Every rank returns the slowest rank's
+/// median per candidate.
+pub(crate) fn time_ranks_each(
+    cx: &Ctx,
+    ranks: usize,
+    warmup: usize,
+    iters: usize,
+    calls: usize,
+    names: &[&str],
+    f: &mut dyn FnMut(usize) -> Result<(), String>,
+) -> Result<Vec<f64>, String> {
+    let e = |x: cudarc::driver::DriverError| x.to_string();
+    let ctx = cx.stream.context();
+    // Timing events (cudarc's default disables timing).
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = ctx.new_event(timing).map_err(e)?;
+    let end = ctx.new_event(timing).map_err(e)?;
+    let active = cx.comm.rank() < ranks;
+    let samples = in_turn(cx, active, warmup, iters, names.len(), &mut |i| {
+        start.record(&cx.stream).map_err(e)?;
+        for _ in 0..calls {
+            f(i)?;
         }
-        0.0
-    };
-    cx.sync()?;
-    nccl::max_over_ranks(cx, what, us)
+        end.record(&cx.stream).map_err(e)?;
+        end.synchronize().map_err(e)?;
+        Ok(f64::from(start.elapsed_ms(&end).map_err(e)?) * 1e3 / calls as f64)
+    })?;
+    slowest_medians(cx, names, samples)
 }
 
 /// Runs the chosen benchmark on every rank; rank 0 prints and writes the results.
@@ -240,6 +301,12 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
     let cx = Ctx::new()?;
     if cx.comm.world_size() < 2 {
         return Err("benchmarks need at least 2 ranks".into());
+    }
+    if !args.event_tracking {
+        // SAFETY: every buffer the benchmark makes from here on is allocated, used and freed
+        // on `cx.stream` alone (devcomm's own streams join back into it within each call),
+        // so stream order is all the synchronisation they need.
+        unsafe { cx.comm.context().disable_event_tracking() };
     }
     let records = match args.op.as_str() {
         "latency" => bench_latency(&cx, args)?,
@@ -378,6 +445,7 @@ fn bench_latency(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         nccl_gbps: 0.0,
         config: String::new(),
         tokens: None,
+        event_tracking: args.event_tracking,
     }])
 }
 
@@ -405,6 +473,7 @@ fn put_record(
         nccl_gbps: bytes as f64 / ref_us / 1e3,
         config,
         tokens: None,
+        event_tracking: args.event_tracking,
     }
 }
 

@@ -55,11 +55,15 @@ pub(crate) struct Ctx {
     pub(crate) stream: Arc<CudaStream>,
     /// Agreed by all ranks, fresh each run: data are derived from it.
     pub(crate) seed: u64,
+    /// Whether the context was in cudarc's multi-stream mode right after the communicator was
+    /// made (before this context made its own stream): devcomm must leave it out.
+    multi_stream_after_init: bool,
 }
 
 impl Ctx {
     pub(crate) fn new() -> Result<Self, String> {
         let comm = Comm::from_env().map_err(|e| e.to_string())?;
+        let multi_stream_after_init = comm.context().is_in_multi_stream_mode();
         let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
         let mine = rand::random::<u64>().to_le_bytes();
         let all = comm
@@ -71,6 +75,7 @@ impl Ctx {
             comm,
             stream,
             seed,
+            multi_stream_after_init,
             phase: std::cell::RefCell::new(("start".into(), 0)),
         })
     }
@@ -470,6 +475,17 @@ fn check_timeout(cx: &Ctx, timeout: Duration) -> CheckResult {
     Ok(format!("returned after {:.2} s: {e}", waited.as_secs_f64()))
 }
 
+/// devcomm's own streams (copy engine) stay out of cudarc's stream count: a user on one stream
+/// keeps single-stream mode, without per-buffer event calls (cuda::InternalStream).
+fn check_context_mode(cx: &Ctx) -> CheckResult {
+    if cx.multi_stream_after_init {
+        return Err(
+            "making the communicator put the context into cudarc's multi-stream mode".into(),
+        );
+    }
+    Ok("the communicator left the context in single-stream mode".into())
+}
+
 /// Runs the checks on every rank and prints the table on rank 0.
 pub fn run(args: &SelftestArgs) -> Result<i32, String> {
     let cx = Ctx::new()?;
@@ -500,6 +516,7 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
             seconds,
         });
     };
+    run_one("context_mode", &check_context_mode);
     run_one("put_signal", &check_put_signal);
     run_one("barrier", &|cx| check_barrier(cx, args.barrier_iters));
     run_one("comm_barrier", &|cx| check_comm_barrier(cx, 1000));

@@ -11,7 +11,7 @@ use rand::SeedableRng;
 
 use crate::bench::nccl::{max_over_ranks, NcclPair};
 use crate::bench::sendrecv::calls_per_sample;
-use crate::bench::{device_label, time_ranks, time_wall, today, BenchArgs, Record};
+use crate::bench::{device_label, time_ranks_each, time_wall_each, today, BenchArgs, Record};
 use crate::selftest::Ctx;
 use crate::selftest_zc::BenchDst;
 
@@ -108,35 +108,48 @@ fn hooked_points(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let [transpose, fp8] = crate::precompile::example_hooks();
     let copy = Hooks::copy::<f32>().map_err(e)?;
     cx.sync()?;
-    let (warmup, iters) = (args.warmup, args.iters);
-    let calls = calls_per_sample(world * HOOKED_BYTES);
-    let mut time = |hooks: &Hooks, a: HookArgs, what: &str| {
-        time_ranks(cx, world, warmup, iters, calls, what, &mut || {
-            cx.comm
-                .all_to_all_hooked(hooks, &send, &mut recv, a, &cx.stream)
-                .map_err(e)
-        })
-    };
-    let plain = time(&copy, HookArgs::default(), "a2a-plain-f32")?;
-    let t_us = time(
-        &transpose,
-        HookArgs {
-            user: 0,
-            row_len: side,
-        },
-        "a2a-transpose",
-    )?;
-    let f_us = time(&fp8, HookArgs { user, row_len: 0 }, "a2a-fp8")?;
-    let mut extra = Vec::new();
+    // The plain all-to-all, the examples and any extra hooks, timed in turn.
+    let mut cases = vec![
+        ("a2a-plain-f32".to_string(), copy, HookArgs::default()),
+        (
+            "a2a-transpose".into(),
+            transpose,
+            HookArgs {
+                user: 0,
+                row_len: side,
+            },
+        ),
+        ("a2a-fp8".into(), fp8, HookArgs { user, row_len: 0 }),
+    ];
     for spec in &args.extra_hooks {
         let hooks = crate::precompile::f32_hooks(spec)?;
-        let name = hooks.name().to_string();
         let a = HookArgs {
             user,
             row_len: side,
         };
-        extra.push((name.clone(), time(&hooks, a, &name)?));
+        cases.push((hooks.name().to_string(), hooks, a));
     }
+    let names: Vec<&str> = cases.iter().map(|c| c.0.as_str()).collect();
+    let calls = calls_per_sample(world * HOOKED_BYTES);
+    let us = time_ranks_each(
+        cx,
+        world,
+        args.warmup,
+        args.iters,
+        calls,
+        &names,
+        &mut |i| {
+            cx.comm
+                .all_to_all_hooked(&cases[i].1, &send, &mut recv, cases[i].2, &cx.stream)
+                .map_err(e)
+        },
+    )?;
+    let (plain, t_us, f_us) = (us[0], us[1], us[2]);
+    let extra: Vec<(&str, f64)> = names[3..]
+        .iter()
+        .copied()
+        .zip(us[3..].iter().copied())
+        .collect();
     if rank != 0 {
         return Ok(Vec::new());
     }
@@ -175,16 +188,15 @@ fn a2a_point(
             .map_err(|e| e.to_string())?;
     }
     cx.sync()?;
+    verify_a2a(cx, send, recv, registered, bytes)?;
     let calls = calls_per_sample(n);
     let (warmup, iters) = (args.warmup, args.iters);
-    let d_us = time_ranks(cx, world, warmup, iters, calls, "a2a-devcomm", &mut || {
-        a2a_call(cx, send, recv, registered, n)
+    let names = ["a2a-devcomm", "a2a-nccl"];
+    let us = time_ranks_each(cx, world, warmup, iters, calls, &names, &mut |i| match i {
+        0 => a2a_call(cx, send, recv, registered, n),
+        _ => nccl.all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &chunks, &chunks),
     })?;
-    verify_a2a(cx, send, recv, registered, bytes)?;
-    let n_us = time_ranks(cx, world, warmup, iters, calls, "a2a-nccl", &mut || {
-        nccl.all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &chunks, &chunks)
-    })?;
-    let r = record(cx, args, "all_to_all", bytes as u64, (d_us, n_us));
+    let r = record(cx, args, "all_to_all", bytes as u64, (us[0], us[1]));
     let copy_engine = zero_copy_route(bytes as u64, cx.comm.p2p_limits()) == ZcRoute::CopyEngine;
     Ok((rank == 0).then(|| match registered {
         None => Record {
@@ -345,15 +357,15 @@ fn a2av_point(
         .stream
         .alloc_zeros::<u64>(cx.comm.world_size())
         .map_err(|e| e.to_string())?;
-    let (warmup, iters) = (args.warmup, args.iters);
-    let d_us = time_wall(cx, warmup, iters, "a2av-devcomm", &mut || {
-        cx.comm
-            .all_to_allv(&b.send, &mut b.recv, &mut b.counts, HIDDEN, &cx.stream)
-            .map_err(|e| e.to_string())
-    })?;
     verify_a2av(cx, b, tokens)?;
-    let n_us = time_wall(cx, warmup, iters, "a2av-nccl", &mut || {
-        nccl_a2av(cx, nccl, b, &mut nccl_counts)
+    let (warmup, iters) = (args.warmup, args.iters);
+    let names = ["a2av-devcomm", "a2av-nccl"];
+    let us = time_wall_each(cx, warmup, iters, &names, &mut |i| match i {
+        0 => cx
+            .comm
+            .all_to_allv(&b.send, &mut b.recv, &mut b.counts, HIDDEN, &cx.stream)
+            .map_err(|e| e.to_string()),
+        _ => nccl_a2av(cx, nccl, b, &mut nccl_counts),
     })?;
     let rank = cx.comm.rank();
     let r = record(
@@ -361,7 +373,7 @@ fn a2av_point(
         args,
         "all_to_allv",
         b.bytes_per_peer(rank),
-        (d_us, n_us),
+        (us[0], us[1]),
     );
     Ok((rank == 0).then(|| Record {
         reference: "NCCL count exchange + counts to host + grouped send/recv (host clock, both)"
@@ -539,6 +551,7 @@ fn record(cx: &Ctx, args: &BenchArgs, op: &str, bytes: u64, (d_us, n_us): (f64, 
         nccl_gbps: to_peers / n_us / 1e3,
         config: String::new(),
         tokens: None,
+        event_tracking: args.event_tracking,
     }
 }
 

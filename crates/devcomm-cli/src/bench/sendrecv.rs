@@ -9,7 +9,7 @@ use devcomm::p2p::{
 use devcomm::RegisteredRange;
 
 use crate::bench::nccl::NcclPair;
-use crate::bench::{device_label, time_pair, today, BenchArgs, Record};
+use crate::bench::{device_label, time_pair, time_ranks_each, today, BenchArgs, Record};
 use crate::selftest::Ctx;
 use crate::selftest_zc::BenchDst;
 
@@ -76,8 +76,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             vec![default]
         };
         let calls = calls_per_sample(bytes);
-        let mut best: Option<(f64, P2PConfig)> = None;
-        for cfg in candidates {
+        for &cfg in &candidates {
             // Poison, one call, verify every byte (large sizes only for the default in sweeps,
             // to bound the run's length).
             if active && (!args.sweep || bytes <= 64 << 20 || cfg == default) {
@@ -95,36 +94,43 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                     },
                 )?;
             }
-            cx.host_barrier()?;
-            let us =
-                time_pair(
-                    cx,
-                    args.warmup,
-                    args.iters,
-                    calls,
-                    "devcomm",
-                    &mut || match registered {
-                        Some(h) => zero_copy_call(cx, &src, h, bytes, peer, both),
-                        None => devcomm_call(cx, &src, dst, bytes, peer, both, cfg),
-                    },
-                )?;
-            if args.sweep && rank == 0 {
-                eprintln!("  {bytes} B {}: {us:.2} us", describe(&cfg, bytes, both));
-            }
-            if best.is_none_or(|(b, _)| us < b) {
-                best = Some((us, cfg));
+        }
+        // Every candidate and NCCL (last) in turn.
+        let mut names: Vec<&str> = vec!["devcomm"; candidates.len()];
+        names.push("nccl");
+        let us = time_ranks_each(
+            cx,
+            2,
+            args.warmup,
+            args.iters,
+            calls,
+            &names,
+            &mut |i| match (candidates.get(i), registered) {
+                (None, _) => nccl_call(&nccl, &src, dst, bytes, peer, both, rank),
+                (Some(_), Some(h)) => zero_copy_call(cx, &src, h, bytes, peer, both),
+                (Some(&cfg), None) => devcomm_call(cx, &src, dst, bytes, peer, both, cfg),
+            },
+        )?;
+        let n_us = us[candidates.len()];
+        if args.sweep && rank == 0 {
+            for (cfg, t) in candidates.iter().zip(&us) {
+                eprintln!("  {bytes} B {}: {t:.2} us", describe(cfg, bytes, both));
             }
         }
-        let Some((d_us, cfg)) = best else { continue };
+        let Some((d_us, cfg)) = candidates
+            .iter()
+            .zip(&us)
+            .map(|(&c, &t)| (t, c))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+        else {
+            continue;
+        };
         // Registered destinations go by the route of their size (`Comm::send_registered`):
         // the ordinary path with the default configuration, SM blocks, or the copy engine,
         // whose sender runs one pacing warp (one block).
         let zc_route = registered
             .is_some()
             .then(|| zero_copy_route(bytes as u64, comm.p2p_limits()));
-        let n_us = time_pair(cx, args.warmup, args.iters, calls, "nccl", &mut || {
-            nccl_call(&nccl, &src, dst, bytes, peer, both, rank)
-        })?;
         if rank == 0 {
             let gbps = |us: f64| bytes as f64 / us / 1e3;
             out.push(Record {
@@ -156,6 +162,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                     None => describe(&cfg, bytes, both),
                 },
                 tokens: None,
+                event_tracking: args.event_tracking,
             });
         }
         cx.host_barrier()?;
@@ -321,6 +328,7 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
                 nccl_gbps: bytes as f64 / n_us / 1e3,
                 config: describe(&cfg, bytes, false),
                 tokens: None,
+                event_tracking: args.event_tracking,
             });
         }
         drop(dgraph);

@@ -92,6 +92,48 @@ pub fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
         .cuda(NO_RANK, "cuStreamWriteValue64")
 }
 
+/// A non-blocking stream of devcomm's own (the copy-engine streams) that leaves the caller's
+/// context as it found it. `CudaContext::new_stream` would count it, and cudarc switches a
+/// context with any counted stream into multi-stream mode: from then on every access to a
+/// buffer through its safe API records and waits on events (host driver calls on every
+/// call of the user's, devcomm's and any other library's), and the first switch synchronises
+/// the context. devcomm orders its own streams with explicit events, so it keeps them out of
+/// that count; the stream is destroyed on drop (after work already enqueued completes: the
+/// driver's rule for `cuStreamDestroy`).
+#[derive(Debug)]
+pub(crate) struct InternalStream(Arc<CudaStream>);
+
+impl InternalStream {
+    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        bind(ctx)?;
+        let raw = cudarc::driver::result::stream::create(
+            cudarc::driver::result::stream::StreamKind::NonBlocking,
+        )
+        .cuda(NO_RANK, "cuStreamCreate")?;
+        // SAFETY: `raw` is a stream of `ctx` just created; this value owns it and destroys it
+        // only in `drop`, after the wrapper (never handed out by value) is gone from use.
+        Ok(Self(unsafe { ctx.wrap_borrowed_stream(raw) }))
+    }
+}
+
+impl std::ops::Deref for InternalStream {
+    type Target = Arc<CudaStream>;
+    fn deref(&self) -> &Arc<CudaStream> {
+        &self.0
+    }
+}
+
+impl Drop for InternalStream {
+    fn drop(&mut self) {
+        let result = bind(self.0.context()).and_then(|()| {
+            // SAFETY: the stream was created in `new` and nothing else destroys it.
+            unsafe { cudarc::driver::result::stream::destroy(self.0.cu_stream()) }
+                .cuda(NO_RANK, "cuStreamDestroy")
+        });
+        log_drop_error("cuStreamDestroy (copy-engine stream)", result);
+    }
+}
+
 /// Fills in the rank of an [`Error::Cuda`] raised by this layer (which does not know it);
 /// other errors pass through unchanged.
 pub fn with_rank(err: Error, rank: usize) -> Error {

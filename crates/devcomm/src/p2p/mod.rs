@@ -19,7 +19,7 @@ pub use config::{
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 
-use crate::cuda::linear_launch;
+use crate::cuda::{linear_launch, InternalStream};
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, KernelSpec, LoadedModule};
@@ -201,12 +201,12 @@ pub(crate) struct P2P {
 /// other direction.
 #[derive(Debug)]
 struct CeStreams {
-    pace: Arc<CudaStream>,
+    pace: InternalStream,
     /// Chunks alternate between two copy streams, so that one stream's memory operations and
     /// copy launch between chunks overlap the other's copy (one stream measured about 11 us
     /// of idle copy engine per chunk on H200: 334 GB/s at 1 GiB, docs/PERFORMANCE.md, v9).
-    copy: [Arc<CudaStream>; 2],
-    recv: Arc<CudaStream>,
+    copy: [InternalStream; 2],
+    recv: InternalStream,
 }
 
 impl P2P {
@@ -233,13 +233,10 @@ impl P2P {
             .cuda(rank, "cuMemAlloc (p2p counters)")?;
         stream.synchronize().cuda(rank, "cuStreamSynchronize")?;
         // Made now, not at the first copy-engine message, which may come inside a graph
-        // capture (where making the first extra stream would synchronise the context).
-        let new = || {
-            group
-                .ctx
-                .new_stream()
-                .cuda(rank, "cuStreamCreate (copy engine)")
-        };
+        // capture; outside cudarc's stream count, so that the caller's context stays in the
+        // mode it was in (InternalStream's doc).
+        let new =
+            || InternalStream::new(&group.ctx).map_err(|e| crate::cuda::with_rank(e, group.rank));
         let ce = CeStreams {
             pace: new()?,
             copy: [new()?, new()?],
@@ -516,7 +513,7 @@ impl P2P {
     /// copies the chunk into the peer's slot, then writes DONE = k + 1 (after a memory
     /// barrier); at the end each stream puts the GO words of its slots back to 0 for the next
     /// call (the pacer, which sets them, is done with them by then).
-    fn enqueue_copies(&self, group: &Group, s: P2PSide, copy: &[Arc<CudaStream>; 2]) -> Result<()> {
+    fn enqueue_copies(&self, group: &Group, s: P2PSide, copy: &[InternalStream; 2]) -> Result<()> {
         let rank = group.rank;
         let world = group.world_size;
         let peer = s.peer as usize;
