@@ -662,6 +662,14 @@ fn dump_failed(spec: &KernelSpec, log: &str) -> Result<()> {
     Ok(())
 }
 
+/// Extra NVRTC options from the environment variable `var`, split at whitespace (none when it
+/// is unset): the per-module `DEVCOMM_*_OPTIONS` knobs for experiments (docs/TUNING.md).
+pub(crate) fn env_options(var: &str) -> Vec<String> {
+    std::env::var(var)
+        .map(|v| v.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,6 +103,9 @@ static_assert(DC_OFFSETOF(CollLaunch, count_slot0) == 352, "CollLaunch.count_slo
 #ifndef DC_COLL_SELF_ILP
 #define DC_COLL_SELF_ILP 4  // tiles in flight per thread in the own chunk's copy
 #endif
+#ifndef DC_COLL_COPY_UNIT8
+#define DC_COLL_COPY_UNIT8 1  // copy hooks of elements up to 8 bytes: 8-byte low-latency units
+#endif
 
 #if defined(__CUDACC__)
 namespace coll {
@@ -169,6 +172,62 @@ struct Shape {
   }
 };
 
+// Bytes per low-latency unit of hooks H (LL lines carry 8 payload bytes, LL128 lines 14 words of
+// 16-byte units or 15 of 8-byte ones). Hooks see whole 16-byte tiles; the copy hooks of elements
+// of at most 8 bytes need no hook call, so with DC_COLL_COPY_UNIT8 their movers copy 8-byte
+// units themselves and LL128 lines carry 120 payload bytes instead of 112.
+template <class H>
+struct LlUnit {
+  static constexpr dc_u64 kBytes = 16;
+};
+#if DC_COLL_COPY_UNIT8
+template <class T>
+struct LlUnit<CopyHooks<T>> {
+  static constexpr dc_u64 kBytes = sizeof(T) <= 8 ? 8 : 16;
+};
+#endif
+
+// Elements of T (sizeof(T) <= 8) in one 8-byte unit.
+template <class T>
+constexpr dc_u32 kUnit8Elems = (dc_u32)(8 / sizeof(T));
+
+// The `count` (<= 8 / sizeof(T)) elements of T at p as one 8-byte unit (zero past them): one
+// load when the unit is whole and aligned, element by element otherwise.
+template <class T>
+__device__ __forceinline__ dc_u64 load_unit8(const T* p, dc_u32 count) {
+  if (count == kUnit8Elems<T> && (reinterpret_cast<dc_u64>(p) & 7) == 0) {
+    return *reinterpret_cast<const dc_u64*>(p);
+  }
+  union {
+    T e[kUnit8Elems<T>];
+    dc_u64 u;
+  } x;
+  x.u = 0;
+#pragma unroll
+  for (dc_u32 k = 0; k < kUnit8Elems<T>; ++k) {
+    if (k < count) x.e[k] = p[k];
+  }
+  return x.u;
+}
+
+// The inverse: writes the unit's first `count` elements to p.
+template <class T>
+__device__ __forceinline__ void store_unit8(T* p, dc_u32 count, dc_u64 v) {
+  if (count == kUnit8Elems<T> && (reinterpret_cast<dc_u64>(p) & 7) == 0) {
+    *reinterpret_cast<dc_u64*>(p) = v;
+    return;
+  }
+  union {
+    T e[kUnit8Elems<T>];
+    dc_u64 u;
+  } x;
+  x.u = v;
+#pragma unroll
+  for (dc_u32 k = 0; k < kUnit8Elems<T>; ++k) {
+    if (k < count) p[k] = x.e[k];
+  }
+}
+
 // One chunk seen tile by tile: the Ctx of tile k.
 template <class H>
 struct ChunkTiles {
@@ -183,6 +242,13 @@ struct ChunkTiles {
     c.valid = Shape<H>::valid(c.pos, n);
     return c;
   }
+  // The 8-byte unit at wire byte `off` (LlUnit): its first element in the chunk and how many
+  // of its elements exist (none in the padding of the chunk's last tile).
+  __device__ __forceinline__ dc_u32 unit8(dc_u64 off, dc_u64& pos) const {
+    using T = typename H::Wire;
+    pos = off / sizeof(T);
+    return pos >= n ? 0u : (n - pos < kUnit8Elems<T> ? (dc_u32)(n - pos) : kUnit8Elems<T>);
+  }
 };
 
 // Sending mover: tiles of one chunk through H::produce.
@@ -190,7 +256,7 @@ template <class H>
 struct HookSend : ChunkTiles<H> {
   using W = typename H::Wire;
   using ChunkTiles<H>::at;
-  static constexpr dc_u64 kUnit = 16;
+  static constexpr dc_u64 kUnit = LlUnit<H>::kBytes;
   template <class G>
   __device__ __forceinline__ void chunk(const G& g, char* slot, dc_u64 off, dc_u64 bytes) const {
     constexpr int K = DC_COLL_MOVE_ILP;
@@ -209,11 +275,17 @@ struct HookSend : ChunkTiles<H> {
       dst[j] = *reinterpret_cast<const uint4*>(&t);
     }
   }
-  __device__ __forceinline__ void unit(dc_u64 off, dc_u64, dc_u64 (&v)[2]) const {
-    const Tile<W> t = H::produce(at(off / 16));
-    const uint4 u = *reinterpret_cast<const uint4*>(&t);
-    v[0] = ((dc_u64)u.y << 32) | u.x;
-    v[1] = ((dc_u64)u.w << 32) | u.z;
+  __device__ __forceinline__ void unit(dc_u64 off, dc_u64, dc_u64 (&v)[kUnit / 8]) const {
+    if constexpr (kUnit == 8) {  // copy hooks: the input's bytes
+      dc_u64 pos;
+      const dc_u32 count = this->unit8(off, pos);
+      v[0] = load_unit8(static_cast<const W*>(this->base.in) + this->e0 + pos, count);
+    } else {
+      const Tile<W> t = H::produce(at(off / 16));
+      const uint4 u = *reinterpret_cast<const uint4*>(&t);
+      v[0] = ((dc_u64)u.y << 32) | u.x;
+      v[1] = ((dc_u64)u.w << 32) | u.z;
+    }
   }
 };
 
@@ -222,7 +294,7 @@ template <class H>
 struct HookRecv : ChunkTiles<H> {
   using W = typename H::Wire;
   using ChunkTiles<H>::at;
-  static constexpr dc_u64 kUnit = 16;
+  static constexpr dc_u64 kUnit = LlUnit<H>::kBytes;
   bool discard;
   template <class G>
   __device__ __forceinline__ void chunk(const G& g, const char* slot, dc_u64 off, dc_u64 bytes,
@@ -246,14 +318,20 @@ struct HookRecv : ChunkTiles<H> {
       H::consume(at(t0 + j), *reinterpret_cast<const Tile<W>*>(&u));
     }
   }
-  __device__ __forceinline__ void unit(dc_u64 off, dc_u64, const dc_u64 (&v)[2]) const {
+  __device__ __forceinline__ void unit(dc_u64 off, dc_u64, const dc_u64 (&v)[kUnit / 8]) const {
     if (discard) return;
-    uint4 u;
-    u.x = (dc_u32)v[0];
-    u.y = (dc_u32)(v[0] >> 32);
-    u.z = (dc_u32)v[1];
-    u.w = (dc_u32)(v[1] >> 32);
-    H::consume(at(off / 16), *reinterpret_cast<const Tile<W>*>(&u));
+    if constexpr (kUnit == 8) {  // copy hooks: the wire's bytes
+      dc_u64 pos;
+      const dc_u32 count = this->unit8(off, pos);
+      store_unit8(static_cast<W*>(this->base.out) + this->e0 + pos, count, v[0]);
+    } else {
+      uint4 u;
+      u.x = (dc_u32)v[0];
+      u.y = (dc_u32)(v[0] >> 32);
+      u.z = (dc_u32)v[1];
+      u.w = (dc_u32)(v[1] >> 32);
+      H::consume(at(off / 16), *reinterpret_cast<const Tile<W>*>(&u));
+    }
   }
 };
 

@@ -247,11 +247,7 @@ pub const OPTIONS_ENV: &str = "DEVCOMM_COLL_OPTIONS";
 
 fn options_from_env() -> &'static [String] {
     static OPTIONS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    OPTIONS.get_or_init(|| {
-        std::env::var(OPTIONS_ENV)
-            .map(|v| v.split_whitespace().map(str::to_string).collect())
-            .unwrap_or_default()
-    })
+    OPTIONS.get_or_init(|| crate::jit::env_options(OPTIONS_ENV))
 }
 
 /// A loaded collective kernel: the function, its resident blocks per SM, its load gate.

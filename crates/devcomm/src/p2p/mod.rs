@@ -115,6 +115,7 @@ pub const SPLIT_ENV: &str = "DEVCOMM_P2P_SPLIT";
 
 /// The kernel spec with every (send threads, recv threads) instantiation.
 pub fn sendrecv_spec() -> KernelSpec {
+    static OPTIONS: OnceLock<Vec<String>> = OnceLock::new();
     let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE)
         .name_expression(zc_expression())
         .name_expression(CE_SEND_EXPRESSION.to_owned())
@@ -132,8 +133,19 @@ pub fn sendrecv_spec() -> KernelSpec {
             }
         }
     }
+    spec.options.extend(
+        OPTIONS
+            .get_or_init(|| crate::jit::env_options(P2P_OPTIONS_ENV))
+            .iter()
+            .cloned(),
+    );
     spec
 }
+
+/// `DEVCOMM_P2P_OPTIONS`: extra NVRTC options for the send/recv kernels, split at whitespace
+/// (e.g. `-DDC_LL128_UNROLL=4`, docs/TUNING.md). For experiments: both ends of a transfer must
+/// use the same. Part of the kernel cache's key.
+pub const P2P_OPTIONS_ENV: &str = "DEVCOMM_P2P_OPTIONS";
 
 /// One direction of a send/recv call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
