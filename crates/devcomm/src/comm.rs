@@ -534,13 +534,15 @@ impl Comm {
         self.p2p.launch(&self.group, &self.jit, send, recv, stream)
     }
 
-    /// The collective kernel's blocks (docs/COLLECTIVES.md, "Grid"): for an all-to-all whose
-    /// own chunk has `self_bytes` input bytes, or `None` for device counts (all-to-all-v).
+    /// The collective kernel's blocks (docs/COLLECTIVES.md, "Grid"): for a plain all-to-all
+    /// (copy hooks) of `self_bytes` input bytes per peer, or `None` for device counts
+    /// (all-to-all-v).
     pub fn collective_shape(&self, self_bytes: Option<u64>) -> CollShape {
         self.coll.shape(
             self.group.world_size,
             self.p2p.limits().max_blocks,
             self_bytes,
+            self_bytes.map(|b| b.div_ceil(16) * 16),
         )
     }
 

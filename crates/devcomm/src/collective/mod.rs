@@ -47,6 +47,38 @@ fn self_block_bytes() -> u64 {
     })
 }
 
+/// Environment variable: `0` keeps the full grid for small all-to-alls (see
+/// [`fit_low_latency`]; experiments, every rank must set the same value).
+pub const FIT_GRID_ENV: &str = "DEVCOMM_COLL_FIT_GRID";
+
+fn fit_grid() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var(FIT_GRID_ENV).map_or(true, |v| v.trim() != "0"))
+}
+
+/// Wire bytes per (peer, direction) up to which the kernel moves LL lines, one block per
+/// [`LL_BLOCK_BYTES`] (`DC_COLL_LL_MAX` and `THREADS x 16` in `collective.cuh`).
+pub const LL_MAX_BYTES: u64 = 128 << 10;
+/// Wire bytes one block moves as LL lines.
+pub const LL_BLOCK_BYTES: u64 = THREADS as u64 * 16;
+
+/// `shape` with no more blocks per peer than a transfer of `peer_wire` bytes (every peer's, in
+/// each direction, equal on every rank) uses when it goes as LL lines: the kernel's plan gives
+/// such a transfer one block per [`LL_BLOCK_BYTES`], so the other blocks of each peer role would
+/// only start and exit. At 1 KiB per peer on 4 ranks the grid is then 7 blocks instead of
+/// 127. Larger transfers (LL128, bulk) keep the shape. The plan takes the smaller of its own
+/// count and the blocks per peer, so a lower value where the device constants differ stays
+/// correct, as long as every rank computes the same shape.
+pub fn fit_low_latency(shape: CollShape, peer_wire: Option<u64>) -> CollShape {
+    match peer_wire {
+        Some(w) if w <= LL_MAX_BYTES => CollShape {
+            per_peer: shape.per_peer.min(w.div_ceil(LL_BLOCK_BYTES).max(1) as u32),
+            ..shape
+        },
+        _ => shape,
+    }
+}
+
 /// Blocks of the collective kernel: `per_peer` for each of the `2 (W - 1)` peer roles (a sender
 /// and a receiver per peer) and `self_blocks` for the own chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +201,12 @@ impl Hooks {
         }
         let name = COPY_HOOKS[size.trailing_zeros() as usize];
         Ok(Self::build(name.into(), "".into(), size, size))
+    }
+
+    /// Whether these are the built-in copy hooks ([`Hooks::copy`]): the wire carries the
+    /// input's bytes.
+    pub(crate) fn is_copy(&self) -> bool {
+        self.source.is_empty()
     }
 
     /// User hooks: `name` is the struct defined in `source`, whose `In` and `Out` types must be
@@ -357,19 +395,23 @@ impl Collective {
 
     /// The kernel's shape for `world` ranks on the group's smallest GPU (one block per SM):
     /// see [`coll_shape`].
+    /// The shape of a launch; `peer_wire`: every transfer's wire bytes where they are equal
+    /// on every rank and known to the host (see [`fit_low_latency`]).
     pub(crate) fn shape(
         &self,
         world: usize,
         max_blocks: u32,
         self_bytes: Option<u64>,
+        peer_wire: Option<u64>,
     ) -> CollShape {
-        coll_shape(
+        let shape = coll_shape(
             self.sm_count,
             world,
             max_blocks,
             self_bytes,
             self_block_bytes(),
-        )
+        );
+        fit_low_latency(shape, peer_wire.filter(|_| fit_grid()))
     }
 
     fn function(
@@ -472,7 +514,11 @@ impl Collective {
             }
             _ => None,
         };
-        let shape = self.shape(world, limits.max_blocks, self_bytes);
+        // Copy hooks put the input's bytes on the wire (rounded up to whole 16-byte tiles), so
+        // an all-to-all's transfers all have the same, known wire size.
+        let peer_wire = (call.mode == MODE_UNIFORM && hooks.is_copy())
+            .then(|| (call.rows * call.row_len * hooks.in_size as u64).div_ceil(16) * 16);
+        let shape = self.shape(world, limits.max_blocks, self_bytes, peer_wire);
         let grid = shape.grid(world);
         if grid > per_sm.max(1) * self.sm_count {
             return Err(Error::InvalidArgument {
@@ -524,6 +570,28 @@ impl Collective {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn low_latency_transfers_get_only_the_blocks_their_plan_uses() {
+        let full = coll_shape(132, 4, 32, Some(1024), SELF_BLOCK_BYTES);
+        // 1 KiB per peer: one block per peer role and one for the own chunk.
+        let small = fit_low_latency(full, Some(1024));
+        assert_eq!((small.per_peer, small.self_blocks), (1, 1));
+        assert_eq!(small.grid(4), 7);
+        // 64 KiB: 8 blocks of 8 KiB; the largest LL size: 16.
+        assert_eq!(fit_low_latency(full, Some(64 << 10)).per_peer, 8);
+        assert_eq!(fit_low_latency(full, Some(LL_MAX_BYTES)).per_peer, 16);
+        // LL128 and bulk sizes, unknown sizes: the shape as it was.
+        assert_eq!(fit_low_latency(full, Some(LL_MAX_BYTES + 16)), full);
+        assert_eq!(fit_low_latency(full, None), full);
+        // Never more than the shape had, never 0.
+        let narrow = coll_shape(16, 8, 32, None, SELF_BLOCK_BYTES);
+        assert_eq!(
+            fit_low_latency(narrow, Some(64 << 10)).per_peer,
+            narrow.per_peer
+        );
+        assert_eq!(fit_low_latency(full, Some(0)).per_peer, 1);
+    }
 
     #[test]
     fn every_role_gets_an_even_share_without_a_known_own_chunk() {
