@@ -137,6 +137,43 @@ pub(crate) fn today() -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
+/// Two timing events (cudarc's default disables timing) that time what one closure enqueues.
+struct EventTimer {
+    start: cudarc::driver::CudaEvent,
+    end: cudarc::driver::CudaEvent,
+}
+
+impl EventTimer {
+    fn new(stream: &CudaStream) -> Result<Self, String> {
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let event = || {
+            stream
+                .context()
+                .new_event(timing)
+                .map_err(|e| e.to_string())
+        };
+        Ok(Self {
+            start: event()?,
+            end: event()?,
+        })
+    }
+
+    /// Microseconds between the events around what `f` enqueues on `stream`, after waiting for
+    /// it.
+    fn time(
+        &self,
+        stream: &CudaStream,
+        f: impl FnOnce() -> Result<(), String>,
+    ) -> Result<f64, String> {
+        let e = |x: cudarc::driver::DriverError| x.to_string();
+        self.start.record(stream).map_err(e)?;
+        f()?;
+        self.end.record(stream).map_err(e)?;
+        self.end.synchronize().map_err(e)?;
+        Ok(f64::from(self.start.elapsed_ms(&self.end).map_err(e)?) * 1e3)
+    }
+}
+
 /// Median of event-timed runs of `f` on `stream`, in microseconds. Each run is preceded by
 /// `before` (untimed; e.g. a host barrier so that ranks start together).
 pub(crate) fn time_us(
@@ -146,24 +183,14 @@ pub(crate) fn time_us(
     mut before: impl FnMut() -> Result<(), String>,
     mut f: impl FnMut() -> Result<(), String>,
 ) -> Result<f64, String> {
-    let ctx = stream.context();
-    // Timing events (cudarc's default disables timing).
-    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let start = ctx.new_event(timing).map_err(|e| e.to_string())?;
-    let end = ctx.new_event(timing).map_err(|e| e.to_string())?;
-    for _ in 0..warmup {
-        before()?;
-        f()?;
-        stream.synchronize().map_err(|e| e.to_string())?;
-    }
+    let timer = EventTimer::new(stream)?;
     let mut samples = Vec::with_capacity(iters);
-    for _ in 0..iters {
+    for i in 0..warmup + iters {
         before()?;
-        start.record(stream).map_err(|e| e.to_string())?;
-        f()?;
-        end.record(stream).map_err(|e| e.to_string())?;
-        end.synchronize().map_err(|e| e.to_string())?;
-        samples.push(f64::from(start.elapsed_ms(&end).map_err(|e| e.to_string())?) * 1e3);
+        let us = timer.time(stream, &mut f)?;
+        if i >= warmup {
+            samples.push(us);
+        }
     }
     samples.sort_by(f64::total_cmp);
     Ok(samples[samples.len() / 2])
@@ -277,21 +304,16 @@ pub(crate) fn time_ranks_each(
     names: &[&str],
     f: &mut dyn FnMut(usize) -> Result<(), String>,
 ) -> Result<Vec<f64>, String> {
-    let e = |x: cudarc::driver::DriverError| x.to_string();
-    let ctx = cx.stream.context();
-    // Timing events (cudarc's default disables timing).
-    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let start = ctx.new_event(timing).map_err(e)?;
-    let end = ctx.new_event(timing).map_err(e)?;
+    let timer = EventTimer::new(&cx.stream)?;
     let active = cx.comm.rank() < ranks;
     let samples = in_turn(cx, active, warmup, iters, names.len(), &mut |i| {
-        start.record(&cx.stream).map_err(e)?;
-        for _ in 0..calls {
-            f(i)?;
-        }
-        end.record(&cx.stream).map_err(e)?;
-        end.synchronize().map_err(e)?;
-        Ok(f64::from(start.elapsed_ms(&end).map_err(e)?) * 1e3 / calls as f64)
+        let us = timer.time(&cx.stream, || {
+            for _ in 0..calls {
+                f(i)?;
+            }
+            Ok(())
+        })?;
+        Ok(us / calls as f64)
     })?;
     slowest_medians(cx, names, samples)
 }

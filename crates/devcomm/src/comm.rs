@@ -542,7 +542,7 @@ impl Comm {
             self.group.world_size,
             self.p2p.limits().max_blocks,
             self_bytes,
-            self_bytes.map(|b| b.div_ceil(16) * 16),
+            true,
         )
     }
 

@@ -395,15 +395,19 @@ impl Collective {
 
     /// The kernel's shape for `world` ranks on the group's smallest GPU (one block per SM):
     /// see [`coll_shape`].
-    /// The shape of a launch; `peer_wire`: every transfer's wire bytes where they are equal
-    /// on every rank and known to the host (see [`fit_low_latency`]).
+    /// The shape of a launch. `uniform_copy`: a plain all-to-all (copy hooks, `self_bytes` per
+    /// peer), whose transfers all carry the input's bytes rounded up to whole 16-byte tiles,
+    /// so that the grid can fit them (see [`fit_low_latency`]).
     pub(crate) fn shape(
         &self,
         world: usize,
         max_blocks: u32,
         self_bytes: Option<u64>,
-        peer_wire: Option<u64>,
+        uniform_copy: bool,
     ) -> CollShape {
+        let peer_wire = self_bytes
+            .filter(|_| uniform_copy && fit_grid())
+            .map(|b| b.div_ceil(16) * 16);
         let shape = coll_shape(
             self.sm_count,
             world,
@@ -411,7 +415,7 @@ impl Collective {
             self_bytes,
             self_block_bytes(),
         );
-        fit_low_latency(shape, peer_wire.filter(|_| fit_grid()))
+        fit_low_latency(shape, peer_wire)
     }
 
     fn function(
@@ -514,11 +518,8 @@ impl Collective {
             }
             _ => None,
         };
-        // Copy hooks put the input's bytes on the wire (rounded up to whole 16-byte tiles), so
-        // an all-to-all's transfers all have the same, known wire size.
-        let peer_wire = (call.mode == MODE_UNIFORM && hooks.is_copy())
-            .then(|| (call.rows * call.row_len * hooks.in_size as u64).div_ceil(16) * 16);
-        let shape = self.shape(world, limits.max_blocks, self_bytes, peer_wire);
+        let uniform_copy = call.mode == MODE_UNIFORM && hooks.is_copy();
+        let shape = self.shape(world, limits.max_blocks, self_bytes, uniform_copy);
         let grid = shape.grid(world);
         if grid > per_sm.max(1) * self.sm_count {
             return Err(Error::InvalidArgument {
