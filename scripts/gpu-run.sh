@@ -3,7 +3,7 @@
 # the GPU self-test on every GPU, then the quick benchmarks. Full logs and JSON go to $OUT
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
-#   what: info selftest selftest2 p2p coll coll-mixed examples latency put sendrecv pull pull-sweep sms
+#   what: info selftest selftest2 p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
 #         ll128-sweep ll128-off tune ce ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph ...
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -41,6 +41,7 @@ for w in $what; do
       step example-transpose $bin launch -n "$n" -- dist/transpose_all_to_all
       step example-fp8 $bin launch -n "$n" -- dist/fp8_all_to_all ;;
     latency) step latency $bin launch -n 2 -- $bin bench --op latency --device-kind "$kind" --json "$out/latency.json" ;;
+    launch) step launch $bin launch -n "$n" -- $bin bench --op launch --device-kind "$kind" --json "$out/launch.json" ;;
     put) step put $bin launch -n 2 -- $bin bench --op put --device-kind "$kind" --json "$out/put.json" --plot "$out/put.svg" ;;
     sendrecv)
       step sendrecv $bin launch -n 2 -- $bin bench --op sendrecv --device-kind "$kind" --json "$out/sendrecv.json" --plot "$out/sendrecv.svg"

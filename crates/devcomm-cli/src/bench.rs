@@ -9,6 +9,7 @@ use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use crate::selftest::Ctx;
 
 mod alltoall;
+mod launch;
 pub(crate) mod nccl;
 mod plot;
 mod sendrecv;
@@ -138,13 +139,13 @@ pub(crate) fn today() -> String {
 }
 
 /// Two timing events (cudarc's default disables timing) that time what one closure enqueues.
-struct EventTimer {
+pub(crate) struct EventTimer {
     start: cudarc::driver::CudaEvent,
     end: cudarc::driver::CudaEvent,
 }
 
 impl EventTimer {
-    fn new(stream: &CudaStream) -> Result<Self, String> {
+    pub(crate) fn new(stream: &CudaStream) -> Result<Self, String> {
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let event = || {
             stream
@@ -160,7 +161,7 @@ impl EventTimer {
 
     /// Microseconds between the events around what `f` enqueues on `stream`, after waiting for
     /// it.
-    fn time(
+    pub(crate) fn time(
         &self,
         stream: &CudaStream,
         f: impl FnOnce() -> Result<(), String>,
@@ -332,6 +333,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
     }
     let records = match args.op.as_str() {
         "latency" => bench_latency(&cx, args)?,
+        "launch" => launch::run(&cx, args)?,
         "put" => bench_put(&cx, args)?,
         "sendrecv" if args.graph => sendrecv::run_graph(&cx, args)?,
         "sendrecv" => sendrecv::run(&cx, args, args.both_directions)?,
@@ -339,7 +341,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
         "all_to_allv" => alltoall::run_v(&cx, args)?,
         other => {
             return Err(format!(
-                "unknown --op {other:?} (latency, put, sendrecv, all_to_all, all_to_allv)"
+                "unknown --op {other:?} (latency, launch, put, sendrecv, all_to_all, all_to_allv)"
             ))
         }
     };

@@ -604,6 +604,7 @@ __device__ __forceinline__ void coll_body(const CollLaunch& a, dc_u64 seq) {
 
 template <class H, int THREADS, bool MIXED>
 __global__ void __launch_bounds__(THREADS, 1) coll_kernel(CollLaunch a) {
+  enter_after_previous_kernel();
   if (a.mode != kModeDeviceCounts) {  // counts known on the host: no exchange, no call numbers
     coll_body<H, THREADS, MIXED>(a, 0);
     return;

@@ -65,6 +65,19 @@ __device__ __forceinline__ dc_u64 globaltimer_ns() {
   return t;
 }
 
+// Programmatic dependent launch (docs/PROTOCOL.md, "Back-to-back launches"). The host launches
+// devcomm's kernels with programmatic stream serialization, so a kernel may be scheduled while
+// the kernel before it on the stream still runs. Every such kernel calls this first: it lets
+// the next kernel be scheduled (once every block of this one has called it), then waits until
+// the kernel before this one has finished and its memory operations are visible, exactly the
+// guarantee an ordinary launch gives. Launched without the attribute, both are no-ops.
+__device__ __forceinline__ void enter_after_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 #endif  // __CUDACC__
 
 }  // namespace devcomm

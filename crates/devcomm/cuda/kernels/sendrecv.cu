@@ -18,6 +18,7 @@ namespace p2p {
 // because both take blocks and threads from the message size (src/p2p/config.rs).
 template <int SEND_THREADS, int RECV_THREADS>
 __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2PLaunch a) {
+  enter_after_previous_kernel();
   const dc_u32 b = blockIdx.x;
   const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
   const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
@@ -49,6 +50,7 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
 // receive (docs/PERFORMANCE.md, v12).
 template <int THREADS, bool INTERLEAVE>
 __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
+  enter_after_previous_kernel();
   constexpr dc_u32 kWarps = THREADS / 32;
   const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
   const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
@@ -188,6 +190,7 @@ __device__ inline void zc_recv(const ZcLaunch& z) {
 // receives (its first warp), so both directions at once cannot deadlock.
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS, 1) p2p_zc_kernel(ZcLaunch z) {
+  enter_after_previous_kernel();
   const dc_u32 send_blocks = z.p.send.peer >= 0 ? z.p.send.blocks : 0;
   if (blockIdx.x < send_blocks) {
     zc_send(z, blockIdx.x);
@@ -206,6 +209,7 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_zc_kernel(ZcLaunch z) {
 // still lands in the sender's own range of the receiver's registered buffer (checked against
 // its size on the host), and the error is reported on both sides.
 __global__ void __launch_bounds__(32, 1) p2p_zc_ce_kernel(ZcLaunch z) {
+  enter_after_previous_kernel();
   const P2PSide& s = z.p.send;
   const DeviceWindow& w = z.p.w;
   dc_u64* counters = reinterpret_cast<dc_u64*>(s.steps);
@@ -245,6 +249,7 @@ __global__ void __launch_bounds__(32, 1) p2p_zc_ce_kernel(ZcLaunch z) {
 // copy stream's waits have no deadline of their own, and the copies then land in slots the
 // receiver may be reading: the receiver sees INTENT change and reports it.
 __global__ void __launch_bounds__(32, 1) p2p_ce_send_kernel(P2PLaunch a) {
+  enter_after_previous_kernel();
   const P2PSide& s = a.send;
   const DeviceWindow& w = a.w;
   const int r = s.peer;
@@ -340,6 +345,7 @@ constexpr int kCeCopyUnroll = 16;
 // sender gave up waiting) or a chunk of another message is reported, never taken silently.
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS, 1) p2p_ce_recv_kernel(P2PLaunch a) {
+  enter_after_previous_kernel();
   const P2PSide& r = a.recv;
   const DeviceWindow& w = a.w;
   const int q = r.peer;

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
 
 use crate::cuda::linear_launch;
 use crate::error::{CudaResultExt, Error, Result};
@@ -555,15 +555,14 @@ impl Collective {
             reserved: 0,
         };
         let cfg = linear_launch(grid, THREADS);
-        let mut builder = stream.launch_builder(&func);
-        builder.arg(&args);
         // SAFETY: coll_kernel<H, THREADS, MIXED>(CollLaunch) takes exactly this struct by
-        // value. Its window and counters live as long as the communicator; the buffers and
+        // value and enters through enter_after_previous_kernel. Its window and counters live as long as the communicator; the buffers and
         // count arrays were checked by the caller (sizes from cudarc slices); the kernel reads
         // at most `send_capacity` rows of `input` and writes at most `recv_capacity` rows of
         // `output` (device counts beyond them are refused on the device), and every grid block
         // is resident (checked above), so the roles' waits on each other cannot deadlock.
-        unsafe { builder.launch(cfg) }.cuda(rank as i32, "cuLaunchKernel (collective)")?;
+        unsafe { crate::cuda::launch_struct(stream, &func, cfg, &args) }
+            .cuda(rank as i32, "cuLaunchKernelEx (collective)")?;
         Ok(())
     }
 }

@@ -41,6 +41,68 @@ pub(crate) fn linear_launch(blocks: u32, threads: u32) -> cudarc::driver::Launch
     }
 }
 
+/// Environment variable: `0` launches devcomm's kernels the ordinary way instead of with
+/// programmatic stream serialization (see [`launch_struct`]).
+pub const PDL_ENV: &str = "DEVCOMM_PDL";
+
+/// Whether kernels are launched with programmatic stream serialization (read once).
+pub(crate) fn pdl_enabled() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var(PDL_ENV).map_or(true, |v| v.trim() != "0"))
+}
+
+/// Launches `func(args)` on `stream` with the shape of `cfg`, through `cuLaunchKernelEx` with
+/// programmatic stream serialization unless [`PDL_ENV`] is `0` (docs/PROTOCOL.md,
+/// "Back-to-back launches"): the kernel may be scheduled while the kernel before it on the
+/// stream still runs, and its first act (`enter_after_previous_kernel` in
+/// `cuda/devcomm/ordering.cuh`) waits until that kernel has finished and its writes are
+/// visible. What the launch saves is the scheduling gap between back-to-back kernels.
+///
+/// # Safety
+///
+/// `func` must take exactly one parameter, of type `A`, by value; everything it touches
+/// through `args` must stay valid until it has finished; and it must call
+/// `enter_after_previous_kernel()` before it touches any memory (every devcomm kernel does
+/// so first).
+pub(crate) unsafe fn launch_struct<A: cudarc::driver::DeviceRepr>(
+    stream: &CudaStream,
+    func: &cudarc::driver::CudaFunction,
+    cfg: cudarc::driver::LaunchConfig,
+    args: &A,
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    stream.context().bind_to_thread()?;
+    // SAFETY: an all-zero attribute is valid (IGNORE with a zeroed value); both fields set
+    // below are plain integers.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: u32::from(pdl_enabled()),
+    };
+    let mut params = [args as *const A as *mut std::ffi::c_void];
+    // SAFETY: `config` and `attr` outlive the call; `params` holds one pointer to a live `A`,
+    // the kernel's only parameter (the caller's contract), which the driver copies before it
+    // returns.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            func.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+}
+
 /// Maps a raw driver status to `Ok` or [`Error::Cuda`] naming `call`.
 pub(crate) fn check(status: sys::CUresult, call: &'static str) -> Result<()> {
     status.result().cuda(NO_RANK, call)

@@ -8,7 +8,7 @@ pub mod tune;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 
 pub use config::{
     auto_pull, ce_config, default_config, staged_config, sweep_configs, zero_copy_blocks,
@@ -19,7 +19,7 @@ pub use config::{
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 
-use crate::cuda::{linear_launch, InternalStream};
+use crate::cuda::{launch_struct, linear_launch, InternalStream};
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, KernelSpec, LoadedModule};
@@ -424,14 +424,14 @@ impl P2P {
             (key, linear_launch(blocks, threads[0] + threads[1]))
         };
         let func = self.function(group, jit, key)?;
-        let mut builder = stream.launch_builder(&func);
-        builder.arg(&args);
-        // SAFETY: p2p_kernel<S, R>(P2PLaunch) takes exactly this struct by value; its pointers
+        // SAFETY: p2p_kernel<S, R>(P2PLaunch) takes exactly this struct by value and enters
+        // through enter_after_previous_kernel; its pointers
         // are the p2p window (alive as long as `self`), this communicator's counters, and the
         // caller's buffers, whose sizes the caller vouched for (the safe wrappers take them
         // from cudarc slices). The guard above checked peers, blocks and chunk against the
         // window, so the kernel writes only inside the receiver's region for this sender.
-        unsafe { builder.launch(cfg) }.cuda(group.rank as i32, "cuLaunchKernel (sendrecv)")?;
+        unsafe { launch_struct(stream, &func, cfg, &args) }
+            .cuda(group.rank as i32, "cuLaunchKernelEx (sendrecv)")?;
         Ok(())
     }
 
@@ -506,13 +506,12 @@ impl P2P {
             } else {
                 stream
             };
-            let mut b = on.launch_builder(&func);
-            b.arg(&args);
-            // SAFETY: p2p_ce_recv_kernel<T>(P2PLaunch) takes this struct by value; it writes
+            // SAFETY: p2p_ce_recv_kernel<T>(P2PLaunch) takes this struct by value and enters
+            // through enter_after_previous_kernel; it writes
             // `bytes` at the caller's destination (sized by the caller) and this namespace's
             // own pad words, and reads the staging region of the sender.
-            unsafe { b.launch(linear_launch(sides[1].blocks, threads[1])) }
-                .cuda(rank, "cuLaunchKernel (copy-engine receiver)")?;
+            unsafe { launch_struct(on, &func, linear_launch(sides[1].blocks, threads[1]), &args) }
+                .cuda(rank, "cuLaunchKernelEx (copy-engine receiver)")?;
         }
         for s in joins {
             stream.join(s).cuda(rank, "cuStreamWaitEvent (join)")?;
@@ -663,14 +662,14 @@ impl P2P {
             return Ok(());
         }
         let func = self.function(group, jit, KernelKey::ZeroCopy)?;
-        let mut builder = stream.launch_builder(&func);
-        builder.arg(&z);
         let cfg = linear_launch(blocks, ZC_THREADS);
-        // SAFETY: p2p_zc_kernel<512>(ZcLaunch) takes exactly this struct by value. The send
+        // SAFETY: p2p_zc_kernel<512>(ZcLaunch) takes exactly this struct by value and enters
+        // through enter_after_previous_kernel. The send
         // role writes `bytes` at `send_dst`, which the caller checked lies inside the peer's
         // registered buffer as mapped here, and only after the receiver's descriptor matched;
         // the source range is the caller's; counters and signal slots are this namespace's.
-        unsafe { builder.launch(cfg) }.cuda(group.rank as i32, "cuLaunchKernel (zero-copy)")?;
+        unsafe { launch_struct(stream, &func, cfg, &z) }
+            .cuda(group.rank as i32, "cuLaunchKernelEx (zero-copy)")?;
         Ok(())
     }
 
@@ -850,10 +849,9 @@ unsafe fn launch_one_warp<A: cudarc::driver::DeviceRepr>(
     func: &CudaFunction,
     args: &A,
 ) -> std::result::Result<(), cudarc::driver::DriverError> {
-    let mut b = stream.launch_builder(func);
-    b.arg(args);
-    // SAFETY: the caller's contract above.
-    unsafe { b.launch(linear_launch(1, 32)) }.map(|_| ())
+    // SAFETY: the caller's contract above; the pacers enter through
+    // enter_after_previous_kernel.
+    unsafe { launch_struct(stream, func, linear_launch(1, 32), args) }
 }
 
 /// `z` with its send role removed.
