@@ -51,8 +51,29 @@ pub(crate) fn pdl_enabled() -> bool {
     *V.get_or_init(|| std::env::var(PDL_ENV).map_or(true, |v| v.trim() != "0"))
 }
 
+/// Whether the device of `ctx` supports programmatic dependent launch (compute capability 9.0
+/// or newer), cached per device ordinal.
+fn pdl_supported(ctx: &CudaContext) -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static CACHE: [AtomicU8; 64] = [const { AtomicU8::new(0) }; 64];
+    let query = || ctx.compute_capability().is_ok_and(|(major, _)| major >= 9);
+    let Some(slot) = CACHE.get(ctx.ordinal()) else {
+        return query();
+    };
+    match slot.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let yes = query();
+            slot.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
 /// Launches `func(args)` on `stream` with the shape of `cfg`, through `cuLaunchKernelEx` with
-/// programmatic stream serialization unless [`PDL_ENV`] is `0` (docs/PROTOCOL.md,
+/// programmatic stream serialization on GPUs of compute capability 9.0 or newer unless
+/// [`PDL_ENV`] is `0` (docs/PROTOCOL.md,
 /// "Back-to-back launches"): the kernel may be scheduled while the kernel before it on the
 /// stream still runs, and its first act (`enter_after_previous_kernel` in
 /// `cuda/devcomm/ordering.cuh`) waits until that kernel has finished and its writes are
@@ -86,7 +107,7 @@ pub(crate) unsafe fn launch_struct<A: cudarc::driver::DeviceRepr>(
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: stream.cu_stream(),
         attrs: &mut attr,
-        numAttrs: u32::from(pdl_enabled()),
+        numAttrs: u32::from(pdl_enabled() && pdl_supported(stream.context())),
     };
     let mut params = [args as *const A as *mut std::ffi::c_void];
     // SAFETY: `config` and `attr` outlive the call; `params` holds one pointer to a live `A`,
