@@ -19,10 +19,12 @@ pub(crate) mod tune;
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// What to time: `sendrecv` (against NCCL send/recv), `latency` (signal ping-pong between
-    /// ranks 0 and 1), `put` (one GPU pushing into a peer's window by 16-byte stores and by
-    /// TMA bulk copies, and pulling by TMA, against the copy engine and NCCL send/recv), `all_to_all` (every rank, equal chunks, against NCCL grouped
-    /// send/recv), `all_to_allv` (MoE token dispatch with counts on the GPU, against NCCL's
-    /// count exchange, host sync and grouped send/recv).
+    /// ranks 0 and 1), `launch` (host against GPU time per call of back-to-back small calls,
+    /// devcomm's and NCCL's), `put` (one GPU pushing into a peer's window by 16-byte stores
+    /// and by TMA bulk copies, and pulling by TMA, against the copy engine and NCCL
+    /// send/recv), `all_to_all` (every rank, equal chunks, against NCCL grouped send/recv),
+    /// `all_to_allv` (MoE token dispatch with counts on the GPU, against NCCL's count
+    /// exchange, host sync and grouped send/recv).
     #[arg(long, default_value = "sendrecv")]
     op: String,
     /// Timed repetitions per point (the median is reported).

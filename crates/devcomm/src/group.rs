@@ -32,6 +32,9 @@ pub(crate) struct Group {
     pub(crate) device_timeout: Duration,
     /// Bound of every host-side setup step (store operations).
     pub(crate) setup_timeout: Duration,
+    /// Launch devcomm's kernels with programmatic dependent launch: the GPU supports it
+    /// (compute capability 9.0 or newer) and `DEVCOMM_PDL` is not `0` (`cuda::launch_struct`).
+    pub(crate) pdl: bool,
     /// Sequence number that makes collective setup tags unique (same order on every rank).
     seq: AtomicU64,
 }
@@ -48,7 +51,10 @@ impl Group {
         device_timeout: Duration,
         setup_timeout: Duration,
     ) -> Self {
+        let pdl = crate::cuda::pdl_enabled()
+            && ctx.compute_capability().is_ok_and(|(major, _)| major >= 9);
         Self {
+            pdl,
             rank,
             world_size,
             store,

@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::bench::nccl::{max_over_ranks, NcclPair};
-use crate::bench::{device_label, today, BenchArgs, EventTimer, Record};
+use crate::bench::nccl::NcclPair;
+use crate::bench::{device_label, in_turn, slowest_medians, today, BenchArgs, EventTimer, Record};
 use crate::selftest::Ctx;
 
 /// Calls per sample: few enough that no launch queue fills (a full queue would make the host
@@ -108,12 +108,10 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let mut out = Vec::new();
     for (name, ranks, call) in cases.iter_mut() {
         let active = rank < *ranks;
-        let (mut host, mut gpu) = (Vec::new(), Vec::new());
-        for rep in 0..(args.warmup + args.iters) {
-            cx.host_barrier()?;
-            if !active {
-                continue;
-            }
+        // in_turn keeps the GPU time of each sample (warm-up rounds included here, dropped
+        // below for the host's), this closure the host's.
+        let mut host = Vec::new();
+        let gpu = in_turn(cx, active, args.warmup, args.iters, 1, &mut |_| {
             let mut wall = 0.0;
             let us = timer.time(stream, || {
                 let t0 = Instant::now();
@@ -123,28 +121,18 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
                 wall = t0.elapsed().as_secs_f64() * 1e6;
                 Ok(())
             })?;
-            if rep >= args.warmup {
-                host.push(wall / CALLS as f64);
-                gpu.push(us / CALLS as f64);
-            }
-        }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied().unwrap_or(0.0)
-        };
-        let (h, g) = (median(&mut host), median(&mut gpu));
-        let (h, g) = (
-            max_over_ranks(
-                cx,
-                &format!("launch-host-{name}"),
-                if active { h } else { 0.0 },
-            )?,
-            max_over_ranks(
-                cx,
-                &format!("launch-gpu-{name}"),
-                if active { g } else { 0.0 },
-            )?,
-        );
+            host.push(wall / CALLS as f64);
+            Ok(us / CALLS as f64)
+        })?;
+        let host = host.split_off(host.len().min(args.warmup));
+        let host_name = format!("launch-host-{name}");
+        let gpu_name = format!("launch-gpu-{name}");
+        let slowest = slowest_medians(
+            cx,
+            &[&host_name, &gpu_name],
+            vec![host, gpu.into_iter().next().unwrap_or_default()],
+        )?;
+        let (h, g) = (slowest[0], slowest[1]);
         out.push(Record {
             op: format!("launch: {name}"),
             world_size: *ranks,

@@ -561,7 +561,7 @@ impl Collective {
         // at most `send_capacity` rows of `input` and writes at most `recv_capacity` rows of
         // `output` (device counts beyond them are refused on the device), and every grid block
         // is resident (checked above), so the roles' waits on each other cannot deadlock.
-        unsafe { crate::cuda::launch_struct(stream, &func, cfg, &args) }
+        unsafe { crate::cuda::launch_struct(stream, &func, cfg, &args, group.pdl) }
             .cuda(rank as i32, "cuLaunchKernelEx (collective)")?;
         Ok(())
     }

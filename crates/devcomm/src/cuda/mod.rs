@@ -51,31 +51,10 @@ pub(crate) fn pdl_enabled() -> bool {
     *V.get_or_init(|| std::env::var(PDL_ENV).map_or(true, |v| v.trim() != "0"))
 }
 
-/// Whether the device of `ctx` supports programmatic dependent launch (compute capability 9.0
-/// or newer), cached per device ordinal.
-fn pdl_supported(ctx: &CudaContext) -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    static CACHE: [AtomicU8; 64] = [const { AtomicU8::new(0) }; 64];
-    let query = || ctx.compute_capability().is_ok_and(|(major, _)| major >= 9);
-    let Some(slot) = CACHE.get(ctx.ordinal()) else {
-        return query();
-    };
-    match slot.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            let yes = query();
-            slot.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
-            yes
-        }
-    }
-}
-
-/// Launches `func(args)` on `stream` with the shape of `cfg`, through `cuLaunchKernelEx` with
-/// programmatic stream serialization on GPUs of compute capability 9.0 or newer unless
-/// [`PDL_ENV`] is `0` (docs/PROTOCOL.md,
-/// "Back-to-back launches"): the kernel may be scheduled while the kernel before it on the
-/// stream still runs, and its first act (`enter_after_previous_kernel` in
+/// Launches `func(args)` on `stream` with the shape of `cfg`, through `cuLaunchKernelEx`, with
+/// programmatic stream serialization when `pdl` (the group's choice: compute capability 9.0 or
+/// newer and [`PDL_ENV`] not `0`; docs/PROTOCOL.md, "Back-to-back launches"): the kernel may
+/// be scheduled while the kernel before it on the stream still runs, and its first act (`enter_after_previous_kernel` in
 /// `cuda/devcomm/ordering.cuh`) waits until that kernel has finished and its writes are
 /// visible. What the launch saves is the scheduling gap between back-to-back kernels.
 ///
@@ -90,6 +69,7 @@ pub(crate) unsafe fn launch_struct<A: cudarc::driver::DeviceRepr>(
     func: &cudarc::driver::CudaFunction,
     cfg: cudarc::driver::LaunchConfig,
     args: &A,
+    pdl: bool,
 ) -> std::result::Result<(), cudarc::driver::DriverError> {
     stream.context().bind_to_thread()?;
     // SAFETY: an all-zero attribute is valid (IGNORE with a zeroed value); both fields set
@@ -107,7 +87,7 @@ pub(crate) unsafe fn launch_struct<A: cudarc::driver::DeviceRepr>(
         sharedMemBytes: cfg.shared_mem_bytes,
         hStream: stream.cu_stream(),
         attrs: &mut attr,
-        numAttrs: u32::from(pdl_enabled() && pdl_supported(stream.context())),
+        numAttrs: u32::from(pdl),
     };
     let mut params = [args as *const A as *mut std::ffi::c_void];
     // SAFETY: `config` and `attr` outlive the call; `params` holds one pointer to a live `A`,

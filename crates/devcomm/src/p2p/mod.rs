@@ -425,12 +425,12 @@ impl P2P {
         };
         let func = self.function(group, jit, key)?;
         // SAFETY: p2p_kernel<S, R>(P2PLaunch) takes exactly this struct by value and enters
-        // through enter_after_previous_kernel; its pointers
-        // are the p2p window (alive as long as `self`), this communicator's counters, and the
-        // caller's buffers, whose sizes the caller vouched for (the safe wrappers take them
-        // from cudarc slices). The guard above checked peers, blocks and chunk against the
-        // window, so the kernel writes only inside the receiver's region for this sender.
-        unsafe { launch_struct(stream, &func, cfg, &args) }
+        // through enter_after_previous_kernel; its pointers are the p2p window (alive as long
+        // as `self`), this communicator's counters, and the caller's buffers, whose sizes the
+        // caller vouched for (the safe wrappers take them from cudarc slices). The guard above
+        // checked peers, blocks and chunk against the window, so the kernel writes only inside
+        // the receiver's region for this sender.
+        unsafe { launch_struct(stream, &func, cfg, &args, group.pdl) }
             .cuda(group.rank as i32, "cuLaunchKernelEx (sendrecv)")?;
         Ok(())
     }
@@ -479,8 +479,8 @@ impl P2P {
             // SAFETY: p2p_ce_send_kernel(P2PLaunch) takes this struct by value; it touches only
             // this namespace's signal pad, the peer's pad words of this pair and the staging
             // step counters (read). The copies below are the only writers of data.
-            unsafe { launch_one_warp(&streams.pace, &func, &args) }
-                .cuda(rank, "cuLaunchKernel (copy-engine pacer)")?;
+            unsafe { launch_one_warp(&streams.pace, &func, &args, group.pdl) }
+                .cuda(rank, "cuLaunchKernelEx (copy-engine pacer)")?;
             joins.push(&streams.pace);
             for c in &streams.copy {
                 fork(c)?;
@@ -506,11 +506,12 @@ impl P2P {
             } else {
                 stream
             };
+            let cfg = linear_launch(sides[1].blocks, threads[1]);
             // SAFETY: p2p_ce_recv_kernel<T>(P2PLaunch) takes this struct by value and enters
-            // through enter_after_previous_kernel; it writes
-            // `bytes` at the caller's destination (sized by the caller) and this namespace's
-            // own pad words, and reads the staging region of the sender.
-            unsafe { launch_struct(on, &func, linear_launch(sides[1].blocks, threads[1]), &args) }
+            // through enter_after_previous_kernel; it writes `bytes` at the caller's
+            // destination (sized by the caller) and this namespace's own pad words, and reads
+            // the staging region of the sender.
+            unsafe { launch_struct(on, &func, cfg, &args, group.pdl) }
                 .cuda(rank, "cuLaunchKernelEx (copy-engine receiver)")?;
         }
         for s in joins {
@@ -664,11 +665,11 @@ impl P2P {
         let func = self.function(group, jit, KernelKey::ZeroCopy)?;
         let cfg = linear_launch(blocks, ZC_THREADS);
         // SAFETY: p2p_zc_kernel<512>(ZcLaunch) takes exactly this struct by value and enters
-        // through enter_after_previous_kernel. The send
-        // role writes `bytes` at `send_dst`, which the caller checked lies inside the peer's
-        // registered buffer as mapped here, and only after the receiver's descriptor matched;
-        // the source range is the caller's; counters and signal slots are this namespace's.
-        unsafe { launch_struct(stream, &func, cfg, &z) }
+        // through enter_after_previous_kernel. The send role writes `bytes` at `send_dst`,
+        // which the caller checked lies inside the peer's registered buffer as mapped here,
+        // and only after the receiver's descriptor matched; the source range is the caller's;
+        // counters and signal slots are this namespace's.
+        unsafe { launch_struct(stream, &func, cfg, &z, group.pdl) }
             .cuda(group.rank as i32, "cuLaunchKernelEx (zero-copy)")?;
         Ok(())
     }
@@ -736,8 +737,8 @@ impl P2P {
         // SAFETY: p2p_zc_ce_kernel(ZcLaunch) takes exactly this struct by value; it reads and
         // writes only this namespace's signal words (its pad, the receiver's DONE slots) and
         // zero-copy counters. The copy below is the only writer of data.
-        unsafe { launch_one_warp(pace, pace_fn, &pacer) }
-            .cuda(rank as i32, "cuLaunchKernel (zero-copy pacer)")?;
+        unsafe { launch_one_warp(pace, pace_fn, &pacer, group.pdl) }
+            .cuda(rank as i32, "cuLaunchKernelEx (zero-copy pacer)")?;
         let ctx = |e: Error| crate::cuda::with_rank(e, rank);
         crate::cuda::stream_wait_geq(copy, word(CE_GO), 1).map_err(ctx)?;
         // `send_dst` .. + bytes lies inside the peer's registered buffer (checked by the
@@ -848,10 +849,11 @@ unsafe fn launch_one_warp<A: cudarc::driver::DeviceRepr>(
     stream: &Arc<CudaStream>,
     func: &CudaFunction,
     args: &A,
+    pdl: bool,
 ) -> std::result::Result<(), cudarc::driver::DriverError> {
     // SAFETY: the caller's contract above; the pacers enter through
     // enter_after_previous_kernel.
-    unsafe { launch_struct(stream, func, linear_launch(1, 32), args) }
+    unsafe { launch_struct(stream, func, linear_launch(1, 32), args, pdl) }
 }
 
 /// `z` with its send role removed.
