@@ -9,6 +9,7 @@ use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use crate::selftest::Ctx;
 
 mod alltoall;
+mod ce;
 mod launch;
 pub(crate) mod nccl;
 mod plot;
@@ -22,7 +23,9 @@ pub struct BenchArgs {
     /// ranks 0 and 1), `launch` (host against GPU time per call of back-to-back small calls,
     /// devcomm's and NCCL's), `put` (one GPU pushing into a peer's window by 16-byte stores
     /// and by TMA bulk copies, and pulling by TMA, against the copy engine and NCCL
-    /// send/recv), `all_to_all` (every rank, equal chunks, against NCCL grouped send/recv),
+    /// send/recv), `ce` (a message moved by the copy engine in chunks, on one or several
+    /// streams, with and without stream memory operations, against one whole copy),
+    /// `all_to_all` (every rank, equal chunks, against NCCL grouped send/recv),
     /// `all_to_allv` (MoE token dispatch with counts on the GPU, against NCCL's count
     /// exchange, host sync and grouped send/recv).
     #[arg(long, default_value = "sendrecv")]
@@ -337,14 +340,15 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
         "latency" => bench_latency(&cx, args)?,
         "launch" => launch::run(&cx, args)?,
         "put" => bench_put(&cx, args)?,
+        "ce" => ce::run(&cx, args)?,
         "sendrecv" if args.graph => sendrecv::run_graph(&cx, args)?,
         "sendrecv" => sendrecv::run(&cx, args, args.both_directions)?,
         "all_to_all" => alltoall::run(&cx, args)?,
         "all_to_allv" => alltoall::run_v(&cx, args)?,
         other => {
             return Err(format!(
-                "unknown --op {other:?} (latency, launch, put, sendrecv, all_to_all, all_to_allv)"
-            ))
+            "unknown --op {other:?} (latency, launch, put, ce, sendrecv, all_to_all, all_to_allv)"
+        ))
         }
     };
     if cx.comm.rank() == 0 {

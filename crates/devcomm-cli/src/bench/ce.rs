@@ -1,0 +1,260 @@
+//! `devcomm bench --op ce`: what a message moved by the copy engine in chunks costs, against
+//! one copy of the whole message. Rank 0 copies into (push) or out of (pull) rank 1's window,
+//! and locally, in chunks of several sizes, on one or several streams, with and without the
+//! stream memory operations a paced pipeline puts around each chunk (a wait on a word that is
+//! already set, a write with a memory barrier). It places the per-chunk cost of the
+//! copy-engine protocol (docs/PERFORMANCE.md, v9 and v15); the other ranks only meet the
+//! barriers.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr};
+
+use super::{device_label, time_us, today, BenchArgs, Record};
+use crate::selftest::Ctx;
+
+/// Where the chunks go.
+#[derive(Clone, Copy)]
+enum Dir {
+    Push,
+    Pull,
+    Local,
+}
+
+impl Dir {
+    fn name(self) -> &'static str {
+        match self {
+            Dir::Push => "push",
+            Dir::Pull => "pull",
+            Dir::Local => "local",
+        }
+    }
+}
+
+/// One timed shape: chunks of `chunk` bytes over `streams` streams (chunk k on stream k %
+/// streams), each chunk between a satisfied wait and a write when `ops`.
+#[derive(Clone, Copy)]
+struct Shape {
+    chunk: usize,
+    streams: usize,
+    ops: bool,
+}
+
+const MIB: usize = 1 << 20;
+
+pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
+    let comm = &cx.comm;
+    let rank = comm.rank();
+    let total = args.max_bytes.clamp(64 * MIB, 1 << 30);
+    let e = |x: cudarc::driver::DriverError| x.to_string();
+    let d = |x: devcomm::Error| x.to_string();
+    // The window's signal words (device memory the stream memory operations accept, unlike
+    // cudarc's stream-ordered allocations): word 0 stays 0 for the satisfied waits, words 1..
+    // take the writes.
+    let win = comm.window::<u8>(total, 8).map_err(d)?;
+    let peer_ptr = win.get_nvlink_address(1).unwrap_or(0);
+    let mut out = Vec::new();
+    if rank == 0 {
+        let src = cx.stream.alloc_zeros::<u8>(total).map_err(e)?;
+        let dst = cx.stream.alloc_zeros::<u8>(total).map_err(e)?;
+        let ctx = cx.stream.context();
+        let extra: Vec<Arc<CudaStream>> = (0..3)
+            .map(|_| ctx.new_stream().map_err(e))
+            .collect::<Result<_, _>>()?;
+        cx.sync()?;
+        let (sp, _g1) = src.device_ptr(&cx.stream);
+        let (dp, _g2) = dst.device_ptr(&cx.stream);
+        let wp = win.signals_device_ptr();
+        let mut shapes = vec![Shape {
+            chunk: total,
+            streams: 1,
+            ops: false,
+        }];
+        for chunk in [4 * MIB, 16 * MIB, 32 * MIB, 64 * MIB] {
+            for (streams, ops) in [(1, false), (1, true), (2, false), (2, true), (4, false)] {
+                shapes.push(Shape {
+                    chunk,
+                    streams,
+                    ops,
+                });
+            }
+        }
+        for dir in [Dir::Push, Dir::Pull, Dir::Local] {
+            let (to, from) = match dir {
+                Dir::Push => (peer_ptr, sp),
+                Dir::Pull => (dp, peer_ptr),
+                Dir::Local => (dp, sp),
+            };
+            let mut whole_us = f64::NAN;
+            for s in &shapes {
+                let enqueue = || -> Result<(), String> {
+                    let all: Vec<&CudaStream> = std::iter::once(&*cx.stream)
+                        .chain(extra.iter().map(|x| &**x))
+                        .take(s.streams)
+                        .collect();
+                    for x in &all[1..] {
+                        x.join(&cx.stream).map_err(e)?;
+                    }
+                    let chunks = total.div_ceil(s.chunk);
+                    for k in 0..chunks {
+                        let on = all[k % s.streams];
+                        let off = k * s.chunk;
+                        let len = (total - off).min(s.chunk);
+                        if s.ops {
+                            devcomm::cuda::stream_wait_geq(on, wp, 0).map_err(d)?;
+                        }
+                        devcomm::cuda::memcpy_dtod_async(
+                            to + off as u64,
+                            from + off as u64,
+                            len,
+                            on,
+                        )
+                        .map_err(d)?;
+                        if s.ops {
+                            let word = wp + 8 * (1 + (k % 7) as u64);
+                            devcomm::cuda::stream_write(on, word, k as u64 + 2).map_err(d)?;
+                        }
+                    }
+                    for x in &all[1..] {
+                        cx.stream.join(x).map_err(e)?;
+                    }
+                    Ok(())
+                };
+                let us = time_us(&cx.stream, args.warmup, args.iters, || Ok(()), enqueue)?;
+                if s.chunk == total {
+                    whole_us = us;
+                }
+                let record = Record {
+                    op: "ce".into(),
+                    world_size: comm.world_size(),
+                    bytes: total as u64,
+                    both_directions: false,
+                    devcomm_us: us,
+                    nccl_us: whole_us,
+                    ratio: whole_us / us,
+                    sms: 0,
+                    device: device_label(cx, args),
+                    date: today(),
+                    reference: "one copy of the whole message, one stream".into(),
+                    devcomm_gbps: total as f64 / us / 1e3,
+                    nccl_gbps: total as f64 / whole_us / 1e3,
+                    config: format!(
+                        "{} chunk={}MiB streams={} ops={}",
+                        dir.name(),
+                        s.chunk / MIB,
+                        s.streams,
+                        if s.ops { "wait+write" } else { "none" }
+                    ),
+                    tokens: None,
+                    event_tracking: args.event_tracking,
+                };
+                // Progress as it goes: a stuck shape shows where it stopped.
+                eprintln!(
+                    "ce {:>9.1} us {:>6.1} GB/s  {}",
+                    record.devcomm_us, record.devcomm_gbps, record.config
+                );
+                out.push(record);
+            }
+        }
+        cx.sync()?;
+    }
+    cx.host_barrier()?;
+    out.extend(two_gpus(cx, args, &win, total)?);
+    drop(win);
+    Ok(out)
+}
+
+/// Both GPUs' copy engines at once, on ranks 0 and 1 (the others only meet the barriers):
+/// `split`: the message 0 -> 1 in chunks, even chunks pushed by rank 0's copy engine, odd ones
+/// pulled by rank 1's; `push`: every chunk pushed by rank 0 (the reference); `both push` and
+/// `both split`: the same in both directions at once. Chunk k lies at offset k * chunk in the
+/// source, the peer's window and the destination; the data is not checked.
+fn two_gpus(
+    cx: &Ctx,
+    args: &BenchArgs,
+    win: &devcomm::window::Window<u8>,
+    total: usize,
+) -> Result<Vec<Record>, String> {
+    let rank = cx.comm.rank();
+    let e = |x: cudarc::driver::DriverError| x.to_string();
+    let d = |x: devcomm::Error| x.to_string();
+    let active = rank < 2;
+    let src = cx.stream.alloc_zeros::<u8>(total).map_err(e)?;
+    let dst = cx.stream.alloc_zeros::<u8>(total).map_err(e)?;
+    cx.sync()?;
+    let (sp, _g1) = src.device_ptr(&cx.stream);
+    let (dp, _g2) = dst.device_ptr(&cx.stream);
+    let peer_ptr = if active {
+        win.get_nvlink_address(1 - rank).unwrap_or(0)
+    } else {
+        0
+    };
+    let pull_stream = cx.stream.context().new_stream().map_err(e)?;
+    let cases: Vec<(String, usize, bool, bool)> = [16 * MIB, 32 * MIB]
+        .iter()
+        .flat_map(|&c| {
+            [
+                (format!("push chunk={}MiB", c / MIB), c, false, false),
+                (format!("split chunk={}MiB", c / MIB), c, true, false),
+                (format!("both push chunk={}MiB", c / MIB), c, false, true),
+                (format!("both split chunk={}MiB", c / MIB), c, true, true),
+            ]
+        })
+        .collect();
+    let names: Vec<&str> = cases.iter().map(|c| c.0.as_str()).collect();
+    let times = super::time_ranks_each(cx, 2, args.warmup, args.iters, 1, &names, &mut |i| {
+        let (_, chunk, split, both) = cases[i];
+        pull_stream.join(&cx.stream).map_err(e)?;
+        let sends = rank == 0 || both;
+        for k in 0..total.div_ceil(chunk) {
+            let off = k * chunk;
+            let len = (total - off).min(chunk);
+            let (to, from) = if k % 2 == 0 || !split {
+                if !sends {
+                    continue;
+                }
+                (peer_ptr, sp) // push this rank's chunk k
+            } else {
+                if rank == 0 && !both {
+                    continue;
+                }
+                (dp, peer_ptr) // pull the peer's chunk k
+            };
+            // Pulls on a stream of their own, so that a rank that also pushes runs both.
+            let on = if to == dp { &pull_stream } else { &cx.stream };
+            devcomm::cuda::memcpy_dtod_async(to + off as u64, from + off as u64, len, on)
+                .map_err(d)?;
+        }
+        cx.stream.join(&pull_stream).map_err(e)?;
+        Ok(())
+    })?;
+    Ok(cases
+        .iter()
+        .zip(times)
+        .map(|(c, us)| {
+            eprintln!(
+                "ce2 {us:>9.1} us {:>6.1} GB/s  {}",
+                total as f64 / us / 1e3,
+                c.0
+            );
+            Record {
+                op: "ce".into(),
+                world_size: cx.comm.world_size(),
+                bytes: total as u64,
+                both_directions: c.3,
+                devcomm_us: us,
+                nccl_us: f64::NAN,
+                ratio: f64::NAN,
+                sms: 0,
+                device: device_label(cx, args),
+                date: today(),
+                reference: "none".into(),
+                devcomm_gbps: total as f64 / us / 1e3,
+                nccl_gbps: f64::NAN,
+                config: c.0.clone(),
+                tokens: None,
+                event_tracking: args.event_tracking,
+            }
+        })
+        .collect())
+}
