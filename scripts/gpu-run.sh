@@ -74,13 +74,14 @@ for w in $what; do
       step tuned env DEVCOMM_TUNE_FILE="$out/tune.json" $bin launch -n 2 -- $bin bench --op sendrecv --device-kind "$kind" --json "$out/tuned.json"
       step tuned-both env DEVCOMM_TUNE_FILE="$out/tune.json" $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --device-kind "$kind" --json "$out/tuned-both.json" ;;
     ce)
-      step ce-on env DEVCOMM_P2P_CE=1 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 4194304 --device-kind "$kind" --json "$out/ce-on.json"
-      step ce-on-both env DEVCOMM_P2P_CE=1 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 4194304 --device-kind "$kind" --json "$out/ce-on-both.json" ;;
+      step ce-probe $bin launch -n 2 -- $bin bench --op ce --device-kind "$kind" --json "$out/ce-probe.json"
+      step ce-off env DEVCOMM_P2P_CE=0 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 67108864 --device-kind "$kind" --json "$out/ce-off.json"
+      step ce-off-both env DEVCOMM_P2P_CE=0 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 67108864 --device-kind "$kind" --json "$out/ce-off-both.json" ;;
     ce-depth8)
       step ce8-on env DEVCOMM_P2P_CE=1 DEVCOMM_P2P_DEPTH=8 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 67108864 --device-kind "$kind" --json "$out/ce8-on.json"
       step ce8-on-both env DEVCOMM_P2P_CE=1 DEVCOMM_P2P_DEPTH=8 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 67108864 --device-kind "$kind" --json "$out/ce8-on-both.json" ;;
-    ce1)
-      step ce1-on env DEVCOMM_P2P_CE=1 DEVCOMM_P2P_CE_STREAMS=1 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 67108864 --device-kind "$kind" --json "$out/ce1-on.json" ;;
+    ce2)
+      step ce2-on env DEVCOMM_P2P_CE_STREAMS=2 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 67108864 --device-kind "$kind" --json "$out/ce2-on.json" ;;
     ce-sweep)
       step sweep-ce $bin launch -n 2 -- $bin bench --op sendrecv --sweep --min-bytes 4194304 --device-kind "$kind" --json "$out/sweep-ce.json"
       step sweep-ce-both $bin launch -n 2 -- $bin bench --op sendrecv --sweep --both-directions --min-bytes 4194304 --device-kind "$kind" --json "$out/sweep-ce-both.json" ;;

@@ -538,6 +538,10 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
     run_one("sendrecv_copy_engine", &|cx| {
         crate::selftest_p2p::check_copy_engine(cx, args.calls)
     });
+    run_one(
+        "sendrecv_negotiated",
+        &crate::selftest_p2p::check_negotiated,
+    );
     run_one("sendrecv_graph", &|cx| {
         crate::selftest_p2p::check_graph(cx, args.replays)
     });

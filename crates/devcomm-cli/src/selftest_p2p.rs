@@ -2,7 +2,7 @@
 //! outputs, every byte compared with the sender's data regenerated on the host.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use devcomm::p2p::{default_config, staged_config, P2PConfig, Protocol, Transfer};
+use devcomm::p2p::{default_config, staged_config, P2PConfig, Protocol, Transfer, CE_DEFAULT_MIN};
 use devcomm::Error;
 
 use crate::selftest::Ctx;
@@ -232,7 +232,11 @@ pub(crate) fn check_ring(cx: &Ctx) -> Check {
     }
     let next = (rank + 1) % world;
     let prev = (rank + world - 1) % world;
-    for (i, bytes) in [13usize, 40_000, (3 << 20) + 1].into_iter().enumerate() {
+    let large = CE_DEFAULT_MIN as usize + 1; // negotiated by every rank: both roles, staged
+    for (i, bytes) in [13usize, 40_000, (3 << 20) + 1, large]
+        .into_iter()
+        .enumerate()
+    {
         let tag = 300 + i as u64;
         let (src, mut dst) = fresh_pair(cx, tag, bytes, bytes)?;
         cx.comm
@@ -242,7 +246,38 @@ pub(crate) fn check_ring(cx: &Ctx) -> Check {
         cx.host_barrier()?;
     }
     Ok(format!(
-        "send to {next}, receive from {prev}: 13 B, 40 KB, 3 MiB"
+        "send to {next}, receive from {prev}: 13 B, 40 KB, 3 MiB, {large} B"
+    ))
+}
+
+/// Large messages on the defaults, whose layout each launch negotiates with its peer
+/// (docs/PROTOCOL.md, "Copy engine"): one way (both sides alone in their launch: the copy
+/// engines), both ways in one launch on both sides (the staged protocol), and one side both
+/// ways in one launch against one-way launches on the other (the copy-engine layout, moved by
+/// SMs on the first side), in turn and twice over, so that the negotiation's sequence numbers
+/// carry over between calls of every kind.
+pub(crate) fn check_negotiated(cx: &Ctx) -> Check {
+    let bytes = CE_DEFAULT_MIN as usize + 13;
+    for round in 0..2u64 {
+        let tag = 1200 + 10 * round;
+        let step = |what: &str, r: Result<(), String>| {
+            r.map_err(|e| format!("round {round}, {what}: {e}"))
+        };
+        step("one way", exchange(cx, bytes, 3, 5, false, tag))?;
+        step("one launch against two", asymmetric(cx, bytes, tag + 1))?;
+        step("both ways", exchange(cx, bytes, 0, 0, true, tag + 2))?;
+        step(
+            "one launch against two, +7 B",
+            asymmetric(cx, bytes + 7, tag + 3),
+        )?;
+        step(
+            "one way, +16 B",
+            exchange(cx, bytes + 16, 0, 0, false, tag + 4),
+        )?;
+    }
+    Ok(format!(
+        "{bytes} B and up on the defaults: one way, both ways, one launch against two, in \
+         turn, twice, all verified"
     ))
 }
 
@@ -367,6 +402,7 @@ pub(crate) fn check_copy_engine(cx: &Ctx, calls: usize) -> Check {
         _ => None,
     })?;
     mixed_launch(cx)?;
+    asymmetric_copy_engine(cx)?;
     replay_graph(
         cx,
         100,
@@ -376,7 +412,8 @@ pub(crate) fn check_copy_engine(cx: &Ctx, calls: usize) -> Check {
     Ok(format!(
         "{n} copy-engine exchanges (1 B to 256 MiB, 1 to 17 chunks, odd sizes and alignments, \
          one way and both ways); {mixed} back-to-back calls mixing the copy engine, staged and \
-         low-latency; 100 graph replays, all verified"
+         low-latency; one side both ways in one launch against one-way launches; 100 graph \
+         replays, all verified"
     ))
 }
 
@@ -422,6 +459,50 @@ fn mixed_launch(cx: &Ctx) -> Result<(), String> {
         tag,
         "copy engine one way, staged the other, one launch",
     )?;
+    cx.host_barrier()
+}
+
+/// Copy-engine messages both ways between partners where the even rank sends and receives in
+/// one launch (so its engines are `DEVCOMM_P2P_CE_BOTH`'s: by default SMs push, its copy
+/// engine pulls) and the odd rank in two one-way launches (its copy engine pushes and pulls):
+/// each side's engine is its own choice over the same slots.
+fn asymmetric_copy_engine(cx: &Ctx) -> Result<(), String> {
+    let Some(peer) = partner(cx) else {
+        return cx.host_barrier();
+    };
+    let bytes = (5usize << 20) + 3; // six chunks of 1 MiB: three pushed, three pulled
+    let tag = 995;
+    let (src, mut dst) = fresh_pair(cx, tag, bytes, bytes)?;
+    {
+        let (sp, _s) = src.device_ptr(&cx.stream);
+        let (dp, _d) = dst.device_ptr_mut(&cx.stream);
+        let config = Some(by_copy_engine(4, 1 << 20));
+        let send = Transfer {
+            ptr: sp,
+            bytes: bytes as u64,
+            peer,
+            config,
+        };
+        let recv = Transfer { ptr: dp, ..send };
+        let e = |x: devcomm::Error| x.to_string();
+        // SAFETY: src and dst hold `bytes` each and live until the check below synchronises.
+        unsafe {
+            if cx.comm.rank() % 2 == 0 {
+                cx.comm
+                    .sendrecv_raw(Some(send), Some(recv), &cx.stream)
+                    .map_err(e)?;
+            } else {
+                cx.comm
+                    .sendrecv_raw(Some(send), None, &cx.stream)
+                    .map_err(e)?;
+                cx.comm
+                    .sendrecv_raw(None, Some(recv), &cx.stream)
+                    .map_err(e)?;
+            }
+        }
+    }
+    let what = "copy engine, one launch both ways against one-way launches";
+    check_received(cx, &dst, peer, tag, what)?;
     cx.host_barrier()
 }
 

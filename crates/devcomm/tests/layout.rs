@@ -149,3 +149,46 @@ fn copy_bytes_is_exact_for_every_size_and_alignment() {
     run_ok(&binary);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The copy-engine protocol's pad words and side flags that the host uses (its own copies'
+/// waits and writes, the pad's size, the flags it sets) are the kernels' (`devcomm/p2p.cuh`).
+#[test]
+fn copy_engine_constants_equal_the_kernels() {
+    use devcomm::p2p::{
+        CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS, CE_WORDS, P2P_SIDE_ANNOUNCE,
+        P2P_SIDE_GATED, P2P_SIDE_PULL,
+    };
+    let pairs: [(&str, u64); 10] = [
+        ("kCeWords", CE_WORDS as u64),
+        ("kCeSlots", CE_SLOTS),
+        ("kCeSize", CE_SIZE as u64),
+        ("kCeGo", CE_GO as u64),
+        ("kCeDone", CE_DONE as u64),
+        ("kCeGoR", CE_GO_R as u64),
+        ("kCeDoneR", CE_DONE_R as u64),
+        ("kSidePull", u64::from(P2P_SIDE_PULL)),
+        ("kSideGated", u64::from(P2P_SIDE_GATED)),
+        ("kSideAnnounce", u64::from(P2P_SIDE_ANNOUNCE)),
+    ];
+    let mut src = String::from(
+        "#include <cstdio>\n#include \"devcomm/handles.cuh\"\n#include \"devcomm/p2p.cuh\"\n\nint main() {\n",
+    );
+    for (name, _) in &pairs {
+        writeln!(
+            src,
+            "  std::printf(\"{name} %llu\\n\", (unsigned long long)devcomm::{name});"
+        )
+        .unwrap();
+    }
+    src.push_str("  return 0;\n}\n");
+    let dir = scratch_dir("ce-constants");
+    let Some(binary) = compile_cpp(&dir, "ce_constants", &src, &["-Wall", "-Werror"]) else {
+        return;
+    };
+    let output = Command::new(&binary).output().unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let expect: String = pairs.iter().map(|(n, v)| format!("{n} {v}\n")).collect();
+    assert_eq!(stdout, expect, "C++ (left) and Rust (right) disagree");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -4,7 +4,8 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result as nccl_result;
 use devcomm::p2p::{
-    auto_pull, sweep_configs, zero_copy_route, P2PConfig, Protocol, Transfer, ZcRoute,
+    auto_pull, staged_config, sweep_configs, zero_copy_route, P2PConfig, Protocol, Transfer,
+    ZcRoute,
 };
 use devcomm::RegisteredRange;
 
@@ -66,7 +67,12 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     let mut out = Vec::new();
     for &bytes in &sizes {
         // What a call without a configuration uses: the loaded tuning table's, else defaults.
-        let mut default = comm.p2p_config(bytes as u64);
+        let library_default = comm.p2p_config(bytes as u64);
+        let mut default = library_default;
+        // The library's own defaults go in as no configuration at all, so that what a caller
+        // without one gets is what is timed (a large message's layout is negotiated per launch:
+        // docs/PROTOCOL.md, "Copy engine").
+        let explicit = |c: P2PConfig| (c != library_default).then_some(c);
         if let Some(b) = args.blocks.filter(|_| default.protocol.is_staged()) {
             default.blocks = b;
         }
@@ -90,7 +96,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                     &what,
                     &mut |dst| match registered {
                         Some(h) => zero_copy_call(cx, &src, h, bytes, peer, both),
-                        None => devcomm_call(cx, &src, dst, bytes, peer, both, cfg),
+                        None => devcomm_call(cx, &src, dst, bytes, peer, both, explicit(cfg)),
                     },
                 )?;
             }
@@ -108,7 +114,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             &mut |i| match (candidates.get(i), registered) {
                 (None, _) => nccl_call(&nccl, &src, dst, bytes, peer, both, rank),
                 (Some(_), Some(h)) => zero_copy_call(cx, &src, h, bytes, peer, both),
-                (Some(&cfg), None) => devcomm_call(cx, &src, dst, bytes, peer, both, cfg),
+                (Some(&cfg), None) => devcomm_call(cx, &src, dst, bytes, peer, both, explicit(cfg)),
             },
         )?;
         let n_us = us[candidates.len()];
@@ -131,6 +137,18 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
         let zc_route = registered
             .is_some()
             .then(|| zero_copy_route(bytes as u64, comm.p2p_limits()));
+        // Both ways in one launch on both ranks, the defaults' copy-engine layout gives way to
+        // the staged protocol in the negotiation.
+        let negotiated_staged =
+            both && cfg == library_default && cfg.protocol == Protocol::CopyEngine;
+        let (cfg, label_prefix) = if negotiated_staged {
+            (
+                staged_config(bytes as u64, comm.p2p_limits()),
+                "negotiated ",
+            )
+        } else {
+            (cfg, "")
+        };
         if rank == 0 {
             let gbps = |us: f64| bytes as f64 / us / 1e3;
             out.push(Record {
@@ -159,7 +177,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                     Some(ZcRoute::Blocks(b)) => format!("zero-copy/{b}x512"),
                     Some(ZcRoute::CopyEngine) => "zero-copy/copy-engine".into(),
                     Some(ZcRoute::Staged) => format!("registered/{}", describe(&cfg, bytes, both)),
-                    None => describe(&cfg, bytes, both),
+                    None => format!("{label_prefix}{}", describe(&cfg, bytes, both)),
                 },
                 tokens: None,
                 event_tracking: args.event_tracking,
@@ -260,7 +278,7 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
             cx.capture(|| {
                 for _ in 0..calls {
                     if which == "devcomm" {
-                        devcomm_call(cx, &src, dst, bytes, peer, false, cfg)?;
+                        devcomm_call(cx, &src, dst, bytes, peer, false, Some(cfg))?;
                     } else {
                         nccl_call(&nccl, &src, dst, bytes, peer, false, rank)?;
                     }
@@ -272,7 +290,7 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
         };
         // One plain call of each first: kernels are loaded and NCCL connects outside capture.
         if active {
-            devcomm_call(cx, &src, &mut dst, bytes, peer, false, cfg)?;
+            devcomm_call(cx, &src, &mut dst, bytes, peer, false, Some(cfg))?;
             nccl_call(&nccl, &src, &mut dst, bytes, peer, false, rank)?;
         }
         cx.sync()?;
@@ -366,7 +384,7 @@ pub(crate) fn devcomm_call(
     bytes: usize,
     peer: usize,
     both: bool,
-    config: P2PConfig,
+    config: Option<P2PConfig>,
 ) -> Result<(), String> {
     let rank = cx.comm.rank();
     let (sp, _s) = src.device_ptr(&cx.stream);
@@ -375,7 +393,7 @@ pub(crate) fn devcomm_call(
         ptr,
         bytes: bytes as u64,
         peer,
-        config: Some(config),
+        config,
     };
     let (send, recv) = match (both, rank) {
         (true, _) => (Some(t(sp)), Some(t(dp))),

@@ -61,7 +61,7 @@ fn verify(
 ) -> Result<(), String> {
     let what = describe(&config, bytes, both);
     verify_call(cx, dst, expect, bytes, both, &what, &mut |dst| {
-        devcomm_call(cx, src, dst, bytes, peer, both, config)
+        devcomm_call(cx, src, dst, bytes, peer, both, Some(config))
     })
 }
 
@@ -161,7 +161,7 @@ pub fn run(args: &TuneArgs) -> Result<i32, String> {
                 }
                 cx.host_barrier()?;
                 us[d] = time_pair(&cx, args.warmup, args.iters, calls, "tune", &mut || {
-                    devcomm_call(&cx, &src, &mut dst, bytes, peer, both, config)
+                    devcomm_call(&cx, &src, &mut dst, bytes, peer, both, Some(config))
                 })?;
             }
             scored.push(Scored {

@@ -25,7 +25,22 @@ struct P2PSide {
                        //     window, written over NVLink); 1: pull (staging in the sender's own
                        //     window, read by the receiver over NVLink). The receiver learns it
                        //     per chunk from the MODE word (below), so it may differ per call.
+                       //     Copy-engine message, either side: 1 moves this side's copy-engine
+                       //     half by SMs instead (the sender's pushed chunks, the receiver's
+                       //     pulled ones); a local choice, the slots and signals are the same.
+                       //     Bit 1 (kSideGated) and bit 2 (kSideAnnounce): the layout of a
+                       //     large message with default settings is negotiated (below).
 };
+
+// Large messages with default settings (docs/PROTOCOL.md, "Copy engine"): a side whose launch
+// has only this role uses the copy-engine layout and its copy engine, and announces that
+// (kSideAnnounce: TYPE = seq << 1 | 1). A side whose launch also has another role announces
+// TYPE = seq << 1 from a small kernel first (p2p_ce_decide_kernel), reads the peer's TYPE and
+// records DECISION: the copy-engine layout by SMs (kDecisionCe) if the peer is alone in its
+// launch, the staged protocol (kDecisionStaged) if not. It launches both, each role gated
+// (kSideGated) on the decision, and the one not chosen returns at once.
+constexpr dc_u32 kSidePull = 1u, kSideGated = 2u, kSideAnnounce = 4u;
+constexpr dc_u64 kDecisionCe = 1, kDecisionStaged = 2;
 
 // Everything one send/recv launch needs.
 struct P2PLaunch {
@@ -93,24 +108,35 @@ DC_HOST_DEVICE inline dc_u64 p2p_mode_slot(const P2PLaunch& a, int sender, dc_u3
   return a.mode_slot0 + ((dc_u64)sender * a.max_channels + c) * a.depth + k;
 }
 
-// Copy-engine messages (docs/PROTOCOL.md, "Copy engine"). The sender's copy engine writes
-// whole chunks into kCeSlots fixed slots that overlay the push staging of the receiver's inbox
-// for this sender (each slot p2p_ce_slot_bytes); a one-warp kernel of the sender paces it
-// through two words per slot in the sender's own pad (GO, set by the kernel when the slot is
-// free, waited for by the copy stream; DONE, written by the copy stream after the copy) and
-// alone signals the receiver, so a failed wait never announces data. Every rank's pad holds,
-// from ce_slot0, kCeWords words per peer p; the words a sender writes into the receiver's pad
-// sit in the receiver's block for that sender, and so on:
+// Copy-engine messages (docs/PROTOCOL.md, "Copy engine"). A message moves in whole chunks
+// through kCeSlots fixed slots, chunk i in slot i % kCeSlots. Even slots lie in the push
+// staging of the receiver's inbox for this sender: the sender's copy engine writes the chunk
+// there over NVLink and the receiver's blocks copy it out. Odd slots lie in the sender's outbox
+// for this receiver: the sender's blocks copy the chunk there and the receiver's copy engine
+// reads it over NVLink straight into the destination. So the two GPUs' copy engines drive the
+// link at once (each slot p2p_ce_slot_bytes). A one-warp pacer on each side turns remote
+// signals into local words for its copy stream (GO, set when a copy may start; DONE, written
+// by the copy stream after it), so every wait that depends on the other GPU is a bounded one
+// in a kernel. Every rank's pad holds, from ce_slot0, kCeWords words per peer p; the words a
+// sender writes into the receiver's pad sit in the receiver's block for that sender:
 //   +0 TAIL    chunks of p announced here (written by p)    +1 SENT  chunks sent to p
-//   +2 RECV    chunks received from p                         +4 INTENT[s] id of p's chunk in
-//   slot s (written by p before the copy)   +8 SIZE[s] its message bytes   +12 CNT[s] receiver
-//   blocks done with slot s   +16 HEAD[s] id + 1 of the last chunk in slot s that p consumed
-//   (written by p)   +20 GO[s]   +24 DONE[s]   +28 LAST[s] id + 1 of the last chunk sent to p
-//   in slot s.
+//   +2 RECV    chunks received from p    +3 DRAINED chunks of p copied out of the inbox in
+//   this call   +4 INTENT[s] id of p's chunk in slot s (written by p before the chunk)
+//   +8 SIZE[s] its message bytes   +12 CNT[s] receiver blocks done with slot s   +16 HEAD[s]
+//   id + 1 of the last chunk in slot s that p consumed (written by p)   +20 GO[s]  +24 DONE[s]
+//   (this rank sending to p)   +28 LAST[s] id + 1 of the last chunk sent to p in slot s
+//   +32 FILLED[s] sender blocks done copying a chunk into outbox slot s   +36 GOR[s]
+//   +40 DONER[s] (this rank receiving from p: its copy stream's pulls of odd slots).
+//   +44 LSEQ_S  negotiated large messages sent to p   +45 LSEQ_R  received from p
+//   +46 TYPE_S[2] p's type for its message seq to this rank (written by p, index seq & 1)
+//   +48 TYPE_R[2] p's type as the receiver of this rank's message seq (written by p)
+//   +50 DEC_S  decision for this rank's current message to p   +51 DEC_R  from p.
 constexpr dc_u32 kCeSlots = 4;
-constexpr dc_u32 kCeWords = 32;
-constexpr dc_u32 kCeTail = 0, kCeSent = 1, kCeRecv = 2, kCeIntent = 4, kCeSize = 8, kCeCnt = 12,
-                 kCeHead = 16, kCeGo = 20, kCeDone = 24, kCeLast = 28;
+constexpr dc_u32 kCeWords = 56;
+constexpr dc_u32 kCeTail = 0, kCeSent = 1, kCeRecv = 2, kCeDrained = 3, kCeIntent = 4,
+                 kCeSize = 8, kCeCnt = 12, kCeHead = 16, kCeGo = 20, kCeDone = 24, kCeLast = 28,
+                 kCeFilled = 32, kCeGoR = 36, kCeDoneR = 40, kCeLseqS = 44, kCeLseqR = 45,
+                 kCeTypeS = 46, kCeTypeR = 48, kCeDecS = 50, kCeDecR = 51;
 DC_HOST_DEVICE inline dc_u64 p2p_ce_slot0(const P2PLaunch& a) {
   return (dc_u64)a.mode_slot0 + (dc_u64)a.w.world_size * a.max_channels * a.depth;
 }
@@ -118,9 +144,16 @@ DC_HOST_DEVICE inline dc_u64 p2p_ce_slot0(const P2PLaunch& a) {
 DC_HOST_DEVICE inline dc_u64 p2p_ce_word(const P2PLaunch& a, int p, dc_u32 word) {
   return p2p_ce_slot0(a) + (dc_u64)p * kCeWords + word;
 }
-// Bytes of one copy-engine slot: a kCeSlots-th of the push staging, in whole 256-byte units.
+// Bytes of one copy-engine slot: half the push staging (two slots in the inbox, two in the
+// outbox, which is as large), in whole 256-byte units.
 DC_HOST_DEVICE inline dc_u64 p2p_ce_slot_bytes(const P2PLaunch& a) {
-  return a.ll_offset / kCeSlots / 256 * 256;
+  return a.ll_offset / 2 / 256 * 256;
+}
+// Whether slot s is pulled from the sender's outbox (odd) or pushed into the inbox (even), and
+// its offset in that staging.
+DC_HOST_DEVICE inline bool p2p_ce_pulled(dc_u32 s) { return (s & 1u) != 0; }
+DC_HOST_DEVICE inline dc_u64 p2p_ce_slot_offset(const P2PLaunch& a, dc_u32 s) {
+  return (dc_u64)(s / 2) * p2p_ce_slot_bytes(a);
 }
 
 // Zero-copy send/recv into a registered destination (docs/PROTOCOL.md, "Zero-copy"). The

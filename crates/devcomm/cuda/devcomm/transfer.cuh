@@ -70,7 +70,13 @@ __device__ void bulk_send(const G& g, const P2PLaunch& a, const P2PSide& s, cons
   const dc_u64 step0 = steps[c];  // written by an earlier kernel: ordered by the kernel boundary
   // Push: the receiver's inbox for this rank, written over NVLink. Pull: this rank's own
   // outbox for the receiver, which the receiver reads over NVLink.
-  char* staging = (s.pull ? reinterpret_cast<char*>(a.w.data) + p2p_outbox_offset(a, s.peer)
+  // A role gated on a negotiation (p2p.cuh) runs only where the staged protocol was chosen.
+  if ((s.pull & kSideGated) &&
+      *own_user_slot(a.w, p2p_ce_word(a, s.peer, kCeDecS)) != kDecisionStaged) {
+    return;
+  }
+  const bool pull = (s.pull & kSidePull) != 0;
+  char* staging = (pull ? reinterpret_cast<char*>(a.w.data) + p2p_outbox_offset(a, s.peer)
                           : static_cast<char*>(get_nvlink_address(a.w, s.peer)) +
                                 p2p_inbox_offset(a, a.w.rank)) +
                   (dc_u64)c * a.depth * a.slot_stride;
@@ -85,10 +91,11 @@ __device__ void bulk_send(const G& g, const P2PLaunch& a, const P2PSide& s, cons
   if (leader && step0 >= a.depth) {
     ok = bounded_wait(a, head, step0 - a.depth + 1, kOpSendSlotFree, s.peer, head_slot);
   }
-  // Copy-engine slots overlay the push staging: lane s waits until the receiver consumed the
-  // last copy-engine chunk sent to slot s (LAST is 0 when none was). Two local loads when the
-  // last message to this peer was not a copy-engine one.
-  if (!s.pull && g.thread_rank() < kCeSlots) {
+  // Copy-engine slots overlay the staging (even ones the push staging, odd ones the outbox):
+  // lane k waits until the receiver consumed the last copy-engine chunk sent to slot k of the
+  // staging this message writes (LAST is 0 when none was). Local loads when the last message
+  // to this peer was not a copy-engine one.
+  if (g.thread_rank() < kCeSlots && p2p_ce_pulled(g.thread_rank()) == pull) {
     const dc_u32 k = g.thread_rank();
     const dc_u64 last = *own_user_slot(a.w, p2p_ce_word(a, s.peer, kCeLast + k));
     const dc_u64 ce_head = p2p_ce_word(a, s.peer, kCeHead + k);
@@ -105,7 +112,7 @@ __device__ void bulk_send(const G& g, const P2PLaunch& a, const P2PSide& s, cons
     // The slot is free (its previous chunk was consumed), so its MODE word is too. Written
     // before the copy so that the remote store is long done when the fence below runs; the
     // fence and TAIL's release order it before TAIL.
-    if (leader) st_relaxed_sys(mode + step % a.depth, s.pull);
+    if (leader) st_relaxed_sys(mode + step % a.depth, pull ? 1ull : 0ull);
     m.chunk(g, staging + (step % a.depth) * a.slot_stride, sp.begin + off, n);
     if (leader && i + 1 < nchunks && step + 1 >= a.depth) {
       ok = bounded_wait(a, head, step + 2 - a.depth, kOpSendSlotFree, s.peer, head_slot);
@@ -124,6 +131,10 @@ __device__ void bulk_recv(const G& g, const P2PLaunch& a, const P2PSide& r, cons
   const Span sp = block_span(r.bytes, nch, c, 16);
   const dc_u64 nchunks = (sp.len + r.chunk_bytes - 1) / r.chunk_bytes;
   if (nchunks == 0) return;
+  if ((r.pull & kSideGated) &&
+      *own_user_slot(a.w, p2p_ce_word(a, r.peer, kCeDecR)) != kDecisionStaged) {
+    return;  // gated on a negotiation that chose the copy-engine layout (p2p.cuh)
+  }
   dc_u64* steps = reinterpret_cast<dc_u64*>(r.steps);
   const dc_u64 step0 = steps[c];
   // The sender chose per chunk where it staged it (MODE word): our inbox (push) or its

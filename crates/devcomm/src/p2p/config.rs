@@ -148,10 +148,22 @@ impl P2PLimits {
             + world_size * self.max_channels() as usize * self.depth as usize
     }
 
-    /// Bytes of one copy-engine slot: a [`CE_SLOTS`]-th of the push staging of a region, in
-    /// whole 256-byte units (16 MiB with the default limits).
+    /// Bytes of one copy-engine slot: half the push staging of a region (two slots there,
+    /// two in the sender's outbox, which is as large), in whole 256-byte units (32 MiB with
+    /// the default limits).
     pub fn ce_slot_bytes(&self) -> u64 {
-        self.ll_offset() / CE_SLOTS / 256 * 256
+        self.ll_offset() / 2 / 256 * 256
+    }
+
+    /// Offset of copy-engine slot `i` in its staging: even slots in the receiver's inbox
+    /// for the sender, odd ones in the sender's outbox for the receiver.
+    pub fn ce_slot_offset(&self, i: usize) -> u64 {
+        (i / 2) as u64 * self.ce_slot_bytes()
+    }
+
+    /// Offset in the window's data of `receiver`'s outbox (pull staging) at each sender.
+    pub fn outbox_offset(&self, world_size: usize, receiver: usize) -> u64 {
+        world_size as u64 * self.region_bytes() + receiver as u64 * self.ll_offset()
     }
 
     /// First MODE slot: whether the chunk in a staging slot was pushed or pulled
@@ -176,7 +188,13 @@ impl P2PLimits {
 /// Copy-engine slots per (sender, receiver) and pad words per peer (`cuda/devcomm/p2p.cuh`).
 pub const CE_SLOTS: u64 = 4;
 /// Pad words of the copy-engine protocol per peer.
-pub const CE_WORDS: usize = 32;
+pub const CE_WORDS: usize = 56;
+
+/// Whether copy-engine slot `i` is pulled by the receiver's copy engine from the sender's
+/// outbox (odd) or pushed by the sender's into the receiver's inbox (even).
+pub fn ce_pulled(i: usize) -> bool {
+    i % 2 == 1
+}
 /// Offsets in a peer's block of copy-engine words that the host reads or writes (the whole
 /// layout is in `cuda/devcomm/p2p.cuh`, `kCe*`): SIZE[slot] (in an error record), GO[slot] and
 /// DONE[slot] (the copy streams' memory operations).
@@ -185,35 +203,46 @@ pub const CE_SIZE: usize = 8;
 pub const CE_GO: usize = 20;
 /// See [`CE_SIZE`].
 pub const CE_DONE: usize = 24;
+/// `P2PSide::pull` bits (`cuda/devcomm/p2p.cuh`, `kSide*`): pull (staged) or by SMs (copy
+/// engine); gated on the negotiation of a large message's layout; announces this side's type
+/// for that negotiation.
+pub const P2P_SIDE_PULL: u32 = 1;
+/// See [`P2P_SIDE_PULL`].
+pub const P2P_SIDE_GATED: u32 = 2;
+/// See [`P2P_SIDE_PULL`].
+pub const P2P_SIDE_ANNOUNCE: u32 = 4;
 
-/// Environment variable: `1` lets the defaults send messages of [`CE_DEFAULT_MIN`] bytes or more
-/// by the copy engine, `0` keeps them on SMs. Set it alike on every rank.
+/// GOR[slot] and DONER[slot]: the receiver's copy stream's waits and reports (pulled chunks).
+pub const CE_GO_R: usize = 36;
+/// See [`CE_GO_R`].
+pub const CE_DONE_R: usize = 40;
+
+/// Environment variable: `0` keeps messages of [`CE_DEFAULT_MIN`] bytes or more on the staged
+/// protocol; otherwise the defaults give them the copy-engine layout where it was measured
+/// faster (one role alone in a launch; docs/PROTOCOL.md, "Copy engine"). Set it alike on every
+/// rank.
 pub const CE_ENV: &str = "DEVCOMM_P2P_CE";
 
-/// The smallest message the defaults send by the copy engine (when it is on).
-pub const CE_DEFAULT_MIN: u64 = 64 << 20;
+/// The smallest message the defaults send by the copy engine (when it is on): one way, the
+/// copy engine was ahead of SM pull from 256 MiB and behind at 64 MiB (docs/PERFORMANCE.md,
+/// v15).
+pub const CE_DEFAULT_MIN: u64 = 256 << 20;
 
 /// Whether the defaults may use [`Protocol::CopyEngine`] (see [`CE_ENV`]).
 pub fn ce_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var(CE_ENV).is_ok_and(|v| v.trim() == "1"))
+    *ON.get_or_init(|| std::env::var(CE_ENV).map_or(true, |v| v.trim() != "0"))
 }
 
-/// The default copy-engine configuration for a message of `bytes`: chunks of up to a slot,
-/// at least two of them in flight when the message allows, copied out by 16 receiver blocks
-/// (a local copy at the copy engine's ~390 GB/s needs more than 8 SMs' loads in flight).
-pub fn ce_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
-    let slot = limits.ce_slot_bytes();
-    let chunk = if bytes >= 4 * slot {
-        slot
-    } else {
-        (slot / 2).max(256)
-    };
+/// The default copy-engine configuration for a message of `bytes`: chunks of half a slot
+/// (16 MiB: 1 GiB one way measured 2729 us against 2744 with whole slots, docs/PERFORMANCE.md,
+/// v15), 16 blocks on each side copying chunks into the outbox and out of the inbox.
+pub fn ce_config(_bytes: u64, limits: &P2PLimits) -> P2PConfig {
     P2PConfig {
         protocol: Protocol::CopyEngine,
         blocks: 16.min(limits.max_blocks),
         threads: MAX_ROLE_THREADS,
-        chunk_bytes: chunk,
+        chunk_bytes: (limits.ce_slot_bytes() / 2).max(256),
     }
 }
 
@@ -575,7 +604,17 @@ mod tests {
         let limits = P2PLimits::default();
         assert_eq!(default_config(8, &limits).protocol, Protocol::LowLatency);
         assert_eq!(default_config(8, &limits).blocks, 1);
-        assert!(default_config(1 << 30, &limits).protocol.is_staged());
+        assert!(default_config(64 << 20, &limits).protocol.is_staged());
+        // From CE_DEFAULT_MIN the copy-engine layout (negotiated per launch), unless turned off.
+        let large = default_config(CE_DEFAULT_MIN, &limits).protocol;
+        if ce_enabled() {
+            assert_eq!(large, Protocol::CopyEngine);
+            assert!(default_config(CE_DEFAULT_MIN - 1, &limits)
+                .protocol
+                .is_staged());
+        } else {
+            assert!(large.is_staged());
+        }
         // The protocol only moves forward as the size grows: LL, then LL128, then staged.
         let rank = |p: Protocol| match p {
             Protocol::LowLatency => 0,
@@ -606,7 +645,7 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("blocks"));
-        let mut c = default_config(1 << 30, &limits);
+        let mut c = staged_config(1 << 30, &limits);
         c.chunk_bytes = limits.slot_bytes * 2;
         assert!(matches!(
             c.check("send", 1 << 30, &limits),
@@ -648,9 +687,18 @@ mod tests {
         assert_eq!(l.mode_slot0(4), 4 * (2 * 512 + 32) + 16 + 4 * (4 + 32));
         assert_eq!(l.ce_slot0(4), l.mode_slot0(4) + 4 * 512 * 4);
         assert_eq!(l.signal_slots(4), l.ce_slot0(4) + 4 * CE_WORDS);
-        // Copy-engine slots overlay the push staging: 4 of 16 MiB in its 64 MiB.
-        assert_eq!(l.ce_slot_bytes(), 16 << 20);
-        assert!(CE_SLOTS * l.ce_slot_bytes() <= l.ll_offset());
+        // Copy-engine slots of 32 MiB: the even ones overlay the push staging (64 MiB), the
+        // odd ones the outbox (as large).
+        assert_eq!(l.ce_slot_bytes(), 32 << 20);
+        for i in 0..CE_SLOTS as usize {
+            assert!(l.ce_slot_offset(i) + l.ce_slot_bytes() <= l.ll_offset());
+            assert_eq!(ce_pulled(i), i % 2 == 1);
+        }
+        assert_eq!(l.outbox_offset(4, 0), 4 * l.region_bytes());
+        assert_eq!(
+            l.outbox_offset(4, 3),
+            4 * l.region_bytes() + 3 * l.ll_offset()
+        );
         // Regions per sender, then outboxes per receiver of the same staging size.
         assert_eq!(l.window_bytes(4), 4 * l.region_bytes() + 4 * l.ll_offset());
     }
@@ -681,8 +729,8 @@ mod tests {
             .is_err());
         assert!(with(CE_MIN_CHUNK, 384).check("t", 1 << 30, &l).is_err());
         with(CE_MIN_CHUNK, 256).check("t", 1 << 30, &l).unwrap();
-        // Copy-engine chunks of at least a slot's half at every size the defaults use it.
-        assert_eq!(ce_config(1 << 30, &l).chunk_bytes, l.ce_slot_bytes());
+        // Copy-engine chunks of half a slot at every size the defaults use it.
+        assert_eq!(ce_config(1 << 30, &l).chunk_bytes, l.ce_slot_bytes() / 2);
     }
 
     #[test]

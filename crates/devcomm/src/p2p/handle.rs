@@ -28,7 +28,8 @@ pub struct P2PSide {
     pub low_latency: u32,
     /// Send side of a bulk message. 0: push (staging in the receiver's window); 1: pull
     /// (staging in the sender's window, read by the receiver over NVLink). The receiver reads
-    /// the sender's choice per chunk from the signal pad.
+    /// the sender's choice per chunk from the signal pad. Copy-engine message, either side:
+    /// 1 moves this side's copy-engine half by SMs (a local choice, `ce_by_sm`).
     pub pull: u32,
 }
 

@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 
 pub use config::{
-    auto_pull, ce_config, default_config, staged_config, sweep_configs, zero_copy_blocks,
-    zero_copy_ce_min, zero_copy_route, P2PConfig, P2PLimits, Protocol, ZcRoute, CE_DONE, CE_GO,
-    CE_SIZE, CE_SLOTS, CE_WORDS,
+    auto_pull, ce_config, ce_pulled, default_config, staged_config, sweep_configs,
+    zero_copy_blocks, zero_copy_ce_min, zero_copy_route, P2PConfig, P2PLimits, Protocol, ZcRoute,
+    CE_DEFAULT_MIN, CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS, CE_WORDS,
+    P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL,
 };
 
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
@@ -59,12 +60,14 @@ enum KernelKey {
     Split(u32, bool),
     /// `p2p_zc_kernel<ZC_THREADS>`.
     ZeroCopy,
-    /// `p2p_ce_send_kernel` (the copy-engine pacer).
+    /// `p2p_ce_send_kernel<CE_SEND_THREADS>` (the copy-engine pacer and outbox fillers).
     CeSend,
     /// `p2p_ce_recv_kernel<THREADS>`.
     CeRecv(u32),
     /// `p2p_zc_ce_kernel` (the pacer of a zero-copy send by copy engine).
     ZeroCopyCe,
+    /// `p2p_ce_decide_kernel` (the negotiation of a large message's layout).
+    CeDecide,
 }
 
 impl KernelKey {
@@ -76,6 +79,7 @@ impl KernelKey {
             Self::CeSend => CE_SEND_EXPRESSION.to_owned(),
             Self::CeRecv(t) => ce_recv_expression(t),
             Self::ZeroCopyCe => ZC_CE_EXPRESSION.to_owned(),
+            Self::CeDecide => CE_DECIDE_EXPRESSION.to_owned(),
         }
     }
 }
@@ -87,25 +91,58 @@ fn zc_expression() -> String {
     format!("devcomm::p2p::p2p_zc_kernel<{ZC_THREADS}>")
 }
 
-const CE_SEND_EXPRESSION: &str = "devcomm::p2p::p2p_ce_send_kernel";
+/// Threads per block of the copy-engine sender (block 0's first warp paces, the other blocks
+/// copy pulled chunks into the outbox).
+const CE_SEND_THREADS: u32 = 512;
+const CE_SEND_EXPRESSION: &str = "devcomm::p2p::p2p_ce_send_kernel<512>";
 const ZC_CE_EXPRESSION: &str = "devcomm::p2p::p2p_zc_ce_kernel";
+const CE_DECIDE_EXPRESSION: &str = "devcomm::p2p::p2p_ce_decide_kernel";
 
 fn ce_recv_expression(threads: u32) -> String {
     format!("devcomm::p2p::p2p_ce_recv_kernel<{threads}>")
 }
 
-/// Environment variable: `1` puts every copy-engine chunk on one copy stream (for comparison;
-/// the default alternates two). Only the sender's setting matters.
+/// Environment variable: `2` alternates the pushed copy-engine chunks between two copy
+/// streams (for comparison; the default queues them on one). Only the sender's setting
+/// matters.
 pub const CE_STREAMS_ENV: &str = "DEVCOMM_P2P_CE_STREAMS";
 
+/// Copy streams for pushed chunks. One: two streams let the copy engine run two pushes at once,
+/// each at half the link, so both slots wait to be copied out at the same time and the link
+/// idles meanwhile (1 GiB one way: 375 GB/s on two streams, 393 on one; docs/PERFORMANCE.md,
+/// v15).
 fn ce_copy_streams() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
     *N.get_or_init(
         || match std::env::var(CE_STREAMS_ENV).as_deref().map(str::trim) {
-            Ok("1") => 1,
-            _ => 2,
+            Ok("2") => 2,
+            _ => 1,
         },
     )
+}
+
+/// Environment variable: which engines a launch that sends to and receives from the same peer
+/// by copy engine uses for its copy-engine halves, as `SEND-RECV` with each of `ce` or `sm`
+/// (the pushed chunks of its send, the pulled chunks of its receive). A one-way launch always
+/// uses the copy engine for both. Each side's choice is its own: the slots and signals are
+/// the same either way.
+pub const CE_BOTH_ENV: &str = "DEVCOMM_P2P_CE_BOTH";
+
+/// Whether the sending (`send`) or receiving side of a copy-engine message with an explicit
+/// configuration moves its copy-engine half by SMs: only in a launch that also moves data the
+/// other way with the same peer (`both_ways`), as [`CE_BOTH_ENV`] says (default `sm-ce`: SMs
+/// push, the receiver's copy engine pulls, the fastest of the four both ways:
+/// docs/PERFORMANCE.md, v15).
+fn ce_by_sm(send: bool, both_ways: bool) -> bool {
+    static MODE: OnceLock<[bool; 2]> = OnceLock::new();
+    let mode = MODE.get_or_init(|| {
+        let v = std::env::var(CE_BOTH_ENV).unwrap_or_default();
+        let mut parts = v.trim().split('-');
+        let send_sm = parts.next() != Some("ce");
+        let recv_sm = parts.next() == Some("sm");
+        [send_sm, recv_sm]
+    });
+    both_ways && mode[usize::from(!send)]
 }
 
 /// Environment variable: `0` runs both directions in one block per index (warp-specialised
@@ -119,7 +156,8 @@ pub fn sendrecv_spec() -> KernelSpec {
     let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE)
         .name_expression(zc_expression())
         .name_expression(CE_SEND_EXPRESSION.to_owned())
-        .name_expression(ZC_CE_EXPRESSION.to_owned());
+        .name_expression(ZC_CE_EXPRESSION.to_owned())
+        .name_expression(CE_DECIDE_EXPRESSION.to_owned());
     for t in [256, 512] {
         spec = spec
             .name_expression(split_expression(t, true))
@@ -214,11 +252,15 @@ pub(crate) struct P2P {
 #[derive(Debug)]
 struct CeStreams {
     pace: InternalStream,
-    /// Chunks alternate between two copy streams, so that one stream's memory operations and
-    /// copy launch between chunks overlap the other's copy (one stream measured about 11 us
-    /// of idle copy engine per chunk on H200: 334 GB/s at 1 GiB, docs/PERFORMANCE.md, v9).
+    /// Pushed chunks alternate between two copy streams, so that one stream's memory
+    /// operations between chunks overlap the other's copy (docs/PERFORMANCE.md, v9).
     copy: [InternalStream; 2],
     recv: InternalStream,
+    /// The receiver's copy stream: pulled chunks, from the sender's outbox into the
+    /// destination. Apart from the sender's streams: in a launch that sends and receives by
+    /// copy engine, a pull queued behind this rank's pushes (which wait on the peer) could
+    /// wait on itself through the peer.
+    pull: InternalStream,
 }
 
 impl P2P {
@@ -253,6 +295,7 @@ impl P2P {
             pace: new()?,
             copy: [new()?, new()?],
             recv: new()?,
+            pull: new()?,
         };
         let counters_base = {
             use cudarc::driver::DevicePtr;
@@ -344,55 +387,176 @@ impl P2P {
         let world = group.world_size;
         let send = send.filter(|t| t.bytes > 0);
         let recv = recv.filter(|t| t.bytes > 0);
-        let mut sides = [P2PSide::unused(); 2];
-        let mut threads = [0u32; 2];
-        let mut ce = [false; 2];
+        // Per role: the side for the SM kernel and the side for the copy-engine kernels (a
+        // negotiated role of a launch with two roles has both, each gated on the decision).
+        let mut sm = [P2PSide::unused(); 2];
+        let mut ce = [P2PSide::unused(); 2];
+        let mut sm_threads = [0u32; 2];
+        let mut ce_threads = [0u32; 2];
+        let alone = send.is_none() || recv.is_none();
         for (i, t) in [send, recv].iter().enumerate() {
             let Some(t) = t else { continue };
             let op = if i == 0 { "send" } else { "recv" };
             self.check_peer(group, op, t.peer)?;
             let cfg = t.config.unwrap_or_else(|| self.config_for(t.bytes));
-            cfg.check(op, t.bytes, &self.limits)
-                .map_err(|e| with_peer(e, t.peer))?;
+            // A large message on the built-in defaults: its layout is negotiated (p2p.cuh).
+            let negotiated = t.config.is_none()
+                && cfg.protocol == Protocol::CopyEngine
+                && self
+                    .tune
+                    .as_ref()
+                    .and_then(|x| x.config_for(t.bytes))
+                    .is_none();
             let kind = if i == 0 {
                 (Counter::SendSteps, Counter::LlSend)
             } else {
                 (Counter::RecvSteps, Counter::LlRecv)
             };
-            sides[i] = P2PSide {
-                buf: t.ptr,
-                bytes: t.bytes,
-                steps: self.counter_ptr(kind.0, t.peer, world),
-                ll_steps: self.counter_ptr(kind.1, t.peer, world),
-                chunk_bytes: cfg.chunk_bytes,
-                peer: t.peer as i32,
-                blocks: cfg.blocks,
-                low_latency: cfg.protocol.line_kind(),
-                pull: u32::from(
-                    i == 0
-                        && match cfg.protocol {
-                            Protocol::Pull => true,
-                            Protocol::Bulk => {
-                                auto_pull(t.bytes, recv.is_some_and(|r| r.peer == t.peer))
+            // The same launch also moves data the other way with this peer.
+            let other = if i == 0 { recv } else { send };
+            let both_ways = other.is_some_and(|o| o.peer == t.peer);
+            let side = |cfg: P2PConfig, flags: u32| -> Result<P2PSide> {
+                cfg.check(op, t.bytes, &self.limits)
+                    .map_err(|e| with_peer(e, t.peer))?;
+                Ok(P2PSide {
+                    buf: t.ptr,
+                    bytes: t.bytes,
+                    steps: self.counter_ptr(kind.0, t.peer, world),
+                    ll_steps: self.counter_ptr(kind.1, t.peer, world),
+                    chunk_bytes: cfg.chunk_bytes,
+                    peer: t.peer as i32,
+                    blocks: cfg.blocks,
+                    low_latency: cfg.protocol.line_kind(),
+                    pull: flags
+                        | u32::from(match cfg.protocol {
+                            Protocol::Pull => i == 0,
+                            Protocol::Bulk => i == 0 && auto_pull(t.bytes, both_ways),
+                            Protocol::CopyEngine => flags == 0 && ce_by_sm(i == 0, both_ways),
+                            Protocol::Push | Protocol::LowLatency | Protocol::LowLatency128 => {
+                                false
                             }
-                            Protocol::Push
-                            | Protocol::LowLatency
-                            | Protocol::LowLatency128
-                            | Protocol::CopyEngine => false,
-                        },
-                ),
+                        }),
+                })
             };
-            threads[i] = cfg.threads;
-            ce[i] = cfg.protocol == Protocol::CopyEngine;
+            if negotiated && !alone {
+                // Both layouts, gated: the copy-engine one by SMs (a host-enqueued copy could
+                // not be called off), the staged one as without the copy engine.
+                let staged = staged_config(t.bytes, &self.limits);
+                sm[i] = side(staged, P2P_SIDE_GATED)?;
+                sm_threads[i] = staged.threads;
+                ce[i] = side(cfg, P2P_SIDE_GATED | P2P_SIDE_PULL)?;
+                ce_threads[i] = cfg.threads;
+            } else if cfg.protocol == Protocol::CopyEngine {
+                let flags = if negotiated { P2P_SIDE_ANNOUNCE } else { 0 };
+                ce[i] = side(cfg, flags)?;
+                ce_threads[i] = cfg.threads;
+            } else {
+                sm[i] = side(cfg, 0)?;
+                sm_threads[i] = cfg.threads;
+            }
         }
-        if sides[0].peer < 0 && sides[1].peer < 0 {
+        let peer = |i: usize| sm[i].peer.max(ce[i].peer);
+        if peer(0) < 0 && peer(1) < 0 {
             return Ok(()); // nothing to move
         }
-        self.ready(group, jit, [sides[0].peer, sides[1].peer])?;
-        if ce[0] || ce[1] {
-            return self.launch_with_copy_engine(group, jit, sides, ce, threads, stream);
+        self.ready(group, jit, [peer(0), peer(1)])?;
+        let gated = [0, 1].map(|i| ce[i].pull & P2P_SIDE_GATED != 0);
+        if gated[0] || gated[1] {
+            let threads = [sm_threads, ce_threads];
+            return self.launch_negotiated(group, jit, [sm, ce], threads, gated, stream);
         }
-        self.launch_sm(group, jit, sides, threads, stream)
+        if ce[0].peer >= 0 || ce[1].peer >= 0 {
+            return self
+                .launch_with_copy_engine(group, jit, sm, ce, sm_threads, ce_threads, stream);
+        }
+        self.launch_sm(group, jit, sm, sm_threads, stream)
+    }
+
+    /// A launch with gated roles (a large message on the defaults in a launch with two roles,
+    /// docs/PROTOCOL.md, "Copy engine"). Each gated role runs on a stream of its own, forked
+    /// from `stream`: the negotiation (`p2p_ce_decide_kernel`), then its copy-engine kernel
+    /// (moved by SMs), then its staged kernel; the one the negotiation did not choose returns
+    /// at once. The roles must not wait on each other: the peer may serve them from two
+    /// launches in turn (its send, then its receive), and the second of those starts only
+    /// once the first is done, which needs this rank's receiving role. The other role, if
+    /// not gated, takes the usual path on `stream`. All join back into `stream`.
+    fn launch_negotiated(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        [sm, ce]: [[P2PSide; 2]; 2],
+        [sm_threads, ce_threads]: [[u32; 2]; 2],
+        gated: [bool; 2],
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let rank = group.rank as i32;
+        let base = self.base_launch();
+        // Every kernel is resolved before anything is enqueued.
+        let decide = self.function(group, jit, KernelKey::CeDecide)?;
+        let ce_fn = [
+            self.function(group, jit, KernelKey::CeSend)?,
+            self.function(group, jit, KernelKey::CeRecv(ce_threads[1].max(256)))?,
+        ];
+        let forked = stream
+            .record_event(None)
+            .cuda(rank, "cuEventRecord (fork)")?;
+        let role_stream = [&self.ce.pace, &self.ce.recv];
+        for i in (0..2).filter(|&i| gated[i]) {
+            let on = role_stream[i];
+            on.wait(&forked).cuda(rank, "cuStreamWaitEvent (fork)")?;
+            let only = |s: P2PSide| {
+                if i == 0 {
+                    [s, P2PSide::unused()]
+                } else {
+                    [P2PSide::unused(), s]
+                }
+            };
+            let [send, recv] = only(ce[i]);
+            let args = P2PLaunch { send, recv, ..base };
+            // SAFETY: p2p_ce_decide_kernel(P2PLaunch) takes this struct by value and enters
+            // through enter_after_previous_kernel; it reads and writes only the copy-engine
+            // words of this namespace's pad and the peer's words of this pair.
+            unsafe { launch_one_warp(on, &decide, &args, group.pdl) }
+                .cuda(rank, "cuLaunchKernelEx (copy-engine negotiation)")?;
+            let cfg = if i == 0 {
+                linear_launch(1 + ce[0].blocks, CE_SEND_THREADS)
+            } else {
+                linear_launch(ce[1].blocks + 1, ce_threads[1])
+            };
+            // SAFETY: as in launch_with_copy_engine, for the sender or the receiver kernel;
+            // the role moves its copy-engine half by SMs, so no copy waits on it.
+            unsafe { launch_struct(on, &ce_fn[i], cfg, &args, group.pdl) }
+                .cuda(rank, "cuLaunchKernelEx (copy-engine role, negotiated)")?;
+            let threads = if i == 0 {
+                [sm_threads[0], 0]
+            } else {
+                [0, sm_threads[1]]
+            };
+            self.launch_sm(group, jit, only(sm[i]), threads, on)?;
+        }
+        let rest = |sides: [P2PSide; 2]| {
+            [0, 1].map(|i| {
+                if gated[i] {
+                    P2PSide::unused()
+                } else {
+                    sides[i]
+                }
+            })
+        };
+        let (sm_rest, ce_rest) = (rest(sm), rest(ce));
+        if ce_rest[0].peer >= 0 || ce_rest[1].peer >= 0 {
+            self.launch_with_copy_engine(
+                group, jit, sm_rest, ce_rest, sm_threads, ce_threads, stream,
+            )?;
+        } else if sm_rest[0].peer >= 0 || sm_rest[1].peer >= 0 {
+            self.launch_sm(group, jit, sm_rest, sm_threads, stream)?;
+        }
+        for i in (0..2).filter(|&i| gated[i]) {
+            stream
+                .join(role_stream[i])
+                .cuda(rank, "cuStreamWaitEvent (join)")?;
+        }
+        Ok(())
     }
 
     /// Launches the SM kernel for the roles in `sides` (either may be unused, not both).
@@ -444,16 +608,17 @@ impl P2P {
         &self,
         group: &Group,
         jit: &Jit,
-        sides: [P2PSide; 2],
-        ce: [bool; 2],
+        sm: [P2PSide; 2],
+        ce: [P2PSide; 2],
+        sm_threads: [u32; 2],
         threads: [u32; 2],
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let rank = group.rank as i32;
         let streams = &self.ce;
         let base = self.base_launch();
-        // The roles by copy engine leave the SM kernel; it keeps the others.
-        let sm = [0, 1].map(|i| if ce[i] { P2PSide::unused() } else { sides[i] });
+        let sides = ce;
+        let ce = [ce[0].peer >= 0, ce[1].peer >= 0];
         let mut joins: Vec<&Arc<CudaStream>> = Vec::new();
         // One event marks the fork point for every stream that starts from it.
         let forked = stream
@@ -476,22 +641,29 @@ impl P2P {
             let s = sides[0];
             let args = P2PLaunch { send: s, ..base };
             fork(&streams.pace)?;
-            // SAFETY: p2p_ce_send_kernel(P2PLaunch) takes this struct by value; it touches only
-            // this namespace's signal pad, the peer's pad words of this pair and the staging
-            // step counters (read). The copies below are the only writers of data.
-            unsafe { launch_one_warp(&streams.pace, &func, &args, group.pdl) }
-                .cuda(rank, "cuLaunchKernelEx (copy-engine pacer)")?;
+            // Block 0 paces; one filling block per receiver block (the same count: both copy
+            // a chunk locally while the copy engines move the others).
+            let cfg = linear_launch(1 + s.blocks, CE_SEND_THREADS);
+            // SAFETY: p2p_ce_send_kernel<512>(P2PLaunch) takes this struct by value and enters
+            // through enter_after_previous_kernel; it touches this namespace's signal pad, the
+            // peer's pad words of this pair and the staging step counters (read), reads the
+            // caller's source (`bytes`, sized by the caller) and writes only the outbox slots
+            // of this receiver (the guard checked the chunk against a slot).
+            unsafe { launch_struct(&streams.pace, &func, cfg, &args, group.pdl) }
+                .cuda(rank, "cuLaunchKernelEx (copy-engine sender)")?;
             joins.push(&streams.pace);
-            for c in &streams.copy {
-                fork(c)?;
-                joins.push(c);
+            if s.pull & P2P_SIDE_PULL == 0 {
+                for c in &streams.copy {
+                    fork(c)?;
+                    joins.push(c);
+                }
+                self.enqueue_copies(group, s, &streams.copy)?;
             }
-            self.enqueue_copies(group, s, &streams.copy)?;
         }
         let sm_used = sm[0].peer >= 0 || sm[1].peer >= 0;
         if sm_used {
-            // A role the copy engine took gets no threads in the SM kernel.
-            let sm_threads = [0, 1].map(|i| if sm[i].peer < 0 { 0 } else { threads[i] });
+            // A role only the copy engine takes gets no threads in the SM kernel.
+            let sm_threads = [0, 1].map(|i| if sm[i].peer < 0 { 0 } else { sm_threads[i] });
             self.launch_sm(group, jit, sm, sm_threads, stream)?;
         }
         if let Some(func) = recv_fn {
@@ -506,13 +678,19 @@ impl P2P {
             } else {
                 stream
             };
-            let cfg = linear_launch(sides[1].blocks, threads[1]);
+            // The blocks that copy pushed chunks out, and one that paces the pulled ones.
+            let cfg = linear_launch(sides[1].blocks + 1, threads[1]);
             // SAFETY: p2p_ce_recv_kernel<T>(P2PLaunch) takes this struct by value and enters
             // through enter_after_previous_kernel; it writes `bytes` at the caller's
             // destination (sized by the caller) and this namespace's own pad words, and reads
             // the staging region of the sender.
             unsafe { launch_struct(on, &func, cfg, &args, group.pdl) }
                 .cuda(rank, "cuLaunchKernelEx (copy-engine receiver)")?;
+            if sides[1].pull & P2P_SIDE_PULL == 0 {
+                fork(&streams.pull)?;
+                joins.push(&streams.pull);
+                self.enqueue_pulls(group, sides[1], &streams.pull)?;
+            }
         }
         for s in joins {
             stream.join(s).cuda(rank, "cuStreamWaitEvent (join)")?;
@@ -520,44 +698,80 @@ impl P2P {
         Ok(())
     }
 
-    /// The copy streams' part of a copy-engine send of `s`: chunk k (slot k % CE_SLOTS) goes to
-    /// copy stream k % 2, which waits for GO >= k + 1 (set by the pacer once the slot is free),
-    /// copies the chunk into the peer's slot, then writes DONE = k + 1 (after a memory
-    /// barrier); at the end each stream puts the GO words of its slots back to 0 for the next
-    /// call (the pacer, which sets them, is done with them by then).
+    /// The copy streams' part of a copy-engine send of `s`: pushed chunk k (even slot i = k %
+    /// CE_SLOTS) goes to copy stream i / 2, which waits for GO[i] >= k + 1 (set by the pacer
+    /// once the slot is free), copies the chunk into the peer's inbox slot, then writes DONE[i]
+    /// = k + 1 (after a memory barrier); at the end each stream puts the GO word of its slot
+    /// back to 0 for the next call (the pacer, which sets them, is done with them by then).
+    /// Pulled chunks (odd slots) are the sender kernel's and the receiver's copy stream's.
     fn enqueue_copies(&self, group: &Group, s: P2PSide, copy: &[InternalStream; 2]) -> Result<()> {
-        let rank = group.rank;
-        let world = group.world_size;
-        let peer = s.peer as usize;
+        let (rank, world, peer) = (group.rank, group.world_size, s.peer as usize);
         let word = |w: usize| self.ce_word(world, peer, w);
-        let remote = self
-            .window
-            .get_nvlink_address(peer)
-            .ok_or_else(|| Error::NoPath {
-                op: "send",
-                rank,
-                peer,
-                kind: "no NVLink mapping".into(),
-            })?
-            + rank as u64 * self.limits.region_bytes();
-        let slot = self.limits.ce_slot_bytes();
-        let chunks = s.bytes.div_ceil(s.chunk_bytes);
+        let remote =
+            self.peer_window(group, "send", peer)? + rank as u64 * self.limits.region_bytes();
         let ctx = |e: Error| crate::cuda::with_rank(e, rank);
         let streams = ce_copy_streams();
-        for k in 0..chunks {
-            let i = (k % CE_SLOTS) as usize;
-            let c = &copy[i % streams];
-            let off = k * s.chunk_bytes;
-            let len = (s.bytes - off).min(s.chunk_bytes);
+        for (k, i, off, len) in self.ce_chunks(s, false) {
+            let c = &copy[(i / 2) % streams];
             crate::cuda::stream_wait_geq(c, word(CE_GO + i), k + 1).map_err(ctx)?;
-            crate::cuda::memcpy_dtod_async(remote + i as u64 * slot, s.buf + off, len as usize, c)
-                .map_err(ctx)?;
+            let to = remote + self.limits.ce_slot_offset(i);
+            crate::cuda::memcpy_dtod_async(to, s.buf + off, len, c).map_err(ctx)?;
             crate::cuda::stream_write(c, word(CE_DONE + i), k + 1).map_err(ctx)?;
         }
-        for i in 0..CE_SLOTS as usize {
-            crate::cuda::stream_write(&copy[i % streams], word(CE_GO + i), 0).map_err(ctx)?;
+        for i in (0..CE_SLOTS as usize).step_by(2) {
+            crate::cuda::stream_write(&copy[(i / 2) % streams], word(CE_GO + i), 0).map_err(ctx)?;
         }
         Ok(())
+    }
+
+    /// The receiver's copy stream for a copy-engine receive of `r`: pulled chunk k (odd slot
+    /// i) waits for GOR[i] >= k + 1 (set by the receiver's pacer once the sender announced it
+    /// and it matches this call), copies the chunk from the sender's outbox slot straight into
+    /// the destination, then writes DONER[i] = k + 1; at the end GOR goes back to 0.
+    fn enqueue_pulls(&self, group: &Group, r: P2PSide, pull: &InternalStream) -> Result<()> {
+        let (rank, world, peer) = (group.rank, group.world_size, r.peer as usize);
+        let word = |w: usize| self.ce_word(world, peer, w);
+        let outbox =
+            self.peer_window(group, "recv", peer)? + self.limits.outbox_offset(world, rank);
+        let ctx = |e: Error| crate::cuda::with_rank(e, rank);
+        for (k, i, off, len) in self.ce_chunks(r, true) {
+            crate::cuda::stream_wait_geq(pull, word(CE_GO_R + i), k + 1).map_err(ctx)?;
+            let from = outbox + self.limits.ce_slot_offset(i);
+            crate::cuda::memcpy_dtod_async(r.buf + off, from, len, pull).map_err(ctx)?;
+            crate::cuda::stream_write(pull, word(CE_DONE_R + i), k + 1).map_err(ctx)?;
+        }
+        for i in (1..CE_SLOTS as usize).step_by(2) {
+            crate::cuda::stream_write(pull, word(CE_GO_R + i), 0).map_err(ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Where `peer`'s p2p window is mapped here (an error naming `op` if it is not).
+    fn peer_window(&self, group: &Group, op: &'static str, peer: usize) -> Result<u64> {
+        self.window
+            .get_nvlink_address(peer)
+            .ok_or_else(|| Error::NoPath {
+                op,
+                rank: group.rank,
+                peer,
+                kind: "no NVLink mapping".into(),
+            })
+    }
+
+    /// The chunks of a copy-engine message `s` on one path (pushed into the inbox or pulled
+    /// from the outbox): (chunk index, slot, byte offset, bytes).
+    fn ce_chunks(
+        &self,
+        s: P2PSide,
+        pulled: bool,
+    ) -> impl Iterator<Item = (u64, usize, u64, usize)> {
+        let chunks = s.bytes.div_ceil(s.chunk_bytes);
+        (0..chunks).filter_map(move |k| {
+            let i = (k % CE_SLOTS) as usize;
+            let off = k * s.chunk_bytes;
+            let len = (s.bytes - off).min(s.chunk_bytes) as usize;
+            (ce_pulled(i) == pulled).then_some((k, i, off, len))
+        })
     }
 
     /// Zero-copy send, receive or both into registered buffers, each role by the route of its
@@ -819,7 +1033,45 @@ impl P2P {
             return Ok(m);
         }
         let m = jit.load(&group.ctx, &sendrecv_spec())?;
-        Ok(self.module.get_or_init(|| m))
+        let m = self.module.get_or_init(|| m);
+        self.load_every_kernel(group, jit)?;
+        Ok(m)
+    }
+
+    /// Loads every kernel of the module now. Under the driver's lazy loading a kernel's code
+    /// is loaded at its first use, and that load can wait for kernels already running; a
+    /// negotiated large message enqueues kernels that wait on the peer (one role's
+    /// negotiation) before the other role's kernels, so a first-time load there stalled the
+    /// host until the waiting kernel timed out (seen on 2 H200s, both ways at 256 MiB).
+    fn load_every_kernel(&self, group: &Group, jit: &Jit) -> Result<()> {
+        let mut keys = vec![
+            KernelKey::ZeroCopy,
+            KernelKey::CeSend,
+            KernelKey::ZeroCopyCe,
+            KernelKey::CeDecide,
+        ];
+        for t in [256, 512] {
+            keys.extend([
+                KernelKey::Split(t, true),
+                KernelKey::Split(t, false),
+                KernelKey::CeRecv(t),
+            ]);
+        }
+        for s in ROLE_THREADS {
+            for r in ROLE_THREADS {
+                if s + r > 0 {
+                    keys.push(KernelKey::Fused(s, r));
+                }
+            }
+        }
+        for key in keys {
+            let f = self.function(group, jit, key)?;
+            // SAFETY: a function handle of this context's loaded module.
+            unsafe { cudarc::driver::sys::cuFuncLoad(f.cu_function()) }
+                .result()
+                .cuda(group.rank as i32, "cuFuncLoad")?;
+        }
+        Ok(())
     }
 
     fn function(&self, group: &Group, jit: &Jit, key: KernelKey) -> Result<CudaFunction> {
