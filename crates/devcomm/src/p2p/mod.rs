@@ -135,14 +135,17 @@ pub const CE_BOTH_ENV: &str = "DEVCOMM_P2P_CE_BOTH";
 /// docs/PERFORMANCE.md, v15).
 fn ce_by_sm(send: bool, both_ways: bool) -> bool {
     static MODE: OnceLock<[bool; 2]> = OnceLock::new();
-    let mode = MODE.get_or_init(|| {
-        let v = std::env::var(CE_BOTH_ENV).unwrap_or_default();
-        let mut parts = v.trim().split('-');
-        let send_sm = parts.next() != Some("ce");
-        let recv_sm = parts.next() == Some("sm");
-        [send_sm, recv_sm]
-    });
+    let mode = MODE.get_or_init(|| parse_ce_both(&std::env::var(CE_BOTH_ENV).unwrap_or_default()));
     both_ways && mode[usize::from(!send)]
+}
+
+/// [`CE_BOTH_ENV`]'s value as [send role by SMs, receive role by SMs]; anything but the
+/// other engine keeps a role's default (SMs push, the copy engine pulls).
+fn parse_ce_both(value: &str) -> [bool; 2] {
+    let mut parts = value.trim().split('-');
+    let send_sm = parts.next() != Some("ce");
+    let recv_sm = parts.next() == Some("sm");
+    [send_sm, recv_sm]
 }
 
 /// Environment variable: `0` runs both directions in one block per index (warp-specialised
@@ -1133,5 +1136,20 @@ fn with_peer(e: Error, peer: usize) -> Error {
             capacity,
         },
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ce_both;
+
+    #[test]
+    fn ce_both_names_each_roles_engine() {
+        assert_eq!(parse_ce_both(""), [true, false]);
+        assert_eq!(parse_ce_both("sm-ce"), [true, false]);
+        assert_eq!(parse_ce_both("ce-ce"), [false, false]);
+        assert_eq!(parse_ce_both("ce-sm"), [false, true]);
+        assert_eq!(parse_ce_both(" sm-sm "), [true, true]);
+        assert_eq!(parse_ce_both("ce"), [false, false]);
     }
 }
