@@ -357,6 +357,19 @@ impl LoadedModule {
             .inspect_err(|_| log::debug!("module `{}` has no kernel `{symbol}`", self.name))
     }
 
+    /// Loads the code of every kernel of the spec now rather than at its first launch (the
+    /// driver's lazy loading), which can wait for kernels already running on the device.
+    pub fn load_every_kernel(&self) -> Result<()> {
+        for expression in self.lowered_names.keys() {
+            let f = self.function(expression)?;
+            // SAFETY: a function handle of this loaded module, alive as long as `self`.
+            unsafe { cudarc::driver::sys::cuFuncLoad(f.cu_function()) }
+                .result()
+                .cuda(-1, "cuFuncLoad")?;
+        }
+        Ok(())
+    }
+
     /// The underlying cudarc module.
     pub fn module(&self) -> &Arc<CudaModule> {
         &self.module

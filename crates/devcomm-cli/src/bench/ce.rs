@@ -124,30 +124,15 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
                 if s.chunk == total {
                     whole_us = us;
                 }
-                let record = Record {
-                    op: "ce".into(),
-                    world_size: comm.world_size(),
-                    bytes: total as u64,
-                    both_directions: false,
-                    devcomm_us: us,
-                    nccl_us: whole_us,
-                    ratio: whole_us / us,
-                    sms: 0,
-                    device: device_label(cx, args),
-                    date: today(),
-                    reference: "one copy of the whole message, one stream".into(),
-                    devcomm_gbps: total as f64 / us / 1e3,
-                    nccl_gbps: total as f64 / whole_us / 1e3,
-                    config: format!(
-                        "{} chunk={}MiB streams={} ops={}",
-                        dir.name(),
-                        s.chunk / MIB,
-                        s.streams,
-                        if s.ops { "wait+write" } else { "none" }
-                    ),
-                    tokens: None,
-                    event_tracking: args.event_tracking,
-                };
+                let config = format!(
+                    "{} chunk={}MiB streams={} ops={}",
+                    dir.name(),
+                    s.chunk / MIB,
+                    s.streams,
+                    if s.ops { "wait+write" } else { "none" }
+                );
+                let reference = (whole_us, "one copy of the whole message, one stream");
+                let record = ce_record(cx, args, total, (us, false, config), reference);
                 // Progress as it goes: a stuck shape shows where it stopped.
                 eprintln!(
                     "ce {:>9.1} us {:>6.1} GB/s  {}",
@@ -237,24 +222,36 @@ fn two_gpus(
                 total as f64 / us / 1e3,
                 c.0
             );
-            Record {
-                op: "ce".into(),
-                world_size: cx.comm.world_size(),
-                bytes: total as u64,
-                both_directions: c.3,
-                devcomm_us: us,
-                nccl_us: f64::NAN,
-                ratio: f64::NAN,
-                sms: 0,
-                device: device_label(cx, args),
-                date: today(),
-                reference: "none".into(),
-                devcomm_gbps: total as f64 / us / 1e3,
-                nccl_gbps: f64::NAN,
-                config: c.0.clone(),
-                tokens: None,
-                event_tracking: args.event_tracking,
-            }
+            ce_record(cx, args, total, (us, c.3, c.0.clone()), (f64::NAN, "none"))
         })
         .collect())
+}
+
+/// One `ce` record: `total` bytes in `us` (both directions or not, under `config`) against a
+/// reference's time (NaN for none).
+fn ce_record(
+    cx: &Ctx,
+    args: &BenchArgs,
+    total: usize,
+    (us, both, config): (f64, bool, String),
+    (ref_us, reference): (f64, &str),
+) -> Record {
+    Record {
+        op: "ce".into(),
+        world_size: cx.comm.world_size(),
+        bytes: total as u64,
+        both_directions: both,
+        devcomm_us: us,
+        nccl_us: ref_us,
+        ratio: ref_us / us,
+        sms: 0,
+        device: device_label(cx, args),
+        date: today(),
+        reference: reference.into(),
+        devcomm_gbps: total as f64 / us / 1e3,
+        nccl_gbps: total as f64 / ref_us / 1e3,
+        config,
+        tokens: None,
+        event_tracking: args.event_tracking,
+    }
 }

@@ -57,6 +57,14 @@ __device__ __forceinline__ void publish(dc_u64* flag, dc_u64 value) {
   st_release_sys(flag, value);
 }
 
+// Whether a role runs: always unless it is gated on a negotiation (p2p.cuh), then only where
+// its DECISION (word `dec_word` of the peer's block) is `wanted`.
+__device__ __forceinline__ bool gate_open(const P2PLaunch& a, const P2PSide& side,
+                                         dc_u32 dec_word, dc_u64 wanted) {
+  return !(side.pull & kSideGated) ||
+         *own_user_slot(a.w, p2p_ce_word(a, side.peer, dec_word)) == wanted;
+}
+
 // Bulk send of channel c's span (c of nch channels) of side `s`. `g` is the channel's warp:
 // lane 0 checks that the next chunk's slot is free while the lanes finish copying this chunk,
 // then publishes it.
@@ -68,13 +76,9 @@ __device__ void bulk_send(const G& g, const P2PLaunch& a, const P2PSide& s, cons
   if (nchunks == 0) return;
   dc_u64* steps = reinterpret_cast<dc_u64*>(s.steps);
   const dc_u64 step0 = steps[c];  // written by an earlier kernel: ordered by the kernel boundary
+  if (!gate_open(a, s, kCeDecS, kDecisionStaged)) return;
   // Push: the receiver's inbox for this rank, written over NVLink. Pull: this rank's own
   // outbox for the receiver, which the receiver reads over NVLink.
-  // A role gated on a negotiation (p2p.cuh) runs only where the staged protocol was chosen.
-  if ((s.pull & kSideGated) &&
-      *own_user_slot(a.w, p2p_ce_word(a, s.peer, kCeDecS)) != kDecisionStaged) {
-    return;
-  }
   const bool pull = (s.pull & kSidePull) != 0;
   char* staging = (pull ? reinterpret_cast<char*>(a.w.data) + p2p_outbox_offset(a, s.peer)
                           : static_cast<char*>(get_nvlink_address(a.w, s.peer)) +
@@ -131,10 +135,7 @@ __device__ void bulk_recv(const G& g, const P2PLaunch& a, const P2PSide& r, cons
   const Span sp = block_span(r.bytes, nch, c, 16);
   const dc_u64 nchunks = (sp.len + r.chunk_bytes - 1) / r.chunk_bytes;
   if (nchunks == 0) return;
-  if ((r.pull & kSideGated) &&
-      *own_user_slot(a.w, p2p_ce_word(a, r.peer, kCeDecR)) != kDecisionStaged) {
-    return;  // gated on a negotiation that chose the copy-engine layout (p2p.cuh)
-  }
+  if (!gate_open(a, r, kCeDecR, kDecisionStaged)) return;
   dc_u64* steps = reinterpret_cast<dc_u64*>(r.steps);
   const dc_u64 step0 = steps[c];
   // The sender chose per chunk where it staged it (MODE word): our inbox (push) or its

@@ -244,20 +244,25 @@ constexpr int kCeCopyUnroll = 16;
 
 // Announces this side's type for its next negotiated large message with the peer (p2p.cuh):
 // seq = LSEQ + 1, TYPE[seq & 1] = seq << 1 | alone in the peer's pad, then LSEQ = seq.
-__device__ inline dc_u64 announce_type(const DeviceWindow& w, dc_u64* lseq, dc_u64* type,
-                                       bool alone) {
-  (void)w;
+__device__ inline dc_u64 announce_type(dc_u64* lseq, dc_u64* type, bool alone) {
   const dc_u64 seq = *lseq + 1;
   publish(type + (seq & 1), (seq << 1) | (alone ? 1u : 0u));
   *lseq = seq;
   return seq;
 }
 
-// Whether a copy-engine role runs: always, unless it is gated on a negotiation that chose the
-// staged protocol (or failed: DECISION 0).
-__device__ inline bool chosen(const P2PLaunch& a, const P2PSide& side, dc_u32 dec_word) {
-  if (!(side.pull & kSideGated)) return true;
-  return *own_user_slot(a.w, p2p_ce_word(a, side.peer, dec_word)) == kDecisionCe;
+// Whether slot k no longer holds chunk g of this `bytes`-byte message from q: INTENT, and
+// before the copy SIZE too, against the call; records the mismatch (naming the word) if so.
+__device__ inline bool ce_mismatch(const DeviceWindow& w, const dc_u64* own, int q, dc_u32 k,
+                                   dc_u64 g, dc_u64 bytes, bool after_copy) {
+  const dc_u64 intent = ld_relaxed_sys(own + kCeIntent + k);
+  const dc_u64 size = ld_relaxed_sys(own + kCeSize + k);
+  if (intent == g && (after_copy || size == bytes)) return false;
+  const bool id = intent != g;
+  record_wait_failure(error_state(w), w.rank,
+                      WaitSite{kOpCeMismatch, q, (id ? kCeIntent : kCeSize) + k}, id ? g : bytes,
+                      id ? intent : size, 0);
+  return true;
 }
 
 // Negotiates the layout of the gated roles of a launch that has two roles (p2p.cuh): announces
@@ -276,7 +281,7 @@ __global__ void __launch_bounds__(32, 1) p2p_ce_decide_kernel(P2PLaunch a) {
     if (side.peer < 0 || !(side.pull & kSideGated)) continue;
     dc_u64* own = own_user_slot(w, p2p_ce_word(a, side.peer, 0));
     dc_u64* theirs = peer_user_slot(w, side.peer, p2p_ce_word(a, w.rank, 0));
-    seq[i] = announce_type(w, own + (i == 0 ? kCeLseqS : kCeLseqR),
+    seq[i] = announce_type(own + (i == 0 ? kCeLseqS : kCeLseqR),
                            theirs + (i == 0 ? kCeTypeS : kCeTypeR), false);
   }
   for (int i = 0; i < 2; ++i) {
@@ -344,7 +349,7 @@ __device__ void ce_pace_send(const P2PLaunch& a) {
   const int r = s.peer;
   DeviceErrorState* err = error_state(w);
   if (threadIdx.x == 0 && (s.pull & kSideAnnounce)) {
-    announce_type(w, own_user_slot(w, p2p_ce_word(a, r, kCeLseqS)),
+    announce_type(own_user_slot(w, p2p_ce_word(a, r, kCeLseqS)),
                   peer_user_slot(w, r, p2p_ce_word(a, w.rank, kCeTypeS)), true);
   }
   // The slots overlay the staging: every staged chunk sent to this peer, pushed or pulled,
@@ -471,7 +476,7 @@ __device__ void ce_fill(const P2PLaunch& a, dc_u32 fb, dc_u32 fblocks) {
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS, 1) p2p_ce_send_kernel(P2PLaunch a) {
   enter_after_previous_kernel();
-  if (!chosen(a, a.send, kCeDecS)) return;
+  if (!gate_open(a, a.send, kCeDecS, kDecisionCe)) return;
   if (blockIdx.x == 0) {
     if (threadIdx.x < 32) ce_pace_send(a);
     return;
@@ -498,17 +503,11 @@ __device__ void ce_pace_recv(const P2PLaunch& a) {
   const dc_u64 pulls = (r.pull & kSidePull) ? 0 : n / 2, pushes = n - pulls;
   const dc_u64 base = own[kCeRecv];
   if (r.pull & kSideAnnounce) {
-    announce_type(w, own + kCeLseqR, theirs + kCeTypeR, true);
+    announce_type(own + kCeLseqR, theirs + kCeTypeR, true);
   }
   dc_u64 issued = 0, completed = 0;  // pulled chunks: GOR set, slot freed
   const auto mismatch = [&](dc_u32 k, dc_u64 g, bool after_copy) {
-    const dc_u64 intent = ld_relaxed_sys(own + kCeIntent + k);
-    const dc_u64 size = ld_relaxed_sys(own + kCeSize + k);
-    if (intent == g && (after_copy || size == r.bytes)) return false;
-    const bool id = intent != g;
-    record_wait_failure(err, w.rank, WaitSite{kOpCeMismatch, q, (id ? kCeIntent : kCeSize) + k},
-                        id ? g : r.bytes, id ? intent : size, 0);
-    return true;
+    return ce_mismatch(w, own, q, k, g, r.bytes, after_copy);
   };
   const auto step = [&]() -> int {
     int progress = 0;
@@ -581,7 +580,7 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_ce_recv_kernel(P2PLaunch a) {
   const DeviceWindow& w = a.w;
   const int q = r.peer;
   const dc_u32 b = blockIdx.x;
-  if (!chosen(a, r, kCeDecR)) return;
+  if (!gate_open(a, r, kCeDecR, kDecisionCe)) return;
   if (b == r.blocks) {
     if (threadIdx.x == 0) ce_pace_recv(a);
     return;
@@ -609,17 +608,7 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_ce_recv_kernel(P2PLaunch a) {
                           WaitSite{kOpRecvSlotFull, q, tail})
                    ? 0
                    : 1;
-      if (status == 0) {
-        const dc_u64 intent = ld_relaxed_sys(own + kCeIntent + k);
-        const dc_u64 size = ld_relaxed_sys(own + kCeSize + k);
-        if (intent != g || size != r.bytes) {
-          const bool id = intent != g;
-          record_wait_failure(err, w.rank,
-                              WaitSite{kOpCeMismatch, q, (id ? kCeIntent : kCeSize) + k},
-                              id ? g : r.bytes, id ? intent : size, 0);
-          status = 1;
-        }
-      }
+      if (status == 0 && ce_mismatch(w, own, q, k, g, r.bytes, false)) status = 1;
     }
     __syncthreads();
     if (status != 0) return;
@@ -631,10 +620,7 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_ce_recv_kernel(P2PLaunch a) {
     __syncthreads();  // every thread's loads of the slot have returned
     if (threadIdx.x == 0) {
       fence_acq_rel_sys();
-      const dc_u64 intent = ld_relaxed_sys(own + kCeIntent + k);
-      if (intent != g) {
-        record_wait_failure(err, w.rank, WaitSite{kOpCeMismatch, q, kCeIntent + k},
-                            g, intent, 0);
+      if (ce_mismatch(w, own, q, k, g, r.bytes, true)) {
         status = 1;
       } else {
         const unsigned long long done =

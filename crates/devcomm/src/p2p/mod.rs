@@ -76,7 +76,7 @@ impl KernelKey {
             Self::Fused(s, r) => kernel_expression(s, r),
             Self::Split(t, i) => split_expression(t, i),
             Self::ZeroCopy => zc_expression(),
-            Self::CeSend => CE_SEND_EXPRESSION.to_owned(),
+            Self::CeSend => ce_send_expression(),
             Self::CeRecv(t) => ce_recv_expression(t),
             Self::ZeroCopyCe => ZC_CE_EXPRESSION.to_owned(),
             Self::CeDecide => CE_DECIDE_EXPRESSION.to_owned(),
@@ -94,7 +94,9 @@ fn zc_expression() -> String {
 /// Threads per block of the copy-engine sender (block 0's first warp paces, the other blocks
 /// copy pulled chunks into the outbox).
 const CE_SEND_THREADS: u32 = 512;
-const CE_SEND_EXPRESSION: &str = "devcomm::p2p::p2p_ce_send_kernel<512>";
+fn ce_send_expression() -> String {
+    format!("devcomm::p2p::p2p_ce_send_kernel<{CE_SEND_THREADS}>")
+}
 const ZC_CE_EXPRESSION: &str = "devcomm::p2p::p2p_zc_ce_kernel";
 const CE_DECIDE_EXPRESSION: &str = "devcomm::p2p::p2p_ce_decide_kernel";
 
@@ -158,7 +160,7 @@ pub fn sendrecv_spec() -> KernelSpec {
     static OPTIONS: OnceLock<Vec<String>> = OnceLock::new();
     let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE)
         .name_expression(zc_expression())
-        .name_expression(CE_SEND_EXPRESSION.to_owned())
+        .name_expression(ce_send_expression())
         .name_expression(ZC_CE_EXPRESSION.to_owned())
         .name_expression(CE_DECIDE_EXPRESSION.to_owned());
     for t in [256, 512] {
@@ -255,8 +257,8 @@ pub(crate) struct P2P {
 #[derive(Debug)]
 struct CeStreams {
     pace: InternalStream,
-    /// Pushed chunks alternate between two copy streams, so that one stream's memory
-    /// operations between chunks overlap the other's copy (docs/PERFORMANCE.md, v9).
+    /// Pushed chunks queue on the first; `DEVCOMM_P2P_CE_STREAMS=2` alternates the two
+    /// (docs/PERFORMANCE.md, v15).
     copy: [InternalStream; 2],
     recv: InternalStream,
     /// The receiver's copy stream: pulled chunks, from the sender's outbox into the
@@ -521,11 +523,7 @@ impl P2P {
             // words of this namespace's pad and the peer's words of this pair.
             unsafe { launch_one_warp(on, &decide, &args, group.pdl) }
                 .cuda(rank, "cuLaunchKernelEx (copy-engine negotiation)")?;
-            let cfg = if i == 0 {
-                linear_launch(1 + ce[0].blocks, CE_SEND_THREADS)
-            } else {
-                linear_launch(ce[1].blocks + 1, ce_threads[1])
-            };
+            let cfg = ce_grid(i == 0, ce[i], ce_threads[i]);
             // SAFETY: as in launch_with_copy_engine, for the sender or the receiver kernel;
             // the role moves its copy-engine half by SMs, so no copy waits on it.
             unsafe { launch_struct(on, &ce_fn[i], cfg, &args, group.pdl) }
@@ -612,7 +610,7 @@ impl P2P {
         group: &Group,
         jit: &Jit,
         sm: [P2PSide; 2],
-        ce: [P2PSide; 2],
+        sides: [P2PSide; 2],
         sm_threads: [u32; 2],
         threads: [u32; 2],
         stream: &Arc<CudaStream>,
@@ -620,8 +618,8 @@ impl P2P {
         let rank = group.rank as i32;
         let streams = &self.ce;
         let base = self.base_launch();
-        let sides = ce;
-        let ce = [ce[0].peer >= 0, ce[1].peer >= 0];
+        // `sides`: the roles by copy engine; `sm`: the SM kernel's roles.
+        let ce = [sides[0].peer >= 0, sides[1].peer >= 0];
         let mut joins: Vec<&Arc<CudaStream>> = Vec::new();
         // One event marks the fork point for every stream that starts from it.
         let forked = stream
@@ -644,9 +642,7 @@ impl P2P {
             let s = sides[0];
             let args = P2PLaunch { send: s, ..base };
             fork(&streams.pace)?;
-            // Block 0 paces; one filling block per receiver block (the same count: both copy
-            // a chunk locally while the copy engines move the others).
-            let cfg = linear_launch(1 + s.blocks, CE_SEND_THREADS);
+            let cfg = ce_grid(true, s, CE_SEND_THREADS);
             // SAFETY: p2p_ce_send_kernel<512>(P2PLaunch) takes this struct by value and enters
             // through enter_after_previous_kernel; it touches this namespace's signal pad, the
             // peer's pad words of this pair and the staging step counters (read), reads the
@@ -681,8 +677,7 @@ impl P2P {
             } else {
                 stream
             };
-            // The blocks that copy pushed chunks out, and one that paces the pulled ones.
-            let cfg = linear_launch(sides[1].blocks + 1, threads[1]);
+            let cfg = ce_grid(false, sides[1], threads[1]);
             // SAFETY: p2p_ce_recv_kernel<T>(P2PLaunch) takes this struct by value and enters
             // through enter_after_previous_kernel; it writes `bytes` at the caller's
             // destination (sized by the caller) and this namespace's own pad words, and reads
@@ -1036,45 +1031,12 @@ impl P2P {
             return Ok(m);
         }
         let m = jit.load(&group.ctx, &sendrecv_spec())?;
-        let m = self.module.get_or_init(|| m);
-        self.load_every_kernel(group, jit)?;
-        Ok(m)
-    }
-
-    /// Loads every kernel of the module now. Under the driver's lazy loading a kernel's code
-    /// is loaded at its first use, and that load can wait for kernels already running; a
-    /// negotiated large message enqueues kernels that wait on the peer (one role's
-    /// negotiation) before the other role's kernels, so a first-time load there stalled the
-    /// host until the waiting kernel timed out (seen on 2 H200s, both ways at 256 MiB).
-    fn load_every_kernel(&self, group: &Group, jit: &Jit) -> Result<()> {
-        let mut keys = vec![
-            KernelKey::ZeroCopy,
-            KernelKey::CeSend,
-            KernelKey::ZeroCopyCe,
-            KernelKey::CeDecide,
-        ];
-        for t in [256, 512] {
-            keys.extend([
-                KernelKey::Split(t, true),
-                KernelKey::Split(t, false),
-                KernelKey::CeRecv(t),
-            ]);
-        }
-        for s in ROLE_THREADS {
-            for r in ROLE_THREADS {
-                if s + r > 0 {
-                    keys.push(KernelKey::Fused(s, r));
-                }
-            }
-        }
-        for key in keys {
-            let f = self.function(group, jit, key)?;
-            // SAFETY: a function handle of this context's loaded module.
-            unsafe { cudarc::driver::sys::cuFuncLoad(f.cu_function()) }
-                .result()
-                .cuda(group.rank as i32, "cuFuncLoad")?;
-        }
-        Ok(())
+        // Every kernel now: under the driver's lazy loading a kernel's first launch can wait
+        // for kernels already running, and a negotiating role's kernels are enqueued behind
+        // one that waits on the peer (seen on 2 H200s: the first large both-ways call stalled
+        // until that wait timed out).
+        m.load_every_kernel()?;
+        Ok(self.module.get_or_init(|| m))
     }
 
     fn function(&self, group: &Group, jit: &Jit, key: KernelKey) -> Result<CudaFunction> {
@@ -1092,6 +1054,16 @@ impl P2P {
             .insert(key, f.clone());
         Ok(f)
     }
+}
+
+/// The grid of a copy-engine kernel for `side`: sending, a pacing block and `blocks` blocks
+/// that fill the outbox (`CE_SEND_THREADS` each); receiving, `blocks` blocks that copy out of
+/// the inbox and a pacing block (`threads` each).
+fn ce_grid(send: bool, side: P2PSide, threads: u32) -> cudarc::driver::LaunchConfig {
+    linear_launch(
+        side.blocks + 1,
+        if send { CE_SEND_THREADS } else { threads },
+    )
 }
 
 /// Launches `func(args)` as one block of one warp on `stream` (the copy-engine pacers).
