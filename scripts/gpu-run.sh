@@ -4,7 +4,7 @@
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
 #   what: info selftest selftest2 p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
-#         ll128-sweep ll128-off tune ce ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph ...
+#         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph ...
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_CACHE_DIR=${DEVCOMM_CACHE_DIR:-/tmp/devcomm-cache}
@@ -77,6 +77,16 @@ for w in $what; do
       step ce-probe $bin launch -n 2 -- $bin bench --op ce --device-kind "$kind" --json "$out/ce-probe.json"
       step ce-off env DEVCOMM_P2P_CE=0 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 67108864 --device-kind "$kind" --json "$out/ce-off.json"
       step ce-off-both env DEVCOMM_P2P_CE=0 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 67108864 --device-kind "$kind" --json "$out/ce-off-both.json" ;;
+    large)
+      # Large messages (docs/PROTOCOL.md, "Copy engine"): one way and both ways from 64 MiB on
+      # the defaults, and both ways with DEVCOMM_P2P_CE=0 (the staged protocol at every size)
+      # for reference, REPS times in turn. TAG prefixes the files of a run.
+      t=${TAG:+$TAG-}
+      for r in $(seq 1 "${REPS:-2}"); do
+        step ${t}one-$r $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 67108864 --device-kind "$kind" --json "$out/${t}one-$r.json"
+        step ${t}both-$r $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 67108864 --device-kind "$kind" --json "$out/${t}both-$r.json"
+        step ${t}both-staged-$r env DEVCOMM_P2P_CE=0 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 67108864 --device-kind "$kind" --json "$out/${t}both-staged-$r.json"
+      done ;;
     ce-depth8)
       step ce8-on env DEVCOMM_P2P_CE=1 DEVCOMM_P2P_DEPTH=8 $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 67108864 --device-kind "$kind" --json "$out/ce8-on.json"
       step ce8-on-both env DEVCOMM_P2P_CE=1 DEVCOMM_P2P_DEPTH=8 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --min-bytes 67108864 --device-kind "$kind" --json "$out/ce8-on-both.json" ;;

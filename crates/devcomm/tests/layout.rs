@@ -155,10 +155,10 @@ fn copy_bytes_is_exact_for_every_size_and_alignment() {
 #[test]
 fn copy_engine_constants_equal_the_kernels() {
     use devcomm::p2p::{
-        CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS, CE_WORDS, P2P_SIDE_ANNOUNCE,
-        P2P_SIDE_GATED, P2P_SIDE_PULL,
+        CE_DEC_R, CE_DEC_S, CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS, CE_WORDS,
+        P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL,
     };
-    let pairs: [(&str, u64); 10] = [
+    let pairs: [(&str, u64); 12] = [
         ("kCeWords", CE_WORDS as u64),
         ("kCeSlots", CE_SLOTS),
         ("kCeSize", CE_SIZE as u64),
@@ -166,6 +166,8 @@ fn copy_engine_constants_equal_the_kernels() {
         ("kCeDone", CE_DONE as u64),
         ("kCeGoR", CE_GO_R as u64),
         ("kCeDoneR", CE_DONE_R as u64),
+        ("kCeDecS", CE_DEC_S as u64),
+        ("kCeDecR", CE_DEC_R as u64),
         ("kSidePull", u64::from(P2P_SIDE_PULL)),
         ("kSideGated", u64::from(P2P_SIDE_GATED)),
         ("kSideAnnounce", u64::from(P2P_SIDE_ANNOUNCE)),

@@ -149,11 +149,12 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     Ok(out)
 }
 
-/// Both GPUs' copy engines at once, on ranks 0 and 1 (the others only meet the barriers):
-/// `split`: the message 0 -> 1 in chunks, even chunks pushed by rank 0's copy engine, odd ones
-/// pulled by rank 1's; `push`: every chunk pushed by rank 0 (the reference); `both push` and
-/// `both split`: the same in both directions at once. Chunk k lies at offset k * chunk in the
-/// source, the peer's window and the destination; the data is not checked.
+/// Both GPUs' copy engines at once, on ranks 0 and 1 (the others only meet the barriers): the
+/// message 0 -> 1 in chunks, pushed by rank 0's copy engine, pulled by rank 1's, or split
+/// (even chunks pushed, odd ones pulled); `both`: the same in both directions at once, with
+/// and without the stream memory operations of a paced pipeline around each copy ([`Case`]).
+/// Chunk k lies at offset k * chunk in the source, the peer's window and the destination; the
+/// data is not checked.
 fn two_gpus(
     cx: &Ctx,
     args: &BenchArgs,
@@ -175,40 +176,56 @@ fn two_gpus(
         0
     };
     let pull_stream = cx.stream.context().new_stream().map_err(e)?;
-    let cases: Vec<(String, usize, bool, bool)> = [16 * MIB, 32 * MIB]
-        .iter()
-        .flat_map(|&c| {
-            [
-                (format!("push chunk={}MiB", c / MIB), c, false, false),
-                (format!("split chunk={}MiB", c / MIB), c, true, false),
-                (format!("both push chunk={}MiB", c / MIB), c, false, true),
-                (format!("both split chunk={}MiB", c / MIB), c, true, true),
-            ]
-        })
-        .collect();
-    let names: Vec<&str> = cases.iter().map(|c| c.0.as_str()).collect();
+    let wp = win.signals_device_ptr();
+    let mut cases: Vec<Case> = Vec::new();
+    for chunk in [16 * MIB, 32 * MIB, 64 * MIB] {
+        for way in [Way::Push, Way::Split, Way::Pull] {
+            for (both, ops) in [(false, false), (true, false), (true, true)] {
+                cases.push(Case {
+                    chunk,
+                    way,
+                    both,
+                    ops,
+                });
+            }
+        }
+    }
+    let labels: Vec<String> = cases.iter().map(Case::label).collect();
+    let names: Vec<&str> = labels.iter().map(String::as_str).collect();
     let times = super::time_ranks_each(cx, 2, args.warmup, args.iters, 1, &names, &mut |i| {
-        let (_, chunk, split, both) = cases[i];
+        let c = cases[i];
         pull_stream.join(&cx.stream).map_err(e)?;
-        let sends = rank == 0 || both;
-        for k in 0..total.div_ceil(chunk) {
-            let off = k * chunk;
-            let len = (total - off).min(chunk);
-            let (to, from) = if k % 2 == 0 || !split {
+        let sends = rank == 0 || c.both;
+        let receives = rank == 1 || c.both;
+        for k in 0..total.div_ceil(c.chunk) {
+            let off = k * c.chunk;
+            let len = (total - off).min(c.chunk);
+            let pushed = match c.way {
+                Way::Push => true,
+                Way::Split => k % 2 == 0,
+                Way::Pull => false,
+            };
+            let (to, from, on) = if pushed {
                 if !sends {
                     continue;
                 }
-                (peer_ptr, sp) // push this rank's chunk k
+                (peer_ptr, sp, &cx.stream) // push this rank's chunk k
             } else {
-                if rank == 0 && !both {
+                if !receives {
                     continue;
                 }
-                (dp, peer_ptr) // pull the peer's chunk k
+                // Pulls on a stream of their own, so that a rank that also pushes runs both.
+                (dp, peer_ptr, &pull_stream) // pull the peer's chunk k
             };
-            // Pulls on a stream of their own, so that a rank that also pushes runs both.
-            let on = if to == dp { &pull_stream } else { &cx.stream };
+            if c.ops {
+                devcomm::cuda::stream_wait_geq(on, wp, 0).map_err(d)?;
+            }
             devcomm::cuda::memcpy_dtod_async(to + off as u64, from + off as u64, len, on)
                 .map_err(d)?;
+            if c.ops {
+                let word = wp + 8 * (1 + (k % 7) as u64);
+                devcomm::cuda::stream_write(on, word, k as u64 + 2).map_err(d)?;
+            }
         }
         cx.stream.join(&pull_stream).map_err(e)?;
         Ok(())
@@ -217,14 +234,51 @@ fn two_gpus(
         .iter()
         .zip(times)
         .map(|(c, us)| {
+            let label = c.label();
             eprintln!(
-                "ce2 {us:>9.1} us {:>6.1} GB/s  {}",
-                total as f64 / us / 1e3,
-                c.0
+                "ce2 {us:>9.1} us {:>6.1} GB/s  {label}",
+                total as f64 / us / 1e3
             );
-            ce_record(cx, args, total, (us, c.3, c.0.clone()), (f64::NAN, "none"))
+            ce_record(cx, args, total, (us, c.both, label), (f64::NAN, "none"))
         })
         .collect())
+}
+
+/// Who moves the chunks of a two-GPU case.
+#[derive(Clone, Copy)]
+enum Way {
+    /// The sender's copy engine pushes every chunk.
+    Push,
+    /// The sender's pushes the even chunks, the receiver's pulls the odd ones.
+    Split,
+    /// The receiver's copy engine pulls every chunk.
+    Pull,
+}
+
+/// One two-GPU case: chunks of `chunk` bytes moved `way`, 0 -> 1 or both ways at once, each
+/// copy between a satisfied wait and a write when `ops`.
+#[derive(Clone, Copy)]
+struct Case {
+    chunk: usize,
+    way: Way,
+    both: bool,
+    ops: bool,
+}
+
+impl Case {
+    fn label(&self) -> String {
+        let way = match self.way {
+            Way::Push => "push",
+            Way::Split => "split",
+            Way::Pull => "pull",
+        };
+        format!(
+            "{}{way} chunk={}MiB{}",
+            if self.both { "both " } else { "" },
+            self.chunk / MIB,
+            if self.ops { " ops=wait+write" } else { "" }
+        )
+    }
 }
 
 /// One `ce` record: `total` bytes in `us` (both directions or not, under `config`) against a

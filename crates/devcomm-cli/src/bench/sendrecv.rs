@@ -162,6 +162,10 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                 sms: match zc_route {
                     Some(ZcRoute::Blocks(b)) => b,
                     Some(ZcRoute::CopyEngine) => 1,
+                    // A copy-engine side runs a pacing block beside its blocks.
+                    Some(ZcRoute::Staged) | None if cfg.protocol == Protocol::CopyEngine => {
+                        cfg.blocks + 1
+                    }
                     Some(ZcRoute::Staged) | None => cfg.blocks,
                 },
                 device: device_label(cx, args),
@@ -368,8 +372,8 @@ pub(crate) fn describe(c: &P2PConfig, bytes: usize, both: bool) -> String {
         Protocol::Pull => staged("pull"),
         Protocol::Bulk if auto_pull(bytes as u64, both) => staged("pull"),
         Protocol::Bulk => staged("push"),
-        // The sender's copy engine and one pacing warp; blocks x threads copy out at the
-        // receiver.
+        // Each side's copy engine, blocks x threads (filling the outbox at the sender, copying
+        // out of the inbox at the receiver) and a pacing block.
         Protocol::CopyEngine if c.chunk_bytes >= 1 << 20 => {
             format!("ce/{}x{}/{}M", c.blocks, c.threads, c.chunk_bytes >> 20)
         }

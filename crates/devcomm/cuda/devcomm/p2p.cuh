@@ -37,10 +37,13 @@ struct P2PSide {
 // (kSideAnnounce: TYPE = seq << 1 | 1). A side whose launch also has another role announces
 // TYPE = seq << 1 from a small kernel first (p2p_ce_decide_kernel), reads the peer's TYPE and
 // records DECISION: the copy-engine layout by SMs (kDecisionCe) if the peer is alone in its
-// launch, the staged protocol (kDecisionStaged) if not. It launches both, each role gated
-// (kSideGated) on the decision, and the one not chosen returns at once.
+// launch, the staged protocol (kDecisionStaged) if not, kDecisionFailed if its wait failed.
+// It launches both, each role gated (kSideGated) on the decision, and the one not chosen
+// returns at once. The staged kernel runs alongside the negotiation (both roles in one
+// kernel), so a gated role first waits for DECISION to be set; the host puts DECISION back to
+// 0 once the call is done (docs/PROTOCOL.md, "Which large messages use it").
 constexpr dc_u32 kSidePull = 1u, kSideGated = 2u, kSideAnnounce = 4u;
-constexpr dc_u64 kDecisionCe = 1, kDecisionStaged = 2;
+constexpr dc_u64 kDecisionCe = 1, kDecisionStaged = 2, kDecisionFailed = 3;
 
 // Everything one send/recv launch needs.
 struct P2PLaunch {

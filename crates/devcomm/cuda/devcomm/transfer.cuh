@@ -58,11 +58,21 @@ __device__ __forceinline__ void publish(dc_u64* flag, dc_u64 value) {
 }
 
 // Whether a role runs: always unless it is gated on a negotiation (p2p.cuh), then only where
-// its DECISION (word `dec_word` of the peer's block) is `wanted`.
+// its DECISION (word `dec_word` of the peer's block) is `wanted`. A gated role waits for the
+// decision first: the staged kernel may start before the negotiation on another stream has
+// recorded it. The wait allows twice the timeout, so that the negotiation's own wait fails
+// first and names what was missing; a failed wait records itself and closes the gate.
 __device__ __forceinline__ bool gate_open(const P2PLaunch& a, const P2PSide& side,
                                          dc_u32 dec_word, dc_u64 wanted) {
-  return !(side.pull & kSideGated) ||
-         *own_user_slot(a.w, p2p_ce_word(a, side.peer, dec_word)) == wanted;
+  if (!(side.pull & kSideGated)) return true;
+  const dc_u64 slot = p2p_ce_word(a, side.peer, dec_word);
+  const dc_u64* dec = own_user_slot(a.w, slot);
+  const DeviceOp op = dec_word == kCeDecS ? kOpSendSlotFree : kOpRecvSlotFull;
+  if (!wait_until(error_state(a.w), 2 * a.w.timeout_ns, a.w.rank, dec, 1, Cmp::Ge,
+                  WaitSite{op, side.peer, slot})) {
+    return false;
+  }
+  return ld_acquire_sys(dec) == wanted;
 }
 
 // Bulk send of channel c's span (c of nch channels) of side `s`. `g` is the channel's warp:

@@ -268,8 +268,8 @@ __device__ inline bool ce_mismatch(const DeviceWindow& w, const dc_u64* own, int
 // Negotiates the layout of the gated roles of a launch that has two roles (p2p.cuh): announces
 // this side's type for each (seq << 1: not alone), then waits for the peer's type for the
 // same message and records DECISION: the copy-engine layout if the peer is alone in its
-// launch, the staged protocol if not. On a failed wait DECISION is 0 and every gated kernel
-// returns; the error is recorded for the host. One thread.
+// launch, the staged protocol if not. On a failed wait DECISION is kDecisionFailed and every
+// gated kernel returns; the error is recorded for the host. One thread.
 __global__ void __launch_bounds__(32, 1) p2p_ce_decide_kernel(P2PLaunch a) {
   enter_after_previous_kernel();
   if (threadIdx.x != 0) return;
@@ -294,7 +294,9 @@ __global__ void __launch_bounds__(32, 1) p2p_ce_decide_kernel(P2PLaunch a) {
                                  i == 0 ? kOpSendSlotFree : kOpRecvSlotFull, side.peer,
                                  p2p_ce_word(a, side.peer, word));
     const dc_u64 type = ok ? ld_acquire_sys(own + word) : 0;
-    own[i == 0 ? kCeDecS : kCeDecR] = !ok ? 0 : (type & 1) ? kDecisionCe : kDecisionStaged;
+    // Released: the staged kernel of the same launch may already be waiting for it.
+    st_release_sys(own + (i == 0 ? kCeDecS : kCeDecR),
+                   !ok ? kDecisionFailed : (type & 1) ? kDecisionCe : kDecisionStaged);
   }
 }
 

@@ -216,6 +216,11 @@ pub const P2P_SIDE_ANNOUNCE: u32 = 4;
 pub const CE_GO_R: usize = 36;
 /// See [`CE_GO_R`].
 pub const CE_DONE_R: usize = 40;
+/// DEC_S and DEC_R: the negotiation's decision for this rank's current message to the peer and
+/// from it; the host puts them back to 0 after a negotiated call.
+pub const CE_DEC_S: usize = 50;
+/// See [`CE_DEC_S`].
+pub const CE_DEC_R: usize = 51;
 
 /// Environment variable: `0` keeps messages of [`CE_DEFAULT_MIN`] bytes or more on the staged
 /// protocol; otherwise the defaults give them the copy-engine layout where it was measured
@@ -236,11 +241,12 @@ pub fn ce_enabled() -> bool {
 
 /// The default copy-engine configuration for a message of `bytes`: chunks of half a slot
 /// (16 MiB: 1 GiB one way measured 2729 us against 2744 with whole slots, docs/PERFORMANCE.md,
-/// v15), 16 blocks on each side copying chunks into the outbox and out of the inbox.
+/// v15), 15 blocks on each side copying chunks into the outbox and out of the inbox, so that
+/// with its pacing block each side runs on 16 SMs.
 pub fn ce_config(_bytes: u64, limits: &P2PLimits) -> P2PConfig {
     P2PConfig {
         protocol: Protocol::CopyEngine,
-        blocks: 16.min(limits.max_blocks),
+        blocks: 15.min(limits.max_blocks),
         threads: MAX_ROLE_THREADS,
         chunk_bytes: (limits.ce_slot_bytes() / 2).max(256),
     }

@@ -13,8 +13,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 pub use config::{
     auto_pull, ce_config, ce_pulled, default_config, staged_config, sweep_configs,
     zero_copy_blocks, zero_copy_ce_min, zero_copy_route, P2PConfig, P2PLimits, Protocol, ZcRoute,
-    CE_DEFAULT_MIN, CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS, CE_WORDS,
-    P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL,
+    CE_DEC_R, CE_DEC_S, CE_DEFAULT_MIN, CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS,
+    CE_WORDS, P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL,
 };
 
 use handle::{P2PLaunch, P2PSide, ZcLaunch};
@@ -478,13 +478,15 @@ impl P2P {
     }
 
     /// A launch with gated roles (a large message on the defaults in a launch with two roles,
-    /// docs/PROTOCOL.md, "Copy engine"). Each gated role runs on a stream of its own, forked
-    /// from `stream`: the negotiation (`p2p_ce_decide_kernel`), then its copy-engine kernel
-    /// (moved by SMs), then its staged kernel; the one the negotiation did not choose returns
-    /// at once. The roles must not wait on each other: the peer may serve them from two
-    /// launches in turn (its send, then its receive), and the second of those starts only
-    /// once the first is done, which needs this rank's receiving role. The other role, if
-    /// not gated, takes the usual path on `stream`. All join back into `stream`.
+    /// docs/PROTOCOL.md, "Which large messages use it"). Each gated role runs its negotiation
+    /// (`p2p_ce_decide_kernel`) and then its copy-engine kernel (moved by SMs) on a stream of
+    /// its own, forked from `stream`; the staged kernels of both roles run as one kernel on
+    /// `stream` meanwhile, each role's blocks waiting on the GPU for their own decision, with
+    /// any role that is not gated. A role runs the layout its negotiation chose; the other
+    /// kernel's blocks for it return at once. The roles never wait on each other: the peer may
+    /// serve them from two launches in turn (its send, then its receive), and the second of
+    /// those starts only once the first is done, which needs this rank's receiving role. All
+    /// join back into `stream`, which then puts the decisions back to 0 for the next call.
     fn launch_negotiated(
         &self,
         group: &Group,
@@ -505,19 +507,28 @@ impl P2P {
         let forked = stream
             .record_event(None)
             .cuda(rank, "cuEventRecord (fork)")?;
+        // The SM kernel first, so that the caller's stream starts on it while the role streams
+        // are still being filled: it takes every role's staged side, gated or not (its gated
+        // blocks wait on the GPU for their decision); a role that is not gated may instead be
+        // a copy-engine one of its own. The role streams start from the fork point recorded
+        // before it, so they never wait for it.
+        let ce_rest = [0, 1].map(|i| if gated[i] { P2PSide::unused() } else { ce[i] });
+        if ce_rest[0].peer >= 0 || ce_rest[1].peer >= 0 {
+            self.launch_with_copy_engine(group, jit, sm, ce_rest, sm_threads, ce_threads, stream)?;
+        } else {
+            self.launch_sm(group, jit, sm, sm_threads, stream)?;
+        }
         let role_stream = [&self.ce.pace, &self.ce.recv];
         for i in (0..2).filter(|&i| gated[i]) {
             let on = role_stream[i];
             on.wait(&forked).cuda(rank, "cuStreamWaitEvent (fork)")?;
-            let only = |s: P2PSide| {
-                if i == 0 {
-                    [s, P2PSide::unused()]
-                } else {
-                    [P2PSide::unused(), s]
-                }
+            let mut sides = [P2PSide::unused(); 2];
+            sides[i] = ce[i];
+            let args = P2PLaunch {
+                send: sides[0],
+                recv: sides[1],
+                ..base
             };
-            let [send, recv] = only(ce[i]);
-            let args = P2PLaunch { send, recv, ..base };
             // SAFETY: p2p_ce_decide_kernel(P2PLaunch) takes this struct by value and enters
             // through enter_after_previous_kernel; it reads and writes only the copy-engine
             // words of this namespace's pad and the peer's words of this pair.
@@ -528,34 +539,18 @@ impl P2P {
             // the role moves its copy-engine half by SMs, so no copy waits on it.
             unsafe { launch_struct(on, &ce_fn[i], cfg, &args, group.pdl) }
                 .cuda(rank, "cuLaunchKernelEx (copy-engine role, negotiated)")?;
-            let threads = if i == 0 {
-                [sm_threads[0], 0]
-            } else {
-                [0, sm_threads[1]]
-            };
-            self.launch_sm(group, jit, only(sm[i]), threads, on)?;
-        }
-        let rest = |sides: [P2PSide; 2]| {
-            [0, 1].map(|i| {
-                if gated[i] {
-                    P2PSide::unused()
-                } else {
-                    sides[i]
-                }
-            })
-        };
-        let (sm_rest, ce_rest) = (rest(sm), rest(ce));
-        if ce_rest[0].peer >= 0 || ce_rest[1].peer >= 0 {
-            self.launch_with_copy_engine(
-                group, jit, sm_rest, ce_rest, sm_threads, ce_threads, stream,
-            )?;
-        } else if sm_rest[0].peer >= 0 || sm_rest[1].peer >= 0 {
-            self.launch_sm(group, jit, sm_rest, sm_threads, stream)?;
         }
         for i in (0..2).filter(|&i| gated[i]) {
             stream
                 .join(role_stream[i])
                 .cuda(rank, "cuStreamWaitEvent (join)")?;
+        }
+        // Every kernel that read a decision is done: back to 0, which the next negotiated
+        // call's staged blocks wait to see replaced.
+        let world = group.world_size;
+        for i in (0..2).filter(|&i| gated[i]) {
+            let word = self.ce_word(world, ce[i].peer as usize, [CE_DEC_S, CE_DEC_R][i]);
+            crate::cuda::stream_write(stream, word, 0)?;
         }
         Ok(())
     }
