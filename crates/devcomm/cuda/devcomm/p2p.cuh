@@ -34,14 +34,13 @@ struct P2PSide {
 
 // Large messages with default settings (docs/PROTOCOL.md, "Copy engine"): a side whose launch
 // has only this role uses the copy-engine layout and its copy engine, and announces that
-// (kSideAnnounce: TYPE = seq << 1 | 1). A side whose launch also has another role announces
-// TYPE = seq << 1 from a small kernel first (p2p_ce_decide_kernel), reads the peer's TYPE and
-// records DECISION: the copy-engine layout by SMs (kDecisionCe) if the peer is alone in its
-// launch, the staged protocol (kDecisionStaged) if not, kDecisionFailed if its wait failed.
-// It launches both, each role gated (kSideGated) on the decision, and the one not chosen
-// returns at once. The staged kernel runs alongside the negotiation (both roles in one
-// kernel), so a gated role first waits for DECISION to be set; the host puts DECISION back to
-// 0 once the call is done (docs/PROTOCOL.md, "Which large messages use it").
+// (kSideAnnounce: TYPE = seq << 1 | 1). A launch with two roles runs one kernel,
+// p2p_negotiated_kernel: each gated role (kSideGated) has a deciding thread that announces
+// TYPE = seq << 1, reads the peer's TYPE for the same message and records DECISION: the
+// copy-engine layout moved by SMs (kDecisionCe) if the peer is alone in its launch, the staged
+// protocol (kDecisionStaged) if not, kDecisionFailed if its wait failed. Every block of the
+// role waits for DECISION and runs the layout chosen; the role's last block out puts DECISION
+// back to 0 for the next message (docs/PROTOCOL.md, "Which large messages use it").
 constexpr dc_u32 kSidePull = 1u, kSideGated = 2u, kSideAnnounce = 4u;
 constexpr dc_u64 kDecisionCe = 1, kDecisionStaged = 2, kDecisionFailed = 3;
 
@@ -72,6 +71,22 @@ static_assert(DC_OFFSETOF(P2PLaunch, recv) == 136, "P2PLaunch.recv");
 static_assert(DC_OFFSETOF(P2PLaunch, slot_stride) == 192, "P2PLaunch.slot_stride");
 static_assert(DC_OFFSETOF(P2PLaunch, max_blocks) == 224, "P2PLaunch.max_blocks");
 static_assert(DC_OFFSETOF(P2PLaunch, mode_slot0) == 236, "P2PLaunch.mode_slot0");
+
+// A launch with two roles at least one of which is negotiated (p2p_negotiated_kernel): `a`
+// holds each role's staged side (a gated one carries kSideGated), `ce_send` and `ce_recv` the
+// copy-engine sides of gated roles (moved by SMs: kSidePull | kSideGated), and `threads` each
+// role's threads per block (a gated role's are the kernel's).
+struct P2PNegotiated {
+  P2PLaunch a;         // @0
+  P2PSide ce_send;     // @240
+  P2PSide ce_recv;     // @296
+  dc_u32 threads[2];   // @352 send, recv
+};
+
+static_assert(sizeof(P2PNegotiated) == 360, "P2PNegotiated size");
+static_assert(DC_OFFSETOF(P2PNegotiated, ce_send) == 240, "P2PNegotiated.ce_send");
+static_assert(DC_OFFSETOF(P2PNegotiated, ce_recv) == 296, "P2PNegotiated.ce_recv");
+static_assert(DC_OFFSETOF(P2PNegotiated, threads) == 352, "P2PNegotiated.threads");
 
 // Window data of the p2p window: W regions, one per sender (push staging, then the LL lines of
 // two parities, then the LL128 lines of two parities), then W outboxes, one per receiver (pull
@@ -133,13 +148,15 @@ DC_HOST_DEVICE inline dc_u64 p2p_mode_slot(const P2PLaunch& a, int sender, dc_u3
 //   +44 LSEQ_S  negotiated large messages sent to p   +45 LSEQ_R  received from p
 //   +46 TYPE_S[2] p's type for its message seq to this rank (written by p, index seq & 1)
 //   +48 TYPE_R[2] p's type as the receiver of this rank's message seq (written by p)
-//   +50 DEC_S  decision for this rank's current message to p   +51 DEC_R  from p.
+//   +50 DEC_S  decision for this rank's current message to p   +51 DEC_R  from p
+//   +52 OUT_S  blocks of the negotiated send role done with DEC_S   +53 OUT_R  likewise.
 constexpr dc_u32 kCeSlots = 4;
 constexpr dc_u32 kCeWords = 56;
 constexpr dc_u32 kCeTail = 0, kCeSent = 1, kCeRecv = 2, kCeDrained = 3, kCeIntent = 4,
                  kCeSize = 8, kCeCnt = 12, kCeHead = 16, kCeGo = 20, kCeDone = 24, kCeLast = 28,
                  kCeFilled = 32, kCeGoR = 36, kCeDoneR = 40, kCeLseqS = 44, kCeLseqR = 45,
-                 kCeTypeS = 46, kCeTypeR = 48, kCeDecS = 50, kCeDecR = 51;
+                 kCeTypeS = 46, kCeTypeR = 48, kCeDecS = 50, kCeDecR = 51,
+                 kCeOutS = 52, kCeOutR = 53;
 DC_HOST_DEVICE inline dc_u64 p2p_ce_slot0(const P2PLaunch& a) {
   return (dc_u64)a.mode_slot0 + (dc_u64)a.w.world_size * a.max_channels * a.depth;
 }

@@ -42,6 +42,24 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
   }
 }
 
+// Which role block blockIdx.x of a launch of send_blocks + recv_blocks blocks serves, and as
+// which block of it: with `interleave`, the roles take blocks in turn (even blocks send, odd
+// ones receive, the larger role's surplus last); otherwise the senders come first.
+__device__ __forceinline__ void split_block(dc_u32 send_blocks, dc_u32 recv_blocks,
+                                            bool interleave, bool& send, dc_u32& b) {
+  const dc_u32 pairs = send_blocks < recv_blocks ? send_blocks : recv_blocks;
+  if (!interleave) {
+    send = blockIdx.x < send_blocks;
+    b = send ? blockIdx.x : blockIdx.x - send_blocks;
+  } else if (blockIdx.x < 2 * pairs) {
+    send = (blockIdx.x & 1u) == 0;
+    b = blockIdx.x >> 1;
+  } else {
+    send = send_blocks > recv_blocks;
+    b = blockIdx.x - pairs;
+  }
+}
+
 // Both directions with the roles in separate blocks of all THREADS threads, send.blocks +
 // recv.blocks of them. Used when both roles have the same thread count and DEVCOMM_P2P_SPLIT is
 // not 0 (docs/PERFORMANCE.md compares it with p2p_kernel). INTERLEAVE: the roles take blocks
@@ -54,19 +72,9 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
   constexpr dc_u32 kWarps = THREADS / 32;
   const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
   const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
-  const dc_u32 pairs = a.send.blocks < a.recv.blocks ? a.send.blocks : a.recv.blocks;
   bool send;
   dc_u32 b;
-  if (!INTERLEAVE) {
-    send = blockIdx.x < a.send.blocks;
-    b = send ? blockIdx.x : blockIdx.x - a.send.blocks;
-  } else if (blockIdx.x < 2 * pairs) {
-    send = (blockIdx.x & 1u) == 0;
-    b = blockIdx.x >> 1;
-  } else {
-    send = a.send.blocks > a.recv.blocks;
-    b = blockIdx.x - pairs;
-  }
+  split_block(a.send.blocks, a.recv.blocks, INTERLEAVE, send, b);
   if (send) {
     if (a.send.low_latency) {
       ll_send(NamedBarrier(1, 0, THREADS), a, a.send, snd, b);
@@ -265,39 +273,24 @@ __device__ inline bool ce_mismatch(const DeviceWindow& w, const dc_u64* own, int
   return true;
 }
 
-// Negotiates the layout of the gated roles of a launch that has two roles (p2p.cuh): announces
-// this side's type for each (seq << 1: not alone), then waits for the peer's type for the
-// same message and records DECISION: the copy-engine layout if the peer is alone in its
-// launch, the staged protocol if not. On a failed wait DECISION is kDecisionFailed and every
-// gated kernel returns; the error is recorded for the host. One thread.
-__global__ void __launch_bounds__(32, 1) p2p_ce_decide_kernel(P2PLaunch a) {
-  enter_after_previous_kernel();
-  if (threadIdx.x != 0) return;
+// Negotiates the layout of gated role i (0 send, 1 receive) of a launch that has two roles
+// (p2p.cuh): announces this side's type (seq << 1: not alone), waits for the peer's type for
+// the same message and records DECISION: the copy-engine layout if the peer is alone in its
+// launch, the staged protocol if not, kDecisionFailed after a failed wait (the error is
+// recorded for the host). One thread; released, since the role's other blocks wait for it.
+__device__ void decide_role(const P2PLaunch& a, const P2PSide& side, int i) {
   const DeviceWindow& w = a.w;
-  const P2PSide* sides[2] = {&a.send, &a.recv};
-  dc_u64 seq[2] = {0, 0};
-  for (int i = 0; i < 2; ++i) {
-    const P2PSide& side = *sides[i];
-    if (side.peer < 0 || !(side.pull & kSideGated)) continue;
-    dc_u64* own = own_user_slot(w, p2p_ce_word(a, side.peer, 0));
-    dc_u64* theirs = peer_user_slot(w, side.peer, p2p_ce_word(a, w.rank, 0));
-    seq[i] = announce_type(own + (i == 0 ? kCeLseqS : kCeLseqR),
-                           theirs + (i == 0 ? kCeTypeS : kCeTypeR), false);
-  }
-  for (int i = 0; i < 2; ++i) {
-    const P2PSide& side = *sides[i];
-    if (seq[i] == 0) continue;
-    dc_u64* own = own_user_slot(w, p2p_ce_word(a, side.peer, 0));
-    // Sending, the receiver's type arrives in TYPE_R; receiving, the sender's in TYPE_S.
-    const dc_u32 word = (i == 0 ? kCeTypeR : kCeTypeS) + (seq[i] & 1);
-    const bool ok = bounded_wait(a, own + word, seq[i] << 1,
-                                 i == 0 ? kOpSendSlotFree : kOpRecvSlotFull, side.peer,
-                                 p2p_ce_word(a, side.peer, word));
-    const dc_u64 type = ok ? ld_acquire_sys(own + word) : 0;
-    // Released: the staged kernel of the same launch may already be waiting for it.
-    st_release_sys(own + (i == 0 ? kCeDecS : kCeDecR),
-                   !ok ? kDecisionFailed : (type & 1) ? kDecisionCe : kDecisionStaged);
-  }
+  dc_u64* own = own_user_slot(w, p2p_ce_word(a, side.peer, 0));
+  dc_u64* theirs = peer_user_slot(w, side.peer, p2p_ce_word(a, w.rank, 0));
+  const dc_u64 seq = announce_type(own + (i == 0 ? kCeLseqS : kCeLseqR),
+                                   theirs + (i == 0 ? kCeTypeS : kCeTypeR), false);
+  // Sending, the receiver's type arrives in TYPE_R; receiving, the sender's in TYPE_S.
+  const dc_u32 word = (i == 0 ? kCeTypeR : kCeTypeS) + (seq & 1);
+  const bool ok = bounded_wait(a, own + word, seq << 1, i == 0 ? kOpSendSlotFree : kOpRecvSlotFull,
+                               side.peer, p2p_ce_word(a, side.peer, word));
+  const dc_u64 type = ok ? ld_acquire_sys(own + word) : 0;
+  st_release_sys(own + (i == 0 ? kCeDecS : kCeDecR),
+                 !ok ? kDecisionFailed : (type & 1) ? kDecisionCe : kDecisionStaged);
 }
 
 // The pacers' polling loop: `step()` returns 1 after progress, 0 when nothing moved, -1 on a
@@ -568,25 +561,17 @@ __device__ void ce_pace_recv(const P2PLaunch& a) {
   own[kCeRecv] = base + n;
 }
 
-// Receives a copy-engine message: blocks [0, r.blocks) copy their share of each pushed chunk
-// (even slots) out of the inbox into the destination, and of every pulled chunk too (from the
-// sender's outbox over NVLink) when this side moves them by SMs (r.pull != 0); the last block
-// done with a chunk frees its slot (HEAD = id + 1) and counts it in DRAINED. The last block
-// paces the pulled chunks that the host's copy stream moves (ce_pace_recv). Each block checks
-// the slot's INTENT before and after its copy, so a chunk overwritten under it (the sender
-// gave up waiting) or a chunk of another message is reported, never taken silently.
-template <int THREADS>
-__global__ void __launch_bounds__(THREADS, 1) p2p_ce_recv_kernel(P2PLaunch a) {
-  enter_after_previous_kernel();
+// Block b of the blocks [0, r.blocks) that copy a copy-engine message out (p2p_ce_recv_kernel):
+// its share of each pushed chunk (even slots) out of the inbox into the destination, and of
+// every pulled chunk too (from the sender's outbox over NVLink) when this side moves them by
+// SMs (r.pull != 0); the last block done with a chunk frees its slot (HEAD = id + 1) and counts
+// it in DRAINED. Each block checks the slot's INTENT before and after its copy, so a chunk
+// overwritten under it (the sender gave up waiting) or a chunk of another message is reported,
+// never taken silently.
+__device__ void ce_copy_out(const P2PLaunch& a, dc_u32 b) {
   const P2PSide& r = a.recv;
   const DeviceWindow& w = a.w;
   const int q = r.peer;
-  const dc_u32 b = blockIdx.x;
-  if (!gate_open(a, r, kCeDecR, kDecisionCe)) return;
-  if (b == r.blocks) {
-    if (threadIdx.x == 0) ce_pace_recv(a);
-    return;
-  }
   DeviceErrorState* err = error_state(w);
   dc_u64* own = own_user_slot(w, p2p_ce_word(a, q, 0));
   dc_u64* theirs = peer_user_slot(w, q, p2p_ce_word(a, w.rank, 0));
@@ -636,6 +621,119 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_ce_recv_kernel(P2PLaunch a) {
     }
     __syncthreads();
     if (status != 0) return;
+  }
+}
+
+
+// Receives a copy-engine message: blocks [0, r.blocks) copy it out (ce_copy_out), the last
+// block paces the pulled chunks that the host's copy stream moves (ce_pace_recv).
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS, 1) p2p_ce_recv_kernel(P2PLaunch a) {
+  enter_after_previous_kernel();
+  if (!gate_open(a, a.recv, kCeDecR, kDecisionCe)) return;
+  if (blockIdx.x == a.recv.blocks) {
+    if (threadIdx.x == 0) ce_pace_recv(a);
+    return;
+  }
+  ce_copy_out(a, blockIdx.x);
+}
+
+
+// ---- A launch with two roles and a negotiated large message (p2p.cuh, P2PNegotiated) ----
+
+// Blocks of role side `st` (its copy-engine side `ce`) in p2p_negotiated_kernel: a gated role
+// gets enough for either layout (the staged blocks, or the copy-engine blocks and the pacer).
+__device__ __forceinline__ dc_u32 negotiated_blocks(const P2PSide& st, const P2PSide& ce) {
+  if (st.peer < 0) return 0;
+  if (!(st.pull & kSideGated)) return st.blocks;
+  return st.blocks > ce.blocks + 1 ? st.blocks : ce.blocks + 1;
+}
+
+// Block b of a role that is not negotiated, on the block's first `threads` threads: as in
+// p2p_split_kernel (its own protocol: LL, LL128 or staged).
+__device__ void plain_role(const P2PLaunch& a, bool send, dc_u32 b, dc_u32 threads) {
+  if (threadIdx.x >= threads) return;
+  const dc_u32 warps = threads / 32;
+  if (send) {
+    const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
+    if (a.send.low_latency) {
+      ll_send(NamedBarrier(1, 0, threads), a, a.send, snd, b);
+    } else {
+      bulk_send(Warp{}, a, a.send, snd, b * warps + threadIdx.x / 32, a.send.blocks * warps);
+    }
+  } else {
+    const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
+    if (a.recv.low_latency) {
+      ll_recv(NamedBarrier(2, 0, threads), a, a.recv, rcv, b);
+    } else {
+      bulk_recv(Warp{}, a, a.recv, rcv, b * warps + threadIdx.x / 32, a.recv.blocks * warps);
+    }
+  }
+}
+
+// Both roles of a launch in which at least one is a negotiated large message, one kernel on
+// the caller's stream (docs/PROTOCOL.md, "Which large messages use it"). Blocks take roles as
+// in p2p_split_kernel<THREADS, INTERLEAVE>. A gated role's block 0 decides its layout
+// (decide_role); every block of the role then waits for the decision and runs it: the staged
+// protocol on the staged side's blocks and warps, or the copy-engine layout moved by SMs (the
+// sender's pacer in block 0 and its outbox fillers in blocks 1..; the receiver's copying blocks
+// and its pacer in the block after them). The role's last block out puts DECISION back to 0.
+// The roles never wait on each other: the peer may serve them from two launches in turn (its
+// send, then its receive), and every block of this launch is resident at once (at most
+// 2 x max_blocks + 2 blocks of THREADS threads).
+template <int THREADS, bool INTERLEAVE>
+__global__ void __launch_bounds__(THREADS, 1) p2p_negotiated_kernel(P2PNegotiated n) {
+  enter_after_previous_kernel();
+  const P2PLaunch& a = n.a;
+  bool send;
+  dc_u32 b;
+  const dc_u32 nb[2] = {negotiated_blocks(a.send, n.ce_send), negotiated_blocks(a.recv, n.ce_recv)};
+  split_block(nb[0], nb[1], INTERLEAVE, send, b);
+  const int i = send ? 0 : 1;
+  const P2PSide& st = send ? a.send : a.recv;
+  if (b >= nb[i]) return;
+  if (!(st.pull & kSideGated)) {
+    plain_role(a, send, b, n.threads[i]);
+    return;
+  }
+  // The copy-engine sides in place of the staged ones, for the copy-engine code.
+  __shared__ P2PLaunch ce;
+  if (threadIdx.x == 0) {
+    ce = a;
+    ce.send = n.ce_send;
+    ce.recv = n.ce_recv;
+    if (b == 0) decide_role(a, st, i);
+  }
+  __syncthreads();
+  const P2PSide& cs = send ? ce.send : ce.recv;
+  const dc_u32 dec_word = send ? kCeDecS : kCeDecR;
+  if (gate_open(ce, cs, dec_word, kDecisionCe)) {
+    if (send) {
+      if (b == 0) {
+        if (threadIdx.x < 32) ce_pace_send(ce);
+      } else if (b <= cs.blocks) {
+        ce_fill(ce, b - 1, cs.blocks);
+      }
+    } else if (b < cs.blocks) {
+      ce_copy_out(ce, b);
+    } else if (b == cs.blocks && threadIdx.x == 0) {
+      ce_pace_recv(ce);
+    }
+  } else if (b < st.blocks) {
+    // The staged layout (bulk_send and bulk_recv check the decision themselves).
+    plain_role(a, send, b, THREADS);
+  }
+  // Out: once every block of the role has read the decision, the last one clears it.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, st.peer, 0));
+    const dc_u32 out_word = send ? kCeOutS : kCeOutR;
+    const unsigned long long out =
+        atomicAdd(reinterpret_cast<unsigned long long*>(own + out_word), 1ull);
+    if (out + 1 == nb[i]) {
+      own[out_word] = 0;
+      own[dec_word] = 0;
+    }
   }
 }
 

@@ -217,7 +217,7 @@ pub const CE_GO_R: usize = 36;
 /// See [`CE_GO_R`].
 pub const CE_DONE_R: usize = 40;
 /// DEC_S and DEC_R: the negotiation's decision for this rank's current message to the peer and
-/// from it; the host puts them back to 0 after a negotiated call.
+/// from it (`p2p_negotiated_kernel` puts them back to 0 once the role's blocks are done).
 pub const CE_DEC_S: usize = 50;
 /// See [`CE_DEC_S`].
 pub const CE_DEC_R: usize = 51;

@@ -99,6 +99,24 @@ pub struct ZcLaunch {
 // SAFETY: as for P2PLaunch.
 unsafe impl DeviceRepr for ZcLaunch {}
 
+/// A launch with two roles at least one of which is a negotiated large message
+/// (`p2p_negotiated_kernel`, `cuda/devcomm/p2p.cuh`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct P2PNegotiated {
+    /// Window, sizes and each role's staged side (a negotiated one carries `P2P_SIDE_GATED`).
+    pub a: P2PLaunch,
+    /// The copy-engine side of a negotiated send (moved by SMs), else unused.
+    pub ce_send: P2PSide,
+    /// The copy-engine side of a negotiated receive (moved by SMs), else unused.
+    pub ce_recv: P2PSide,
+    /// Threads per block of each role (send, recv); a negotiated role's are the kernel's.
+    pub threads: [u32; 2],
+}
+
+// SAFETY: as for P2PLaunch.
+unsafe impl DeviceRepr for P2PNegotiated {}
+
 /// Field offsets for the layout test, as in [`crate::handles::LAYOUT`].
 pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
     (
@@ -239,10 +257,30 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
         offset_of!(ZcLaunch, zc_slot0),
         size_of::<ZcLaunch>(),
     ),
+    (
+        "P2PNegotiated",
+        "ce_send",
+        offset_of!(P2PNegotiated, ce_send),
+        size_of::<P2PNegotiated>(),
+    ),
+    (
+        "P2PNegotiated",
+        "ce_recv",
+        offset_of!(P2PNegotiated, ce_recv),
+        size_of::<P2PNegotiated>(),
+    ),
+    (
+        "P2PNegotiated",
+        "threads",
+        offset_of!(P2PNegotiated, threads),
+        size_of::<P2PNegotiated>(),
+    ),
 ];
 
 const _: () = {
     assert!(size_of::<ZcLaunch>() == 288);
+    assert!(size_of::<P2PNegotiated>() == 360);
+    assert!(offset_of!(P2PNegotiated, ce_recv) == 296);
     assert!(offset_of!(ZcLaunch, send_dst) == 240);
     assert!(offset_of!(ZcLaunch, recv_reg) == 264);
     assert!(size_of::<P2PSide>() == 56);

@@ -17,7 +17,8 @@ pub use config::{
     CE_WORDS, P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL,
 };
 
-use handle::{P2PLaunch, P2PSide, ZcLaunch};
+use config::MAX_ROLE_THREADS;
+use handle::{P2PLaunch, P2PNegotiated, P2PSide, ZcLaunch};
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 
 use crate::cuda::{launch_struct, linear_launch, InternalStream};
@@ -66,8 +67,9 @@ enum KernelKey {
     CeRecv(u32),
     /// `p2p_zc_ce_kernel` (the pacer of a zero-copy send by copy engine).
     ZeroCopyCe,
-    /// `p2p_ce_decide_kernel` (the negotiation of a large message's layout).
-    CeDecide,
+    /// `p2p_negotiated_kernel<MAX_ROLE_THREADS, INTERLEAVE>` (a launch with two roles and a
+    /// negotiated large message).
+    Negotiated(bool),
 }
 
 impl KernelKey {
@@ -79,7 +81,7 @@ impl KernelKey {
             Self::CeSend => ce_send_expression(),
             Self::CeRecv(t) => ce_recv_expression(t),
             Self::ZeroCopyCe => ZC_CE_EXPRESSION.to_owned(),
-            Self::CeDecide => CE_DECIDE_EXPRESSION.to_owned(),
+            Self::Negotiated(i) => negotiated_expression(i),
         }
     }
 }
@@ -98,7 +100,9 @@ fn ce_send_expression() -> String {
     format!("devcomm::p2p::p2p_ce_send_kernel<{CE_SEND_THREADS}>")
 }
 const ZC_CE_EXPRESSION: &str = "devcomm::p2p::p2p_zc_ce_kernel";
-const CE_DECIDE_EXPRESSION: &str = "devcomm::p2p::p2p_ce_decide_kernel";
+fn negotiated_expression(interleave: bool) -> String {
+    format!("devcomm::p2p::p2p_negotiated_kernel<{MAX_ROLE_THREADS}, {interleave}>")
+}
 
 fn ce_recv_expression(threads: u32) -> String {
     format!("devcomm::p2p::p2p_ce_recv_kernel<{threads}>")
@@ -162,7 +166,8 @@ pub fn sendrecv_spec() -> KernelSpec {
         .name_expression(zc_expression())
         .name_expression(ce_send_expression())
         .name_expression(ZC_CE_EXPRESSION.to_owned())
-        .name_expression(CE_DECIDE_EXPRESSION.to_owned());
+        .name_expression(negotiated_expression(true))
+        .name_expression(negotiated_expression(false));
     for t in [256, 512] {
         spec = spec
             .name_expression(split_expression(t, true))
@@ -465,102 +470,41 @@ impl P2P {
             return Ok(()); // nothing to move
         }
         self.ready(group, jit, [peer(0), peer(1)])?;
+        // A negotiated role's copy-engine side rides in the SM kernel (moved by SMs when
+        // chosen); only the other copy-engine roles need the copy-engine streams.
         let gated = [0, 1].map(|i| ce[i].pull & P2P_SIDE_GATED != 0);
-        if gated[0] || gated[1] {
-            let threads = [sm_threads, ce_threads];
-            return self.launch_negotiated(group, jit, [sm, ce], threads, gated, stream);
-        }
+        let unless = |want: bool| {
+            [0, 1].map(|i| {
+                if gated[i] == want {
+                    ce[i]
+                } else {
+                    P2PSide::unused()
+                }
+            })
+        };
+        let (negotiated, ce) = (unless(true), unless(false));
         if ce[0].peer >= 0 || ce[1].peer >= 0 {
-            return self
-                .launch_with_copy_engine(group, jit, sm, ce, sm_threads, ce_threads, stream);
+            return self.launch_with_copy_engine(
+                group,
+                jit,
+                [sm, negotiated],
+                ce,
+                sm_threads,
+                ce_threads,
+                stream,
+            );
         }
-        self.launch_sm(group, jit, sm, sm_threads, stream)
+        self.launch_sm(group, jit, [sm, negotiated], sm_threads, stream)
     }
 
-    /// A launch with gated roles (a large message on the defaults in a launch with two roles,
-    /// docs/PROTOCOL.md, "Which large messages use it"). Each gated role runs its negotiation
-    /// (`p2p_ce_decide_kernel`) and then its copy-engine kernel (moved by SMs) on a stream of
-    /// its own, forked from `stream`; the staged kernels of both roles run as one kernel on
-    /// `stream` meanwhile, each role's blocks waiting on the GPU for their own decision, with
-    /// any role that is not gated. A role runs the layout its negotiation chose; the other
-    /// kernel's blocks for it return at once. The roles never wait on each other: the peer may
-    /// serve them from two launches in turn (its send, then its receive), and the second of
-    /// those starts only once the first is done, which needs this rank's receiving role. All
-    /// join back into `stream`, which then puts the decisions back to 0 for the next call.
-    fn launch_negotiated(
-        &self,
-        group: &Group,
-        jit: &Jit,
-        [sm, ce]: [[P2PSide; 2]; 2],
-        [sm_threads, ce_threads]: [[u32; 2]; 2],
-        gated: [bool; 2],
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        let rank = group.rank as i32;
-        let base = self.base_launch();
-        // Every kernel is resolved before anything is enqueued.
-        let decide = self.function(group, jit, KernelKey::CeDecide)?;
-        let ce_fn = [
-            self.function(group, jit, KernelKey::CeSend)?,
-            self.function(group, jit, KernelKey::CeRecv(ce_threads[1].max(256)))?,
-        ];
-        let forked = stream
-            .record_event(None)
-            .cuda(rank, "cuEventRecord (fork)")?;
-        // The SM kernel first, so that the caller's stream starts on it while the role streams
-        // are still being filled: it takes every role's staged side, gated or not (its gated
-        // blocks wait on the GPU for their decision); a role that is not gated may instead be
-        // a copy-engine one of its own. The role streams start from the fork point recorded
-        // before it, so they never wait for it.
-        let ce_rest = [0, 1].map(|i| if gated[i] { P2PSide::unused() } else { ce[i] });
-        if ce_rest[0].peer >= 0 || ce_rest[1].peer >= 0 {
-            self.launch_with_copy_engine(group, jit, sm, ce_rest, sm_threads, ce_threads, stream)?;
-        } else {
-            self.launch_sm(group, jit, sm, sm_threads, stream)?;
-        }
-        let role_stream = [&self.ce.pace, &self.ce.recv];
-        for i in (0..2).filter(|&i| gated[i]) {
-            let on = role_stream[i];
-            on.wait(&forked).cuda(rank, "cuStreamWaitEvent (fork)")?;
-            let mut sides = [P2PSide::unused(); 2];
-            sides[i] = ce[i];
-            let args = P2PLaunch {
-                send: sides[0],
-                recv: sides[1],
-                ..base
-            };
-            // SAFETY: p2p_ce_decide_kernel(P2PLaunch) takes this struct by value and enters
-            // through enter_after_previous_kernel; it reads and writes only the copy-engine
-            // words of this namespace's pad and the peer's words of this pair.
-            unsafe { launch_one_warp(on, &decide, &args, group.pdl) }
-                .cuda(rank, "cuLaunchKernelEx (copy-engine negotiation)")?;
-            let cfg = ce_grid(i == 0, ce[i], ce_threads[i]);
-            // SAFETY: as in launch_with_copy_engine, for the sender or the receiver kernel;
-            // the role moves its copy-engine half by SMs, so no copy waits on it.
-            unsafe { launch_struct(on, &ce_fn[i], cfg, &args, group.pdl) }
-                .cuda(rank, "cuLaunchKernelEx (copy-engine role, negotiated)")?;
-        }
-        for i in (0..2).filter(|&i| gated[i]) {
-            stream
-                .join(role_stream[i])
-                .cuda(rank, "cuStreamWaitEvent (join)")?;
-        }
-        // Every kernel that read a decision is done: back to 0, which the next negotiated
-        // call's staged blocks wait to see replaced.
-        let world = group.world_size;
-        for i in (0..2).filter(|&i| gated[i]) {
-            let word = self.ce_word(world, ce[i].peer as usize, [CE_DEC_S, CE_DEC_R][i]);
-            crate::cuda::stream_write(stream, word, 0)?;
-        }
-        Ok(())
-    }
-
-    /// Launches the SM kernel for the roles in `sides` (either may be unused, not both).
+    /// Launches the SM kernel for the roles in `sides` (either may be unused, not both), whose
+    /// negotiated ones (`P2P_SIDE_GATED`) have their copy-engine side in `negotiated`: then
+    /// `p2p_negotiated_kernel`, where each such role decides its layout on the GPU.
     fn launch_sm(
         &self,
         group: &Group,
         jit: &Jit,
-        sides: [P2PSide; 2],
+        [sides, negotiated]: [[P2PSide; 2]; 2],
         threads: [u32; 2],
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
@@ -569,6 +513,9 @@ impl P2P {
             recv: sides[1],
             ..self.base_launch()
         };
+        if negotiated[0].peer >= 0 || negotiated[1].peer >= 0 {
+            return self.launch_negotiated(group, jit, args, negotiated, threads, stream);
+        }
         let split =
             self.split && sides[0].peer >= 0 && sides[1].peer >= 0 && threads[0] == threads[1];
         // Split: each role in blocks of its own; fused: both roles in every block.
@@ -595,6 +542,65 @@ impl P2P {
         Ok(())
     }
 
+    /// The launch of a call with a negotiated large message (docs/PROTOCOL.md, "Which large
+    /// messages use it"): one `p2p_negotiated_kernel` on the caller's stream holds both roles;
+    /// a negotiated role decides on the GPU between its staged side (in `args`) and its
+    /// copy-engine side moved by SMs (in `negotiated`), and puts its decision back to 0 when
+    /// done, so the call needs no stream of its own and no host work between calls.
+    fn launch_negotiated(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        args: P2PLaunch,
+        negotiated: [P2PSide; 2],
+        threads: [u32; 2],
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let rank = group.rank as i32;
+        let sides = [args.send, args.recv];
+        // Blocks per role, as the kernel counts them (negotiated_blocks).
+        let mut blocks = [0u32; 2];
+        for i in 0..2 {
+            if sides[i].peer < 0 {
+                continue;
+            }
+            blocks[i] = sides[i].blocks;
+            if negotiated[i].peer >= 0 {
+                // Staged and copy-engine sides of a negotiated role run on the kernel's threads.
+                let ce_threads = if i == 0 { CE_SEND_THREADS } else { threads[i] };
+                if threads[i] != MAX_ROLE_THREADS || ce_threads != MAX_ROLE_THREADS {
+                    return Err(Error::InvalidArgument {
+                        op: "send/recv",
+                        reason: format!(
+                            "a negotiated large message runs on {MAX_ROLE_THREADS} threads per \
+                             block, not {}",
+                            threads[i]
+                        ),
+                    });
+                }
+                blocks[i] = blocks[i].max(negotiated[i].blocks + 1);
+            }
+        }
+        let func = self.function(group, jit, KernelKey::Negotiated(split_interleave()))?;
+        let n = P2PNegotiated {
+            a: args,
+            ce_send: negotiated[0],
+            ce_recv: negotiated[1],
+            threads,
+        };
+        let cfg = linear_launch(blocks[0] + blocks[1], MAX_ROLE_THREADS);
+        // SAFETY: p2p_negotiated_kernel<512, I>(P2PNegotiated) takes exactly this struct by
+        // value and enters through enter_after_previous_kernel; as for the SM kernel, its
+        // pointers are the p2p window, this communicator's counters and the caller's buffers
+        // (sized by the caller), and the guard checked both sides of each negotiated role
+        // against the window: whichever layout a role takes, it writes only inside the
+        // receiver's region for this sender, this rank's outbox for the receiver and the
+        // destination.
+        unsafe { launch_struct(stream, &func, cfg, &n, group.pdl) }
+            .cuda(rank, "cuLaunchKernelEx (sendrecv, negotiated)")?;
+        Ok(())
+    }
+
     /// A call with a copy-engine role (docs/PROTOCOL.md, "Copy engine"): forks from `stream`
     /// onto the copy-engine streams, enqueues the pacing kernel and the copies of a send, the
     /// receiving kernel of a receive and the SM kernel of any other role, then joins them back
@@ -604,7 +610,7 @@ impl P2P {
         &self,
         group: &Group,
         jit: &Jit,
-        sm: [P2PSide; 2],
+        [sm, negotiated]: [[P2PSide; 2]; 2],
         sides: [P2PSide; 2],
         sm_threads: [u32; 2],
         threads: [u32; 2],
@@ -658,7 +664,7 @@ impl P2P {
         if sm_used {
             // A role only the copy engine takes gets no threads in the SM kernel.
             let sm_threads = [0, 1].map(|i| if sm[i].peer < 0 { 0 } else { sm_threads[i] });
-            self.launch_sm(group, jit, sm, sm_threads, stream)?;
+            self.launch_sm(group, jit, [sm, negotiated], sm_threads, stream)?;
         }
         if let Some(func) = recv_fn {
             let args = P2PLaunch {
