@@ -229,6 +229,10 @@ fn agree_on_store<T>(
 pub const P2P_SLOT_KIB_ENV: &str = "DEVCOMM_P2P_SLOT_KIB";
 /// Staging slots per channel.
 pub const P2P_DEPTH_ENV: &str = "DEVCOMM_P2P_DEPTH";
+/// Most blocks per direction of a send/recv launch (1 to 64, default 32): the channels, their
+/// staging and signals, and the low-latency credit slots scale with it. For experiments; set
+/// it alike on every rank.
+pub const P2P_MAX_BLOCKS_ENV: &str = "DEVCOMM_P2P_MAX_BLOCKS";
 
 fn p2p_limits_env() -> Result<P2PLimits> {
     let mut limits = P2PLimits::default();
@@ -262,6 +266,15 @@ fn p2p_limits_env() -> Result<P2PLimits> {
             });
         }
         limits.depth = depth as u32;
+    }
+    if let Some(blocks) = parse(P2P_MAX_BLOCKS_ENV)? {
+        if !(1..=64).contains(&blocks) {
+            return Err(Error::InvalidArgument {
+                op: "Comm",
+                reason: format!("{P2P_MAX_BLOCKS_ENV}={blocks}: use 1 to 64"),
+            });
+        }
+        limits.max_blocks = blocks as u32;
     }
     Ok(limits)
 }
