@@ -236,44 +236,33 @@ pub const P2P_MAX_BLOCKS_ENV: &str = "DEVCOMM_P2P_MAX_BLOCKS";
 
 fn p2p_limits_env() -> Result<P2PLimits> {
     let mut limits = P2PLimits::default();
-    let parse = |var: &'static str| -> Result<Option<u64>> {
-        match std::env::var(var) {
-            Ok(v) => v
-                .trim()
-                .parse::<u64>()
-                .map(Some)
-                .map_err(|_| Error::InvalidArgument {
-                    op: "Comm",
-                    reason: format!("{var}={v:?} is not a number"),
-                }),
-            Err(_) => Ok(None),
-        }
-    };
-    if let Some(kib) = parse(P2P_SLOT_KIB_ENV)? {
-        if !(1..=1024).contains(&kib) {
+    // A variable's value if set: a number in `lo..=hi` (`unit` names it in the error).
+    let parse = |var: &'static str, lo: u64, hi: u64, unit: &str| -> Result<Option<u64>> {
+        let Ok(v) = std::env::var(var) else {
+            return Ok(None);
+        };
+        let n = v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| Error::InvalidArgument {
+                op: "Comm",
+                reason: format!("{var}={v:?} is not a number"),
+            })?;
+        if !(lo..=hi).contains(&n) {
             return Err(Error::InvalidArgument {
                 op: "Comm",
-                reason: format!("{P2P_SLOT_KIB_ENV}={kib}: use 1 to 1024 KiB"),
+                reason: format!("{var}={n}: use {lo} to {hi}{unit}"),
             });
         }
+        Ok(Some(n))
+    };
+    if let Some(kib) = parse(P2P_SLOT_KIB_ENV, 1, 1024, " KiB")? {
         limits.slot_bytes = kib << 10;
     }
-    if let Some(depth) = parse(P2P_DEPTH_ENV)? {
-        if !(2..=16).contains(&depth) {
-            return Err(Error::InvalidArgument {
-                op: "Comm",
-                reason: format!("{P2P_DEPTH_ENV}={depth}: use 2 to 16"),
-            });
-        }
+    if let Some(depth) = parse(P2P_DEPTH_ENV, 2, 16, "")? {
         limits.depth = depth as u32;
     }
-    if let Some(blocks) = parse(P2P_MAX_BLOCKS_ENV)? {
-        if !(1..=64).contains(&blocks) {
-            return Err(Error::InvalidArgument {
-                op: "Comm",
-                reason: format!("{P2P_MAX_BLOCKS_ENV}={blocks}: use 1 to 64"),
-            });
-        }
+    if let Some(blocks) = parse(P2P_MAX_BLOCKS_ENV, 1, 64, "")? {
         limits.max_blocks = blocks as u32;
     }
     Ok(limits)

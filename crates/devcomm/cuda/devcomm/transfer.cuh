@@ -58,10 +58,10 @@ __device__ __forceinline__ void publish(dc_u64* flag, dc_u64 value) {
 }
 
 // Whether a role runs: always unless it is gated on a negotiation (p2p.cuh), then only where
-// its DECISION (word `dec_word` of the peer's block) is `wanted`. A gated role waits for the
-// decision first: the staged kernel may start before the negotiation on another stream has
-// recorded it. The wait allows twice the timeout, so that the negotiation's own wait fails
-// first and names what was missing; a failed wait records itself and closes the gate.
+// its DECISION (word `dec_word` of the peer's block) is `wanted`. A gated role's blocks wait
+// for the decision first: in p2p_negotiated_kernel only the role's block 0 makes it. The wait
+// allows twice the timeout, so that the decider's own wait fails first and names what was
+// missing; a failed wait records itself and closes the gate.
 __device__ __forceinline__ bool gate_open(const P2PLaunch& a, const P2PSide& side,
                                          dc_u32 dec_word, dc_u64 wanted) {
   if (!(side.pull & kSideGated)) return true;

@@ -60,6 +60,29 @@ __device__ __forceinline__ void split_block(dc_u32 send_blocks, dc_u32 recv_bloc
   }
 }
 
+// Block b of one role of a launch whose roles have blocks of their own, on the block's first
+// `threads` threads, by the role's own protocol (LL, LL128 or staged): p2p_split_kernel's
+// blocks, and p2p_negotiated_kernel's for a role that is not negotiated or chose staging.
+__device__ __forceinline__ void plain_role(const P2PLaunch& a, bool send, dc_u32 b, dc_u32 threads) {
+  if (threadIdx.x >= threads) return;
+  const dc_u32 warps = threads / 32;
+  if (send) {
+    const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
+    if (a.send.low_latency) {
+      ll_send(NamedBarrier(1, 0, threads), a, a.send, snd, b);
+    } else {
+      bulk_send(Warp{}, a, a.send, snd, b * warps + threadIdx.x / 32, a.send.blocks * warps);
+    }
+  } else {
+    const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
+    if (a.recv.low_latency) {
+      ll_recv(NamedBarrier(2, 0, threads), a, a.recv, rcv, b);
+    } else {
+      bulk_recv(Warp{}, a, a.recv, rcv, b * warps + threadIdx.x / 32, a.recv.blocks * warps);
+    }
+  }
+}
+
 // Both directions with the roles in separate blocks of all THREADS threads, send.blocks +
 // recv.blocks of them. Used when both roles have the same thread count and DEVCOMM_P2P_SPLIT is
 // not 0 (docs/PERFORMANCE.md compares it with p2p_kernel). INTERLEAVE: the roles take blocks
@@ -69,26 +92,11 @@ __device__ __forceinline__ void split_block(dc_u32 send_blocks, dc_u32 recv_bloc
 template <int THREADS, bool INTERLEAVE>
 __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
   enter_after_previous_kernel();
-  constexpr dc_u32 kWarps = THREADS / 32;
-  const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
-  const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
   bool send;
   dc_u32 b;
   split_block(a.send.blocks, a.recv.blocks, INTERLEAVE, send, b);
-  if (send) {
-    if (a.send.low_latency) {
-      ll_send(NamedBarrier(1, 0, THREADS), a, a.send, snd, b);
-    } else {
-      bulk_send(Warp{}, a, a.send, snd, b * kWarps + threadIdx.x / 32, a.send.blocks * kWarps);
-    }
-  } else {
-    if (b >= a.recv.blocks) return;
-    if (a.recv.low_latency) {
-      ll_recv(NamedBarrier(2, 0, THREADS), a, a.recv, rcv, b);
-    } else {
-      bulk_recv(Warp{}, a, a.recv, rcv, b * kWarps + threadIdx.x / 32, a.recv.blocks * kWarps);
-    }
-  }
+  if (!send && b >= a.recv.blocks) return;
+  plain_role(a, send, b, THREADS);
 }
 
 // ---- Zero-copy into a registered destination (docs/PROTOCOL.md, "Zero-copy") ----
@@ -471,7 +479,6 @@ __device__ void ce_fill(const P2PLaunch& a, dc_u32 fb, dc_u32 fblocks) {
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS, 1) p2p_ce_send_kernel(P2PLaunch a) {
   enter_after_previous_kernel();
-  if (!gate_open(a, a.send, kCeDecS, kDecisionCe)) return;
   if (blockIdx.x == 0) {
     if (threadIdx.x < 32) ce_pace_send(a);
     return;
@@ -630,7 +637,6 @@ __device__ void ce_copy_out(const P2PLaunch& a, dc_u32 b) {
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS, 1) p2p_ce_recv_kernel(P2PLaunch a) {
   enter_after_previous_kernel();
-  if (!gate_open(a, a.recv, kCeDecR, kDecisionCe)) return;
   if (blockIdx.x == a.recv.blocks) {
     if (threadIdx.x == 0) ce_pace_recv(a);
     return;
@@ -647,28 +653,6 @@ __device__ __forceinline__ dc_u32 negotiated_blocks(const P2PSide& st, const P2P
   if (st.peer < 0) return 0;
   if (!(st.pull & kSideGated)) return st.blocks;
   return st.blocks > ce.blocks + 1 ? st.blocks : ce.blocks + 1;
-}
-
-// Block b of a role that is not negotiated, on the block's first `threads` threads: as in
-// p2p_split_kernel (its own protocol: LL, LL128 or staged).
-__device__ void plain_role(const P2PLaunch& a, bool send, dc_u32 b, dc_u32 threads) {
-  if (threadIdx.x >= threads) return;
-  const dc_u32 warps = threads / 32;
-  if (send) {
-    const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
-    if (a.send.low_latency) {
-      ll_send(NamedBarrier(1, 0, threads), a, a.send, snd, b);
-    } else {
-      bulk_send(Warp{}, a, a.send, snd, b * warps + threadIdx.x / 32, a.send.blocks * warps);
-    }
-  } else {
-    const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
-    if (a.recv.low_latency) {
-      ll_recv(NamedBarrier(2, 0, threads), a, a.recv, rcv, b);
-    } else {
-      bulk_recv(Warp{}, a, a.recv, rcv, b * warps + threadIdx.x / 32, a.recv.blocks * warps);
-    }
-  }
 }
 
 // Both roles of a launch in which at least one is a negotiated large message, one kernel on
