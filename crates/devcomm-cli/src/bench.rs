@@ -324,8 +324,22 @@ pub(crate) fn time_ranks_each(
     slowest_medians(cx, names, samples)
 }
 
+/// Benchmarks and the tuner time devcomm against NCCL over NVLink: ranks that share a GPU
+/// ([`devcomm::topology::SHARE_GPU_ENV`]) are refused before anything starts.
+pub(crate) fn refuse_shared_gpu(what: &str) -> Result<(), String> {
+    if devcomm::topology::share_gpu() {
+        return Err(format!(
+            "{what} need one GPU per rank: {} is for functional tests (NCCL refuses ranks that \
+             share a GPU, and the timings would say nothing of NVLink)",
+            devcomm::topology::SHARE_GPU_ENV
+        ));
+    }
+    Ok(())
+}
+
 /// Runs the chosen benchmark on every rank; rank 0 prints and writes the results.
 pub fn run(args: &BenchArgs) -> Result<i32, String> {
+    refuse_shared_gpu("benchmarks")?;
     let cx = Ctx::new()?;
     if cx.comm.world_size() < 2 {
         return Err("benchmarks need at least 2 ranks".into());

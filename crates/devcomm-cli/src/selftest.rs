@@ -420,14 +420,20 @@ fn check_churn(cx: &Ctx, cycles: usize) -> CheckResult {
     let len = 64usize << 20;
     // One cycle first so that lazily created driver state is not counted as a leak.
     drop(comm.window::<u8>(len, 16).map_err(|e| e.to_string())?);
+    // Free memory is the device's: every rank measures at the same quiet point (ranks that
+    // share a GPU, DEVCOMM_SHARE_GPU, would otherwise count each other's windows).
     cx.sync()?;
+    cx.host_barrier()?;
     let (free_before, _) = comm.context().mem_get_info().map_err(|e| e.to_string())?;
+    cx.host_barrier()?;
     for _ in 0..cycles {
         let w = comm.window::<u8>(len, 16).map_err(|e| e.to_string())?;
         drop(w);
     }
     cx.sync()?;
+    cx.host_barrier()?;
     let (free_after, _) = comm.context().mem_get_info().map_err(|e| e.to_string())?;
+    cx.host_barrier()?;
     let lost = free_before.saturating_sub(free_after);
     if lost > 4 << 20 {
         return Err(format!(

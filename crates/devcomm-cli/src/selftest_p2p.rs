@@ -322,11 +322,12 @@ pub(crate) fn check_pull(cx: &Ctx, calls: usize) -> Check {
     ))
 }
 
-/// LL128 with `blocks` blocks of `threads` threads.
-fn ll128(blocks: u32, threads: u32) -> P2PConfig {
+/// LL128 with `blocks` blocks of `threads` threads (at most the window's blocks, fewer on a
+/// GPU with few SMs: `p2p::fit_to_sms`).
+fn ll128(cx: &Ctx, blocks: u32, threads: u32) -> P2PConfig {
     P2PConfig {
         protocol: Protocol::LowLatency128,
-        blocks,
+        blocks: blocks.min(cx.comm.p2p_limits().max_blocks),
         threads,
         chunk_bytes: 0,
     }
@@ -339,21 +340,24 @@ fn ll128(blocks: u32, threads: u32) -> P2PConfig {
 pub(crate) fn check_ll128(cx: &Ctx, calls: usize) -> Check {
     let max = cx.comm.p2p_limits().ll128_max_bytes as usize;
     let cases = [
-        (1usize, ll128(1, 256)),
-        (119, ll128(1, 512)),
-        (121, ll128(2, 256)),
-        (32 * 120 - 1, ll128(32, 512)),
-        (100_003, ll128(8, 256)),
-        ((1 << 20) + 5, ll128(32, 512)),
-        ((3 << 20) + 17, ll128(16, 256)),
-        (max, ll128(32, 512)),
+        (1usize, ll128(cx, 1, 256)),
+        (119, ll128(cx, 1, 512)),
+        (121, ll128(cx, 2, 256)),
+        (32 * 120 - 1, ll128(cx, 32, 512)),
+        (100_003, ll128(cx, 8, 256)),
+        ((1 << 20) + 5, ll128(cx, 32, 512)),
+        ((3 << 20) + 17, ll128(cx, 16, 256)),
+        (max, ll128(cx, 32, 512)),
     ];
     let n = exchange_cases(cx, &cases, 800)?;
-    let mixed = back_to_back(cx, calls, &|call, _| (call % 4 == 2).then(|| ll128(8, 512)))?;
+    let mixed = back_to_back(cx, calls, &|call, _| {
+        (call % 4 == 2).then(|| ll128(cx, 8, 512))
+    })?;
     Ok(format!(
-        "{n} LL128 exchanges (1 B to {} MiB, odd sizes and alignments, 1 to 32 blocks, one way \
+        "{n} LL128 exchanges (1 B to {} MiB, odd sizes and alignments, 1 to {} blocks, one way \
          and both ways); {mixed} back-to-back calls mixing LL128, LL and staged, all verified",
-        max >> 20
+        max >> 20,
+        cx.comm.p2p_limits().max_blocks.min(32)
     ))
 }
 
@@ -372,11 +376,12 @@ fn exchange_cases(cx: &Ctx, cases: &[(usize, P2PConfig)], tag0: u64) -> Result<u
     Ok(n)
 }
 
-/// The copy-engine protocol with `blocks` receiver blocks and chunks of `chunk` bytes.
-fn by_copy_engine(blocks: u32, chunk: u64) -> P2PConfig {
+/// The copy-engine protocol with `blocks` receiver blocks (at most the window's) and chunks of
+/// `chunk` bytes.
+fn by_copy_engine(cx: &Ctx, blocks: u32, chunk: u64) -> P2PConfig {
     P2PConfig {
         protocol: Protocol::CopyEngine,
-        blocks,
+        blocks: blocks.min(cx.comm.p2p_limits().max_blocks),
         threads: 512,
         chunk_bytes: chunk,
     }
@@ -389,15 +394,15 @@ fn by_copy_engine(blocks: u32, chunk: u64) -> P2PConfig {
 pub(crate) fn check_copy_engine(cx: &Ctx, calls: usize) -> Check {
     let slot = cx.comm.p2p_limits().ce_slot_bytes();
     let cases = [
-        (1usize, by_copy_engine(1, 64 << 10)),
-        (100_003, by_copy_engine(2, 64 << 10)),
-        ((5 << 20) + 7, by_copy_engine(4, 1 << 20)),
-        ((64 << 20) + 16, by_copy_engine(8, slot)),
-        ((256 << 20) + 3, by_copy_engine(16, slot)),
+        (1usize, by_copy_engine(cx, 1, 64 << 10)),
+        (100_003, by_copy_engine(cx, 2, 64 << 10)),
+        ((5 << 20) + 7, by_copy_engine(cx, 4, 1 << 20)),
+        ((64 << 20) + 16, by_copy_engine(cx, 8, slot)),
+        ((256 << 20) + 3, by_copy_engine(cx, 16, slot)),
     ];
     let n = exchange_cases(cx, &cases, 900)?;
     let mixed = back_to_back(cx, calls, &|call, bytes| match call % 5 {
-        1 => Some(by_copy_engine(4, 256 << 10)),
+        1 => Some(by_copy_engine(cx, 4, 256 << 10)),
         3 if bytes > cx.comm.p2p_limits().ll_max_bytes as usize => Some(pulled(cx, bytes)),
         _ => None,
     })?;
@@ -407,7 +412,7 @@ pub(crate) fn check_copy_engine(cx: &Ctx, calls: usize) -> Check {
         cx,
         100,
         &[(3 << 20) + 1, 1000],
-        Some(by_copy_engine(4, 1 << 20)),
+        Some(by_copy_engine(cx, 4, 1 << 20)),
     )?;
     Ok(format!(
         "{n} copy-engine exchanges (1 B to 256 MiB, 1 to 17 chunks, odd sizes and alignments, \
@@ -432,7 +437,7 @@ fn mixed_launch(cx: &Ctx) -> Result<(), String> {
     };
     let tag = 990;
     let (src, mut dst) = fresh_pair(cx, tag, send_bytes, recv_bytes)?;
-    let config = |ce: bool| ce.then(|| by_copy_engine(4, 1 << 20));
+    let config = |ce: bool| ce.then(|| by_copy_engine(cx, 4, 1 << 20));
     {
         let (sp, _s) = src.device_ptr(&cx.stream);
         let (dp, _d) = dst.device_ptr_mut(&cx.stream);
@@ -476,7 +481,7 @@ fn asymmetric_copy_engine(cx: &Ctx) -> Result<(), String> {
     {
         let (sp, _s) = src.device_ptr(&cx.stream);
         let (dp, _d) = dst.device_ptr_mut(&cx.stream);
-        let config = Some(by_copy_engine(4, 1 << 20));
+        let config = Some(by_copy_engine(cx, 4, 1 << 20));
         let send = Transfer {
             ptr: sp,
             bytes: bytes as u64,
@@ -760,7 +765,7 @@ pub(crate) fn check_guard(cx: &Ctx) -> Check {
                 ptr: dp,
                 bytes: limits.ll128_max_bytes + 1,
                 peer,
-                config: Some(ll128(8, 512)),
+                config: Some(ll128(cx, 8, 512)),
             },
         ),
         (

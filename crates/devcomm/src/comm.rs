@@ -41,6 +41,9 @@ pub struct CommBuilder {
     device_timeout: Duration,
     setup_timeout: Duration,
     p2p_limits: P2PLimits,
+    /// Whether `p2p_limits.max_blocks` was asked for (builder or environment) rather than the
+    /// default, which is lowered to fit a GPU with few SMs (`p2p::fit_to_sms`).
+    p2p_max_blocks_explicit: bool,
     tune: Option<TuneTable>,
 }
 
@@ -53,6 +56,7 @@ impl CommBuilder {
             device_timeout: duration_env(TIMEOUT_ENV, DEFAULT_DEVICE_TIMEOUT)?,
             setup_timeout: duration_env(SETUP_TIMEOUT_ENV, DEFAULT_SETUP_TIMEOUT)?,
             p2p_limits: p2p_limits_env()?,
+            p2p_max_blocks_explicit: std::env::var_os(P2P_MAX_BLOCKS_ENV).is_some(),
             tune: match std::env::var_os(TUNE_FILE_ENV) {
                 Some(path) => Some(TuneTable::load(std::path::Path::new(&path))?),
                 None => None,
@@ -88,9 +92,11 @@ impl CommBuilder {
     }
 
     /// Sizes of the send/recv window (staging slots, depth, blocks); every rank must pass the
-    /// same values.
+    /// same values. A `max_blocks` whose launches cannot all be resident on the smallest GPU
+    /// of the group makes `build` fail (the default is lowered to fit instead).
     pub fn p2p_limits(mut self, limits: P2PLimits) -> Self {
         self.p2p_limits = limits;
+        self.p2p_max_blocks_explicit = true;
         self
     }
 
@@ -99,7 +105,11 @@ impl CommBuilder {
     pub fn build(self) -> Result<Comm> {
         let rank = self.info.rank;
         let store = Store::connect(&self.info, self.setup_timeout)?;
-        let ordinal = self.device.unwrap_or(self.info.local_rank);
+        let ordinal = match self.device {
+            Some(d) => d,
+            None => default_ordinal(self.info.local_rank, crate::topology::share_gpu())
+                .map_err(|e| crate::cuda::with_rank(e, rank))?,
+        };
         let opened = CudaContext::new(ordinal).cuda(rank as i32, "cuCtxCreate (CudaContext::new)");
         let ctx = agree_on_store(&store, "open device", rank, opened, self.setup_timeout)?;
         let device = agree_on_store(
@@ -109,13 +119,40 @@ impl CommBuilder {
             DeviceInfo::query(&ctx).map_err(|e| crate::cuda::with_rank(e, rank)),
             self.setup_timeout,
         )?;
+        // The send/recv window is sized for the GPU with the fewest SMs (an MPS share, say).
+        let sms = store.all_gather(
+            "__devcomm/p2p/sm_count",
+            &device.sm_count.to_le_bytes(),
+            self.setup_timeout,
+        )?;
+        let fewest_sms = sms
+            .iter()
+            .filter_map(|b| Some(i32::from_le_bytes(b.get(..4)?.try_into().ok()?)))
+            .min()
+            .unwrap_or(device.sm_count)
+            .max(0) as u32;
+        let p2p_limits = agree_on_store(
+            &store,
+            "send/recv window",
+            rank,
+            crate::p2p::fit_to_sms(self.p2p_limits, self.p2p_max_blocks_explicit, fewest_sms),
+            self.setup_timeout,
+        )?;
+        if p2p_limits != self.p2p_limits {
+            log::info!(
+                "rank {rank}: send/recv uses at most {} blocks per direction ({} SMs on the \
+                 smallest GPU of the group)",
+                p2p_limits.max_blocks,
+                fewest_sms
+            );
+        }
         let tune = agree_on_store(
             &store,
             "tuning table",
             rank,
             match &self.tune {
                 Some(t) => t
-                    .validate(&self.p2p_limits, &device.name)
+                    .validate(&p2p_limits, &device.name)
                     .map(|()| Some(t.clone())),
                 None => Ok(None),
             },
@@ -148,7 +185,7 @@ impl CommBuilder {
             self.setup_timeout,
         ));
         let control = Window::<u64>::new(&group, group.world_size, 0)?;
-        let p2p = P2P::new(&group, self.p2p_limits, tune)?;
+        let p2p = P2P::new(&group, p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
         let comm = Comm {
             p2p,
@@ -165,6 +202,16 @@ impl CommBuilder {
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);
         Ok(comm)
     }
+}
+
+/// The device a rank opens when the builder names none: its local rank, or with
+/// [`crate::topology::SHARE_GPU_ENV`] the local rank modulo the number of visible GPUs.
+fn default_ordinal(local_rank: usize, share: bool) -> Result<usize> {
+    if !share {
+        return Ok(local_rank);
+    }
+    let count = CudaContext::device_count().cuda(crate::cuda::NO_RANK, "cuDeviceGetCount")?;
+    Ok(local_rank % (count.max(1) as usize))
 }
 
 /// Fails on every rank unless every rank loaded the same tuning table (or none): sender and

@@ -101,6 +101,20 @@ impl Topology {
 pub const OVERRIDE_ENV: &str = "DEVCOMM_TOPOLOGY_OVERRIDE";
 /// Environment variable that, when `1`, disables peer access: same-host peers become `shm`.
 pub const DISABLE_P2P_ENV: &str = "DEVCOMM_DISABLE_P2P";
+/// Environment variable that, when `1`, lets several ranks share one GPU, for functional tests
+/// on a machine with fewer GPUs than ranks: rank `r` opens device `LOCAL_RANK % device count`
+/// (unless the builder names one) and ranks on the same GPU reach each other as `nvl` peers
+/// (a kernel reaches memory of its own device mapped from another process with loads and
+/// stores, as it would a peer's over NVLink). Without it two ranks on one GPU are refused.
+/// Timings taken so say nothing of NVLink, and NCCL refuses such a group: `devcomm bench`
+/// does not run with it. Kernels of different processes on one GPU take turns unless an MPS
+/// server runs (docs/TESTING.md).
+pub const SHARE_GPU_ENV: &str = "DEVCOMM_SHARE_GPU";
+
+/// Whether [`SHARE_GPU_ENV`] is `1`.
+pub fn share_gpu() -> bool {
+    std::env::var(SHARE_GPU_ENV).is_ok_and(|v| v == "1")
+}
 
 /// One parsed override entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,14 +296,20 @@ impl Topology {
             })
             .collect::<crate::Result<Vec<_>>>()?;
         let mut peer_access = vec![false; world_size];
+        let share = share_gpu();
         for (p, d) in devices.iter().enumerate() {
             if p != rank && d.host == me.host {
-                if d.uuid == me.uuid {
+                if d.uuid == me.uuid && !share {
                     return Err(Error::InvalidArgument {
                         op: "topology",
-                        reason: format!("ranks {rank} and {p} use the same GPU ({})", d.uuid),
+                        reason: format!(
+                            "ranks {rank} and {p} use the same GPU ({}); set {SHARE_GPU_ENV}=1 \
+                             to allow it for functional tests",
+                            d.uuid
+                        ),
                     });
                 }
+                // The own device is reachable by loads and stores (can_access_peer says so).
                 peer_access[p] = crate::cuda::info::can_access_peer(ctx, &d.pci_bus_id)
                     .map_err(|e| crate::cuda::with_rank(e, rank))?;
             }

@@ -116,6 +116,7 @@ fn with_bulk(mut scored: Vec<Scored>) -> Vec<Scored> {
 /// Runs the sweep on every rank (ranks 0 and 1 move data, the others keep step); rank 0
 /// writes the table.
 pub fn run(args: &TuneArgs) -> Result<i32, String> {
+    super::refuse_shared_gpu("tuning runs")?;
     let cx = Ctx::new()?;
     let comm = &cx.comm;
     if comm.world_size() < 2 {

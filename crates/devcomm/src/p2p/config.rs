@@ -100,6 +100,56 @@ impl Default for P2PLimits {
 /// The most threads a role may have (and so the most warps per block).
 pub const MAX_ROLE_THREADS: u32 = 512;
 
+/// Blocks that the largest send/recv launch with `max_blocks` keeps on the GPU at once: two
+/// roles of `max_blocks + 1` (a negotiated role, or a copy-engine side with its pacing block).
+/// Its kernels wait on the peer's blocks and on each other's, so every one of them must be
+/// resident together (docs/PROTOCOL.md, "Which large messages use it").
+pub fn resident_blocks(max_blocks: u32) -> u32 {
+    2 * (max_blocks + 1)
+}
+
+/// The most blocks per direction whose launches stay resident on `sms` SMs: one block of
+/// [`MAX_ROLE_THREADS`] threads per SM, since those kernels use more than 64 registers a thread
+/// (the negotiated kernel 128), so [`resident_blocks`] of it must not exceed `sms`. `None` when
+/// not even one block per direction fits.
+pub fn max_blocks_for_sms(sms: u32) -> Option<u32> {
+    let fit = (sms / 2).checked_sub(1).filter(|&b| b >= 1)?;
+    debug_assert!(resident_blocks(fit) <= sms);
+    Some(fit)
+}
+
+/// The window's limits fitted to the smallest GPU of the group (`sms` SMs): a `max_blocks`
+/// whose launches could not all be resident is lowered to what fits when it is the default,
+/// and refused when the caller asked for it (`explicit`), since such a launch would wait for
+/// blocks that never start until its bounded waits expire.
+pub fn fit_to_sms(limits: P2PLimits, explicit: bool, sms: u32) -> Result<P2PLimits> {
+    let fit = max_blocks_for_sms(sms).ok_or_else(|| Error::InvalidArgument {
+        op: "Comm",
+        reason: format!(
+            "send/recv needs at least 4 SMs resident at once (two roles of a block and a \
+             pacing block); the smallest GPU of the group has {sms}"
+        ),
+    })?;
+    if limits.max_blocks <= fit {
+        return Ok(limits);
+    }
+    if explicit {
+        return Err(Error::InvalidArgument {
+            op: "Comm",
+            reason: format!(
+                "{} blocks per direction need {} SMs for their launches to be resident at \
+                 once; the smallest GPU of the group has {sms}: use at most {fit}",
+                limits.max_blocks,
+                resident_blocks(limits.max_blocks)
+            ),
+        });
+    }
+    Ok(P2PLimits {
+        max_blocks: fit,
+        ..limits
+    })
+}
+
 impl P2PLimits {
     /// The most bulk channels (warps) a direction may use.
     pub fn max_channels(&self) -> u32 {
@@ -639,6 +689,51 @@ mod tests {
             assert_eq!(c.protocol, Protocol::LowLatency128);
             assert!(c.blocks >= 1 && c.blocks <= limits.max_blocks);
         }
+    }
+
+    #[test]
+    fn window_fits_the_smallest_gpu() {
+        let limits = P2PLimits::default();
+        // An H200 (132 SMs) keeps the default; so does a half share of one (66).
+        assert_eq!(fit_to_sms(limits, false, 132).unwrap(), limits);
+        assert_eq!(fit_to_sms(limits, false, 66).unwrap().max_blocks, 32);
+        assert_eq!(resident_blocks(32), 66);
+        // A quarter share (33 SMs): the default shrinks to 15 blocks, 32 resident at most.
+        let quarter = fit_to_sms(limits, false, 33).unwrap();
+        assert_eq!(quarter.max_blocks, 15);
+        assert_eq!(
+            P2PLimits {
+                max_blocks: 15,
+                ..limits
+            },
+            quarter
+        );
+        assert!(resident_blocks(quarter.max_blocks) <= 33);
+        // Every default configuration then fits the smaller window.
+        for shift in 0..=30 {
+            let c = default_config(1u64 << shift, &quarter);
+            c.check("send", 1u64 << shift, &quarter).unwrap();
+        }
+        // Asked for explicitly, too many blocks are refused with the numbers to use.
+        let err = fit_to_sms(limits, true, 33).unwrap_err().to_string();
+        assert!(
+            err.contains("66 SMs") && err.contains("at most 15"),
+            "{err}"
+        );
+        assert!(fit_to_sms(
+            P2PLimits {
+                max_blocks: 15,
+                ..limits
+            },
+            true,
+            33
+        )
+        .is_ok());
+        // Fewer than 4 SMs cannot hold two roles and a pacing block.
+        assert!(fit_to_sms(limits, false, 3).is_err());
+        assert_eq!(max_blocks_for_sms(4), Some(1));
+        assert_eq!(max_blocks_for_sms(5), Some(1));
+        assert_eq!(max_blocks_for_sms(6), Some(2));
     }
 
     #[test]
