@@ -106,11 +106,17 @@ impl CommBuilder {
         let rank = self.info.rank;
         let store = Store::connect(&self.info, self.setup_timeout)?;
         let ordinal = match self.device {
-            Some(d) => d,
-            None => default_ordinal(self.info.local_rank, crate::topology::share_gpu())
-                .map_err(|e| crate::cuda::with_rank(e, rank))?,
+            Some(d) => Ok(d),
+            None => CudaContext::device_count()
+                .cuda(rank as i32, "cuDeviceGetCount")
+                .and_then(|count| {
+                    default_ordinal(self.info.local_rank, count, crate::topology::share_gpu())
+                }),
         };
-        let opened = CudaContext::new(ordinal).cuda(rank as i32, "cuCtxCreate (CudaContext::new)");
+        // Every rank's outcome goes through the agreement, so a rank that cannot open its GPU
+        // fails the others at once instead of leaving them to time out.
+        let opened = ordinal
+            .and_then(|o| CudaContext::new(o).cuda(rank as i32, "cuCtxCreate (CudaContext::new)"));
         let ctx = agree_on_store(&store, "open device", rank, opened, self.setup_timeout)?;
         let device = agree_on_store(
             &store,
@@ -204,14 +210,31 @@ impl CommBuilder {
     }
 }
 
-/// The device a rank opens when the builder names none: its local rank, or with
-/// [`crate::topology::SHARE_GPU_ENV`] the local rank modulo the number of visible GPUs.
-fn default_ordinal(local_rank: usize, share: bool) -> Result<usize> {
-    if !share {
-        return Ok(local_rank);
+/// The device a rank opens when the builder names none, where `count` GPUs are visible: its
+/// local rank, or with [`crate::topology::SHARE_GPU_ENV`] the local rank modulo `count`.
+fn default_ordinal(local_rank: usize, count: i32, share: bool) -> Result<usize> {
+    let count = usize::try_from(count).unwrap_or(0);
+    if count == 0 {
+        return Err(Error::InvalidArgument {
+            op: "Comm",
+            reason: "no GPU is visible".into(),
+        });
     }
-    let count = CudaContext::device_count().cuda(crate::cuda::NO_RANK, "cuDeviceGetCount")?;
-    Ok(local_rank % (count.max(1) as usize))
+    if share {
+        return Ok(local_rank % count);
+    }
+    if local_rank >= count {
+        return Err(Error::InvalidArgument {
+            op: "Comm",
+            reason: format!(
+                "LOCAL_RANK {local_rank} opens GPU {local_rank}, but {count} GPU(s) are visible: \
+                 start at most one rank per GPU, or set {}=1 to run several ranks on one GPU for \
+                 functional tests (docs/TESTING.md)",
+                crate::topology::SHARE_GPU_ENV
+            ),
+        });
+    }
+    Ok(local_rank)
 }
 
 /// Fails on every rank unless every rank loaded the same tuning table (or none): sender and
@@ -989,6 +1012,16 @@ mod tests {
     use super::*;
 
     const T: Duration = Duration::from_secs(20);
+
+    #[test]
+    fn each_rank_opens_its_own_gpu_unless_sharing() {
+        assert_eq!(default_ordinal(1, 4, false).unwrap(), 1);
+        let err = default_ordinal(1, 1, false).unwrap_err().to_string();
+        assert!(err.contains("1 GPU(s) are visible") && err.contains("DEVCOMM_SHARE_GPU"));
+        assert_eq!(default_ordinal(3, 1, true).unwrap(), 0);
+        assert_eq!(default_ordinal(3, 2, true).unwrap(), 1);
+        assert!(default_ordinal(0, 0, true).is_err());
+    }
 
     /// The tuning module's sample table, its first bucket on `blocks` blocks.
     fn table(blocks: u32) -> TuneTable {

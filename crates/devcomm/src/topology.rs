@@ -248,6 +248,28 @@ pub(crate) fn decide_links(
     Ok((kinds, net_tuned))
 }
 
+/// Refuses a peer of `rank` on the same GPU (same host and UUID) unless `share`
+/// ([`SHARE_GPU_ENV`]) allows it. Pure, so that the rule can be tested without GPUs.
+pub(crate) fn check_shared_gpus(
+    rank: usize,
+    devices: &[PeerDevice],
+    share: bool,
+) -> Result<(), String> {
+    let me = &devices[rank];
+    match devices
+        .iter()
+        .enumerate()
+        .find(|&(p, d)| p != rank && d.host == me.host && d.uuid == me.uuid)
+    {
+        Some((p, d)) if !share => Err(format!(
+            "ranks {rank} and {p} use the same GPU ({}); set {SHARE_GPU_ENV}=1 to allow it for \
+             functional tests",
+            d.uuid
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// This host's identity: hostname plus boot id (two containers on one machine share the boot
 /// id but not always the hostname; two machines never share both).
 pub(crate) fn host_identity() -> String {
@@ -295,21 +317,17 @@ impl Topology {
                 })
             })
             .collect::<crate::Result<Vec<_>>>()?;
+        check_shared_gpus(rank, &devices, share_gpu()).map_err(|reason| {
+            Error::InvalidArgument {
+                op: "topology",
+                reason,
+            }
+        })?;
         let mut peer_access = vec![false; world_size];
-        let share = share_gpu();
         for (p, d) in devices.iter().enumerate() {
             if p != rank && d.host == me.host {
-                if d.uuid == me.uuid && !share {
-                    return Err(Error::InvalidArgument {
-                        op: "topology",
-                        reason: format!(
-                            "ranks {rank} and {p} use the same GPU ({}); set {SHARE_GPU_ENV}=1 \
-                             to allow it for functional tests",
-                            d.uuid
-                        ),
-                    });
-                }
-                // The own device is reachable by loads and stores (can_access_peer says so).
+                // The own device is reachable by loads and stores (can_access_peer says so), so
+                // ranks that share a GPU are nvl peers.
                 peer_access[p] = crate::cuda::info::can_access_peer(ctx, &d.pci_bus_id)
                     .map_err(|e| crate::cuda::with_rank(e, rank))?;
             }
@@ -450,6 +468,25 @@ mod tests {
                 LinkKind::Shm
             ]
         );
+    }
+
+    #[test]
+    fn ranks_on_one_gpu_only_when_shared() {
+        let mut d = devices(&["h", "h", "other"]);
+        d[1].uuid = d[0].uuid.clone();
+        d[2].uuid = d[0].uuid.clone(); // another host: a different GPU whatever its UUID
+        let err = check_shared_gpus(0, &d, false).unwrap_err();
+        assert!(
+            err.contains("ranks 0 and 1") && err.contains(SHARE_GPU_ENV),
+            "{err}"
+        );
+        assert!(check_shared_gpus(1, &d, false).is_err());
+        assert!(check_shared_gpus(2, &d, false).is_ok());
+        assert!(check_shared_gpus(0, &d, true).is_ok());
+        // Shared, the two ranks reach each other as nvl peers (the device reaches itself).
+        let kinds = decide_kinds(0, &d, &[true, true, false], &[], false).unwrap();
+        assert_eq!(kinds[1], LinkKind::Nvl);
+        assert!(check_shared_gpus(0, &devices(&["h", "h"]), false).is_ok());
     }
 
     #[test]
