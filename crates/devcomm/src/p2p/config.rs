@@ -104,7 +104,7 @@ pub const MAX_ROLE_THREADS: u32 = 512;
 /// roles of `max_blocks + 1` (a negotiated role, or a copy-engine side with its pacing block).
 /// Its kernels wait on the peer's blocks and on each other's, so every one of them must be
 /// resident together (docs/PROTOCOL.md, "Which large messages use it").
-pub fn resident_blocks(max_blocks: u32) -> u32 {
+fn resident_blocks(max_blocks: u32) -> u32 {
     2 * (max_blocks + 1)
 }
 
@@ -112,7 +112,7 @@ pub fn resident_blocks(max_blocks: u32) -> u32 {
 /// [`MAX_ROLE_THREADS`] threads per SM, since those kernels use more than 64 registers a thread
 /// (the negotiated kernel 128), so [`resident_blocks`] of it must not exceed `sms`. `None` when
 /// not even one block per direction fits.
-pub fn max_blocks_for_sms(sms: u32) -> Option<u32> {
+fn max_blocks_for_sms(sms: u32) -> Option<u32> {
     let fit = (sms / 2).checked_sub(1).filter(|&b| b >= 1)?;
     debug_assert!(resident_blocks(fit) <= sms);
     Some(fit)

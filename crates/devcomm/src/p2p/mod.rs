@@ -11,11 +11,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 
 pub use config::{
-    auto_pull, ce_config, ce_pulled, default_config, fit_to_sms, max_blocks_for_sms,
-    resident_blocks, staged_config, sweep_configs, zero_copy_blocks, zero_copy_ce_min,
-    zero_copy_route, P2PConfig, P2PLimits, Protocol, ZcRoute, CE_DEC_R, CE_DEC_S, CE_DEFAULT_MIN,
-    CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS, CE_WORDS, P2P_SIDE_ANNOUNCE,
-    P2P_SIDE_GATED, P2P_SIDE_PULL,
+    auto_pull, ce_config, ce_pulled, default_config, fit_to_sms, staged_config, sweep_configs,
+    zero_copy_blocks, zero_copy_ce_min, zero_copy_route, P2PConfig, P2PLimits, Protocol, ZcRoute,
+    CE_DEC_R, CE_DEC_S, CE_DEFAULT_MIN, CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS,
+    CE_WORDS, P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL,
 };
 
 use config::MAX_ROLE_THREADS;
