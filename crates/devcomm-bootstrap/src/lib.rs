@@ -45,13 +45,17 @@
 
 use std::time::Duration;
 
+mod auth;
 mod env;
 mod fdpass;
+mod fdrecv;
 pub mod launcher;
+pub mod limits;
 mod server;
 mod store;
 mod wire;
 
+pub use limits::StoreLimits;
 pub use store::Store;
 
 /// Errors of the bootstrap layer.
