@@ -425,6 +425,10 @@ fn run(opts: LaunchOptions, out: Sink, err: Sink) -> Result<i32> {
         }
         let running = ranks.iter().filter(|r| r.status.is_none()).count();
         if running == 0 {
+            if first_failure.is_some() && stopping_since.is_none() {
+                // The last rank failed: the groups of the others may hold background children.
+                signal_all(&ranks, Signal::SIGTERM);
+            }
             break;
         }
         if stopping_since.is_none() {
