@@ -26,6 +26,13 @@
 //!
 //! `--only NAME` then selects the group, `--help` lists its checks.
 //!
+//! Every rank runs every selected check, in the same order, entering each together. Inside a
+//! check, ranks meet with `Ctx::host_barrier` and must make the same collective calls
+//! (`Comm::register`, `Comm::window`, the collectives) in the same order. In a
+//! [`harness::Ranks::Pairs`] check on an odd world the last rank has no partner: its host
+//! barriers return at once (the pairs meet without it), it must still make the collective
+//! calls, and all ranks wait for each other when the check ends.
+//!
 //! # Skips
 //!
 //! A check runs only on a world of at least its [`harness::Ranks`]; on a smaller one it is a
@@ -121,6 +128,5 @@ mod tests {
         sorted.dedup();
         assert_eq!(sorted.len(), names.len(), "{names:?}");
         assert_eq!(names.last(), Some(&"wait_timeout"));
-        assert_eq!(names.len(), 33);
     }
 }
