@@ -28,6 +28,7 @@ pub mod handles;
 pub mod jit;
 pub mod memory;
 pub mod p2p;
+pub mod testing;
 pub mod topology;
 pub mod window;
 

@@ -1,128 +1,14 @@
-//! `devcomm selftest` checks of the collectives: all-to-all, all-to-all-v with device counts,
-//! both examples' hooks, back-to-back calls and graph replays, on fresh random data with
-//! poisoned outputs, every byte compared with a host reference.
+//! All-to-all-v with device-resident counts: random count matrices, back-to-back calls, graph
+//! replays with counts changed on the device, overflow, and mixed link kinds.
 
 use cudarc::driver::CudaSlice;
-use std::time::Duration;
-
-use devcomm::{AllToAllVCounts, Error, HookArgs, Hooks};
+use devcomm::{AllToAllVCounts, Error};
 use rand::{Rng, SeedableRng};
 
-use crate::selftest::Ctx;
-use crate::selftest_p2p::{compare as first_diff, POISON};
+use super::a2a::{a2a_once, err, GUARD};
+use crate::selftest::harness::{compare as first_diff, Ctx, POISON};
 
-#[allow(dead_code)]
-#[path = "../../devcomm/examples/transpose_all_to_all.rs"]
-mod transpose_example;
-
-#[allow(dead_code)]
-#[path = "../../devcomm/examples/fp8_all_to_all.rs"]
-mod fp8_example;
-
-type Check = Result<String, String>;
-const GUARD: usize = 256;
-
-fn err<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
-}
-
-/// An f32 all-to-all's buffers, `n` elements per peer: send element `i` of this rank is
-/// `value(rank, i)`; recv is poisoned with NaN.
-fn f32_a2a_buffers(
-    cx: &Ctx,
-    n: usize,
-    value: impl Fn(usize, usize) -> f32,
-) -> Result<(CudaSlice<f32>, CudaSlice<f32>), String> {
-    let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
-    let data: Vec<f32> = (0..world * n).map(|i| value(rank, i)).collect();
-    let send = cx.stream.clone_htod(&data).map_err(err)?;
-    let recv = cx
-        .stream
-        .clone_htod(&vec![f32::NAN; world * n])
-        .map_err(err)?;
-    Ok((send, recv))
-}
-
-/// Waits for the all-to-all into `recv` (of [`f32_a2a_buffers`]) and checks that chunk `src`
-/// holds rank `src`'s elements for this rank, bit for bit.
-fn check_f32_a2a(
-    cx: &Ctx,
-    recv: &CudaSlice<f32>,
-    n: usize,
-    value: impl Fn(usize, usize) -> f32,
-    what: &str,
-) -> Result<(), String> {
-    cx.sync()?;
-    let rank = cx.comm.rank();
-    let got = cx.stream.clone_dtoh(recv).map_err(err)?;
-    for (k, g) in got.iter().enumerate() {
-        let (src, i) = (k / n, rank * n + k % n);
-        let want = value(src, i);
-        if g.to_bits() != want.to_bits() {
-            return Err(format!(
-                "{what}: element {k} from rank {src} is {g}, expected {want}"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// All-to-all of `n` bytes per peer: chunk p of rank s is `data_of(s, tag)[p n..]`.
-fn a2a_once(cx: &Ctx, n: usize, tag: u64) -> Result<(), String> {
-    let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
-    let send = cx
-        .stream
-        .clone_htod(&cx.data_of(rank, tag, world * n))
-        .map_err(err)?;
-    let mut recv = cx
-        .stream
-        .clone_htod(&vec![POISON; world * n + GUARD])
-        .map_err(err)?;
-    cx.sync()?;
-    cx.host_barrier()?;
-    cx.comm
-        .all_to_all(&send, &mut recv.slice_mut(..world * n), &cx.stream)
-        .map_err(err)?;
-    cx.sync()?;
-    let got = cx.stream.clone_dtoh(&recv).map_err(err)?;
-    let mut expect = Vec::with_capacity(world * n + GUARD);
-    for src in 0..world {
-        expect.extend_from_slice(&cx.data_of(src, tag, world * n)[rank * n..(rank + 1) * n]);
-    }
-    expect.extend_from_slice(&[POISON; GUARD]);
-    first_diff(&got, &expect, &format!("all_to_all {n} B per peer"))
-}
-
-pub(crate) fn check_all_to_all(cx: &Ctx) -> Check {
-    let sizes = [
-        1usize,
-        15,
-        16,
-        1000,
-        4096,
-        65_536 + 8,
-        1 << 20,
-        (16 << 20) + 48,
-        64 << 20,
-    ];
-    for (i, &n) in sizes.iter().enumerate() {
-        a2a_once(cx, n, 700 + i as u64)?;
-    }
-    // Typed: f32 with rows of 33 elements.
-    let world = cx.comm.world_size();
-    let n = 33 * 1000;
-    let val = |s: usize, k: usize| (s * 1_000_003 + k) as f32;
-    let (send, mut recv) = f32_a2a_buffers(cx, n, val)?;
-    cx.comm
-        .all_to_all(&send, &mut recv, &cx.stream)
-        .map_err(err)?;
-    check_f32_a2a(cx, &recv, n, val, "f32 all_to_all")?;
-    cx.host_barrier()?;
-    Ok(format!(
-        "{} sizes from 1 B to 64 MiB per peer (u8) and f32, world {world}, guard untouched",
-        sizes.len()
-    ))
-}
+type Detail = Result<String, String>;
 
 /// A counts matrix `[src][dst]` in rows: random with zeros, plus one very large entry.
 fn counts_matrix(cx: &Ctx, tag: u64, max_rows: u64, big: Option<u64>) -> Vec<Vec<u64>> {
@@ -247,7 +133,7 @@ fn verify_v(cx: &Ctx, c: &VCase, what: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn check_all_to_allv(cx: &Ctx) -> Check {
+pub(super) fn check_all_to_allv(cx: &Ctx) -> Detail {
     // (row bytes, max rows per pair, one very large pair, explicit offsets with gaps)
     let cases: [(usize, u64, Option<u64>, bool); 5] = [
         (1, 50, None, false),
@@ -274,7 +160,7 @@ pub(crate) fn check_all_to_allv(cx: &Ctx) -> Check {
     ))
 }
 
-pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
+pub(super) fn check_back_to_back(cx: &Ctx, calls: usize) -> Detail {
     let row = 24;
     let mut cases = Vec::with_capacity(calls);
     for i in 0..calls {
@@ -327,7 +213,7 @@ pub(crate) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
     Ok(format!("{calls} all-to-all-v calls with different counts and all-to-alls interleaved, back to back, all verified"))
 }
 
-pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
+pub(super) fn check_graph(cx: &Ctx, replays: usize) -> Detail {
     let row = 40;
     let variants = 4;
     // Each variant: different counts and data; the graph reads counts and data from fixed
@@ -386,7 +272,7 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
     Ok(format!("{replays} replays of a captured all-to-all-v; counts and data changed between replays on the device, every replay verified"))
 }
 
-pub(crate) fn check_overflow(cx: &Ctx) -> Check {
+pub(super) fn check_overflow(cx: &Ctx) -> Detail {
     let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
     let row = 16;
     let tag = 5000;
@@ -442,54 +328,7 @@ pub(crate) fn check_overflow(cx: &Ctx) -> Check {
     ))
 }
 
-pub(crate) fn check_examples(cx: &Ctx) -> Check {
-    cx.host_barrier()?;
-    // Partial edge blocks on the low-latency path; whole blocks (16-byte loads) on the bulk path.
-    let t = transpose_example::run_transpose(&cx.comm, &cx.stream, 300, 129, cx.seed)?;
-    cx.host_barrier()?;
-    let t2 = transpose_example::run_transpose(&cx.comm, &cx.stream, 512, 1024, cx.seed)?;
-    cx.host_barrier()?;
-    let f = fp8_example::run_fp8(&cx.comm, &cx.stream, 100_003, cx.seed)?;
-    cx.host_barrier()?;
-    Ok(format!("transpose: {t}; {t2}; fp8: {f}"))
-}
-
-/// One rank loads a new collective kernel later than its peers by more than the device wait
-/// bound (as a slow NVRTC compile would): the peers' first launch must wait on the host for it
-/// (the kernel gate), not time out on the device.
-pub(crate) fn check_late_loader(cx: &Ctx) -> Check {
-    const HOOKS: &str = "struct LateLoaderCopy {\n\
-        using In = float; using Out = float; using Wire = float;\n\
-        static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n\
-          return devcomm::load_tile<float>(c);\n\
-        }\n\
-        static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {\n\
-          devcomm::store_tile<float>(c, t);\n\
-        }\n\
-        };\n";
-    let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
-    let n = 4096usize;
-    let value = |src: usize, i: usize| (src * 1_000_000 + i) as f32;
-    let (send, mut recv) = f32_a2a_buffers(cx, n, value)?;
-    let hooks = Hooks::new::<f32, f32>("LateLoaderCopy", HOOKS);
-    let late = cx.comm.device_timeout() + Duration::from_secs(1);
-    cx.sync()?;
-    cx.host_barrier()?;
-    if rank == world - 1 {
-        std::thread::sleep(late);
-    }
-    cx.comm
-        .all_to_all_hooked(&hooks, &send, &mut recv, HookArgs::default(), &cx.stream)
-        .map_err(err)?;
-    check_f32_a2a(cx, &recv, n, value, "late-loader all_to_all")?;
-    cx.host_barrier()?;
-    Ok(format!(
-        "rank {} loaded the kernel {late:?} after its peers; every rank's result checked",
-        world - 1
-    ))
-}
-
-pub(crate) fn check_mixed_kinds(cx: &Ctx) -> Check {
+pub(super) fn check_mixed_kinds(cx: &Ctx) -> Detail {
     let world = cx.comm.world_size();
     let tuned: Vec<usize> = (0..world)
         .filter(|&p| p != cx.comm.rank() && cx.comm.topology().tuned_as_net(p))
@@ -515,66 +354,4 @@ pub(crate) fn check_mixed_kinds(cx: &Ctx) -> Check {
     Ok(format!(
         "peers tuned as network: {tuned:?}; all-to-all (3 sizes) and all-to-all-v verified"
     ))
-}
-
-/// Level 2: the user's own schedule with hooks. A ring step through `sendrecv_tiles` with a
-/// `produce` that doubles every value, then a one-way `send_tiles`/`recv_tiles` between
-/// neighbours.
-pub(crate) fn check_tiles(cx: &Ctx) -> Check {
-    const DOUBLE: &str = "struct Double {\n  using In = float; using Out = float; using Wire = float;\n  \
-        static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
-        devcomm::Tile<float> t = devcomm::load_tile<float>(c);\n    \
-        for (float& x : t.v) x *= 2.0f;\n    return t;\n  }\n  \
-        static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {\n    \
-        devcomm::store_tile<float>(c, t);\n  }\n};\n";
-    let hooks = devcomm::Hooks::new::<f32, f32>("Double", DOUBLE);
-    let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
-    let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
-    let val = |s: usize, k: usize| (s * 7_777 + k % 5_003) as f32;
-    for n in [3usize, 4096 + 1, 3 << 20] {
-        let send = cx
-            .stream
-            .clone_htod(&(0..n).map(|k| val(rank, k)).collect::<Vec<_>>())
-            .map_err(err)?;
-        let mut recv = cx.stream.clone_htod(&vec![f32::NAN; n]).map_err(err)?;
-        cx.sync()?;
-        cx.host_barrier()?;
-        let args = devcomm::HookArgs::default();
-        cx.comm
-            .sendrecv_tiles(&hooks, &send, next, &mut recv, prev, args, &cx.stream)
-            .map_err(err)?;
-        cx.sync()?;
-        let got = cx.stream.clone_dtoh(&recv).map_err(err)?;
-        if let Some(k) = (0..n).find(|&k| got[k] != 2.0 * val(prev, k)) {
-            return Err(format!(
-                "ring {n}: element {k} is {}, expected {}",
-                got[k],
-                2.0 * val(prev, k)
-            ));
-        }
-        // One way: even ranks send to the odd rank after them.
-        cx.host_barrier()?;
-        let partner = rank ^ 1;
-        if partner < world {
-            let mut recv = cx.stream.clone_htod(&vec![f32::NAN; n]).map_err(err)?;
-            if rank % 2 == 0 {
-                cx.comm
-                    .send_tiles(&hooks, &send, partner, args, &cx.stream)
-                    .map_err(err)?;
-            } else {
-                cx.comm
-                    .recv_tiles(&hooks, &mut recv, partner, args, &cx.stream)
-                    .map_err(err)?;
-            }
-            cx.sync()?;
-            if rank % 2 == 1 {
-                let got = cx.stream.clone_dtoh(&recv).map_err(err)?;
-                if let Some(k) = (0..n).find(|&k| got[k] != 2.0 * val(partner, k)) {
-                    return Err(format!("one-way {n}: element {k} is {}", got[k]));
-                }
-            }
-        }
-        cx.host_barrier()?;
-    }
-    Ok("sendrecv_tiles ring and send_tiles/recv_tiles one way with a doubling produce hook: 3, 4097 and 3M f32, verified".into())
 }
