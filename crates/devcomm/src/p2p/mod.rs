@@ -1,9 +1,15 @@
 //! Send/recv over NVLink (docs/PROTOCOL.md): the p2p window, the per-(peer, block) step
 //! counters, the guard before launch, and the launch of the fused send/recv kernel.
 
+pub mod abi;
 pub mod config;
+pub mod defaults;
+pub mod env;
 pub mod handle;
+pub mod protocol;
+pub mod sweep;
 pub mod tune;
+pub mod window;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
