@@ -3,7 +3,10 @@
 //! message. The environment switches it honours come from [`super::env`].
 
 use super::config::{P2PConfig, P2PLimits, Protocol, MAX_ROLE_THREADS};
-use super::env::{ce_enabled, ll128_enabled, zero_copy_ce_min};
+use super::env::{
+    ce_enabled, ll128_enabled, pull_forced, zero_copy_blocks_cap, zero_copy_ce_min,
+    zero_copy_staged,
+};
 #[allow(unused_imports)]
 use super::env::{CE_ENV, PULL_ENV, ZC_BLOCKS_ENV, ZC_CE_MIN_ENV, ZC_STAGED_ENV};
 
@@ -35,6 +38,11 @@ pub const LL128_MIN_PAYLOAD: u64 = 112;
 /// The default configuration for a message of `bytes` (measured on H200 NVLink; see
 /// docs/PERFORMANCE.md).
 pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
+    default_config_with(bytes, limits, ll128_enabled(), ce_enabled())
+}
+
+/// [`default_config`] with [`super::env::LL128_ENV`] and [`CE_ENV`] passed in (`ll128`, `ce`).
+pub fn default_config_with(bytes: u64, limits: &P2PLimits, ll128: bool, ce: bool) -> P2PConfig {
     const KIB: u64 = 1 << 10;
     let clamp = |b: u64| (b.max(1) as u32).min(limits.max_blocks);
     if bytes <= (128 * KIB).min(limits.ll_max_bytes) {
@@ -47,7 +55,7 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
             chunk_bytes: 0,
         };
     }
-    if ll128_enabled() && bytes <= LL128_DEFAULT_MAX.min(limits.ll128_max_bytes) {
+    if ll128 && bytes <= LL128_DEFAULT_MAX.min(limits.ll128_max_bytes) {
         return P2PConfig {
             protocol: Protocol::LowLatency128,
             blocks: clamp(bytes.div_ceil(LL128_BYTES_PER_BLOCK)),
@@ -55,7 +63,7 @@ pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
             chunk_bytes: 0,
         };
     }
-    if ce_enabled() && bytes >= CE_DEFAULT_MIN && limits.ce_slot_bytes() >= CE_MIN_CHUNK {
+    if ce && bytes >= CE_DEFAULT_MIN && limits.ce_slot_bytes() >= CE_MIN_CHUNK {
         return ce_config(bytes, limits);
     }
     staged_config(bytes, limits)
@@ -99,13 +107,12 @@ pub const PULL_MIN_BYTES: u64 = 1 << 20;
 /// carries data both ways, where pushing is faster (pulling both ways, or pushing one way and
 /// pulling the other, measured slower: docs/PERFORMANCE.md, v7).
 pub fn auto_pull(bytes: u64, receives_from_peer: bool) -> bool {
-    static FORCE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let force = *FORCE.get_or_init(|| match std::env::var(PULL_ENV).as_deref().map(str::trim) {
-        Ok("1") => Some(true),
-        Ok("0") => Some(false),
-        _ => None,
-    });
-    force.unwrap_or(bytes >= PULL_MIN_BYTES && !receives_from_peer)
+    pull_by_default(bytes, receives_from_peer, pull_forced())
+}
+
+/// [`auto_pull`] with [`PULL_ENV`]'s value passed in (`forced`).
+pub fn pull_by_default(bytes: u64, receives_from_peer: bool, forced: Option<bool>) -> bool {
+    forced.unwrap_or(bytes >= PULL_MIN_BYTES && !receives_from_peer)
 }
 
 /// Blocks (of 512 threads) that push a zero-copy message of `bytes` straight into the peer's
@@ -113,13 +120,7 @@ pub fn auto_pull(bytes: u64, receives_from_peer: bool) -> bool {
 /// plateau with 8 blocks at 1 GiB and 181 GB/s at 1 MiB (BASELINES.md); a block per 64 KiB
 /// keeps small messages on few SMs. [`ZC_BLOCKS_ENV`] caps it (for sweeps; set it on every rank).
 pub fn zero_copy_blocks(bytes: u64, limits: &P2PLimits) -> u32 {
-    static CAP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let cap = *CAP.get_or_init(|| {
-        std::env::var(ZC_BLOCKS_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(16)
-    });
+    let cap = zero_copy_blocks_cap();
     let blocks = bytes.div_ceil(64 << 10).clamp(1, cap.max(1));
     (blocks as u32).min(limits.max_blocks)
 }
@@ -149,9 +150,7 @@ pub enum ZcRoute {
 /// size and the environment only): low-latency up to `ll_max_bytes`, the copy engine from
 /// [`zero_copy_ce_min`], staged (or SM blocks, [`ZC_STAGED_ENV`] = `0`) between.
 pub fn zero_copy_route(bytes: u64, limits: &P2PLimits) -> ZcRoute {
-    static STAGED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let staged =
-        *STAGED.get_or_init(|| std::env::var(ZC_STAGED_ENV).map_or(true, |v| v.trim() != "0"));
+    let staged = zero_copy_staged();
     if bytes <= limits.ll_max_bytes {
         ZcRoute::Staged
     } else if bytes >= zero_copy_ce_min() {
