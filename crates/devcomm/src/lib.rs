@@ -18,6 +18,7 @@
 //! | top | [`Comm`] |
 #![warn(missing_docs)]
 
+pub mod abi;
 pub mod collective;
 pub mod comm;
 pub mod cuda;

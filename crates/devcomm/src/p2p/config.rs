@@ -6,10 +6,9 @@
 //!
 //! The items live in the files of one concern each and are re-exported here: [`Protocol`] and
 //! the guard (`protocol.rs`), the window geometry (`window.rs`), the kernels' shared words
-//! (`abi.rs`), the environment switches (`env.rs`), the size policy (`defaults.rs`) and the
+//! (`crate::abi`), the environment switches (`env.rs`), the size policy (`defaults.rs`) and the
 //! sweep candidates (`sweep.rs`).
 
-pub use super::abi::*;
 pub use super::defaults::*;
 pub use super::env::{
     ce_enabled, ll128_enabled, zero_copy_ce_min, CE_ENV, LL128_ENV, PULL_ENV, ZC_BLOCKS_ENV,
@@ -18,6 +17,7 @@ pub use super::env::{
 pub use super::protocol::{P2PConfig, Protocol};
 pub use super::sweep::sweep_configs;
 pub use super::window::{fit_to_sms, P2PLimits, MAX_ROLE_THREADS};
+pub use crate::abi::*;
 
 #[cfg(test)]
 mod tests {

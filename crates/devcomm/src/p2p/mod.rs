@@ -4,10 +4,9 @@
 //! Files: `plan.rs` decides a call (protocol, kernels, grids) as a pure function;
 //! `launch.rs` carries a plan out; `copy_engine.rs` and `zero_copy.rs` are the copy-engine
 //! and zero-copy paths; `kernels.rs` the kernel source and names; `protocol.rs`,
-//! `window.rs`, `abi.rs`, `defaults.rs`, `sweep.rs`, `env.rs` the knobs (re-exported by
+//! `window.rs`, `defaults.rs`, `sweep.rs`, `env.rs` the knobs (with `crate::abi`, re-exported by
 //! `config`); `handle.rs` the kernels' argument structs; `tune.rs` the tuning table.
 
-pub mod abi;
 pub mod config;
 mod copy_engine;
 pub mod defaults;

@@ -4,7 +4,6 @@
 //! the tuning table and the environment switches as arguments and reads nothing else; the
 //! launcher (`launch.rs`) only carries the plan out.
 
-use super::abi::{P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL};
 use super::defaults::{default_config_with, pull_by_default, staged_config};
 use super::env::Switches;
 use super::kernels::{KernelKey, CE_SEND_THREADS};
@@ -12,6 +11,7 @@ use super::protocol::{P2PConfig, Protocol};
 use super::tune::TuneTable;
 use super::window::{P2PLimits, MAX_ROLE_THREADS};
 use super::Transfer;
+use crate::abi::{P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL};
 use crate::error::{Error, Result};
 
 /// What a plan depends on besides the call itself.

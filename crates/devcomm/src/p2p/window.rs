@@ -1,8 +1,8 @@
 //! Geometry of the p2p window ([`P2PLimits`]): staging regions, low-latency lines, copy-engine
 //! slots and outboxes, signal-pad slots, and the fit of the block count to the GPU's SMs.
 
-use super::abi::CE_WORDS;
 use super::defaults::LL128_MIN_PAYLOAD;
+use crate::abi::CE_WORDS;
 use crate::error::{Error, Result};
 
 /// Sizes of the p2p window, fixed when the communicator is built.

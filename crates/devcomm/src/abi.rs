@@ -1,5 +1,7 @@
-//! Words and bits the host shares with the send/recv kernels (`cuda/devcomm/p2p.cuh`): the
-//! copy-engine slot and pad-word offsets and the `P2PSide::pull` bits.
+//! Layer 0: words and bits the host shares with the send/recv kernels
+//! (`cuda/devcomm/p2p.cuh`): the copy-engine slot and pad-word offsets and the
+//! `P2PSide::pull` bits. Plain constants, below every layer: `cuda` decodes error records with
+//! them, `p2p` lays out its window and launches with them (re-exported as `p2p::config::*`).
 
 /// Copy-engine slots per (sender, receiver) and pad words per peer (`cuda/devcomm/p2p.cuh`).
 pub const CE_SLOTS: u64 = 4;
