@@ -8,7 +8,7 @@
 //! | layer | module |
 //! |---|---|
 //! | 0 | [`abi`]: constants shared with the kernels (copy-engine words, `P2PSide` bits) |
-//! | 1 | [`cuda`]: the thin layer over cudarc (VMM, IPC, host-mapped memory, device queries, NVRTC); the only caller of `sys::` |
+//! | 1 | [`cuda`]: the thin layer over cudarc (VMM, IPC, host-mapped memory, device queries, NVRTC); the only caller of cudarc's raw bindings |
 //! | 2 | `devcomm_bootstrap` (crate): ranks, store, fd passing, launcher |
 //! | 3 | [`topology`]: link kind of every peer |
 //! | 4 | [`memory`]: symmetric allocations and registered user buffers |
