@@ -22,6 +22,13 @@ export DEVCOMM_CACHE_DIR="$root/target/devcomm-kernel-cache"
 # Tests that need NVRTC or a host C++ compiler fail instead of skipping.
 export DEVCOMM_REQUIRE_NVRTC=1 DEVCOMM_REQUIRE_CXX=1
 
+echo "== layers: raw CUDA and NVRTC calls only under crates/devcomm/src/cuda/"
+if sys_uses=$(grep -rn "sys::" crates/devcomm/src --include='*.rs' | grep -v '^crates/devcomm/src/cuda/'); then
+  echo "error: \`sys::\` (cudarc's raw driver or NVRTC bindings) used outside crates/devcomm/src/cuda/;" >&2
+  echo "wrap the call in the cuda layer and call the wrapper instead:" >&2
+  echo "$sys_uses" >&2
+  exit 1
+fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -1,7 +1,8 @@
 //! Layer 1: the thin layer over cudarc.
 //!
-//! The only module that calls `cudarc::driver::sys`. It wraps, once each, the driver calls that
-//! cudarc's safe API lacks: virtual memory (`cuMem*`, [`vmm`]), legacy CUDA IPC ([`ipc`]),
+//! The only module that calls `cudarc::driver::sys` and `cudarc::nvrtc::sys`. It wraps, once
+//! each, the driver calls that cudarc's safe API lacks: virtual memory (`cuMem*`, [`vmm`]),
+//! legacy CUDA IPC ([`ipc`]), NVRTC programs (`nvrtc`),
 //! host-mapped pinned memory ([`ErrorState`]), pointer queries ([`pointer`]), device queries
 //! ([`info`]) and plain device allocations for small tables ([`DeviceBuffer`]).
 //!
@@ -16,6 +17,7 @@ mod error_state;
 mod gpu_tests;
 pub mod info;
 pub mod ipc;
+pub(crate) mod nvrtc;
 pub mod pointer;
 pub mod vmm;
 
@@ -28,6 +30,15 @@ use crate::error::{CudaResultExt, Error, Result};
 
 pub use buffer::{memset_zero, DeviceBuffer};
 pub use error_state::ErrorState;
+
+/// Loads the code of kernel `f` now rather than at its first launch (the driver's lazy
+/// loading), which can wait for kernels already running on the device.
+pub(crate) fn load_function_now(f: &cudarc::driver::CudaFunction) -> Result<()> {
+    // SAFETY: a live function handle (the module that owns it outlives `f`).
+    unsafe { sys::cuFuncLoad(f.cu_function()) }
+        .result()
+        .cuda(NO_RANK, "cuFuncLoad")
+}
 
 /// Rank placed in errors of this layer, which does not know the rank.
 pub(crate) const NO_RANK: i32 = -1;
