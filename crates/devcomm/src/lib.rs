@@ -20,6 +20,7 @@
 
 pub mod collective;
 pub mod comm;
+pub mod config;
 pub mod cuda;
 pub mod device;
 pub mod error;
@@ -33,6 +34,7 @@ pub mod window;
 
 pub use collective::{AllToAllVCounts, Hooks};
 pub use comm::{Comm, CommBuilder, HookArgs, RegisteredRange};
+pub use config::Config;
 pub use error::{Error, Result};
 pub use handles::{DeviceOp, DeviceWindow, RegisteredBuffer};
 pub use topology::{LinkKind, Topology};
