@@ -55,6 +55,7 @@ pub(crate) fn disagreements(views: &[String]) -> Option<Vec<String>> {
 }
 
 #[cfg(test)]
+#[allow(clippy::field_reassign_with_default)] // tests change one knob at a time
 mod tests {
     use super::*;
 

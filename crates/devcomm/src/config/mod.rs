@@ -339,6 +339,7 @@ fn invalid(knob: &Knob, reason: String) -> Error {
 }
 
 #[cfg(test)]
+#[allow(clippy::field_reassign_with_default)] // tests change one knob at a time
 mod tests {
     use super::*;
     use std::collections::HashMap;
