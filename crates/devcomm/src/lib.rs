@@ -22,6 +22,7 @@
 pub mod abi;
 pub mod collective;
 pub mod comm;
+pub mod config;
 pub mod cuda;
 pub mod device;
 pub mod error;
@@ -36,6 +37,7 @@ pub mod window;
 
 pub use collective::{AllToAllVCounts, Hooks};
 pub use comm::{Comm, CommBuilder, HookArgs, RegisteredRange};
+pub use config::Config;
 pub use error::{Error, Result};
 pub use handles::{DeviceOp, DeviceWindow, RegisteredBuffer};
 pub use topology::{LinkKind, Topology};
