@@ -327,7 +327,10 @@ pub(crate) fn time_ranks_each(
 /// Benchmarks and the tuner time devcomm against NCCL over NVLink: ranks that share a GPU
 /// ([`devcomm::topology::SHARE_GPU_ENV`]) are refused before anything starts.
 pub(crate) fn refuse_shared_gpu(what: &str) -> Result<(), String> {
-    if devcomm::topology::share_gpu() {
+    let shared = devcomm::Config::from_env()
+        .map_err(|e| e.to_string())?
+        .share_gpu;
+    if shared {
         return Err(format!(
             "{what} need one GPU per rank: {} is for functional tests (NCCL refuses ranks that \
              share a GPU, and the timings would say nothing of NVLink)",

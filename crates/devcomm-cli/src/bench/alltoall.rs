@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
-use devcomm::p2p::{zero_copy_route, ZcRoute};
+use devcomm::p2p::ZcRoute;
 use devcomm::AllToAllVCounts;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -197,7 +197,7 @@ fn a2a_point(
         _ => nccl.all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &chunks, &chunks),
     })?;
     let r = record(cx, args, "all_to_all", bytes as u64, (us[0], us[1]));
-    let copy_engine = zero_copy_route(bytes as u64, cx.comm.p2p_limits()) == ZcRoute::CopyEngine;
+    let copy_engine = cx.comm.zero_copy_route(bytes as u64) == ZcRoute::CopyEngine;
     Ok((rank == 0).then(|| match registered {
         None => Record {
             reference: "NCCL grouped send/recv".into(),

@@ -1,7 +1,6 @@
 //! [`Hooks`]: the user's `produce`/`consume` CUDA C++ pair, the built-in copy hooks, and the
 //! collective kernel's spec for a pair.
 
-use super::env::options_from_env;
 use std::borrow::Cow;
 
 use super::THREADS;
@@ -133,6 +132,12 @@ impl Hooks {
     /// The kernel spec: the collective header, the user's source, checks of the element sizes,
     /// and both instantiations (uniform and mixed peer tuning).
     pub fn spec(&self) -> KernelSpec {
+        self.spec_with_options(&[])
+    }
+
+    /// [`Hooks::spec`] with extra NVRTC options (`DEVCOMM_COLL_OPTIONS`, experiments; part of
+    /// the kernel cache's key, so a communicator and `devcomm precompile` must pass the same).
+    pub fn spec_with_options(&self, options: &[String]) -> KernelSpec {
         let source = format!(
             "#include \"devcomm/collective.cuh\"\n#line 1 \"hooks.cu\"\n{src}\n#line 1 \"devcomm-checks\"\n\
              static_assert(sizeof({name}::In) == {i}, \"the hooks' In type is not the size of the \
@@ -147,7 +152,7 @@ impl Hooks {
         let mut spec = KernelSpec::new("collective", source)
             .name_expression(self.expression(false))
             .name_expression(self.expression(true));
-        spec.options.extend(options_from_env().iter().cloned());
+        spec.options.extend(options.iter().cloned());
         spec
     }
 }

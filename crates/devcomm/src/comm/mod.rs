@@ -3,7 +3,6 @@
 
 mod builder;
 mod collectives;
-mod env;
 mod p2p;
 mod registration;
 mod setup;
@@ -28,9 +27,6 @@ use crate::window::Window;
 
 pub use builder::CommBuilder;
 pub use collectives::HookArgs;
-pub use env::{
-    P2P_DEPTH_ENV, P2P_MAX_BLOCKS_ENV, P2P_SLOT_KIB_ENV, SETUP_TIMEOUT_ENV, TIMEOUT_ENV,
-};
 pub use zero_copy::RegisteredRange;
 
 /// A communicator: one per process, one GPU per process.

@@ -331,6 +331,13 @@ impl Config {
     }
 }
 
+/// Whether tests must find NVRTC (`DEVCOMM_REQUIRE_NVRTC`, set by scripts/test.sh) instead of
+/// skipping the checks that need it.
+#[cfg(test)]
+pub(crate) fn nvrtc_required() -> bool {
+    std::env::var_os("DEVCOMM_REQUIRE_NVRTC").is_some()
+}
+
 fn invalid(knob: &Knob, reason: String) -> Error {
     Error::InvalidArgument {
         op: "config",
