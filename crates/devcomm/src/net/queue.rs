@@ -1,0 +1,477 @@
+//! Descriptor queues between a producer (a GPU kernel, or a host thread standing in for one)
+//! and the proxy thread, one per (peer, channel), in host memory both can reach.
+//!
+//! Each queue is a single-producer single-consumer ring of `capacity` fixed-size
+//! [`NetDescriptor`]s behind a [`NetQueueHeader`]:
+//! - the producer owns `head` (descriptors written). It may write position `p` only while
+//!   `p < tail + capacity` (a *credit*); otherwise it waits, bounded, and on timeout records
+//!   `QUEUE_FULL` in the abort record. It writes the descriptor's fields, then publishes the
+//!   entry by storing `seq = p + 1` with release ordering.
+//! - the proxy owns `tail` (descriptors consumed) and `done` (the sequence number of the last
+//!   flush whose operations completed). It takes entry `tail % capacity` once its `seq` is
+//!   `tail + 1` (acquire), copies it out and stores `tail + 1` (release): the entry is free.
+//!
+//! The C++ twin of these structs and of the producer is `cuda/devcomm/net.cuh`.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::error::{NetError, Result};
+use super::record::{op, ErrorSink};
+use crate::handles::ErrorRecord;
+
+/// What a descriptor asks the proxy to do (`NetOp` in `net.cuh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum NetOp {
+    /// Copy `bytes` from the local registration `key` at `src_offset` to the peer's
+    /// registration `key` at `dst_offset`.
+    Put = 1,
+    /// `Put`, then the signal (`signal_op` on the peer's `signal_key` word), ordered after the
+    /// data.
+    PutSignal = 2,
+    /// The signal alone, ordered after every earlier put to the peer.
+    Signal = 3,
+    /// Completes every earlier operation of the queue, then publishes `done = seq`.
+    Flush = 4,
+}
+
+impl NetOp {
+    /// Decodes an op word (pure).
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            1 => Some(Self::Put),
+            2 => Some(Self::PutSignal),
+            3 => Some(Self::Signal),
+            4 => Some(Self::Flush),
+            _ => None,
+        }
+    }
+}
+
+/// How a signal changes the peer's 64-bit word (`NetSignalOp` in `net.cuh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum SignalOp {
+    /// No signal.
+    None = 0,
+    /// The word becomes `signal_value` (an atomic swap at the target).
+    Set = 1,
+    /// `signal_value` is added to the word (an atomic add: counters).
+    Add = 2,
+}
+
+impl SignalOp {
+    /// Decodes a signal-op word (pure).
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            0 => Some(Self::None),
+            1 => Some(Self::Set),
+            2 => Some(Self::Add),
+            _ => None,
+        }
+    }
+}
+
+/// One queue entry, 64 bytes. `seq` is written last (release) and marks the entry full.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetDescriptor {
+    /// [`NetOp`] code.
+    pub op: u32,
+    /// Registration of the data: the source here, the destination on the peer.
+    pub key: u32,
+    /// Offset of the source in the local registration.
+    pub src_offset: u64,
+    /// Offset of the destination in the peer's registration.
+    pub dst_offset: u64,
+    /// Bytes to copy (0 for a signal or flush).
+    pub bytes: u64,
+    /// Registration of the peer's signal word.
+    pub signal_key: u32,
+    /// [`SignalOp`] code.
+    pub signal_op: u32,
+    /// Byte offset of the signal word in `signal_key` (8-byte aligned).
+    pub signal_offset: u64,
+    /// Value set or added.
+    pub signal_value: u64,
+    /// Position in the queue plus one; written last.
+    pub seq: u64,
+}
+
+/// The shared words of one queue, 128 bytes: producer's and proxy's words on separate lines.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetQueueHeader {
+    /// Descriptors written (producer only).
+    pub head: u64,
+    /// Padding to the proxy's cache line.
+    pub reserved0: [u64; 7],
+    /// Descriptors consumed (proxy only): the producer's credits.
+    pub tail: u64,
+    /// `seq` of the last flush whose operations completed (proxy only).
+    pub done: u64,
+    /// Padding.
+    pub reserved1: [u64; 6],
+}
+
+/// Where the queues of a communicator are, as a kernel receives them (`NetQueues` in
+/// `net.cuh`); passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetQueuesHandle {
+    /// Address of queue (peer 0, channel 0) as the producer addresses it.
+    pub base: u64,
+    /// Bytes from one queue to the next (header plus entries).
+    pub stride: u64,
+    /// Entries per queue.
+    pub capacity: u32,
+    /// Queues per peer.
+    pub channels: u32,
+    /// Ranks in the communicator (queues exist for every rank; a rank's own are unused).
+    pub world_size: u32,
+    /// This rank.
+    pub rank: u32,
+    /// Host-mapped `DeviceErrorState` for the bounded waits.
+    pub error_state: u64,
+    /// Bound of every producer wait, in nanoseconds.
+    pub timeout_ns: u64,
+}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<NetDescriptor>() == 64);
+    assert!(offset_of!(NetDescriptor, key) == 4);
+    assert!(offset_of!(NetDescriptor, signal_key) == 32);
+    assert!(offset_of!(NetDescriptor, seq) == 56);
+    assert!(size_of::<NetQueueHeader>() == 128);
+    assert!(offset_of!(NetQueueHeader, tail) == 64);
+    assert!(offset_of!(NetQueueHeader, done) == 72);
+    assert!(size_of::<NetQueuesHandle>() == 48);
+    assert!(offset_of!(NetQueuesHandle, capacity) == 16);
+    assert!(offset_of!(NetQueuesHandle, error_state) == 32);
+};
+
+/// Bytes of one queue with `capacity` entries.
+pub fn queue_stride(capacity: u32) -> u64 {
+    (std::mem::size_of::<NetQueueHeader>() + capacity as usize * 64) as u64
+}
+
+/// The queues of one communicator in host memory (page-aligned, zeroed).
+#[derive(Debug)]
+pub struct QueueMemory {
+    ptr: *mut u8,
+    layout: Layout,
+    capacity: u32,
+    channels: u32,
+    world_size: u32,
+}
+
+// SAFETY: the memory is owned by this value; the producer and proxy access the shared words
+// only atomically and an entry only while they own it (the protocol in the module doc).
+unsafe impl Send for QueueMemory {}
+// SAFETY: as above.
+unsafe impl Sync for QueueMemory {}
+
+impl QueueMemory {
+    /// Allocates `world_size * channels` queues of `capacity` entries in ordinary host memory
+    /// (for host producers; a GPU producer needs host-mapped pinned memory, which the
+    /// communicator allocates when the transport is wired into kernels).
+    pub fn new(world_size: u32, channels: u32, capacity: u32) -> Result<Self> {
+        if !(1..=1 << 16).contains(&capacity) || !(1..=64).contains(&channels) || world_size == 0 {
+            return Err(NetError::InvalidArgument {
+                op: "network queues",
+                reason: format!(
+                    "capacity {capacity} (1..=65536), channels {channels} (1..=64), world size \
+                     {world_size} (>= 1)"
+                ),
+            });
+        }
+        let bytes = queue_stride(capacity) as usize * (world_size * channels) as usize;
+        let layout =
+            Layout::from_size_align(bytes, 4096).map_err(|e| NetError::InvalidArgument {
+                op: "network queues",
+                reason: e.to_string(),
+            })?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Ok(Self {
+            ptr,
+            layout,
+            capacity,
+            channels,
+            world_size,
+        })
+    }
+
+    /// The handle for producers (host addresses; also the device addresses for host-mapped
+    /// memory on systems with unified addressing).
+    pub fn handle(&self, rank: u32, error_state: u64, timeout: Duration) -> NetQueuesHandle {
+        NetQueuesHandle {
+            base: self.ptr as u64,
+            stride: queue_stride(self.capacity),
+            capacity: self.capacity,
+            channels: self.channels,
+            world_size: self.world_size,
+            rank,
+            error_state,
+            timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Queues per peer.
+    pub fn channels(&self) -> u32 {
+        self.channels
+    }
+
+    /// Entries per queue.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// The queue of (`peer`, `channel`).
+    pub fn queue(&self, peer: usize, channel: usize) -> Result<QueueRef> {
+        if peer >= self.world_size as usize || channel >= self.channels as usize {
+            return Err(NetError::InvalidArgument {
+                op: "network queue",
+                reason: format!(
+                    "peer {peer} / channel {channel} outside {} ranks x {} channels",
+                    self.world_size, self.channels
+                ),
+            });
+        }
+        let index = peer * self.channels as usize + channel;
+        // SAFETY: index < world_size * channels, so the offset is inside the allocation.
+        let header = unsafe { self.ptr.add(index * queue_stride(self.capacity) as usize) };
+        Ok(QueueRef {
+            header,
+            capacity: self.capacity as u64,
+            peer,
+            channel,
+        })
+    }
+}
+
+impl Drop for QueueMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// One queue: raw access for the producer and the proxy. Valid while its [`QueueMemory`] is.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueRef {
+    header: *mut u8,
+    capacity: u64,
+    /// The peer the queue's operations go to.
+    pub peer: usize,
+    /// The channel.
+    pub channel: usize,
+}
+
+// SAFETY: see QueueMemory; the owner keeps the memory alive while the proxy runs.
+unsafe impl Send for QueueRef {}
+
+impl QueueRef {
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: offset is one of the header's u64 fields (8-byte aligned inside a
+        // page-aligned allocation); the words are only accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.header.add(offset).cast()) }
+    }
+
+    fn entry(&self, position: u64) -> *mut NetDescriptor {
+        let slot = (position % self.capacity) as usize;
+        // SAFETY: slot < capacity: inside this queue's entries.
+        unsafe { self.header.add(128 + slot * 64).cast() }
+    }
+
+    /// Descriptors consumed by the proxy.
+    pub fn tail(&self) -> u64 {
+        self.word(64).load(Ordering::Acquire)
+    }
+
+    /// The last completed flush.
+    pub fn done(&self) -> u64 {
+        self.word(72).load(Ordering::Acquire)
+    }
+
+    /// Proxy: the next descriptor, if the producer has published it (copied out; the entry
+    /// stays owned until [`consume`](Self::consume)).
+    pub fn peek(&self) -> Option<NetDescriptor> {
+        let tail = self.word(64).load(Ordering::Relaxed);
+        let entry = self.entry(tail);
+        // SAFETY: `seq` is the entry's last u64; the producer stores it atomically.
+        let seq = unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*entry).seq)) };
+        if seq.load(Ordering::Acquire) != tail + 1 {
+            return None;
+        }
+        // SAFETY: the acquire above made the producer's field stores visible; the producer
+        // does not touch the entry again until `tail` passes it.
+        Some(unsafe { std::ptr::read_volatile(entry) })
+    }
+
+    /// Proxy: frees the entry returned by the last `peek` (a credit for the producer).
+    pub fn consume(&self) {
+        let tail = self.word(64).load(Ordering::Relaxed);
+        self.word(64).store(tail + 1, Ordering::Release);
+    }
+
+    /// Proxy: publishes that the flush `seq` completed.
+    pub fn complete_flush(&self, seq: u64) {
+        self.word(72).store(seq, Ordering::Release);
+    }
+
+    /// Producer (host twin of `net_enqueue` in `net.cuh`): writes `desc` at the next position,
+    /// waiting at most `timeout` for a credit. On timeout it records `QUEUE_FULL` in `sink`
+    /// (raising abort) and returns the error. Returns the descriptor's `seq`.
+    pub fn enqueue(
+        &self,
+        mut desc: NetDescriptor,
+        rank: usize,
+        sink: &ErrorSink,
+        timeout: Duration,
+    ) -> Result<u64> {
+        let head = self.word(0).load(Ordering::Relaxed);
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let tail = self.tail();
+            if head < tail + self.capacity {
+                break;
+            }
+            if sink.aborted() {
+                return Err(sink.check(rank).err().unwrap_or(NetError::Aborted {
+                    rank: rank as i32,
+                    reason: "aborted".to_owned(),
+                }));
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= timeout {
+                sink.record(ErrorRecord {
+                    op: op::QUEUE_FULL,
+                    rank: rank as i32,
+                    peer: self.peer as i32,
+                    slot: self.channel as u64,
+                    expected: self.capacity,
+                    seen: tail,
+                    elapsed_ns: elapsed.as_nanos() as u64,
+                    ..ErrorRecord::default()
+                });
+                return Err(sink.check(rank).unwrap_err());
+            }
+            backoff(&mut spins);
+        }
+        desc.seq = head + 1;
+        let entry = self.entry(head);
+        // SAFETY: position `head` is below tail + capacity, so the proxy has consumed the
+        // entry's previous use and does not read it until `seq` says so.
+        unsafe {
+            std::ptr::write_volatile(entry, NetDescriptor { seq: 0, ..desc });
+            AtomicU64::from_ptr(std::ptr::addr_of_mut!((*entry).seq))
+                .store(head + 1, Ordering::Release);
+        }
+        self.word(0).store(head + 1, Ordering::Relaxed);
+        Ok(head + 1)
+    }
+
+    /// Producer: enqueues a flush and waits (bounded) until the proxy completed it and every
+    /// operation before it. On timeout records `FLUSH_TIMEOUT`.
+    pub fn flush(&self, rank: usize, sink: &ErrorSink, timeout: Duration) -> Result<()> {
+        let desc = NetDescriptor {
+            op: NetOp::Flush as u32,
+            ..NetDescriptor::default()
+        };
+        let seq = self.enqueue(desc, rank, sink, timeout)?;
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while self.done() < seq {
+            if sink.aborted() {
+                return Err(sink.check(rank).unwrap_err());
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= timeout {
+                sink.record(ErrorRecord {
+                    op: op::FLUSH_TIMEOUT,
+                    rank: rank as i32,
+                    peer: self.peer as i32,
+                    slot: self.channel as u64,
+                    expected: seq,
+                    seen: self.done(),
+                    elapsed_ns: elapsed.as_nanos() as u64,
+                    ..ErrorRecord::default()
+                });
+                return Err(sink.check(rank).unwrap_err());
+            }
+            backoff(&mut spins);
+        }
+        Ok(())
+    }
+}
+
+/// Spin a little, then yield, then sleep: host waits share two cores with the proxies.
+pub(crate) fn backoff(spins: &mut u32) {
+    *spins = spins.saturating_add(1);
+    match *spins {
+        0..=64 => std::hint::spin_loop(),
+        65..=256 => std::thread::yield_now(),
+        _ => std::thread::sleep(Duration::from_micros(50)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handles::DeviceErrorState;
+
+    #[test]
+    fn ring_wraps_and_credits_bound_the_producer() {
+        let mem = QueueMemory::new(2, 1, 4).unwrap();
+        let q = mem.queue(1, 0).unwrap();
+        let mut state = Box::new(DeviceErrorState::default());
+        // SAFETY: the box outlives the sink.
+        let sink = unsafe { ErrorSink::new(&mut *state) };
+        let t = Duration::from_millis(50);
+        for i in 0..4u64 {
+            let d = NetDescriptor {
+                op: 1,
+                bytes: i,
+                ..Default::default()
+            };
+            assert_eq!(q.enqueue(d, 0, &sink, t).unwrap(), i + 1);
+        }
+        // Full: the fifth waits for a credit and gives up, naming peer and channel.
+        let err = q
+            .enqueue(NetDescriptor::default(), 0, &sink, t)
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("peer 1") && msg.contains("stayed full"),
+            "{msg}"
+        );
+        assert!(sink.aborted());
+        // The proxy side sees them in order.
+        for i in 0..4u64 {
+            let d = q.peek().expect("published");
+            assert_eq!((d.bytes, d.seq), (i, i + 1));
+            q.consume();
+        }
+        assert!(q.peek().is_none());
+        assert_eq!(q.tail(), 4);
+    }
+
+    #[test]
+    fn bad_shapes_are_refused() {
+        assert!(QueueMemory::new(2, 0, 4).is_err());
+        assert!(QueueMemory::new(2, 1, 0).is_err());
+        let mem = QueueMemory::new(2, 2, 4).unwrap();
+        assert!(mem.queue(2, 0).is_err() && mem.queue(0, 2).is_err());
+        assert_eq!(NetOp::from_code(4), Some(NetOp::Flush));
+        assert_eq!(NetOp::from_code(9), None);
+        assert_eq!(SignalOp::from_code(2), Some(SignalOp::Add));
+    }
+}
