@@ -14,6 +14,7 @@
 //! (descriptor rings and credits), `proxy` (the progress thread), `record` (the abort record).
 
 mod error;
+pub mod host;
 mod proxy;
 pub mod queue;
 pub mod record;
@@ -39,6 +40,13 @@ use ucx::{Endpoint, MemRegion, RemoteKey, Ucx, Worker};
 
 /// The variable naming libucp (a file, or the directory holding it).
 pub const UCX_LIB_ENV: &str = "DEVCOMM_UCX_LIB";
+
+/// Loads libucp as a transport would (`lib`: see [`NetConfig::library`]) and returns where
+/// it was found and its version; the error names every path tried.
+pub fn probe_library(lib: Option<&str>) -> Result<(std::path::PathBuf, (u32, u32, u32))> {
+    let api = ucx_sys::UcpApi::load(lib)?;
+    Ok((api.path.clone(), api.version()))
+}
 
 /// Settings of one transport (every rank must pass the same).
 #[derive(Debug, Clone)]

@@ -3,14 +3,15 @@
 //!
 //! Ordering (docs/NETWORK.md explains why it suffices): a put is started with `ucp_put_nbx`;
 //! a signal (alone or after a put) is started only after a `ucp_ep_flush_nbx` on the peer's
-//! endpoint has *completed*, which UCX defines as every earlier put and atomic on the
-//! endpoint being complete at the target, the data in place. The signal itself is a 64-bit
-//! atomic (swap for set, add for counters), so the receiver never sees a torn value.
+//! endpoint has *completed*, which UCX defines as every earlier put on the endpoint being
+//! complete at the target, the data in place. The signal itself is an aligned 8-byte put of
+//! the word's new value (for an add: this rank's running sum, the word having one writer).
 //!
 //! Failures (an error status, an endpoint error reported by UCX, an operation older than the
 //! operation timeout, a descriptor outside its registration) become the abort record
 //! (`record::op`), after which the proxy issues nothing more.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,13 +69,14 @@ pub(crate) fn run(shared: Arc<Shared>, queues: Vec<QueueRef>) {
             inflight: Vec::new(),
         })
         .collect();
+    let mut sums = Sums::new();
     let mut spins = 0u32;
     while !shared.stop.load(Ordering::Acquire) {
         let busy = {
             let inner = shared.lock();
             let mut busy = inner.worker.progress() > 0;
             if !shared.sink.aborted() && !shared.paused.load(Ordering::Acquire) {
-                match pass(&shared, &inner, &mut states) {
+                match pass(&shared, &inner, &mut sums, &mut states) {
                     Ok(b) => busy |= b,
                     Err(f) => record(&shared, &f),
                 }
@@ -122,7 +124,12 @@ fn record(shared: &Shared, f: &Failure) {
 }
 
 /// One pass over every queue; `Ok(true)` when anything moved.
-fn pass(shared: &Shared, inner: &Inner, states: &mut [QueueState]) -> Result<bool, Failure> {
+fn pass(
+    shared: &Shared,
+    inner: &Inner,
+    sums: &mut Sums,
+    states: &mut [QueueState],
+) -> Result<bool, Failure> {
     let mut busy = false;
     for s in states.iter_mut() {
         let peer = s.q.peer;
@@ -131,7 +138,7 @@ fn pass(shared: &Shared, inner: &Inner, states: &mut [QueueState]) -> Result<boo
             return Err(peer_failure(s, s.q.tail(), status as i8));
         }
         busy |= reap(shared, inner, s)?;
-        busy |= advance(shared, inner, s)?;
+        busy |= advance(shared, inner, sums, s)?;
     }
     Ok(busy)
 }
@@ -189,7 +196,12 @@ fn status_of(e: &super::NetError) -> i8 {
 }
 
 /// Moves the queue's head operation forward: finishes a flush, starts descriptors.
-fn advance(shared: &Shared, inner: &Inner, s: &mut QueueState) -> Result<bool, Failure> {
+fn advance(
+    shared: &Shared,
+    inner: &Inner,
+    sums: &mut Sums,
+    s: &mut QueueState,
+) -> Result<bool, Failure> {
     let mut busy = false;
     for _ in 0..BURST {
         match &mut s.stage {
@@ -210,7 +222,7 @@ fn advance(shared: &Shared, inner: &Inner, s: &mut QueueState) -> Result<bool, F
                 }
                 match std::mem::replace(then, Then::Done(0)) {
                     Then::Signal(d) => {
-                        let req = start_signal(inner, s, &d)?;
+                        let req = start_signal(inner, sums, s, &d)?;
                         s.inflight.push((req, d.seq, Instant::now()));
                     }
                     Then::Done(seq) => s.q.complete_flush(seq),
@@ -304,17 +316,48 @@ fn check_signal(inner: &Inner, s: &QueueState, d: &NetDescriptor) -> Result<(), 
     }
 }
 
-/// Starts the atomic of a (checked) signal descriptor.
-fn start_signal(inner: &Inner, s: &QueueState, d: &NetDescriptor) -> Result<Request, Failure> {
+/// Starts the write of a (checked) signal descriptor: an 8-byte put of the word's new value.
+/// For `Add` the new value is this rank's running sum for the word (`sums`): a network signal
+/// word has exactly one writer, the rank whose slot it is, so the sum is the word's value.
+fn start_signal(
+    inner: &Inner,
+    sums: &mut Sums,
+    s: &QueueState,
+    d: &NetDescriptor,
+) -> Result<Request, Failure> {
     let peer = s.q.peer;
     let ep = inner.eps[peer].as_ref().ok_or_else(|| bad(s, d))?;
     let reg = inner.regs.get(&d.signal_key).ok_or_else(|| bad(s, d))?;
     let (rbase, _, rkey) = reg.remote[peer].as_ref().ok_or_else(|| bad(s, d))?;
-    let add = SignalOp::from_code(d.signal_op) == Some(SignalOp::Add);
+    let op = SignalOp::from_code(d.signal_op).ok_or_else(|| bad(s, d))?;
+    let value = signal_value(
+        sums,
+        (peer, d.signal_key, d.signal_offset),
+        op,
+        d.signal_value,
+    );
     inner
         .worker
-        .atomic(ep, add, d.signal_value, rbase + d.signal_offset, rkey)
+        .put_word(ep, value, rbase + d.signal_offset, rkey)
         .map_err(|e| ucx_failure(s, d.seq, &e))
+}
+
+/// This rank's last value of each remote signal word: (peer, registration, offset).
+pub(crate) type Sums = BTreeMap<(usize, u32, u64), u64>;
+
+/// The value a signal writes into its word, and the word's new running value (pure).
+pub(crate) fn signal_value(
+    sums: &mut Sums,
+    word: (usize, u32, u64),
+    op: SignalOp,
+    operand: u64,
+) -> u64 {
+    let last = sums.entry(word).or_insert(0);
+    *last = match op {
+        SignalOp::Add => last.wrapping_add(operand),
+        SignalOp::Set | SignalOp::None => operand,
+    };
+    *last
 }
 
 /// `[offset, offset + bytes)` inside `len` bytes, without overflow (pure).
@@ -324,7 +367,18 @@ pub(crate) fn fits(offset: u64, bytes: u64, len: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::fits;
+    use super::*;
+
+    #[test]
+    fn adds_become_the_running_value_of_the_word() {
+        let mut sums = Sums::new();
+        let w = (1, 2, 8);
+        assert_eq!(signal_value(&mut sums, w, SignalOp::Add, 1), 1);
+        assert_eq!(signal_value(&mut sums, w, SignalOp::Add, 2), 3);
+        assert_eq!(signal_value(&mut sums, (2, 2, 8), SignalOp::Add, 5), 5);
+        assert_eq!(signal_value(&mut sums, w, SignalOp::Set, 10), 10);
+        assert_eq!(signal_value(&mut sums, w, SignalOp::Add, 1), 11);
+    }
 
     #[test]
     fn ranges_are_checked_without_overflow() {

@@ -56,9 +56,10 @@ impl NetOp {
 pub enum SignalOp {
     /// No signal.
     None = 0,
-    /// The word becomes `signal_value` (an atomic swap at the target).
+    /// The word becomes `signal_value`.
     Set = 1,
-    /// `signal_value` is added to the word (an atomic add: counters).
+    /// `signal_value` is added to the word (counters). A network signal word has one
+    /// writer, the rank whose slot it is: the proxy writes its running sum.
     Add = 2,
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::error::{NetError, Result};
 use super::ucx_sys::*;
 
-/// A loaded libucp and an initialised UCP context (RMA and 64-bit atomics).
+/// A loaded libucp and an initialised UCP context (RMA).
 #[derive(Debug)]
 pub struct Ucx {
     api: UcpApi,
@@ -38,7 +38,7 @@ impl Ucx {
         check_status(&api, status, rank, -1, "ucp_config_read")?;
         let params = UcpParams {
             field_mask: UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
-            features: UCP_FEATURE_RMA | UCP_FEATURE_AMO64,
+            features: UCP_FEATURE_RMA,
             name: c"devcomm".as_ptr(),
             ..UcpParams::default()
         };
@@ -301,45 +301,23 @@ impl Worker {
         self.request(p, ep.peer, "ucp_put_nbx", None)
     }
 
-    /// Starts a 64-bit atomic on the peer's word: a swap (set) or an add.
-    pub fn atomic(
+    /// Starts an 8-byte put of `value` to the peer's word at `remote` (the operand is kept
+    /// by the request).
+    pub fn put_word(
         &self,
         ep: &Endpoint,
-        add: bool,
         value: u64,
         remote: u64,
         rkey: &RemoteKey,
     ) -> Result<Request> {
         let operand = Box::new([value, 0u64]);
-        let mut param = UcpRequestParam {
-            op_attr_mask: UCP_OP_ATTR_FIELD_DATATYPE,
-            datatype: UCP_DATATYPE_U64,
-            ..UcpRequestParam::default()
-        };
-        if !add {
-            // A swap fetches the old value: UCX writes it to the reply buffer.
-            param.op_attr_mask |= UCP_OP_ATTR_FIELD_REPLY_BUFFER;
-            param.reply_buffer = std::ptr::addr_of!(operand[1]).cast_mut().cast();
-        }
-        let opcode = if add {
-            UCP_ATOMIC_OP_ADD
-        } else {
-            UCP_ATOMIC_OP_SWAP
-        };
-        // SAFETY: live endpoint and key; the operand and reply words live in `operand`, which
-        // the returned request keeps until it completes.
+        let param = UcpRequestParam::default();
+        // SAFETY: live endpoint and key; the 8 source bytes live in `operand`, which the
+        // returned request keeps until it completes.
         let p = unsafe {
-            (self.ucx.api().atomic_op_nbx)(
-                ep.ep,
-                opcode,
-                operand.as_ptr().cast(),
-                1,
-                remote,
-                rkey.rkey,
-                &param,
-            )
+            (self.ucx.api().put_nbx)(ep.ep, operand.as_ptr().cast(), 8, remote, rkey.rkey, &param)
         };
-        self.request(p, ep.peer, "ucp_atomic_op_nbx", Some(operand))
+        self.request(p, ep.peer, "ucp_put_nbx", Some(operand))
     }
 
     /// Starts a flush of the endpoint: completes once every earlier put and atomic on it

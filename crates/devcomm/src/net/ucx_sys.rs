@@ -55,8 +55,6 @@ pub const UCP_PARAM_FIELD_FEATURES: u64 = 1 << 0;
 pub const UCP_PARAM_FIELD_NAME: u64 = 1 << 8;
 /// `ucp_feature`.
 pub const UCP_FEATURE_RMA: u64 = 1 << 1;
-/// `ucp_feature`.
-pub const UCP_FEATURE_AMO64: u64 = 1 << 3;
 
 /// `ucp_worker_params_field`.
 pub const UCP_WORKER_PARAM_FIELD_THREAD_MODE: u64 = 1 << 0;
@@ -96,17 +94,7 @@ pub const UCS_MEMORY_TYPE_HOST: c_int = 0;
 pub const UCS_MEMORY_TYPE_CUDA: c_int = 1;
 
 /// `ucp_op_attr_t`.
-pub const UCP_OP_ATTR_FIELD_DATATYPE: u32 = 1 << 3;
-/// `ucp_op_attr_t`.
 pub const UCP_OP_ATTR_FIELD_FLAGS: u32 = 1 << 4;
-/// `ucp_op_attr_t`.
-pub const UCP_OP_ATTR_FIELD_REPLY_BUFFER: u32 = 1 << 5;
-/// `ucp_atomic_op_t`.
-pub const UCP_ATOMIC_OP_ADD: c_int = 0;
-/// `ucp_atomic_op_t` (fetching: needs a reply buffer).
-pub const UCP_ATOMIC_OP_SWAP: c_int = 1;
-/// `ucp_dt_make_contig(8)`: `(8 << UCP_DATATYPE_SHIFT) | UCP_DATATYPE_CONTIG`, shift 3.
-pub const UCP_DATATYPE_U64: u64 = 8 << 3;
 
 /// `ucp_params_t`.
 #[repr(C)]
@@ -339,7 +327,6 @@ pub fn abi_constants() -> Vec<(&'static str, i64)> {
         ("UCP_PARAM_FIELD_FEATURES", UCP_PARAM_FIELD_FEATURES as i64),
         ("UCP_PARAM_FIELD_NAME", UCP_PARAM_FIELD_NAME as i64),
         ("UCP_FEATURE_RMA", UCP_FEATURE_RMA as i64),
-        ("UCP_FEATURE_AMO64", UCP_FEATURE_AMO64 as i64),
         (
             "UCP_WORKER_PARAM_FIELD_THREAD_MODE",
             UCP_WORKER_PARAM_FIELD_THREAD_MODE as i64,
@@ -399,18 +386,7 @@ pub fn abi_constants() -> Vec<(&'static str, i64)> {
         ),
         ("UCS_MEMORY_TYPE_HOST", UCS_MEMORY_TYPE_HOST.into()),
         ("UCS_MEMORY_TYPE_CUDA", UCS_MEMORY_TYPE_CUDA.into()),
-        (
-            "UCP_OP_ATTR_FIELD_DATATYPE",
-            UCP_OP_ATTR_FIELD_DATATYPE.into(),
-        ),
         ("UCP_OP_ATTR_FIELD_FLAGS", UCP_OP_ATTR_FIELD_FLAGS.into()),
-        (
-            "UCP_OP_ATTR_FIELD_REPLY_BUFFER",
-            UCP_OP_ATTR_FIELD_REPLY_BUFFER.into(),
-        ),
-        ("UCP_ATOMIC_OP_ADD", UCP_ATOMIC_OP_ADD.into()),
-        ("UCP_ATOMIC_OP_SWAP", UCP_ATOMIC_OP_SWAP.into()),
-        ("ucp_dt_make_contig(8)", UCP_DATATYPE_U64 as i64),
     ]
 }
 
@@ -448,15 +424,6 @@ pub struct UcpApi {
     pub rkey_destroy: unsafe extern "C" fn(UcpRkey),
     pub put_nbx: unsafe extern "C" fn(
         UcpEp,
-        *const c_void,
-        usize,
-        u64,
-        UcpRkey,
-        *const UcpRequestParam,
-    ) -> UcsStatusPtr,
-    pub atomic_op_nbx: unsafe extern "C" fn(
-        UcpEp,
-        c_int,
         *const c_void,
         usize,
         u64,
@@ -555,7 +522,6 @@ impl UcpApi {
             ep_rkey_unpack: sym!("ucp_ep_rkey_unpack"),
             rkey_destroy: sym!("ucp_rkey_destroy"),
             put_nbx: sym!("ucp_put_nbx"),
-            atomic_op_nbx: sym!("ucp_atomic_op_nbx"),
             request_check_status: sym!("ucp_request_check_status"),
             request_free: sym!("ucp_request_free"),
             status_string: sym!("ucs_status_string"),
