@@ -375,5 +375,10 @@ fn net_across_network_namespaces() {
             out.contains(&format!("rank {rank}: 8 rounds with 1 peers verified")),
             "{out}"
         );
+        let host = format!("rank {rank}: host {}", ns.names[rank]);
+        assert!(
+            out.contains(&host),
+            "rank {rank} did not run as its own host: {out}"
+        );
     }
 }
