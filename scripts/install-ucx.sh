@@ -6,8 +6,8 @@
 #   DEVCOMM_UCX_PREFIX=DIR scripts/install-ucx.sh   installs into DIR instead
 #
 # Prints, on its last line, the directory that holds libucp.so: put it in DEVCOMM_UCX_LIB (or
-# on LD_LIBRARY_PATH). devcomm sets UCX_MODULE_DIR to its ucx/ subdirectory (the transports)
-# itself when it loads libucp from there and the variable is unset.
+# on LD_LIBRARY_PATH). UCX finds its transport modules (ucx/ beside libucp) relative to its own
+# library, so UCX_MODULE_DIR need not be set.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -67,8 +67,8 @@ pub enum NetError {
     /// entry (it is stuck, or the communicator was aborted).
     #[error(
         "rank {rank}: network queue to peer {peer} (channel {channel}) stayed full for \
-         {elapsed:?}: {capacity} descriptors outstanding, the proxy consumed {consumed}; the \
-         communicator must be rebuilt"
+         {elapsed:?}: the producer needed {needed} descriptors consumed, the proxy had consumed \
+         {consumed}; the communicator must be rebuilt"
     )]
     QueueFull {
         /// This rank.
@@ -77,8 +77,8 @@ pub enum NetError {
         peer: i32,
         /// The queue's channel.
         channel: u64,
-        /// Entries in the queue.
-        capacity: u64,
+        /// Descriptors the proxy had to have consumed for the next entry to be free.
+        needed: u64,
         /// Descriptors the proxy had consumed when the producer gave up.
         consumed: u64,
         /// How long the producer waited.

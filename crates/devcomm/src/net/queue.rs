@@ -154,6 +154,149 @@ const _: () = {
     assert!(offset_of!(NetQueuesHandle, error_state) == 32);
 };
 
+/// Layout of the structs shared with `net.cuh`: (C++ struct, field, offset, size of struct),
+/// compared with the C++ compiler's by `tests/net_layout.rs`.
+pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
+    (
+        "NetDescriptor",
+        "op",
+        std::mem::offset_of!(NetDescriptor, op),
+        std::mem::size_of::<NetDescriptor>(),
+    ),
+    (
+        "NetDescriptor",
+        "key",
+        std::mem::offset_of!(NetDescriptor, key),
+        std::mem::size_of::<NetDescriptor>(),
+    ),
+    (
+        "NetDescriptor",
+        "src_offset",
+        std::mem::offset_of!(NetDescriptor, src_offset),
+        std::mem::size_of::<NetDescriptor>(),
+    ),
+    (
+        "NetDescriptor",
+        "dst_offset",
+        std::mem::offset_of!(NetDescriptor, dst_offset),
+        std::mem::size_of::<NetDescriptor>(),
+    ),
+    (
+        "NetDescriptor",
+        "bytes",
+        std::mem::offset_of!(NetDescriptor, bytes),
+        std::mem::size_of::<NetDescriptor>(),
+    ),
+    (
+        "NetDescriptor",
+        "signal_key",
+        std::mem::offset_of!(NetDescriptor, signal_key),
+        std::mem::size_of::<NetDescriptor>(),
+    ),
+    (
+        "NetDescriptor",
+        "signal_op",
+        std::mem::offset_of!(NetDescriptor, signal_op),
+        std::mem::size_of::<NetDescriptor>(),
+    ),
+    (
+        "NetDescriptor",
+        "signal_offset",
+        std::mem::offset_of!(NetDescriptor, signal_offset),
+        std::mem::size_of::<NetDescriptor>(),
+    ),
+    (
+        "NetDescriptor",
+        "signal_value",
+        std::mem::offset_of!(NetDescriptor, signal_value),
+        std::mem::size_of::<NetDescriptor>(),
+    ),
+    (
+        "NetDescriptor",
+        "seq",
+        std::mem::offset_of!(NetDescriptor, seq),
+        std::mem::size_of::<NetDescriptor>(),
+    ),
+    (
+        "NetQueueHeader",
+        "head",
+        std::mem::offset_of!(NetQueueHeader, head),
+        std::mem::size_of::<NetQueueHeader>(),
+    ),
+    (
+        "NetQueueHeader",
+        "reserved0",
+        std::mem::offset_of!(NetQueueHeader, reserved0),
+        std::mem::size_of::<NetQueueHeader>(),
+    ),
+    (
+        "NetQueueHeader",
+        "tail",
+        std::mem::offset_of!(NetQueueHeader, tail),
+        std::mem::size_of::<NetQueueHeader>(),
+    ),
+    (
+        "NetQueueHeader",
+        "done",
+        std::mem::offset_of!(NetQueueHeader, done),
+        std::mem::size_of::<NetQueueHeader>(),
+    ),
+    (
+        "NetQueueHeader",
+        "reserved1",
+        std::mem::offset_of!(NetQueueHeader, reserved1),
+        std::mem::size_of::<NetQueueHeader>(),
+    ),
+    (
+        "NetQueues",
+        "base",
+        std::mem::offset_of!(NetQueuesHandle, base),
+        std::mem::size_of::<NetQueuesHandle>(),
+    ),
+    (
+        "NetQueues",
+        "stride",
+        std::mem::offset_of!(NetQueuesHandle, stride),
+        std::mem::size_of::<NetQueuesHandle>(),
+    ),
+    (
+        "NetQueues",
+        "capacity",
+        std::mem::offset_of!(NetQueuesHandle, capacity),
+        std::mem::size_of::<NetQueuesHandle>(),
+    ),
+    (
+        "NetQueues",
+        "channels",
+        std::mem::offset_of!(NetQueuesHandle, channels),
+        std::mem::size_of::<NetQueuesHandle>(),
+    ),
+    (
+        "NetQueues",
+        "world_size",
+        std::mem::offset_of!(NetQueuesHandle, world_size),
+        std::mem::size_of::<NetQueuesHandle>(),
+    ),
+    (
+        "NetQueues",
+        "rank",
+        std::mem::offset_of!(NetQueuesHandle, rank),
+        std::mem::size_of::<NetQueuesHandle>(),
+    ),
+    (
+        "NetQueues",
+        "error_state",
+        std::mem::offset_of!(NetQueuesHandle, error_state),
+        std::mem::size_of::<NetQueuesHandle>(),
+    ),
+    (
+        "NetQueues",
+        "timeout_ns",
+        std::mem::offset_of!(NetQueuesHandle, timeout_ns),
+        std::mem::size_of::<NetQueuesHandle>(),
+    ),
+];
+
 /// Bytes of one queue with `capacity` entries.
 pub fn queue_stride(capacity: u32) -> u64 {
     (std::mem::size_of::<NetQueueHeader>() + capacity as usize * 64) as u64
@@ -358,7 +501,7 @@ impl QueueRef {
                     rank: rank as i32,
                     peer: self.peer as i32,
                     slot: self.channel as u64,
-                    expected: self.capacity,
+                    expected: head + 1 - self.capacity,
                     seen: tail,
                     elapsed_ns: elapsed.as_nanos() as u64,
                     ..ErrorRecord::default()

@@ -12,18 +12,20 @@ use std::time::Duration;
 use super::error::NetError;
 use crate::handles::{DeviceErrorState, DeviceOp, ErrorRecord};
 
-/// `ErrorRecord::op` codes of the network layer (`DeviceOp` in `net.cuh`). `slot` holds the
-/// channel, `expected` the descriptor's sequence number.
+/// `ErrorRecord::op` codes of the network layer (`NetDeviceOp` in `net.cuh`). `slot` holds the
+/// channel.
 pub mod op {
-    /// A producer waited for a free queue entry (a credit) and gave up; `seen` = entries
-    /// consumed by the proxy.
+    /// A producer waited for a free queue entry (a credit) and gave up; `expected` = entries
+    /// the proxy had to have consumed, `seen` = entries it had consumed.
     pub const QUEUE_FULL: u32 = 11;
-    /// The proxy found the peer failed; `seen` = the UCX status (as `i8`, sign-extended).
+    /// The proxy found the peer failed; `expected` = the descriptor's seq, `seen` = the UCX
+    /// status (as `i8`, sign-extended).
     pub const PEER_FAILED: u32 = 12;
-    /// A producer's flush waited too long; `seen` = the last completed flush.
+    /// A producer's flush waited too long; `expected` = the flush's seq, `seen` = the last
+    /// completed flush.
     pub const FLUSH_TIMEOUT: u32 = 13;
     /// The proxy refused a descriptor (unknown registration, range outside it, unknown op);
-    /// `seen` = the descriptor's op word.
+    /// `expected` = its seq, `seen` = its op and signal-op words.
     pub const BAD_DESCRIPTOR: u32 = 14;
 }
 
@@ -123,7 +125,7 @@ pub fn to_error(r: &ErrorRecord) -> NetError {
             rank: r.rank,
             peer: r.peer,
             channel: r.slot,
-            capacity: r.expected,
+            needed: r.expected,
             consumed: r.seen,
             elapsed: Duration::from_nanos(r.elapsed_ns),
         },
