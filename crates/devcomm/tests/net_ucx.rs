@@ -249,6 +249,28 @@ fn net_peer_killed() {
     }
 }
 
+#[test]
+fn net_setup_fails_alike_on_every_rank() {
+    if !ucx_available("net_setup_fails_alike_on_every_rank") {
+        return;
+    }
+    let sp = Spawn {
+        role: "setup_failure",
+        world: 2,
+        addr: "127.0.0.1",
+        port: free_port(),
+        wrapper: Vec::new(),
+        env: Vec::new(),
+    };
+    let outs = finish(vec![sp.rank(0), sp.rank(1)], Duration::from_secs(60));
+    for (rank, out) in outs.iter().enumerate() {
+        assert!(
+            out.contains(&format!("rank {rank}: setup refused")),
+            "{out}"
+        );
+    }
+}
+
 /// Runs `ip` with `args`; panics with its output on failure.
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");

@@ -124,6 +124,14 @@ pub enum NetError {
     /// The store failed during setup.
     #[error(transparent)]
     Bootstrap(#[from] devcomm_bootstrap::Error),
+    /// A collective setup step failed on one or more ranks; every rank returns this error.
+    #[error("network setup step `{step}` failed on rank(s) {}", failures.iter().map(|(r, m)| format!("{r}: {m}")).collect::<Vec<_>>().join("; "))]
+    Setup {
+        /// The step, e.g. `connect`.
+        step: String,
+        /// `(rank, message)` for every rank that failed.
+        failures: Vec<(usize, String)>,
+    },
     /// An argument is invalid; nothing was done.
     #[error("{op}: invalid argument: {reason}")]
     InvalidArgument {

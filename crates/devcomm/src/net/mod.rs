@@ -59,7 +59,8 @@ pub struct NetConfig {
     pub setup_timeout: Duration,
     /// How long the proxy lets one UCX operation run before it declares the peer failed.
     pub op_timeout: Duration,
-    /// Where libucp is (see `ucx_sys::candidates`); `None`: the loader's search.
+    /// Where libucp is: a file or the directory holding it (only there); `None`: the loader's
+    /// search (`LD_LIBRARY_PATH`, the system cache). Defaults to `DEVCOMM_UCX_LIB`.
     pub library: Option<String>,
     /// Prefix of this transport's store keys (unique among the transports of a job).
     pub tag: String,
@@ -165,21 +166,17 @@ impl NetTransport {
             let addr = worker.address()?;
             Ok((ucx, worker, addr))
         });
-        let blob = match &local {
-            Ok((_, _, addr)) => [&[1u8][..], addr].concat(),
-            Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
-        };
-        let all = store.all_gather(&format!("{}/addr", config.tag), &blob, config.setup_timeout)?;
+        let payload = local
+            .as_ref()
+            .map(|(_, _, addr)| addr.clone())
+            .map_err(ToString::to_string);
+        let all = agree(
+            store,
+            &config,
+            "load UCX and publish the worker address",
+            payload,
+        )?;
         let (ucx, worker, _) = local?;
-        if let Some((r, b)) = all.iter().enumerate().find(|(_, b)| b.first() != Some(&1)) {
-            return Err(NetError::InvalidArgument {
-                op: "network transport setup",
-                reason: format!(
-                    "rank {r} could not start UCX: {}",
-                    String::from_utf8_lossy(b.get(1..).unwrap_or(&[]))
-                ),
-            });
-        }
         let failed: Box<[AtomicI32]> = (0..world).map(|_| AtomicI32::new(0)).collect();
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
@@ -194,13 +191,16 @@ impl NetTransport {
             rank,
             op_timeout: config.op_timeout,
         });
-        {
+        let connected: std::result::Result<Vec<u8>, String> = (|| {
             let mut inner = shared.lock();
             for &p in peers {
-                let ep = inner.worker.connect(p, &all[p][1..], &shared.failed[p])?;
+                let ep = inner.worker.connect(p, &all[p], &shared.failed[p])?;
                 inner.eps[p] = Some(ep);
             }
-        }
+            Ok(Vec::new())
+        })()
+        .map_err(|e: NetError| e.to_string());
+        agree(store, &config, "connect", connected)?;
         let mut queue_refs = Vec::new();
         for &p in peers {
             for c in 0..config.channels as usize {
@@ -275,43 +275,51 @@ impl NetTransport {
         let key = self.next_key;
         // SAFETY: the caller keeps the memory alive until deregistration.
         let local = unsafe { self.ucx.map(base, len, cuda) }.and_then(|r| Ok((r.pack_rkey()?, r)));
-        let blob = match &local {
-            Ok((packed, _)) => {
-                [&[1u8][..], &base.to_le_bytes(), &len.to_le_bytes(), packed].concat()
-            }
-            Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
-        };
-        let tag = format!("{}/reg/{key}", self.config.tag);
-        let all = store.all_gather(&tag, &blob, self.config.setup_timeout)?;
+        let payload = local
+            .as_ref()
+            .map(|(packed, _)| [&base.to_le_bytes()[..], &len.to_le_bytes(), packed].concat())
+            .map_err(ToString::to_string);
+        let step = format!("register buffer {key}");
+        let all = agree(store, &self.config, &step, payload)?;
         let (_, local) = local?;
-        if let Some((r, b)) = all
-            .iter()
-            .enumerate()
-            .find(|(_, b)| b.first() != Some(&1) || b.len() < 17)
-        {
-            return Err(NetError::InvalidArgument {
-                op: "network registration",
-                reason: format!(
-                    "rank {r} could not register its buffer: {}",
-                    String::from_utf8_lossy(b.get(1..).unwrap_or(&[]))
-                ),
-            });
-        }
+        let unpacked = self.unpack(&all);
+        let ok = unpacked
+            .as_ref()
+            .map(|_| Vec::new())
+            .map_err(ToString::to_string);
+        agree(
+            store,
+            &self.config,
+            &format!("{step}: unpack the remote keys"),
+            ok,
+        )?;
+        let remote = unpacked?;
         let mut inner = self.shared.lock();
+        inner.regs.insert(key, Registration { local, remote });
+        self.next_key += 1;
+        Ok(key)
+    }
+
+    /// Unpacks every peer's `(base, len, packed key)` on its endpoint.
+    fn unpack(&self, all: &[Vec<u8>]) -> Result<Vec<Option<(u64, u64, RemoteKey)>>> {
+        let inner = self.shared.lock();
         let mut remote: Vec<Option<(u64, u64, RemoteKey)>> =
             (0..self.world).map(|_| None).collect();
         for (p, blob) in all.iter().enumerate() {
             let Some(ep) = inner.eps[p].as_ref() else {
                 continue;
             };
-            let rbase = u64::from_le_bytes(blob[1..9].try_into().expect("8 bytes"));
-            let rlen = u64::from_le_bytes(blob[9..17].try_into().expect("8 bytes"));
-            let rkey = inner.worker.unpack_rkey(ep, &blob[17..])?;
-            remote[p] = Some((rbase, rlen, rkey));
+            if blob.len() < 16 {
+                return Err(NetError::InvalidArgument {
+                    op: "network registration",
+                    reason: format!("rank {p} published {} bytes, fewer than 16", blob.len()),
+                });
+            }
+            let word = |i: usize| u64::from_le_bytes(blob[i..i + 8].try_into().expect("8 bytes"));
+            let rkey = inner.worker.unpack_rkey(ep, &blob[16..])?;
+            remote[p] = Some((word(0), word(8), rkey));
         }
-        inner.regs.insert(key, Registration { local, remote });
-        self.next_key += 1;
-        Ok(key)
+        Ok(remote)
     }
 
     /// Collective: forgets registration `key` on every rank (a barrier first, so that no
@@ -364,6 +372,41 @@ impl NetTransport {
         let eps: Vec<Endpoint> = inner.eps.iter_mut().filter_map(Option::take).collect();
         inner.worker.close(eps, force, Duration::from_secs(2));
     }
+}
+
+/// One setup step's agreement: every rank publishes its outcome (`Ok(payload)` or its error)
+/// and gets every rank's payload, or, if any rank failed, the same [`NetError::Setup`] naming
+/// every failed rank.
+fn agree(
+    store: &Store,
+    config: &NetConfig,
+    step: &str,
+    outcome: std::result::Result<Vec<u8>, String>,
+) -> Result<Vec<Vec<u8>>> {
+    let blob = match &outcome {
+        Ok(p) => [&[1u8][..], p].concat(),
+        Err(e) => [&[0u8][..], e.as_bytes()].concat(),
+    };
+    let tag = format!("{}/agree/{step}", config.tag);
+    let all = store.all_gather(&tag, &blob, config.setup_timeout)?;
+    let failures: Vec<(usize, String)> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.first() != Some(&1))
+        .map(|(r, b)| {
+            (
+                r,
+                String::from_utf8_lossy(b.get(1..).unwrap_or(&[])).into_owned(),
+            )
+        })
+        .collect();
+    if !failures.is_empty() {
+        return Err(NetError::Setup {
+            step: step.to_owned(),
+            failures,
+        });
+    }
+    Ok(all.into_iter().map(|mut b| b.split_off(1)).collect())
 }
 
 impl Drop for NetTransport {

@@ -441,22 +441,19 @@ pub struct UcpApi {
 /// The library file looked for (the SONAME of UCX 1.x).
 pub const UCP_SONAME: &str = "libucp.so.0";
 
-/// Candidate paths for libucp, in order: `DEVCOMM_UCX_LIB` (a file, or a directory that holds
-/// it), then the bare soname (the loader's own search: `LD_LIBRARY_PATH`, the system cache).
-/// Pure, for unit tests.
+/// Candidate paths for libucp: from `DEVCOMM_UCX_LIB` when it is set (a file, or a directory
+/// that holds the library; nothing else is tried, so a wrong setting is an error, not a silent
+/// fallback), else the bare soname (the loader's own search: `LD_LIBRARY_PATH`, the system
+/// cache). Pure, for unit tests.
 pub fn candidates(env_lib: Option<&str>) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Some(v) = env_lib.filter(|v| !v.is_empty()) {
-        let p = Path::new(v);
-        if p.is_dir() || !v.ends_with(".so") && !v.contains(".so.") {
-            out.push(p.join(UCP_SONAME));
-            out.push(p.join("libucp.so"));
-        } else {
-            out.push(p.to_path_buf());
+    match env_lib.filter(|v| !v.is_empty()) {
+        Some(v) if v.ends_with(".so") || v.contains(".so.") => vec![PathBuf::from(v)],
+        Some(v) => {
+            let dir = Path::new(v);
+            vec![dir.join(UCP_SONAME), dir.join("libucp.so")]
         }
+        None => vec![PathBuf::from(UCP_SONAME)],
     }
-    out.push(PathBuf::from(UCP_SONAME));
-    out
 }
 
 impl UcpApi {
@@ -473,7 +470,7 @@ impl UcpApi {
             // designed to run in any process; nothing else is executed.
             match unsafe { Library::new(&path) } {
                 Ok(lib) => return Self::resolve(lib, path),
-                Err(e) => tried.push(format!("{}: {e}", path.display())),
+                Err(e) => tried.push(format!("{}: {}", path.display(), with_source(&e))),
             }
         }
         Err(NetError::LibraryMissing {
@@ -495,7 +492,7 @@ impl UcpApi {
                         return Err(NetError::LibrarySymbol {
                             path: path.display().to_string(),
                             symbol: $name,
-                            reason: e.to_string(),
+                            reason: with_source(&e),
                         })
                     }
                 }
@@ -550,6 +547,14 @@ impl UcpApi {
     }
 }
 
+/// An error's message followed by its source's (libloading keeps `dlerror()` in the source).
+fn with_source(e: &dyn std::error::Error) -> String {
+    match e.source() {
+        Some(s) => format!("{e}: {s}"),
+        None => e.to_string(),
+    }
+}
+
 /// Splits a `ucs_status_ptr_t` the way `UCS_PTR_IS_ERR` / `UCS_PTR_STATUS` do: `Ok(None)`
 /// for NULL (completed at once), `Ok(Some(request))`, or `Err(status)`.
 pub fn status_ptr(p: UcsStatusPtr) -> std::result::Result<Option<*mut c_void>, UcsStatus> {
@@ -568,12 +573,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn candidates_prefer_the_variable() {
+    fn candidates_follow_the_variable_only() {
         let c = candidates(Some("/opt/ucx/lib"));
-        assert_eq!(c[0], PathBuf::from("/opt/ucx/lib/libucp.so.0"));
-        assert_eq!(c.last().unwrap(), &PathBuf::from(UCP_SONAME));
+        assert_eq!(
+            c,
+            vec![
+                PathBuf::from("/opt/ucx/lib/libucp.so.0"),
+                PathBuf::from("/opt/ucx/lib/libucp.so")
+            ]
+        );
         let f = candidates(Some("/x/libucp.so.0"));
-        assert_eq!(f[0], PathBuf::from("/x/libucp.so.0"));
+        assert_eq!(f, vec![PathBuf::from("/x/libucp.so.0")]);
         assert_eq!(candidates(None), vec![PathBuf::from(UCP_SONAME)]);
         assert_eq!(candidates(Some("")), vec![PathBuf::from(UCP_SONAME)]);
     }
@@ -589,8 +599,7 @@ mod tests {
 
     #[test]
     fn missing_library_names_what_was_tried() {
-        let paths = candidates(Some("/nonexistent/devcomm-ucx"));
-        let e = UcpApi::load_paths(&paths[..2]).expect_err("no UCX under /nonexistent");
+        let e = UcpApi::load(Some("/nonexistent/devcomm-ucx")).expect_err("no UCX there");
         let msg = e.to_string();
         assert!(
             msg.contains("libucp.so.0") && msg.contains("/nonexistent/devcomm-ucx"),

@@ -163,6 +163,7 @@ pub fn run_role(role: &str, info: RankInfo) -> R {
         "exchange" => exchange(info, rounds),
         "credits" => credits(info),
         "death" => death(info),
+        "setup_failure" => setup_failure(info),
         other => Err(format!("unknown role {other}")),
     }
 }
@@ -382,5 +383,35 @@ fn death(info: RankInfo) -> R {
         r.store.get("death/1-done", T).map_err(s)?;
     }
     drop(r);
+    Ok(())
+}
+
+/// Rank 1 is given a libucp path that does not exist: every rank's setup fails with the same
+/// error, naming rank 1 and the path (no rank is left waiting for the others).
+fn setup_failure(info: RankInfo) -> R {
+    let store = Store::connect(&info, T).map_err(s)?;
+    let me = store.rank();
+    let mut state = Box::new(DeviceErrorState::default());
+    // SAFETY: `state` outlives the transport, which is never created.
+    let sink = unsafe { ErrorSink::new(&mut *state) };
+    let mut config = NetConfig::default();
+    if me == 1 {
+        config.library = Some("/nonexistent/devcomm-ucx".to_owned());
+    }
+    let peers: Vec<usize> = (0..store.world_size()).filter(|&p| p != me).collect();
+    // SAFETY: as above.
+    let result = unsafe { NetTransport::new(&store, &peers, sink, config) };
+    let err = match result {
+        Ok(_) => return Err(format!("rank {me}: setup succeeded without UCX on rank 1")),
+        Err(e) => e,
+    };
+    let msg = err.to_string();
+    let ok = matches!(&err, NetError::Setup { failures, .. } if failures.len() == 1 && failures[0].0 == 1)
+        && msg.contains("/nonexistent/devcomm-ucx");
+    if !ok {
+        return Err(format!("rank {me}: unexpected error `{msg}`"));
+    }
+    println!("rank {me}: setup refused: {msg}");
+    store.barrier("setup_failure/done", T).map_err(s)?;
     Ok(())
 }
