@@ -271,6 +271,27 @@ fn net_setup_fails_alike_on_every_rank() {
     }
 }
 
+#[test]
+fn net_descriptor_outside_registration_is_refused() {
+    if !ucx_available("net_descriptor_outside_registration_is_refused") {
+        return;
+    }
+    let sp = Spawn {
+        role: "bad_descriptor",
+        world: 2,
+        addr: "127.0.0.1",
+        port: free_port(),
+        wrapper: Vec::new(),
+        env: Vec::new(),
+    };
+    let outs = finish(vec![sp.rank(0), sp.rank(1)], Duration::from_secs(60));
+    assert!(
+        outs[0].contains("rank 0: refused") && outs[0].contains("peer 1"),
+        "{}",
+        outs[0]
+    );
+}
+
 /// Runs `ip` with `args`; panics with its output on failure.
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");

@@ -18,8 +18,9 @@
 //
 // CALLER CONTRACT: the source of a put must stay unchanged until a later net_flush on the same
 // queue returned true (the proxy reads it after the descriptor is consumed). A signal word
-// written over the network has one writer, the rank whose slot it is (the proxy turns an add
-// into a put of its running sum).
+// written over the network has one writer, the rank whose slot it is, and goes through one
+// channel (the proxy turns an add into a put of its running sum; channels are not ordered with
+// one another).
 #pragma once
 
 #include "devcomm/handles.cuh"

@@ -164,6 +164,7 @@ pub fn run_role(role: &str, info: RankInfo) -> R {
         "credits" => credits(info),
         "death" => death(info),
         "setup_failure" => setup_failure(info),
+        "bad_descriptor" => bad_descriptor(info),
         other => Err(format!("unknown role {other}")),
     }
 }
@@ -414,4 +415,36 @@ fn setup_failure(info: RankInfo) -> R {
     println!("rank {me}: setup refused: {msg}");
     store.barrier("setup_failure/done", T).map_err(s)?;
     Ok(())
+}
+
+/// Rank 0 asks for a put that ends past the peer's registration: the proxy performs nothing,
+/// records the refusal, and rank 0's flush returns it naming peer 1; rank 1's buffer is
+/// untouched.
+fn bad_descriptor(info: RankInfo) -> R {
+    let mut r = Rank::new(&info, 8, Duration::from_secs(10))?;
+    let world = r.world();
+    if r.rank() == 0 {
+        let len = 2 * world * CHUNK;
+        r.enqueue(1, r.put(0, len - 8, 16)).map_err(s)?;
+        let q = r.net().queues().queue(1, 0).map_err(s)?;
+        let err = q
+            .flush(0, &r.sink, T)
+            .expect_err("the descriptor is refused");
+        let msg = err.to_string();
+        if !matches!(err, NetError::BadDescriptor { peer: 1, .. }) {
+            return Err(format!(
+                "rank 0: expected a refused descriptor for peer 1, got `{msg}`"
+            ));
+        }
+        println!("rank 0: refused: {msg}");
+    }
+    r.store.barrier("bad_descriptor/done", T).map_err(s)?;
+    if r.rank() == 1 {
+        if let Some(k) = (0..2 * world * CHUNK).find(|&k| r.get(k) != 0) {
+            return Err(format!("rank 1: byte {k} was written"));
+        }
+        return r.finish();
+    }
+    let net = r.net.take().expect("transport");
+    net.shutdown(&r.store).map_err(s)
 }
