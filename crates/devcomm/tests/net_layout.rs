@@ -1,5 +1,5 @@
 //! Checks that `cuda/devcomm/net.cuh`, compiled by the host C++ compiler, lays out the network
-//! queue structs exactly as Rust does (`devcomm::net::queue::LAYOUT`). Needs `c++` (or `$CXX`).
+//! queue structs exactly as Rust does (`devcomm::net::descriptor::LAYOUT`). Needs `c++` (or `$CXX`).
 
 #[path = "common/cxx.rs"]
 #[allow(dead_code)] // run_ok: this test reads the probe's output itself
@@ -9,7 +9,7 @@ use cxx::{compile_cpp, scratch_dir};
 use std::fmt::Write as _;
 use std::process::Command;
 
-use devcomm::net::queue::LAYOUT;
+use devcomm::net::descriptor::LAYOUT;
 
 #[test]
 fn net_cuh_layout_equals_rust_layout() {

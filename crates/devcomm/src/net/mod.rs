@@ -10,9 +10,11 @@
 //! This layer stands alone: it is not yet routed from the existing kernels (docs/NETWORK.md,
 //! "Not built yet").
 //!
-//! Files: `ucx_sys` (the dlopen'd libucp table), `ucx` (safe owners of UCX objects), `queue`
-//! (descriptor rings and credits), `proxy` (the progress thread), `record` (the abort record).
+//! Files: `ucx_sys` (the dlopen'd libucp table), `ucx` (safe owners of UCX objects),
+//! `descriptor` (structs shared with `net.cuh`), `queue` (descriptor rings and credits),
+//! `proxy` (the progress thread), `record` (the abort record), `host` (host-side waits).
 
+pub mod descriptor;
 mod error;
 pub mod host;
 mod proxy;
@@ -31,10 +33,9 @@ use std::time::Duration;
 
 use devcomm_bootstrap::Store;
 
+pub use descriptor::{NetDescriptor, NetOp, NetQueueHeader, NetQueuesHandle, SignalOp};
 pub use error::{NetError, Result};
-pub use queue::{
-    NetDescriptor, NetOp, NetQueueHeader, NetQueuesHandle, QueueMemory, QueueRef, SignalOp,
-};
+pub use queue::{QueueMemory, QueueRef};
 pub use record::ErrorSink;
 use ucx::{Endpoint, MemRegion, RemoteKey, Ucx, Worker};
 

@@ -16,7 +16,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::queue::{backoff, NetDescriptor, NetOp, QueueRef, SignalOp};
+use super::descriptor::{NetDescriptor, NetOp, SignalOp};
+use super::queue::{backoff, QueueRef};
 use super::record::{op, STATUS_TIMED_OUT};
 use super::ucx::Request;
 use super::{Inner, Shared};
