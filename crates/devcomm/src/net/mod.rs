@@ -148,28 +148,59 @@ impl NetTransport {
         sink: ErrorSink,
         config: NetConfig,
     ) -> Result<Self> {
+        let queues = QueueMemory::new(store.world_size() as u32, config.channels, config.capacity);
+        // SAFETY: the caller's contract is the one `with_queues` needs.
+        unsafe { Self::with_queues(store, peers, sink, config, queues) }
+    }
+
+    /// [`new`](Self::new) with queues the caller laid out (e.g. with
+    /// [`QueueMemory::borrowed`] in host-mapped memory for GPU producers). A rank whose
+    /// `queues` is an error, or does not match the world and `config`, fails the setup of
+    /// every rank.
+    ///
+    /// # Safety
+    /// As for [`new`](Self::new).
+    pub unsafe fn with_queues(
+        store: &Store,
+        peers: &[usize],
+        sink: ErrorSink,
+        config: NetConfig,
+        queues: Result<QueueMemory>,
+    ) -> Result<Self> {
         let rank = store.rank();
         let world = store.world_size();
-        if let Some(&p) = peers.iter().find(|&&p| p >= world || p == rank) {
-            return Err(NetError::InvalidArgument {
-                op: "network transport",
-                reason: format!("peer {p} is this rank ({rank}) or outside the world of {world}"),
-            });
-        }
-        let queues = Arc::new(QueueMemory::new(
-            world as u32,
-            config.channels,
-            config.capacity,
-        )?);
+        let queues = queues.and_then(|q| {
+            if let Some(&p) = peers.iter().find(|&&p| p >= world || p == rank) {
+                return Err(NetError::InvalidArgument {
+                    op: "network transport",
+                    reason: format!(
+                        "peer {p} is this rank ({rank}) or outside the world of {world}"
+                    ),
+                });
+            }
+            let shape = (q.world_size() as usize, q.channels(), q.capacity());
+            if shape != (world, config.channels, config.capacity) {
+                return Err(NetError::InvalidArgument {
+                    op: "network transport",
+                    reason: format!(
+                        "queues for (world, channels, capacity) = {shape:?}, expected \
+                         ({world}, {}, {})",
+                        config.channels, config.capacity
+                    ),
+                });
+            }
+            Ok(Arc::new(q))
+        });
         // Every rank loads and publishes, even one that fails, so nobody waits for it in vain.
-        let local = Ucx::new(config.library.as_deref(), rank).and_then(|ucx| {
+        let local = queues.and_then(|queues| {
+            let ucx = Ucx::new(config.library.as_deref(), rank)?;
             let worker = Worker::new(&ucx)?;
             let addr = worker.address()?;
-            Ok((ucx, worker, addr))
+            Ok((ucx, worker, addr, queues))
         });
         let payload = local
             .as_ref()
-            .map(|(_, _, addr)| addr.clone())
+            .map(|(_, _, addr, _)| addr.clone())
             .map_err(ToString::to_string);
         let all = agree(
             store,
@@ -177,7 +208,7 @@ impl NetTransport {
             "load UCX and publish the worker address",
             payload,
         )?;
-        let (ucx, worker, _) = local?;
+        let (ucx, worker, _, queues) = local?;
         let failed: Box<[AtomicI32]> = (0..world).map(|_| AtomicI32::new(0)).collect();
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {

@@ -31,33 +31,46 @@ pub fn queue_stride(capacity: u32) -> u64 {
 #[derive(Debug)]
 pub struct QueueMemory {
     ptr: *mut u8,
-    layout: Layout,
+    /// `Some` when this value allocated the memory (and frees it).
+    owned: Option<Layout>,
+    /// The memory's address as producers use it (the device address of host-mapped memory).
+    producer_base: u64,
     capacity: u32,
     channels: u32,
     world_size: u32,
 }
 
-// SAFETY: the memory is owned by this value; the producer and proxy access the shared words
-// only atomically and an entry only while they own it (the protocol in the module doc).
+// SAFETY: the memory is owned by this value (or, borrowed, kept alive by the caller of
+// `borrowed`); the producer and proxy access the shared words only atomically and an entry
+// only while they own it (the protocol in the module doc).
 unsafe impl Send for QueueMemory {}
 // SAFETY: as above.
 unsafe impl Sync for QueueMemory {}
 
+/// Bytes needed for `world_size * channels` queues of `capacity` entries; refuses shapes
+/// outside capacity 1..=65536, channels 1..=64, world size 1..=65536 (pure).
+pub fn queue_bytes(world_size: u32, channels: u32, capacity: u32) -> Result<usize> {
+    if !(1..=1 << 16).contains(&capacity)
+        || !(1..=64).contains(&channels)
+        || !(1..=1 << 16).contains(&world_size)
+    {
+        return Err(NetError::InvalidArgument {
+            op: "network queues",
+            reason: format!(
+                "capacity {capacity} (1..=65536), channels {channels} (1..=64), world size \
+                 {world_size} (1..=65536)"
+            ),
+        });
+    }
+    Ok(queue_stride(capacity) as usize * world_size as usize * channels as usize)
+}
+
 impl QueueMemory {
     /// Allocates `world_size * channels` queues of `capacity` entries in ordinary host memory
-    /// (for host producers; a GPU producer needs host-mapped pinned memory, which the
-    /// communicator allocates when the transport is wired into kernels).
+    /// (for host producers; a GPU producer needs host-mapped pinned memory: see
+    /// [`borrowed`](Self::borrowed)).
     pub fn new(world_size: u32, channels: u32, capacity: u32) -> Result<Self> {
-        if !(1..=1 << 16).contains(&capacity) || !(1..=64).contains(&channels) || world_size == 0 {
-            return Err(NetError::InvalidArgument {
-                op: "network queues",
-                reason: format!(
-                    "capacity {capacity} (1..=65536), channels {channels} (1..=64), world size \
-                     {world_size} (>= 1)"
-                ),
-            });
-        }
-        let bytes = queue_stride(capacity) as usize * (world_size * channels) as usize;
+        let bytes = queue_bytes(world_size, channels, capacity)?;
         let layout =
             Layout::from_size_align(bytes, 4096).map_err(|e| NetError::InvalidArgument {
                 op: "network queues",
@@ -70,18 +83,54 @@ impl QueueMemory {
         }
         Ok(Self {
             ptr,
-            layout,
+            owned: Some(layout),
+            producer_base: ptr as u64,
             capacity,
             channels,
             world_size,
         })
     }
 
-    /// The handle for producers (host addresses; also the device addresses for host-mapped
-    /// memory on systems with unified addressing).
+    /// Lays the queues out in memory the caller owns, e.g. pinned host memory mapped into a
+    /// GPU (`cuMemHostAlloc` with `DEVICEMAP`), whose device address is `producer_base`.
+    /// Zeroes the first [`queue_bytes`] bytes.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for writes of `bytes` bytes, 128-byte aligned, and stay allocated
+    /// (and untouched by anything but producers and this transport) until the value is dropped.
+    pub unsafe fn borrowed(
+        ptr: *mut u8,
+        bytes: usize,
+        producer_base: u64,
+        world_size: u32,
+        channels: u32,
+        capacity: u32,
+    ) -> Result<Self> {
+        let needed = queue_bytes(world_size, channels, capacity)?;
+        if bytes < needed || ptr.is_null() || ptr as usize % 128 != 0 {
+            return Err(NetError::InvalidArgument {
+                op: "network queues",
+                reason: format!(
+                    "{bytes} bytes at {ptr:p} for {needed} bytes of queues (128-byte aligned)"
+                ),
+            });
+        }
+        // SAFETY: valid for `bytes >= needed` bytes (caller's contract).
+        unsafe { std::ptr::write_bytes(ptr, 0, needed) };
+        Ok(Self {
+            ptr,
+            owned: None,
+            producer_base,
+            capacity,
+            channels,
+            world_size,
+        })
+    }
+
+    /// The handle for producers (addresses as producers use them).
     pub fn handle(&self, rank: u32, error_state: u64, timeout: Duration) -> NetQueuesHandle {
         NetQueuesHandle {
-            base: self.ptr as u64,
+            base: self.producer_base,
             stride: queue_stride(self.capacity),
             capacity: self.capacity,
             channels: self.channels,
@@ -90,6 +139,11 @@ impl QueueMemory {
             error_state,
             timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
         }
+    }
+
+    /// Ranks the queues are laid out for.
+    pub fn world_size(&self) -> u32 {
+        self.world_size
     }
 
     /// Queues per peer.
@@ -127,8 +181,10 @@ impl QueueMemory {
 
 impl Drop for QueueMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { dealloc(self.ptr, self.layout) };
+        if let Some(layout) = self.owned {
+            // SAFETY: allocated in `new` with this layout, freed once.
+            unsafe { dealloc(self.ptr, layout) };
+        }
     }
 }
 
@@ -331,6 +387,27 @@ mod tests {
         }
         assert!(q.peek().is_none());
         assert_eq!(q.tail(), 4);
+    }
+
+    #[test]
+    fn borrowed_memory_is_checked_and_zeroed() {
+        let need = queue_bytes(2, 1, 4).unwrap();
+        assert_eq!(need, 2 * (128 + 4 * 64));
+        let mut buf = vec![0xAAu64; need / 8 + 16];
+        let base = buf.as_mut_ptr().cast::<u8>();
+        let aligned = base.wrapping_add(base.align_offset(128));
+        // SAFETY: `buf` has 128 spare bytes for the alignment and outlives `mem`.
+        let mem = unsafe { QueueMemory::borrowed(aligned, need, 0x1000, 2, 1, 4) }.unwrap();
+        assert_eq!(mem.handle(0, 0, Duration::from_secs(1)).base, 0x1000);
+        assert_eq!(mem.queue(1, 0).unwrap().tail(), 0);
+        // SAFETY: as above (refused: too small).
+        assert!(unsafe { QueueMemory::borrowed(aligned, need - 1, 0, 2, 1, 4) }.is_err());
+        let misaligned = aligned.wrapping_add(8);
+        // SAFETY: as above.
+        let refused = unsafe { QueueMemory::borrowed(misaligned, need, 0, 2, 1, 4) };
+        assert!(refused.is_err());
+        drop(mem);
+        drop(buf);
     }
 
     #[test]
