@@ -4,6 +4,7 @@
 #
 #   scripts/install-ucx.sh            installs into .tools/ucx (git-ignored)
 #   DEVCOMM_UCX_PREFIX=DIR scripts/install-ucx.sh   installs into DIR instead
+#   DEVCOMM_UCX_FORCE_WHEEL=1 ...     installs the wheel even where a system UCX exists
 #
 # Prints, on its last line, the directory that holds libucp.so: put it in DEVCOMM_UCX_LIB (or
 # on LD_LIBRARY_PATH). UCX finds its transport modules (ucx/ beside libucp) relative to its own
