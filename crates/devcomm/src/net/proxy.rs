@@ -107,8 +107,14 @@ pub(crate) fn run(shared: Arc<Shared>, queues: Vec<QueueRef>) {
     }
     // Requests that never finished keep their operand words alive until the worker goes.
     for s in states {
-        std::mem::forget(s.stage);
-        std::mem::forget(s.inflight);
+        if let Stage::AwaitFlush { req, .. } = s.stage {
+            std::mem::forget(req);
+        }
+        for (req, _, _) in s.inflight {
+            if !req.finished() {
+                std::mem::forget(req);
+            }
+        }
     }
 }
 

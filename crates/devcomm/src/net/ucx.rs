@@ -466,3 +466,10 @@ pub struct Request {
 
 // SAFETY: used only under the transport's mutex, with its worker.
 unsafe impl Send for Request {}
+
+impl Request {
+    /// True once UCX is done with it (completed at once, or polled to completion).
+    pub fn finished(&self) -> bool {
+        self.ptr.is_null()
+    }
+}
