@@ -41,6 +41,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("transfer.cuh"),
     embed!("hooks.cuh"),
     embed!("collective.cuh"),
+    embed!("net.cuh"),
     embed!("devcomm.cuh"),
 ];
 

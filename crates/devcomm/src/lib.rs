@@ -30,6 +30,7 @@ pub(crate) mod group;
 pub mod handles;
 pub mod jit;
 pub mod memory;
+pub mod net;
 pub mod p2p;
 pub mod testing;
 pub mod topology;
