@@ -15,6 +15,7 @@ mod buffer;
 mod error_state;
 #[cfg(test)]
 mod gpu_tests;
+pub mod graph;
 pub mod info;
 pub mod ipc;
 pub(crate) mod nvrtc;

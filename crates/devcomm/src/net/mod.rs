@@ -10,7 +10,7 @@
 //! This layer stands alone: it is not yet routed from the existing kernels (docs/NETWORK.md,
 //! "Not built yet").
 //!
-//! Files: `ucx_sys` (the dlopen'd libucp table), `ucx` (safe owners of UCX objects),
+//! Files: `ucx_ffi` (the dlopen'd libucp table), `ucx` (safe owners of UCX objects),
 //! `descriptor` (structs shared with `net.cuh`), `queue` (descriptor rings and credits),
 //! `proxy` (the progress thread), `record` (the abort record), `host` (host-side waits).
 
@@ -23,7 +23,7 @@ pub mod record;
 mod ucx;
 #[cfg(test)]
 mod ucx_abi_test;
-mod ucx_sys;
+mod ucx_ffi;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -45,7 +45,7 @@ pub const UCX_LIB_ENV: &str = "DEVCOMM_UCX_LIB";
 /// Loads libucp as a transport would (`lib`: see [`NetConfig::library`]) and returns where
 /// it was found and its version; the error names every path tried.
 pub fn probe_library(lib: Option<&str>) -> Result<(std::path::PathBuf, (u32, u32, u32))> {
-    let api = ucx_sys::UcpApi::load(lib)?;
+    let api = ucx_ffi::UcpApi::load(lib)?;
     Ok((api.path.clone(), api.version()))
 }
 
@@ -61,10 +61,23 @@ pub struct NetConfig {
     /// How long the proxy lets one UCX operation run before it declares the peer failed.
     pub op_timeout: Duration,
     /// Where libucp is: a file or the directory holding it (only there); `None`: the loader's
-    /// search (`LD_LIBRARY_PATH`, the system cache). Defaults to `DEVCOMM_UCX_LIB`.
+    /// search (`LD_LIBRARY_PATH`, the system cache). [`NetConfig::from_config`] takes
+    /// `DEVCOMM_UCX_LIB`.
     pub library: Option<String>,
     /// Prefix of this transport's store keys (unique among the transports of a job).
     pub tag: String,
+}
+
+impl NetConfig {
+    /// The defaults, with the library the configuration names (`DEVCOMM_UCX_LIB`) and its
+    /// setup timeout.
+    pub fn from_config(config: &crate::Config) -> Self {
+        Self {
+            library: config.ucx_lib.as_ref().map(|p| p.display().to_string()),
+            setup_timeout: config.setup_timeout,
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for NetConfig {
@@ -74,7 +87,7 @@ impl Default for NetConfig {
             capacity: 64,
             setup_timeout: Duration::from_secs(30),
             op_timeout: Duration::from_secs(10),
-            library: std::env::var(UCX_LIB_ENV).ok(),
+            library: None,
             tag: "net".to_owned(),
         }
     }

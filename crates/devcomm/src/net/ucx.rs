@@ -1,5 +1,5 @@
 //! Safe owners of UCX objects: the context, the worker, endpoints, memory registrations and
-//! remote keys, and the polling of requests. Built on the function table of `ucx_sys`; the
+//! remote keys, and the polling of requests. Built on the function table of `ucx_ffi`; the
 //! rest of the network layer never calls UCX directly.
 //!
 //! Threading: the worker is created `UCS_THREAD_MODE_SERIALIZED`; the transport keeps the
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::{NetError, Result};
-use super::ucx_sys::*;
+use super::ucx_ffi::*;
 
 /// A loaded libucp and an initialised UCP context (RMA).
 #[derive(Debug)]
@@ -28,7 +28,7 @@ unsafe impl Send for Ucx {}
 unsafe impl Sync for Ucx {}
 
 impl Ucx {
-    /// Loads libucp (see `ucx_sys::candidates`) and initialises a context.
+    /// Loads libucp (see `ucx_ffi::candidates`) and initialises a context.
     pub fn new(lib: Option<&str>, rank: usize) -> Result<Arc<Self>> {
         let api = UcpApi::load(lib)?;
         let rank = i32::try_from(rank).unwrap_or(i32::MAX);

@@ -1,21 +1,21 @@
 //! Checks the transcribed UCX structs and constants against the installed `ucp.h`: writes a C
-//! file of `_Static_assert`s from `ucx_sys::abi_facts` / `abi_constants` and compiles it with
+//! file of `_Static_assert`s from `ucx_ffi::abi_facts` / `abi_constants` and compiles it with
 //! the host C compiler. Without headers or a compiler it prints SKIPPED and passes, unless
 //! `DEVCOMM_REQUIRE_UCX` is set (CI sets it), which makes it fail.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use super::ucx_sys::{abi_constants, abi_facts};
+use super::ucx_ffi::{abi_constants, abi_facts};
 
 /// The directory holding `ucp/api/ucp.h`: `DEVCOMM_UCX_INCLUDE`, else `include/` beside the
 /// library directory of `DEVCOMM_UCX_LIB`, else /usr/include.
 fn include_dir() -> Option<PathBuf> {
     let mut dirs = Vec::new();
-    if let Ok(d) = std::env::var("DEVCOMM_UCX_INCLUDE") {
+    if let Some(d) = crate::config::test_variable("DEVCOMM_UCX_INCLUDE") {
         dirs.push(PathBuf::from(d));
     }
-    if let Ok(l) = std::env::var(super::UCX_LIB_ENV) {
+    if let Some(l) = crate::config::test_variable(super::UCX_LIB_ENV) {
         let l = PathBuf::from(l);
         let dir = if l.is_dir() {
             l
@@ -30,7 +30,7 @@ fn include_dir() -> Option<PathBuf> {
 
 fn unavailable(why: &str) {
     assert!(
-        std::env::var_os("DEVCOMM_REQUIRE_UCX").is_none(),
+        crate::config::test_variable("DEVCOMM_REQUIRE_UCX").is_none(),
         "DEVCOMM_REQUIRE_UCX is set but {why}"
     );
     eprintln!("SKIPPED ucx_abi: {why}");
@@ -59,7 +59,7 @@ fn structs_and_constants_match_ucp_h() {
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("abi.c");
     std::fs::write(&src, &c).unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let cc = crate::config::test_variable("CC").unwrap_or_else(|| "cc".to_owned());
     let out = match Command::new(&cc)
         .args(["-std=c11", "-fsyntax-only", "-I"])
         .arg(&include)
@@ -72,7 +72,7 @@ fn structs_and_constants_match_ucp_h() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
         out.status.success(),
-        "the UCX ABI transcribed in ucx_sys.rs differs from {}:\n{}",
+        "the UCX ABI transcribed in ucx_ffi.rs differs from {}:\n{}",
         include.display(),
         String::from_utf8_lossy(&out.stderr)
     );

@@ -1,9 +1,9 @@
 //! The protocols of send/recv, the knobs of one direction ([`P2PConfig`]) and the guard
 //! before launch ([`P2PConfig::check`]).
 
-use super::defaults::CE_MIN_CHUNK;
 #[allow(unused_imports)] // named in docs
 use super::defaults::pull_by_default;
+use super::defaults::CE_MIN_CHUNK;
 #[allow(unused_imports)]
 use super::window::{P2PLimits, MAX_ROLE_THREADS};
 use crate::error::{Error, Result};
