@@ -14,6 +14,7 @@ pub(crate) mod nccl;
 mod plot;
 mod put;
 mod record;
+mod reduce;
 mod sendrecv;
 mod timing;
 pub(crate) mod tune;
@@ -62,6 +63,19 @@ const OPS: &[(&str, &str)] = &[
         "MoE token dispatch with counts on the GPU, against NCCL's count exchange, host sync \
          and grouped send/recv",
     ),
+    (
+        "all_reduce",
+        "devcomm all-reduce against NCCL, on the same buffers and on NCCL window buffers \
+         (--dtype, --redop, --reference)",
+    ),
+    (
+        "reduce_scatter",
+        "devcomm reduce-scatter against NCCL, as all_reduce",
+    ),
+    (
+        "all_gather",
+        "devcomm all-gather against NCCL, as all_reduce",
+    ),
 ];
 
 /// The list `--op help` prints, and an unknown `--op` names.
@@ -71,23 +85,50 @@ fn ops_help() -> String {
         .collect()
 }
 
-/// Benchmarks and the tuner time devcomm against NCCL over NVLink: ranks that share a GPU
-/// ([`devcomm::topology::SHARE_GPU_ENV`]) are refused before anything starts.
-pub(crate) fn refuse_shared_gpu(what: &str) -> Result<(), String> {
-    shared_gpu_rule(devcomm::topology::share_gpu(), what, "").map(|_| ())
+/// Why benchmarks and the tuner refuse ranks that share a GPU.
+fn shared_gpu_reason() -> String {
+    format!(
+        "{} is for functional tests (NCCL refuses ranks that share a GPU, and the timings \
+         would say nothing of NVLink); only `devcomm bench --op \
+         all_reduce|reduce_scatter|all_gather --reference none` runs there, as a smoke test",
+        devcomm::topology::SHARE_GPU_ENV
+    )
 }
 
-/// Whether `op` may run when the ranks share a GPU (`shared`): `Ok(true)` where the timings
-/// mean something (a GPU per rank), an error that says why otherwise (NCCL refuses ranks that
-/// share a GPU).
-pub(crate) fn shared_gpu_rule(shared: bool, op: &str, _reference: &str) -> Result<bool, String> {
+/// The tuner times devcomm against NCCL over NVLink: ranks that share a GPU
+/// ([`devcomm::topology::SHARE_GPU_ENV`]) are refused before anything starts.
+pub(crate) fn refuse_shared_gpu(what: &str) -> Result<(), String> {
+    if devcomm::topology::share_gpu() {
+        return Err(format!(
+            "{what} need one GPU per rank: {}",
+            shared_gpu_reason()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `bench --op op` may run with its `--reference` when the ranks share a GPU
+/// (`shared`): `Ok(true)` where the timings mean something (a GPU per rank), `Ok(false)` for
+/// the one smoke test allowed on a shared GPU (a reduction timed alone, `--reference none`),
+/// and an error that says why otherwise.
+pub(crate) fn shared_gpu_rule(shared: bool, op: &str, reference: &str) -> Result<bool, String> {
     if !shared {
         return Ok(true);
     }
+    let env = devcomm::topology::SHARE_GPU_ENV;
+    if reduce::Coll::parse(op).is_some() {
+        return match reduce::Reference::parse(reference)? {
+            reduce::Reference::None => Ok(false),
+            _ => Err(format!(
+                "bench --op {op} --reference {reference}: NCCL refuses ranks that share a GPU \
+                 ({env}=1); `--reference none` times devcomm alone as a smoke test (its \
+                 timings are marked meaningless)"
+            )),
+        };
+    }
     Err(format!(
-        "{op} need one GPU per rank: {} is for functional tests (NCCL refuses ranks that \
-         share a GPU, and the timings would say nothing of NVLink)",
-        devcomm::topology::SHARE_GPU_ENV
+        "bench --op {op} needs one GPU per rank: {}",
+        shared_gpu_reason()
     ))
 }
 
@@ -103,7 +144,11 @@ pub fn command(args: &BenchArgs) -> Result<i32, String> {
 
 /// Runs the chosen benchmark on every rank; rank 0 prints and writes the results.
 fn run(args: &BenchArgs) -> Result<i32, String> {
-    let meaningful = shared_gpu_rule(devcomm::topology::share_gpu(), &args.op, "")?;
+    let meaningful = shared_gpu_rule(devcomm::topology::share_gpu(), &args.op, &args.reference)?;
+    if reduce::Coll::parse(&args.op).is_some() {
+        // A misspelt type or operator fails here, before any rank starts.
+        reduce::check_args(args)?;
+    }
     let cx = Ctx::new()?;
     if cx.comm.world_size() < 2 {
         return Err("benchmarks need at least 2 ranks".into());
@@ -123,7 +168,10 @@ fn run(args: &BenchArgs) -> Result<i32, String> {
         "sendrecv" => sendrecv::run(&cx, args, args.both_directions)?,
         "all_to_all" => alltoall::run(&cx, args)?,
         "all_to_allv" => alltoall::run_v(&cx, args)?,
-        op => return Err(format!("unknown --op {op:?}; one of:\n{}", ops_help())),
+        op => match reduce::Coll::parse(op) {
+            Some(coll) => reduce::run(&cx, args, coll)?,
+            None => return Err(format!("unknown --op {op:?}; one of:\n{}", ops_help())),
+        },
     };
     for r in &mut records {
         r.meaningful &= meaningful;
@@ -145,12 +193,36 @@ mod tests {
         for (name, _) in OPS {
             assert_eq!(help.matches(&format!("  {name} ")).count(), 1, "{name}");
         }
+        for op in ["all_reduce", "reduce_scatter", "all_gather", "sendrecv"] {
+            assert!(OPS.iter().any(|(n, _)| *n == op), "{op}");
+        }
     }
 
     #[test]
-    fn a_shared_gpu_runs_nothing() {
-        assert_eq!(shared_gpu_rule(false, "sendrecv", "all"), Ok(true));
-        let e = shared_gpu_rule(true, "tuning runs", "").unwrap_err();
-        assert!(e.contains("one GPU per rank"), "{e}");
+    fn a_gpu_per_rank_runs_everything() {
+        for op in ["sendrecv", "all_to_all", "all_reduce"] {
+            for reference in ["all", "nccl", "none"] {
+                assert_eq!(shared_gpu_rule(false, op, reference), Ok(true));
+            }
+        }
+    }
+
+    #[test]
+    fn a_shared_gpu_runs_only_reductions_alone_and_marks_them() {
+        for op in ["all_reduce", "reduce_scatter", "all_gather"] {
+            assert_eq!(shared_gpu_rule(true, op, "none"), Ok(false));
+            for reference in ["all", "nccl", "nccl-window"] {
+                let e = shared_gpu_rule(true, op, reference).unwrap_err();
+                assert!(e.contains("--reference none"), "{e}");
+                assert!(e.contains(devcomm::topology::SHARE_GPU_ENV), "{e}");
+            }
+            // A misspelt reference is an error of its own, not a run.
+            assert!(shared_gpu_rule(true, op, "nvidia").is_err());
+        }
+        for op in ["sendrecv", "all_to_all", "launch"] {
+            let e = shared_gpu_rule(true, op, "none").unwrap_err();
+            assert!(e.contains("needs one GPU per rank"), "{e}");
+            assert!(e.contains("--reference none"), "{e}");
+        }
     }
 }

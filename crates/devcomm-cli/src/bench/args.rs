@@ -4,7 +4,8 @@
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// What to time (`--op help` lists them): `sendrecv`, `latency`, `launch`, `put`, `ce`,
-    /// `all_to_all`, `all_to_allv`.
+    /// `all_to_all`, `all_to_allv`, and the reductions `all_reduce`, `reduce_scatter`,
+    /// `all_gather` (against NCCL on ordinary buffers and on registered window buffers).
     #[arg(long, default_value = "sendrecv")]
     pub(crate) op: String,
     /// Timed repetitions per point (the median is reported).
@@ -25,10 +26,11 @@ pub struct BenchArgs {
     /// Send/recv: both directions at once.
     #[arg(long)]
     pub(crate) both_directions: bool,
-    /// Largest message size to time (per peer for `all_to_all`, which stops at 256 MiB).
+    /// Largest message size to time (per peer for `all_to_all`, which stops at 256 MiB; the
+    /// reductions' size as nccl-tests counts it, 8 B to 1 GiB in powers of two).
     #[arg(long, default_value_t = 1 << 30)]
     pub(crate) max_bytes: usize,
-    /// Smallest message size to time (send/recv and all-to-all).
+    /// Smallest message size to time (send/recv, all-to-all and the reductions).
     #[arg(long, default_value_t = 0)]
     pub(crate) min_bytes: usize,
     /// Send/recv: blocks (SMs) per direction for staged messages instead of the table's
@@ -61,4 +63,16 @@ pub struct BenchArgs {
     /// bookkeeping (every buffer here is used on one stream); docs/benchmarks/README.md.
     #[arg(long)]
     pub(crate) event_tracking: bool,
+    /// Reductions: the element type (bf16, f16, f32, f64, i32, i64, u8).
+    #[arg(long, default_value = "bf16")]
+    pub(crate) dtype: String,
+    /// Reductions: the reduction operator (sum, avg, max, min; all_gather has none).
+    #[arg(long, default_value = "sum")]
+    pub(crate) redop: String,
+    /// Reductions: what devcomm is timed against: `all` (NCCL on the same buffers, and NCCL on
+    /// buffers registered as symmetric windows where this NCCL has them), `nccl`,
+    /// `nccl-window`, or `none` (devcomm alone; the only choice with DEVCOMM_SHARE_GPU=1, where
+    /// it is a smoke test whose timings mean nothing).
+    #[arg(long, default_value = "all")]
+    pub(crate) reference: String,
 }
