@@ -205,28 +205,33 @@ impl<'a> WindowBuffers<'a> {
         if let Some(reason) = agree(cx, "window-alloc", failed.as_ref())? {
             return Ok(Err(reason));
         }
-        for (&p, &b) in me.allocs.iter().zip(&bytes) {
+        // One registration at a time, agreed before the next: a rank that failed must not
+        // leave the others waiting inside the next collective registration.
+        for (i, (&p, &b)) in me.allocs.iter().zip(&bytes).enumerate() {
             let mut w: ncclWindow_t = std::ptr::null_mut();
             // SAFETY: collective; every rank registers its allocation of the same size in the
             // same order; `p` holds `b` bytes from ncclMemAlloc.
             let r = unsafe { (api.register)(nccl.comm, p, b, &mut w, WIN_COLL_SYMMETRIC) };
-            if r != 0 || w.is_null() {
-                failed = Some(format!(
+            let failed = (r != 0 || w.is_null()).then(|| {
+                format!(
                     "ncclCommWindowRegister({b} B) on rank {rank}: {}",
                     if r != 0 {
                         code_name(r)
                     } else {
                         "no window returned".into()
                     }
-                ));
-                break;
+                )
+            });
+            if !w.is_null() {
+                me.windows.push(w);
             }
-            me.windows.push(w);
+            if let Some(reason) = agree(cx, &format!("window-register-{i}"), failed.as_ref())? {
+                // Dropping `me` deregisters what was registered (on every rank alike where
+                // the failure was, as usual, the same everywhere).
+                return Ok(Err(reason));
+            }
         }
-        Ok(match agree(cx, "window-register", failed.as_ref())? {
-            Some(reason) => Err(reason),
-            None => Ok(me),
-        })
+        Ok(Ok(me))
     }
 
     /// The input's and output's device addresses.
