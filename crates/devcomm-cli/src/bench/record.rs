@@ -212,3 +212,67 @@ fn print_table(records: &[Record]) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            op: "sendrecv".into(),
+            world_size: 2,
+            bytes: 8,
+            both_directions: false,
+            devcomm_us: 5.0,
+            nccl_us: f64::NAN,
+            ratio: f64::NAN,
+            sms: 1,
+            device: "H200".into(),
+            date: "2026-11-24".into(),
+            reference: "none".into(),
+            devcomm_gbps: 0.0,
+            config: String::new(),
+            nccl_gbps: 0.0,
+            tokens: None,
+            event_tracking: false,
+            dtype: None,
+            redop: None,
+            devcomm_busbw_gbps: None,
+            nccl_busbw_gbps: None,
+            check: String::new(),
+            meaningful: true,
+        }
+    }
+
+    #[test]
+    fn reduction_fields_appear_only_where_set() {
+        let plain = serde_json::to_value(record()).unwrap();
+        for absent in ["dtype", "redop", "devcomm_busbw_gbps", "check", "tokens"] {
+            assert!(plain.get(absent).is_none(), "{absent}");
+        }
+        assert_eq!(plain["meaningful"], true);
+        // No reference time: NaN is written as null.
+        assert!(plain["nccl_us"].is_null());
+        let r = Record {
+            op: "all_reduce".into(),
+            dtype: Some("bf16".into()),
+            redop: Some("sum".into()),
+            devcomm_busbw_gbps: Some(350.0),
+            check: "bitwise against NCCL".into(),
+            meaningful: false,
+            ..record()
+        }
+        .timed(4.0, 8.0, 8e3);
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["dtype"], "bf16");
+        assert_eq!(j["redop"], "sum");
+        assert_eq!(j["meaningful"], false);
+        assert_eq!(j["devcomm_busbw_gbps"], 350.0);
+        assert_eq!(j["check"], "bitwise against NCCL");
+        assert_eq!(
+            (j["ratio"].as_f64(), j["devcomm_gbps"].as_f64()),
+            (Some(2.0), Some(2.0))
+        );
+        assert_eq!(j["nccl_gbps"].as_f64(), Some(1.0));
+    }
+}
