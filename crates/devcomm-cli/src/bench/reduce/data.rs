@@ -185,8 +185,13 @@ impl Values {
     }
 
     /// Element `i` of `rank`'s input in the run tagged `tag` (of `seed`).
+    #[cfg(test)]
     pub(crate) fn value(&self, seed: u64, tag: u64, rank: usize, i: usize) -> i64 {
-        let stream = mix(seed ^ mix(tag ^ ((rank as u64) << 48)));
+        self.value_in(stream(seed, tag, rank), i)
+    }
+
+    /// Element `i` of the input whose [`stream`] is `stream`.
+    fn value_in(&self, stream: u64, i: usize) -> i64 {
         let h = mix(stream.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
         let k = if self.codec == Codec::U8 {
             (h % (self.k_max as u64 + 1)) as i64
@@ -196,15 +201,31 @@ impl Values {
         self.step * k
     }
 
-    /// `rank`'s input of `elems` elements, encoded.
+    /// `rank`'s input of `elems` elements, encoded (on a few threads: a 1 GiB input is half a
+    /// billion elements).
     pub(crate) fn input(&self, seed: u64, tag: u64, rank: usize, elems: usize) -> Vec<u8> {
+        const THREADS: usize = 4;
         let w = self.codec.bytes();
+        let stream = stream(seed, tag, rank);
         let mut out = vec![0u8; elems * w];
-        for (i, e) in out.chunks_exact_mut(w).enumerate() {
-            self.codec.encode(self.value(seed, tag, rank, i), e);
-        }
+        let per_thread = elems.div_ceil(THREADS).max(1 << 16);
+        std::thread::scope(|scope| {
+            for (t, part) in out.chunks_mut(per_thread * w).enumerate() {
+                scope.spawn(move || {
+                    for (j, e) in part.chunks_exact_mut(w).enumerate() {
+                        self.codec
+                            .encode(self.value_in(stream, t * per_thread + j), e);
+                    }
+                });
+            }
+        });
         out
     }
+}
+
+/// The start of one rank's values in one run.
+fn stream(seed: u64, tag: u64, rank: usize) -> u64 {
+    mix(seed ^ mix(tag ^ ((rank as u64) << 48)))
 }
 
 /// splitmix64's finaliser.
@@ -228,7 +249,10 @@ pub(crate) struct Run {
 /// the reduce-scatter shard, the all-gather input).
 pub(crate) fn expected(run: &Run, coll: Coll, op: ReduceOp, rank: usize, count: usize) -> Vec<u8> {
     let (v, w) = (&run.values, run.values.codec.bytes());
-    let at = |r: usize, i: usize| v.value(run.seed, run.tag, r, i);
+    let streams: Vec<u64> = (0..run.world)
+        .map(|r| stream(run.seed, run.tag, r))
+        .collect();
+    let at = |r: usize, i: usize| v.value_in(streams[r], i);
     let reduce = |i: usize| -> i64 {
         let mut acc = at(0, i);
         for r in 1..run.world {
@@ -397,6 +421,15 @@ mod tests {
         let u = Values::new(Codec::U8, Some(ReduceOp::Avg), 4).unwrap();
         assert!((0..1000)
             .all(|i| (0..=48).contains(&u.value(1, 1, 3, i)) && u.value(1, 1, 3, i) % 4 == 0));
+        // Across the threads' parts of a large input, element i is still value i.
+        let big = v.input(7, 1, 1, 300_001);
+        for i in [0, 65_535, 65_536, 75_000, 75_001, 150_000, 300_000] {
+            assert_eq!(
+                big[2 * i..2 * i + 2],
+                enc(Codec::Bf16, v.value(7, 1, 1, i)),
+                "{i}"
+            );
+        }
         assert_eq!(v.input(7, 1, 1, 3), {
             let mut e = Vec::new();
             for &x in &b[..3] {
