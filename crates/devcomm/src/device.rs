@@ -42,6 +42,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("hooks.cuh"),
     embed!("collective.cuh"),
     embed!("net.cuh"),
+    embed!("reduce.cuh"),
     embed!("devcomm.cuh"),
 ];
 

@@ -9,7 +9,7 @@ use devcomm::p2p::{
 use devcomm::RegisteredRange;
 
 use crate::bench::nccl::NcclPair;
-use crate::bench::{device_label, time_pair, time_ranks_each, today, BenchArgs, Record};
+use crate::bench::{calls_per_sample, time_pair, time_ranks_each, BenchArgs, Record};
 use crate::selftest::Ctx;
 use crate::selftest_zc::BenchDst;
 
@@ -32,11 +32,6 @@ pub(crate) const SIZES: &[usize] = &[
     256 << 20,
     1 << 30,
 ];
-
-/// Back-to-back calls per timed sample: enough that one sample lasts well over the launch gap.
-pub(crate) fn calls_per_sample(bytes: usize) -> usize {
-    ((64usize << 20) / bytes.max(1)).clamp(1, 50)
-}
 
 pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>, String> {
     let comm = &cx.comm;
@@ -152,15 +147,8 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             (cfg, "")
         };
         if rank == 0 {
-            let gbps = |us: f64| bytes as f64 / us / 1e3;
             out.push(Record {
-                op: "sendrecv".into(),
-                world_size: comm.world_size(),
-                bytes: bytes as u64,
                 both_directions: both,
-                devcomm_us: d_us,
-                nccl_us: n_us,
-                ratio: n_us / d_us,
                 sms: match zc_route {
                     Some(ZcRoute::Blocks(b)) => b,
                     Some(ZcRoute::CopyEngine) => 1,
@@ -170,15 +158,11 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                     }
                     Some(ZcRoute::Staged) | None => cfg.blocks,
                 },
-                device: device_label(cx, args),
-                date: today(),
                 reference: if registered.is_some() {
                     "NCCL send/recv (into the same registered buffer)".into()
                 } else {
                     "NCCL send/recv".into()
                 },
-                devcomm_gbps: gbps(d_us),
-                nccl_gbps: gbps(n_us),
                 config: match zc_route {
                     Some(ZcRoute::Blocks(b)) => format!("zero-copy/{b}x512"),
                     Some(ZcRoute::CopyEngine) => "zero-copy/copy-engine".into(),
@@ -191,8 +175,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                         describe(&cfg, bytes, both, cx.comm.p2p_switches().pull)
                     ),
                 },
-                tokens: None,
-                event_tracking: args.event_tracking,
+                ..Record::new(cx, args, "sendrecv", bytes as u64).timed(d_us, n_us, bytes as f64)
             });
         }
         cx.host_barrier()?;
@@ -343,22 +326,14 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
         let n_us = replay(&ngraph, "graph-nccl")?;
         if rank == 0 {
             out.push(Record {
-                op: "sendrecv_graph".into(),
-                world_size: comm.world_size(),
-                bytes: bytes as u64,
-                both_directions: false,
-                devcomm_us: d_us,
-                nccl_us: n_us,
-                ratio: n_us / d_us,
                 sms: cfg.blocks,
-                device: device_label(cx, args),
-                date: today(),
                 reference: "NCCL send/recv, graph-replayed".into(),
-                devcomm_gbps: bytes as f64 / d_us / 1e3,
-                nccl_gbps: bytes as f64 / n_us / 1e3,
                 config: describe(&cfg, bytes, false, cx.comm.p2p_switches().pull),
-                tokens: None,
-                event_tracking: args.event_tracking,
+                ..Record::new(cx, args, "sendrecv_graph", bytes as u64).timed(
+                    d_us,
+                    n_us,
+                    bytes as f64,
+                )
             });
         }
         drop(dgraph);

@@ -17,10 +17,8 @@ use devcomm::p2p::tune::{TunedLimits, OP_SENDRECV, TUNE_VERSION};
 use devcomm::p2p::{sweep_configs, P2PConfig, Protocol, TuneEntry, TuneTable};
 
 use crate::bench::nccl::NcclPair;
-use crate::bench::sendrecv::{
-    calls_per_sample, describe, devcomm_call, nccl_call, verify_call, SIZES,
-};
-use crate::bench::{time_pair, today};
+use crate::bench::sendrecv::{describe, devcomm_call, nccl_call, verify_call, SIZES};
+use crate::bench::{calls_per_sample, time_pair, today};
 use crate::selftest::Ctx;
 
 /// Arguments of `devcomm tune`.

@@ -205,9 +205,11 @@ impl CommBuilder {
         let control = Window::<u64>::new(&group, group.world_size, 0)?;
         let p2p = P2P::new(&group, p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
+        let reduce = crate::reduce::launch::Reduce::new(&group, device.sm_count)?;
         let comm = Comm {
             p2p,
             coll,
+            reduce,
             local_rank: self.info.local_rank,
             device,
             jit: Jit::from_config(&self.config),

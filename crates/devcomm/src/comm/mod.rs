@@ -4,6 +4,7 @@
 mod builder;
 mod collectives;
 mod p2p;
+mod reduce_ops;
 mod registration;
 mod setup;
 mod tiles;
@@ -43,6 +44,8 @@ pub struct Comm {
     barrier_gate: crate::group::KernelGate,
     p2p: P2P,
     coll: Collective,
+    /// The reductions' window, counters and kernels (`reduce::launch`).
+    reduce: crate::reduce::launch::Reduce,
     // Dropped last: windows and registrations above release their mappings first.
     group: Arc<Group>,
 }
