@@ -14,6 +14,8 @@ pub(crate) mod launch;
 pub mod plan;
 pub mod types;
 
-pub use launch::{hooked_kernel_spec, kernel_expression, kernel_spec, KERNEL_SOURCE};
+pub use launch::{
+    hooked_kernel_spec, kernel_expression, kernel_spec, KERNEL_SOURCE, MAX_BLOCKS_ENV,
+};
 pub use plan::{Algorithm, Collective, Plan, ReduceLimits};
 pub use types::{DataType, ReduceOp, Reducible};

@@ -79,12 +79,15 @@ pub const MAX_WORLD: usize = 32;
 pub struct ReduceLimits {
     /// Bytes of one half of the two-shot area: one round stages at most this much per rank.
     pub chunk_bytes: u64,
+    /// Most blocks of a two-shot launch (1 to [`MAX_BLOCKS`]).
+    pub max_blocks: u32,
 }
 
 impl Default for ReduceLimits {
     fn default() -> Self {
         Self {
             chunk_bytes: 8 << 20,
+            max_blocks: MAX_BLOCKS,
         }
     }
 }
@@ -210,7 +213,7 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
         },
         blocks: round_bytes
             .div_ceil(BLOCK_BYTES)
-            .clamp(1, MAX_BLOCKS as u64) as u32,
+            .clamp(1, limits.max_blocks.clamp(1, MAX_BLOCKS) as u64) as u32,
         shard,
         chunk,
         rounds,
@@ -243,6 +246,7 @@ mod tests {
 
     const L: ReduceLimits = ReduceLimits {
         chunk_bytes: 8 << 20,
+        max_blocks: MAX_BLOCKS,
     };
 
     #[test]
@@ -313,6 +317,9 @@ mod tests {
         assert_eq!((one.algorithm, one.blocks), (Algorithm::OneShot, 1));
         let full = plan(&shape(Collective::AllReduce, 32 << 10, 4, 2), &L).unwrap();
         assert_eq!(full.blocks, 16);
+        let narrow = ReduceLimits { max_blocks: 8, ..L };
+        let pl = plan(&shape(Collective::AllReduce, 64 << 20, 4, 2), &narrow).unwrap();
+        assert_eq!(pl.blocks, 8);
     }
 
     #[test]
