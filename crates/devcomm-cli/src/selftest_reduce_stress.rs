@@ -158,6 +158,11 @@ pub(crate) fn check_graph(cx: &Ctx, replays: usize) -> Check {
     let (rank, w) = (cx.comm.rank(), cx.comm.world_size());
     let sum = ReduceOp::Sum;
     let (n1, n2, n3, n4) = (3000usize, 70_001usize, 5000usize, 100_003usize);
+    // Buffers made without cudarc's event tracking: nothing may be recorded or waited on
+    // inside the capture except the reductions' own kernels (a wait on an event recorded
+    // before the capture invalidates it).
+    // SAFETY: every use of these buffers below is ordered on cx.stream and synchronised.
+    unsafe { cx.comm.context().disable_event_tracking() };
     let mut a1 = cx.stream.alloc_zeros::<f32>(n1).map_err(err)?;
     let mut a2 = cx.stream.clone_htod(&vec![bf16::ZERO; n2]).map_err(err)?;
     let mut a3 = cx.stream.alloc_zeros::<f32>(w * n3).map_err(err)?;
