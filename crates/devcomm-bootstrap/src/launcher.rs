@@ -6,11 +6,22 @@
 //! and stderr are read line by line and written to the launcher's stdout and stderr with the
 //! prefix `[rank R] ` (whole lines at a time, so lines of different ranks never mix).
 //!
+//! A line longer than [`LINE_PIECE`] bytes is written in pieces of that size, each with the
+//! prefix and a newline, so a rank printing without newlines cannot make the launcher buffer
+//! without bound.
+//!
 //! Each rank runs in its own process group, so that stopping a rank also stops whatever it
 //! started. When a rank exits with a non-zero code or is killed by a signal, the launcher sends
-//! `SIGTERM` to the other ranks' groups, `SIGKILL` after [`LaunchOptions::kill_grace`], and
+//! `SIGTERM` to every rank's group (also the groups of ranks that already exited, where their
+//! background children may still run), `SIGKILL` after [`LaunchOptions::kill_grace`], and
 //! returns the failing rank's code (128 + signal number for a signal). `SIGINT`, `SIGTERM` and
 //! `SIGHUP` sent to the launcher while it runs are forwarded to every rank the same way.
+//!
+//! Ranks die with the launcher: each is started with `PR_SET_PDEATHSIG` = `SIGKILL` (and
+//! checks, right after setting it, that the launcher is still its parent), so killing the
+//! launcher, even with `SIGKILL`, kills every rank. The parent-death signal belongs to the
+//! thread that started the rank, which is the thread running [`launch`] until every rank has
+//! exited; it is not inherited by a rank's own children, which a rank must stop itself.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -24,6 +35,7 @@ use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::unistd::Pid;
 use rand::Rng;
 
+use crate::limits::LINE_PIECE;
 use crate::{Error, Result};
 
 /// How often the launcher polls its children.
@@ -139,27 +151,48 @@ impl Sink {
 }
 
 /// Copies `reader` to `sink` line by line with the rank prefix; signals `done` at the end.
+/// A line longer than [`LINE_PIECE`] bytes is written in pieces of that size, each prefixed
+/// and ended with a newline, so memory stays bounded whatever a rank prints.
 fn pump(rank: usize, reader: impl Read, sink: Sink, done: mpsc::Sender<()>) {
     let prefix = format!("[rank {rank}] ");
-    let mut reader = BufReader::new(reader);
-    let mut line = Vec::new();
+    let mut reader = BufReader::with_capacity(LINE_PIECE, reader);
+    let mut line = Vec::with_capacity(prefix.len() + LINE_PIECE + 1);
+    line.extend_from_slice(prefix.as_bytes());
     loop {
-        line.clear();
-        line.extend_from_slice(prefix.as_bytes());
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) => break,
-            Ok(_) => {
-                if line.last() != Some(&b'\n') {
-                    line.push(b'\n');
-                }
-                sink.write_line(&line);
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+        let buf = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 log::debug!("launcher: reading rank {rank}'s output: {e}");
                 break;
             }
+        };
+        if buf.is_empty() {
+            break;
         }
+        let room = prefix.len() + LINE_PIECE - line.len();
+        // Up to `room` bytes of text plus the newline that may end them.
+        let window = &buf[..buf.len().min(room + 1)];
+        let (used, complete) = match window.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => {
+                let used = window.len().min(room);
+                (used, used == room)
+            }
+        };
+        line.extend_from_slice(&buf[..used]);
+        reader.consume(used);
+        if complete {
+            if line.last() != Some(&b'\n') {
+                line.push(b'\n');
+            }
+            sink.write_line(&line);
+            line.truncate(prefix.len());
+        }
+    }
+    if line.len() > prefix.len() {
+        line.push(b'\n');
+        sink.write_line(&line);
     }
     let _ = done.send(());
 }
@@ -260,10 +293,11 @@ struct Rank {
     status: Option<ExitStatus>,
 }
 
-/// Signals the process group of every rank that has not been reaped yet.
+/// Signals the process group of every rank, reaped or not: background children of a rank
+/// that has already exited stay in its group. (A group id is not reused while any member of
+/// the group lives; once the group is empty, the signal finds nobody.)
 fn signal_all(ranks: &[Rank], sig: Signal) {
-    for r in ranks.iter().filter(|r| r.status.is_none()) {
-        // The child is unreaped, so its pid (= its process group id) cannot have been reused.
+    for r in ranks {
         let pgid = Pid::from_raw(r.child.id() as i32);
         if let Err(e) = signal::killpg(pgid, sig) {
             if e != nix::errno::Errno::ESRCH {
@@ -304,6 +338,30 @@ fn run(opts: LaunchOptions, out: Sink, err: Sink) -> Result<i32> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        let launcher = nix::unistd::getpid().as_raw();
+        // SAFETY: the closure runs in the child between fork and exec; it only calls prctl
+        // and getppid (async-signal-safe) and builds an io::Error from an errno number, which
+        // does not allocate.
+        unsafe {
+            cmd.pre_exec(move || {
+                // The rank dies with the launcher, even when the launcher is SIGKILLed.
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                // The launcher may have died before the prctl: then nothing would signal us.
+                if libc::getppid() != launcher {
+                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -367,6 +425,10 @@ fn run(opts: LaunchOptions, out: Sink, err: Sink) -> Result<i32> {
         }
         let running = ranks.iter().filter(|r| r.status.is_none()).count();
         if running == 0 {
+            if first_failure.is_some() && stopping_since.is_none() {
+                // The last rank failed: the groups of the others may hold background children.
+                signal_all(&ranks, Signal::SIGTERM);
+            }
             break;
         }
         if stopping_since.is_none() {
@@ -485,5 +547,30 @@ mod tests {
         let mut err = lines(&r.stderr);
         err.sort();
         assert_eq!(err, ["[rank 0] x", "[rank 1] x"]);
+    }
+
+    #[test]
+    fn a_line_without_newline_is_written_in_prefixed_pieces() {
+        // 300,000 bytes without a newline, then a short line: 4 full pieces, the rest, "end".
+        let o = sh(1, "head -c 300000 /dev/zero | tr '\\0' a; echo; echo end");
+        let r = launch_captured(o).expect("launch");
+        assert_eq!(r.code, 0);
+        let out = lines(&r.stdout);
+        let sizes: Vec<usize> = out.iter().map(|l| l.len()).collect();
+        let p = "[rank 0] ".len();
+        let rest = 300_000 - 4 * LINE_PIECE;
+        assert_eq!(
+            sizes,
+            [
+                p + LINE_PIECE,
+                p + LINE_PIECE,
+                p + LINE_PIECE,
+                p + LINE_PIECE,
+                p + rest,
+                p + 3
+            ]
+        );
+        assert!(out.iter().all(|l| l.starts_with("[rank 0] ")));
+        assert_eq!(out[5], "[rank 0] end");
     }
 }

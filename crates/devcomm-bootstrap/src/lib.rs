@@ -9,8 +9,10 @@
 //! - [`RankInfo`]: rank, world size, local rank, master address and job token, read from the
 //!   torchrun-style environment ([`RankInfo::from_env`]) or built in code ([`RankInfo::new`]).
 //! - [`Store`]: a client of the job's key-value store. Rank 0's [`Store::connect`] also starts
-//!   the store server (a background thread per connection); every rank, rank 0 included, then
-//!   talks to it over TCP, with the protocol described below.
+//!   the store server (a background thread per connection, bounded as described below); every
+//!   rank, rank 0 included, then talks to it over TCP, with the protocol described below.
+//! - [`limits`]: the named limits (frame sizes, deadlines, connection caps, the launcher's
+//!   line piece) and [`StoreLimits`] for [`Store::connect_with`].
 //! - [`Store::exchange_fds`]: passing file descriptors between the ranks of one host over
 //!   abstract-namespace Unix sockets with `SCM_RIGHTS`, with credential checks.
 //! - [`launcher`]: `devcomm launch -n N -- CMD`: starts N ranks with the variables set, prefixes
@@ -26,8 +28,29 @@
 //! [`Error::BadToken`]). After that the client sends one request at a time and reads one reply:
 //! `Set`, `Get` (several keys; the server waits until all are present, up to the timeout the
 //! client sent, and answers with the values or with the list of keys still missing), `Add`
-//! and `Wait`. Clients bound each read by the operation's timeout plus a margin, so a vanished
-//! server is an error, never a hang.
+//! (checked: an overflow is refused, never wrapped) and `Wait`. Clients bound each read by the
+//! operation's timeout plus a margin, so a vanished server is an error, never a hang.
+//!
+//! # Store admission and limits
+//!
+//! Until its hello is accepted, a connection may send one frame of at most
+//! [`limits::MAX_HELLO_FRAME`] bytes, which must arrive whole within one deadline
+//! ([`limits::HELLO_DEADLINE`]); a longer length prefix is refused before anything is
+//! allocated. At most [`limits::MAX_PENDING_AUTH`] connections wait for their hello at once; a
+//! newcomer beyond that drops the oldest waiting one, so silent connections cannot lock real
+//! ranks out and the server's threads and fds stay bounded. The token is compared in constant
+//! time, and each rank joins once (a second client claiming a rank that joined is refused),
+//! so the store holds at most `MAX_PENDING_AUTH + world size` connections.
+//!
+//! Rank 0 binds the address `MASTER_ADDR` names and nothing else: a `MASTER_ADDR` that is not
+//! an address of this host is an [`Error::Env`] for rank 0, and an address beyond loopback
+//! (including `0.0.0.0`) requires a job token. After the hello, frames are limited to
+//! [`StoreLimits::max_frame`] (default [`limits::DEFAULT_MAX_FRAME`]): a larger request is
+//! refused before it is sent (or, from a client with a larger limit, drained by the server and
+//! refused), a reply that would be larger (an all-gather of big blobs) is refused by the
+//! server, and a reply larger than a client's own limit is drained by the client; each is an
+//! [`Error::Protocol`] that names the sizes, and the connection stays usable. See
+//! docs/SECURITY.md for the threat model.
 //!
 //! # fd passing protocol
 //!
@@ -35,23 +58,32 @@
 //! `devcomm-<hash of master address, port and job token>-<rank>` and publishes its pid under
 //! `__devcomm/pid/<rank>`. To send, a rank connects to the peer's socket, checks that the
 //! listener belongs to the pid the peer published (and to our uid), and sends one message: a
-//! header (magic, sender rank, tag) with the fd attached as `SCM_RIGHTS`. The receiver accepts
-//! connections, checks `SO_PEERCRED` of each against the claimed sender's published pid and our
-//! uid, and matches messages by (tag, sender); messages for other tags are stashed for a later
-//! call. Connections complete into the listen backlog (1024) before they are accepted, so every
-//! rank can send first and receive afterwards without deadlock.
+//! header (magic, sender rank, tag) with the fd attached as `SCM_RIGHTS`. Abstract sockets have
+//! no permission check, so the receiver checks `SO_PEERCRED` of each connection right after
+//! accepting it: another uid is dropped at once; a process that is not one of the expected
+//! senders gets [`limits::FD_STRANGER_GRACE`] to send a message, which must then pass the
+//! check against the pid its claimed sender published, and is dropped otherwise. Connections
+//! are read side by side without blocking, so a stranger that connects first and stays silent
+//! does not delay the real sender. Messages are matched by (tag, sender); messages for other
+//! tags are stashed for a later call. Connections complete into the listen backlog (1024)
+//! before they are accepted, so every rank can send first and receive afterwards without
+//! deadlock.
 
 #![warn(missing_docs)]
 
 use std::time::Duration;
 
+mod auth;
 mod env;
 mod fdpass;
+mod fdrecv;
 pub mod launcher;
+pub mod limits;
 mod server;
 mod store;
 mod wire;
 
+pub use limits::StoreLimits;
 pub use store::Store;
 
 /// Errors of the bootstrap layer.
@@ -130,6 +162,7 @@ pub struct RankInfo {
     pub master_addr: String,
     /// Port of rank 0's store.
     pub master_port: u16,
-    /// Shared secret of the job; `None` when the variable is absent.
+    /// Shared secret of the job; `None` when the variable is absent. Required when
+    /// `master_addr` is beyond loopback (rank 0 refuses to host the store without it).
     pub job_token: Option<String>,
 }

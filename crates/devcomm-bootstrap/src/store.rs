@@ -8,8 +8,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::fdpass::{self, FdState};
+use crate::limits::StoreLimits;
 use crate::server::{self, Server};
-use crate::wire::{self, Refusal, Reply, Request};
+use crate::wire::{self, Frame, Refusal, Reply, Request};
 use crate::{Error, RankInfo, Result};
 
 /// Extra time a client allows past the server-side wait before deciding the server is gone.
@@ -57,6 +58,7 @@ struct Client {
 pub struct Store {
     info: RankInfo,
     timeout: Duration,
+    limits: StoreLimits,
     client: Mutex<Client>,
     server: Option<Server>,
     fds: Mutex<FdState>,
@@ -127,9 +129,24 @@ impl Store {
     /// - [`Error::Timeout`] (`op` "connect") if the server cannot be reached in time;
     /// - [`Error::BadToken`] if the server belongs to a job with another token;
     /// - [`Error::Protocol`] if the server refuses the hello for another reason (world size);
+    /// - [`Error::Env`] on rank 0 if `MASTER_ADDR` is not an address of this host, or is
+    ///   beyond loopback and there is no job token;
+    /// - [`Error::Protocol`] if the rank already joined the store (from this or another
+    ///   process);
     /// - [`Error::Io`] if rank 0 cannot bind the port, or the fd-passing socket is taken.
     pub fn connect(info: &RankInfo, timeout: Duration) -> Result<Self> {
+        Self::connect_with(info, timeout, StoreLimits::default())
+    }
+
+    /// Like [`Store::connect`] with other limits (a smaller frame limit, a shorter hello
+    /// deadline on rank 0).
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::connect`]; [`Error::Protocol`] if `limits` are out of range.
+    pub fn connect_with(info: &RankInfo, timeout: Duration, limits: StoreLimits) -> Result<Self> {
         info.validate()?;
+        limits.validate()?;
         let deadline = Instant::now() + timeout;
         let mut info = info.clone();
         let server = if info.rank == 0 {
@@ -138,6 +155,8 @@ impl Store {
                 info.master_port,
                 info.world_size,
                 info.job_token.clone(),
+                limits.max_frame,
+                limits.hello_deadline,
             )?;
             info.master_port = s.port();
             Some(s)
@@ -161,6 +180,7 @@ impl Store {
                 broken: None,
             }),
             timeout,
+            limits,
             server,
             info,
         };
@@ -202,6 +222,11 @@ impl Store {
     /// The rank information this store was joined with (with the actual port).
     pub fn info(&self) -> &RankInfo {
         &self.info
+    }
+
+    /// The abstract Unix socket name (without the leading NUL) this rank receives fds on.
+    pub fn fd_socket_name(&self) -> String {
+        self.lock_fds().name().to_string()
     }
 
     fn lock_client(&self) -> MutexGuard<'_, Client> {
@@ -248,16 +273,27 @@ impl Store {
                 io::Error::new(io::ErrorKind::NotConnected, why.clone()),
             ));
         }
+        let body = req.encode();
+        let max = self.limits.max_frame;
+        if body.len() > max {
+            // Refused before anything is sent: the connection stays in step.
+            return Err(Error::Protocol(format!(
+                "rank {rank}: store {op} `{key}`: the request is {} bytes, over the frame limit \
+                 of {max} bytes",
+                body.len()
+            )));
+        }
         let limit = wait.saturating_add(REPLY_MARGIN);
+        // Err((error, the stream is out of step and must not be used again)).
         let result = (|| {
             client
                 .stream
                 .set_write_timeout(Some(limit))
                 .and_then(|()| client.stream.set_read_timeout(Some(limit)))
-                .map_err(|e| Error::io(ctx("configuring the connection to"), e))?;
-            wire::write_frame(&mut client.stream, &req.encode())
-                .map_err(|e| Error::io(ctx("sending to"), e))?;
-            let body = wire::read_frame(&mut client.stream).map_err(|e| {
+                .map_err(|e| (Error::io(ctx("configuring the connection to"), e), true))?;
+            wire::write_frame(&mut client.stream, &body, max)
+                .map_err(|e| (Error::io(ctx("sending to"), e), true))?;
+            let frame = wire::read_frame_or_skip(&mut client.stream, max).map_err(|e| {
                 let what = match e.kind() {
                     io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
                         "connection closed by"
@@ -265,18 +301,33 @@ impl Store {
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "no reply in time from",
                     _ => "reading the reply from",
                 };
-                Error::io(ctx(what), e)
+                (Error::io(ctx(what), e), true)
             })?;
-            Reply::decode(&body).map_err(|e| Error::Protocol(ctx(&format!("bad reply ({e}) from"))))
+            let body = match frame {
+                Frame::Body(b) => b,
+                Frame::Oversize(len) => {
+                    let what = format!(
+                        "reply of {len} bytes exceeds this rank's frame limit of {max} bytes; from"
+                    );
+                    return Err((Error::Protocol(ctx(&what)), false));
+                }
+            };
+            Reply::decode(&body)
+                .map_err(|e| (Error::Protocol(ctx(&format!("bad reply ({e}) from"))), true))
         })();
-        match &result {
-            Err(e) => client.broken = Some(e.to_string()),
-            Ok(Reply::Refused { .. }) if matches!(req, Request::Hello { .. }) => {
-                client.broken = Some("the server refused the hello".into());
+        match result {
+            Err((e, broken)) => {
+                if broken {
+                    client.broken = Some(e.to_string());
+                }
+                Err(e)
             }
-            Ok(_) => {}
+            Ok(r @ Reply::Refused { .. }) if matches!(req, Request::Hello { .. }) => {
+                client.broken = Some("the server refused the hello".into());
+                Ok(r)
+            }
+            Ok(r) => Ok(r),
         }
-        result
     }
 
     fn timeout_error(
@@ -475,7 +526,7 @@ impl Store {
             })
         };
         let mut fds = self.lock_fds();
-        fdpass::exchange(
+        crate::fdrecv::exchange(
             &mut fds,
             info.rank,
             info.world_size,

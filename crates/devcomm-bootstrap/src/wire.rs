@@ -12,19 +12,17 @@ use std::time::Duration;
 pub(crate) const MAGIC: u32 = 0x3144_4344;
 /// Protocol version sent in `Hello`.
 pub(crate) const VERSION: u32 = 1;
-/// Largest frame body accepted (a guard against garbage length prefixes).
-pub(crate) const MAX_FRAME: usize = 256 << 20;
-
-/// Writes one frame (length prefix and body, in one `write_all`).
-pub(crate) fn write_frame(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
+/// Writes one frame (length prefix and body, in one `write_all`); a body over `limit` bytes is
+/// an `InvalidInput` error and nothing is written.
+pub(crate) fn write_frame(w: &mut impl Write, body: &[u8], limit: usize) -> io::Result<()> {
     let len = u32::try_from(body.len())
         .ok()
-        .filter(|&l| l as usize <= MAX_FRAME)
+        .filter(|&l| l as usize <= limit)
         .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
-                    "frame of {} bytes exceeds the {MAX_FRAME}-byte limit",
+                    "frame of {} bytes exceeds the {limit}-byte limit",
                     body.len()
                 ),
             )
@@ -36,20 +34,55 @@ pub(crate) fn write_frame(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
     w.flush()
 }
 
-/// Reads one frame body. A clean end of stream before the prefix is `UnexpectedEof`.
-pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
+fn read_len(r: &mut impl Read) -> io::Result<usize> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
+    Ok(u32::from_le_bytes(len) as usize)
+}
+
+/// Reads one frame body of at most `limit` bytes. A clean end of stream before the prefix is
+/// `UnexpectedEof`; a longer length prefix is `InvalidData`, returned before anything is
+/// allocated or read past the prefix.
+pub(crate) fn read_frame(r: &mut impl Read, limit: usize) -> io::Result<Vec<u8>> {
+    let len = read_len(r)?;
+    if len > limit {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("frame length {len} exceeds the {MAX_FRAME}-byte limit"),
+            format!("frame length {len} exceeds the {limit}-byte limit"),
         ));
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
     Ok(body)
+}
+
+/// A frame read by [`read_frame_or_skip`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Frame {
+    /// The body.
+    Body(Vec<u8>),
+    /// The frame was longer than the limit: its body (this many bytes) was read and discarded,
+    /// so the stream is still at a frame boundary.
+    Oversize(usize),
+}
+
+/// Reads one frame; a body over `limit` bytes is read in small pieces and discarded (never
+/// held whole), so that the caller can refuse it and keep using the stream.
+pub(crate) fn read_frame_or_skip(r: &mut impl Read, limit: usize) -> io::Result<Frame> {
+    let len = read_len(r)?;
+    if len <= limit {
+        let mut body = vec![0u8; len];
+        r.read_exact(&mut body)?;
+        return Ok(Frame::Body(body));
+    }
+    let skipped = io::copy(&mut r.take(len as u64), &mut io::sink())?;
+    if skipped < len as u64 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("stream ended {skipped} bytes into an oversize frame of {len} bytes"),
+        ));
+    }
+    Ok(Frame::Oversize(len))
 }
 
 /// A client request.
@@ -78,6 +111,8 @@ pub(crate) enum Refusal {
     BadToken = 1,
     /// Anything else that is not the protocol.
     Protocol = 2,
+    /// A request or its reply exceeds the frame limit (the connection stays usable).
+    TooLarge = 3,
 }
 
 /// A server reply.
@@ -127,7 +162,7 @@ impl Enc {
         self
     }
     fn len(&mut self, n: usize) -> &mut Self {
-        // Frames are capped at MAX_FRAME (< 4 GiB) when written, so a longer item fails there.
+        // Frames are capped (below 4 GiB) when written, so a longer item fails there.
         self.u32(u32::try_from(n).unwrap_or(u32::MAX))
     }
     fn bytes(&mut self, v: &[u8]) -> &mut Self {
@@ -358,6 +393,7 @@ impl Reply {
             RE_REFUSED => {
                 let kind = match d.u8("refusal kind")? {
                     1 => Refusal::BadToken,
+                    3 => Refusal::TooLarge,
                     _ => Refusal::Protocol,
                 };
                 Reply::Refused {
@@ -375,6 +411,8 @@ impl Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const L: usize = 1 << 20;
 
     fn requests() -> Vec<Request> {
         vec![
@@ -448,21 +486,21 @@ mod tests {
     fn frames_round_trip_through_a_stream() {
         let mut stream = Vec::new();
         for r in requests() {
-            write_frame(&mut stream, &r.encode()).expect("write");
+            write_frame(&mut stream, &r.encode(), L).expect("write");
         }
         let mut cursor = io::Cursor::new(stream);
         for r in requests() {
-            let body = read_frame(&mut cursor).expect("read");
+            let body = read_frame(&mut cursor, L).expect("read");
             assert_eq!(Request::decode(&body), Ok(r));
         }
-        let eof = read_frame(&mut cursor).unwrap_err();
+        let eof = read_frame(&mut cursor, L).unwrap_err();
         assert_eq!(eof.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]
     fn frame_layout_is_length_prefixed_little_endian() {
         let mut out = Vec::new();
-        write_frame(&mut out, b"abc").expect("write");
+        write_frame(&mut out, b"abc", L).expect("write");
         assert_eq!(out, [3, 0, 0, 0, b'a', b'b', b'c']);
     }
 
@@ -470,15 +508,50 @@ mod tests {
     fn truncated_and_oversized_frames_are_errors() {
         let mut cursor = io::Cursor::new(vec![10, 0, 0, 0, 1, 2]);
         assert_eq!(
-            read_frame(&mut cursor).unwrap_err().kind(),
+            read_frame(&mut cursor, L).unwrap_err().kind(),
             io::ErrorKind::UnexpectedEof
         );
-        let big = (MAX_FRAME as u32 + 1).to_le_bytes();
+        let big = (L as u32 + 1).to_le_bytes();
         let mut cursor = io::Cursor::new(big.to_vec());
         assert_eq!(
-            read_frame(&mut cursor).unwrap_err().kind(),
+            read_frame(&mut cursor, L).unwrap_err().kind(),
             io::ErrorKind::InvalidData
         );
+        let e = write_frame(&mut Vec::new(), &[0; 9], 8).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn oversize_frames_are_skipped_and_the_stream_stays_aligned() {
+        let mut stream = Vec::new();
+        write_frame(&mut stream, &[7; 100], L).expect("write");
+        write_frame(&mut stream, b"next", L).expect("write");
+        let mut cursor = io::Cursor::new(stream);
+        assert_eq!(
+            read_frame_or_skip(&mut cursor, 10).expect("skip"),
+            Frame::Oversize(100)
+        );
+        assert_eq!(
+            read_frame_or_skip(&mut cursor, 10).expect("read"),
+            Frame::Body(b"next".to_vec())
+        );
+        // A stream that ends inside an oversize frame is an error, not a skipped frame.
+        let mut cursor = io::Cursor::new(vec![100, 0, 0, 0, 1, 2, 3]);
+        assert_eq!(
+            read_frame_or_skip(&mut cursor, 10).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+    }
+
+    #[test]
+    fn refusal_kinds_round_trip() {
+        for kind in [Refusal::BadToken, Refusal::Protocol, Refusal::TooLarge] {
+            let r = Reply::Refused {
+                kind,
+                message: "m".into(),
+            };
+            assert_eq!(Reply::decode(&r.encode()), Ok(r.clone()));
+        }
     }
 
     #[test]

@@ -54,6 +54,24 @@ pub(crate) fn example_hooks() -> [Hooks; 2] {
     ]
 }
 
+/// The reduction kernels: every element type, and the RMSNorm example's epilogue (f32 sum).
+fn reduce_specs() -> Vec<(String, KernelSpec)> {
+    use devcomm::{DataType, ReduceOp};
+    let mut v: Vec<_> = DataType::ALL
+        .into_iter()
+        .map(|t| (format!("reduce {t}"), devcomm::reduce::kernel_spec(t)))
+        .collect();
+    let hooks = Hooks::new::<f32, f32>(
+        "RmsNorm",
+        include_str!("../../devcomm/examples/hooks/rmsnorm.cu"),
+    );
+    v.push((
+        "reduce RmsNorm".into(),
+        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks),
+    ));
+    v
+}
+
 /// f32 hooks from a `--hooks FILE:STRUCT` argument: the struct `STRUCT` of the CUDA C++ file.
 pub(crate) fn f32_hooks(arg: &str) -> Result<Hooks, String> {
     let (file, name) = arg
@@ -84,7 +102,7 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
                 continue;
             }
             "reduce" => {
-                specs.extend(crate::selftest_reduce::precompile_specs());
+                specs.extend(reduce_specs());
                 continue;
             }
             other => return Err(format!("--builtin: unknown kernel set `{other}`")),

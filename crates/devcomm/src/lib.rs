@@ -29,6 +29,7 @@ pub mod jit;
 pub mod memory;
 pub mod p2p;
 pub mod reduce;
+pub mod testing;
 pub mod topology;
 pub mod window;
 

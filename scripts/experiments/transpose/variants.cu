@@ -63,7 +63,7 @@ struct BlockedVec {
   }
 };
 
-// The transpose as the example had it (session 9): the wire in the blocked order of the input,
+// The transpose as the example had it (until 2026-11-22): the wire in the blocked order of the input,
 // produce reads 16-byte row pieces, consume scatters 4 element stores per tile.
 struct TRecv {
   using In = float; using Out = float; using Wire = float;

@@ -1,0 +1,188 @@
+//! Shared helpers of the checks: poison and guard bytes, byte comparison, the pairs of the
+//! pairwise checks, message sizes, and registered `cuMemAlloc` buffers.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use devcomm::cuda::DeviceBuffer;
+use devcomm::{Comm, RegisteredRange};
+
+use super::context::Ctx;
+
+/// The byte a destination is filled with before a check writes it: what is still poison
+/// afterwards was not written.
+pub(crate) const POISON: u8 = 0xA5;
+
+/// Message sizes of the size checks: 1 B to 1 GiB, odd sizes included.
+pub(crate) const SIZES: &[usize] = &[
+    1,
+    7,
+    8,
+    13,
+    4095,
+    4099,
+    65_536,
+    65_537,
+    262_147,
+    (1 << 20) + 5,
+    (8 << 20) + 17,
+    64 << 20,
+    (256 << 20) + 1,
+    1 << 30,
+];
+
+/// Partner for pairwise checks: 0<->1, 2<->3, ...; None for an odd last rank.
+pub(crate) fn partner(cx: &Ctx) -> Option<usize> {
+    let (r, w) = (cx.comm.rank(), cx.comm.world_size());
+    let p = r ^ 1;
+    (p < w).then_some(p)
+}
+
+/// The partner and whether this rank sends and receives: both ways, or even ranks send and odd
+/// ranks receive. `None` for an odd last rank.
+pub(crate) fn roles(cx: &Ctx, both: bool) -> Option<(usize, bool, bool)> {
+    let rank = cx.comm.rank();
+    partner(cx).map(|peer| (peer, both || rank % 2 == 0, both || rank % 2 == 1))
+}
+
+/// A device buffer of `bytes` poison bytes.
+pub(crate) fn poisoned(cx: &Ctx, bytes: usize) -> Result<CudaSlice<u8>, String> {
+    cx.stream
+        .clone_htod(&vec![POISON; bytes])
+        .map_err(|e| e.to_string())
+}
+
+/// `Ok` when `got` equals `expect`; otherwise the first differing byte (or the lengths), with
+/// `what` in front.
+pub(crate) fn compare(got: &[u8], expect: &[u8], what: &str) -> Result<(), String> {
+    if got.len() != expect.len() {
+        return Err(format!(
+            "{what}: {} bytes, expected {}",
+            got.len(),
+            expect.len()
+        ));
+    }
+    match got.iter().zip(expect).position(|(a, b)| a != b) {
+        Some(i) => Err(format!(
+            "{what}: byte {i} is {:#x}, expected {:#x}",
+            got[i], expect[i]
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A `cuMemAlloc` buffer registered with every rank; deregistered and freed on drop.
+pub(crate) struct RegBuf<'a> {
+    comm: &'a Comm,
+    /// Freed when this struct drops, after the deregistration in `drop`.
+    _memory: DeviceBuffer,
+    pub(crate) ptr: u64,
+    pub(crate) bytes: usize,
+    pub(crate) handle: u64,
+}
+
+impl<'a> RegBuf<'a> {
+    /// Collective.
+    pub(crate) fn new(cx: &'a Ctx, bytes: usize) -> Result<Self, String> {
+        let ctx = cx.comm.context();
+        let memory = DeviceBuffer::zeroed(ctx, bytes).map_err(|e| e.to_string())?;
+        // The zeroing runs on the legacy stream: finish it before anything else touches it.
+        devcomm::cuda::synchronize(ctx).map_err(|e| e.to_string())?;
+        let ptr = memory.ptr();
+        let handle = cx.comm.register(ptr, bytes).map_err(|e| e.to_string())?;
+        Ok(Self {
+            comm: &cx.comm,
+            _memory: memory,
+            ptr,
+            bytes,
+            handle,
+        })
+    }
+
+    /// A cudarc view of the whole buffer (for NCCL). Never dropped: this struct frees it.
+    pub(crate) fn view(&self, stream: &Arc<CudaStream>) -> std::mem::ManuallyDrop<CudaSlice<u8>> {
+        // SAFETY: `ptr` is a live allocation of `bytes` bytes that outlives the view (the
+        // caller holds `self`); ManuallyDrop keeps cudarc from freeing it.
+        std::mem::ManuallyDrop::new(unsafe { stream.upgrade_device_ptr(self.ptr, self.bytes) })
+    }
+
+    /// The registered range at `offset`.
+    pub(crate) fn at(&self, offset: usize) -> RegisteredRange {
+        RegisteredRange::new(self.handle, offset as u64)
+    }
+
+    /// Fills the whole buffer with [`POISON`] on `stream` (also inside a capture).
+    pub(crate) fn poison(&self, stream: &Arc<CudaStream>) -> Result<(), String> {
+        // SAFETY: the whole allocation, which this struct owns and frees only after
+        // deregistration (which synchronises the device); ordered on the rank's stream.
+        unsafe { devcomm::testing::memset_d8_async(self.ptr, POISON, self.bytes, stream) }
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for RegBuf<'_> {
+    fn drop(&mut self) {
+        // Deregistration is collective and synchronises the device; the memory is freed after
+        // this body, when `_memory` drops.
+        if let Err(e) = self.comm.deregister(self.handle) {
+            eprintln!("deregister: {e}");
+        }
+    }
+}
+
+/// A benchmark's destination of `bytes`: a registered `cuMemAlloc` buffer (the zero-copy
+/// benchmarks; NCCL receives into the same one) or an ordinary allocation.
+pub(crate) enum BenchDst<'a> {
+    /// The buffer and a cudarc view of it, never dropped: the `RegBuf` frees the memory.
+    Registered(RegBuf<'a>, std::mem::ManuallyDrop<CudaSlice<u8>>),
+    /// An ordinary allocation.
+    Owned(CudaSlice<u8>),
+}
+
+impl<'a> BenchDst<'a> {
+    /// Collective when `registered`.
+    pub(crate) fn new(cx: &'a Ctx, bytes: usize, registered: bool) -> Result<Self, String> {
+        if registered {
+            let r = RegBuf::new(cx, bytes)?;
+            let view = r.view(&cx.stream);
+            Ok(Self::Registered(r, view))
+        } else {
+            let b = cx.stream.alloc_zeros(bytes).map_err(|e| e.to_string())?;
+            Ok(Self::Owned(b))
+        }
+    }
+
+    /// This rank's handle of the registration, if registered.
+    pub(crate) fn handle(&self) -> Option<u64> {
+        match self {
+            Self::Registered(r, _) => Some(r.handle),
+            Self::Owned(_) => None,
+        }
+    }
+
+    /// The destination as a cudarc slice.
+    pub(crate) fn slice(&mut self) -> &mut CudaSlice<u8> {
+        match self {
+            Self::Registered(_, v) => v,
+            Self::Owned(o) => o,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compare;
+
+    #[test]
+    fn compare_names_the_first_wrong_byte_and_lengths() {
+        assert!(compare(&[1, 2, 3], &[1, 2, 3], "x").is_ok());
+        assert_eq!(
+            compare(&[1, 9, 3], &[1, 2, 3], "msg"),
+            Err("msg: byte 1 is 0x9, expected 0x2".into())
+        );
+        assert_eq!(
+            compare(&[1], &[1, 2], "m"),
+            Err("m: 1 bytes, expected 2".into())
+        );
+    }
+}
