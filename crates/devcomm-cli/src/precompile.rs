@@ -54,7 +54,8 @@ pub(crate) fn example_hooks() -> [Hooks; 2] {
     ]
 }
 
-/// The reduction kernels: every element type, and the RMSNorm example's epilogue (f32 sum).
+/// The reduction kernels: every element type, and the RMSNorm and accumulate epilogues (f32
+/// sum).
 fn reduce_specs() -> Vec<(String, KernelSpec)> {
     use devcomm::{DataType, ReduceOp};
     let mut v: Vec<_> = DataType::ALL
@@ -67,6 +68,14 @@ fn reduce_specs() -> Vec<(String, KernelSpec)> {
     );
     v.push((
         "reduce RmsNorm".into(),
+        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks),
+    ));
+    let hooks = Hooks::new::<f32, f32>(
+        "Accumulate",
+        include_str!("../../devcomm/examples/hooks/accumulate.cu"),
+    );
+    v.push((
+        "reduce Accumulate".into(),
         devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks),
     ));
     v

@@ -304,18 +304,22 @@ __device__ __forceinline__ void reduce_elems(const G& g, T* dst, Src src, int wo
 
 // ---- Epilogue hooks ------------------------------------------------------------------------
 //
-// A hooked all-reduce calls H::epilogue(ctx, row) for every row of this rank's reduced shard,
-// one warp per row (every lane calls it), before the shard is written anywhere: `row` holds the
-// row's cols reduced elements (of H::T) in this rank's window and the hook rewrites them in
-// place (reading ctx.user for its own arguments). What it leaves there is what every rank
-// receives. A hook must not touch other rows.
+// A hooked all-reduce or reduce-scatter calls H::epilogue(ctx, row) for every row of this
+// rank's reduced shard, one warp per row (every lane calls it), before the row is written
+// anywhere: `row` holds the row's cols reduced elements (of H::T, rounded) in this rank's
+// window and the hook rewrites them in place (reading ctx.user for its own arguments). What it
+// leaves there is what the output receives: every rank's (all-reduce) or this rank's
+// (reduce-scatter). A hook must not touch other rows.
 struct RowCtx {
   const void* user;  // the user arguments (device memory) or null
-  dc_u64 row;        // the row's index in the whole buffer (element row * cols is its first)
+  dc_u64 row;        // the row's index in this rank's output (all-reduce: the whole buffer;
+                     // reduce-scatter: this rank's shard)
   dc_u64 cols;       // elements per row
   dc_i32 rank;
   dc_i32 world_size;
   dc_u32 lane;       // this thread's lane (0..31)
+  const void* dest;  // the row's place in this rank's output, still as it was before the
+                     // call (an accumulate hook adds it; in place it is this rank's input)
 };
 
 // No hook.

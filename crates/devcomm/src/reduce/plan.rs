@@ -190,7 +190,18 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
             (row, (s.count / row).div_ceil(w) * row)
         }
         (Collective::AllReduce, None) => (vec, s.count.div_ceil(w).div_ceil(vec) * vec),
-        (_, Some(_)) => return Err("hooks are built for all-reduce only".into()),
+        (Collective::ReduceScatter, Some(row)) => {
+            if s.count % row != 0 {
+                return Err(format!(
+                    "row length {row} does not divide the output's {} elements",
+                    s.count
+                ));
+            }
+            (row, s.count)
+        }
+        (Collective::AllGather, Some(_)) => {
+            return Err("all-gather takes no epilogue hook (it reduces nothing)".into())
+        }
         (_, None) => (vec, s.count),
     };
     let per_shard = limits.chunk_bytes / w / es;
@@ -354,9 +365,19 @@ mod tests {
         s.row_len = Some(4 << 20);
         s.count = 4 << 20;
         assert!(plan(&s, &L).unwrap_err().contains("does not fit"));
+        // Reduce-scatter: the output is whole rows.
         let mut rs = shape(Collective::ReduceScatter, 4096, 4, 2);
         rs.row_len = Some(64);
-        assert!(plan(&rs, &L).is_err());
+        let pl = plan(&rs, &L).unwrap();
+        assert_eq!(
+            (pl.algorithm, pl.unit, pl.shard),
+            (Algorithm::TwoShot, 64, 4096)
+        );
+        rs.row_len = Some(100);
+        assert!(plan(&rs, &L).unwrap_err().contains("does not divide"));
+        let mut ag = shape(Collective::AllGather, 4096, 4, 2);
+        ag.row_len = Some(64);
+        assert!(plan(&ag, &L).is_err());
     }
 
     #[test]

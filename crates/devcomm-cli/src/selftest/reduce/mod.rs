@@ -3,10 +3,11 @@
 //! host reduction in rank order and across ranks, the argument errors, the RMSNorm example,
 //! graph replays and back-to-back calls mixed with send/recv and all-to-all.
 //!
-//! `reference` is the host side (data and the reduction in rank order); `cases` and `stress`
-//! import it; nothing imports them but this list.
+//! `reference` is the host side (data and the reduction in rank order); `cases`, `hooked` and
+//! `stress` import it; nothing imports them but this list.
 
 mod cases;
+mod hooked;
 mod reference;
 mod stress;
 
@@ -37,6 +38,12 @@ pub(super) const CHECKS: &[Check] = &[
         ranks: Ranks::AtLeast(2),
         about: "the all-reduce + residual + RMSNorm example against its host reference",
         run: |cx, _| verified(cases::check_rmsnorm(cx)),
+    },
+    Check {
+        name: "reduce_accumulate",
+        ranks: Ranks::AtLeast(2),
+        about: "reduce-scatter with an accumulate epilogue, in/out of place, bitwise",
+        run: |cx, _| verified(hooked::check_accumulate(cx)),
     },
     Check {
         name: "reduce_graph",
