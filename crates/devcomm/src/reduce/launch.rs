@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaFunction, CudaStream};
 
+use super::config;
 use super::handle::ReduceLaunch;
 use super::plan::{self, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, THREADS};
 use super::types::{DataType, ReduceOp};
@@ -19,24 +20,6 @@ use crate::window::Window;
 
 /// The kernels' source (`cuda/kernels/reduce.cu`); instantiations are appended.
 pub const KERNEL_SOURCE: &str = include_str!("../../cuda/kernels/reduce.cu");
-
-/// Environment variable: most blocks of a two-shot reduction launch (1 to 32; default 32, at
-/// most half the SMs of the smallest GPU). Every rank must set the same value (the smallest
-/// is used). Functional tests of 3 or more ranks sharing one GPU set 8 (scripts/shared-gpu.sh).
-pub const MAX_BLOCKS_ENV: &str = "DEVCOMM_REDUCE_MAX_BLOCKS";
-
-fn max_blocks_env() -> Result<u32> {
-    let Ok(v) = std::env::var(MAX_BLOCKS_ENV) else {
-        return Ok(MAX_BLOCKS);
-    };
-    match v.trim().parse::<u32>() {
-        Ok(n) if (1..=MAX_BLOCKS).contains(&n) => Ok(n),
-        _ => Err(Error::InvalidArgument {
-            op: "Comm",
-            reason: format!("{MAX_BLOCKS_ENV}={v:?}: use 1 to {MAX_BLOCKS}"),
-        }),
-    }
-}
 
 /// One reduction launch, its buffers resolved and checked.
 #[derive(Debug, Clone, Copy)]
@@ -123,31 +106,28 @@ pub(crate) struct Reduce {
 }
 
 impl Reduce {
-    /// Collective: the reduce window and zeroed counters on every rank. The two-shot's most
-    /// blocks: [`MAX_BLOCKS_ENV`] if set, else [`MAX_BLOCKS`], at most half the SMs of the
-    /// group's smallest GPU (every rank gets the same).
+    /// Collective: the reduce window and zeroed counters on every rank, sized by the limits
+    /// every rank derives alike from the knobs (`reduce::config`) and the smallest GPU.
     pub(crate) fn new(group: &Arc<Group>, sm_count: i32) -> Result<Self> {
-        let wanted = max_blocks_env().map_err(|e| crate::cuda::with_rank(e, group.rank));
-        let wanted = group.agree("reductions: max blocks", wanted)?;
-        let mine = [wanted, sm_count.max(1) as u32];
-        let tag = group.next_tag("__devcomm/reduce/limits");
-        let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let all = group.store.all_gather(&tag, &bytes, group.setup_timeout)?;
-        let field = |b: &Vec<u8>, i: usize| {
-            b.get(4 * i..4 * i + 4)
-                .and_then(|x| x.try_into().ok())
-                .map(u32::from_le_bytes)
-        };
-        let wanted = all
+        let knobs = config::knobs_from_env().map_err(|e| crate::cuda::with_rank(e, group.rank));
+        let knobs = group.agree("reductions: knobs", knobs)?;
+        let mine: Vec<u8> = knobs
             .iter()
-            .filter_map(|b| field(b, 0))
-            .min()
-            .unwrap_or(wanted);
-        let sms = all.iter().filter_map(|b| field(b, 1)).min().unwrap_or(1);
-        let limits = ReduceLimits {
-            max_blocks: wanted.min((sms / 2).max(1)),
-            ..ReduceLimits::default()
+            .chain(&[sm_count.max(1) as u32])
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let tag = group.next_tag("__devcomm/reduce/limits");
+        let all = group.store.all_gather(&tag, &mine, group.setup_timeout)?;
+        // The smallest of field i across ranks (every rank sent 4 fields).
+        let least = |i: usize| {
+            all.iter()
+                .filter_map(|b| b.get(4 * i..4 * i + 4)?.try_into().ok())
+                .map(u32::from_le_bytes)
+                .min()
+                .unwrap_or(u32::MAX)
         };
+        let sms = least(3).max(1);
+        let limits = config::limits(group.world_size, [least(0), least(1), least(2)], sms);
         let world = group.world_size;
         let slots = 4 * world.min(plan::MAX_WORLD) * MAX_BLOCKS as usize;
         let bytes = plan::window_bytes(world, &limits) as usize;
@@ -308,7 +288,7 @@ impl Reduce {
             Collective::AllReduce => call.count,
             _ => call.count * world as u64,
         };
-        let ll_sender_bytes = plan::ll_sender_bytes(world);
+        let ll_sender_bytes = plan::ll_sender_bytes(&self.limits);
         let (user, row) = call.hooks.map_or((0, 0), |(_, user, row)| (user, row));
         let args = ReduceLaunch {
             w: self.window.device_handle(),

@@ -5,7 +5,7 @@
 //! argument errors; the RMSNorm example.
 
 use cudarc::driver::CudaSlice;
-use devcomm::reduce::plan::{one_shot_max_bytes, Algorithm, Collective};
+use devcomm::reduce::plan::{Algorithm, Collective};
 use devcomm::{DataType, Error, HookArgs, Hooks, ReduceOp};
 use half::{bf16, f16};
 
@@ -188,33 +188,32 @@ macro_rules! by_type {
 }
 
 /// The counts of a collective and type: 0, 1, odd, both sides of the one-shot and of the
-/// single-round two-shot limits; each with the algorithm the plan must take.
+/// single-round two-shot limits (of this communicator's window), each with the algorithm the
+/// plan must take there, so that the sizes really straddle every switch.
 fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algorithm>)> {
     let (w, es) = (cx.comm.world_size(), dtype.size_bytes());
-    let one = one_shot_max_bytes(w) as usize / es;
+    let limits = cx.comm.reduction_limits();
+    let one = limits.one_shot_bytes as usize / es;
     let vec = 16 / es;
-    let per_shard = cx.comm.reduction_limits().chunk_bytes as usize / w / es / vec * vec;
+    let per_shard = limits.chunk_bytes as usize / w / es / vec * vec;
     let round = if coll == Collective::AllReduce {
         per_shard * w
     } else {
         per_shard
     };
-    use Algorithm::*;
-    let mut v = vec![
-        (0, None),
-        (1, Some(OneShot)),
-        (3, Some(OneShot)),
-        (1001, None),
-        (one - 1, Some(OneShot)),
-        (one, Some(OneShot)),
-        (one + 1, Some(TwoShot)),
-        (round, Some(TwoShot)),
-        (round + 1, Some(Pipelined)),
-    ];
+    let expect = |n: usize| match n {
+        0 => None,
+        n if n <= one => Some(Algorithm::OneShot),
+        n if n <= round => Some(Algorithm::TwoShot),
+        _ => Some(Algorithm::Pipelined),
+    };
+    let mut counts = vec![0, 1, 3, 1001, one.saturating_sub(1), one, one + 1, round, round + 1];
     if matches!(dtype, DataType::F32 | DataType::BF16) {
-        v.push((2 * round + 777, Some(Pipelined)));
+        counts.push(2 * round + 777);
     }
-    v
+    counts.sort_unstable();
+    counts.dedup();
+    counts.into_iter().map(|n| (n, expect(n))).collect()
 }
 
 /// Every type x operation x place at every size of [`sizes`].
