@@ -17,11 +17,22 @@ if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ]; then
     --target "$nvrtc_dir" 'nvidia-cuda-nvrtc==13.0.*'
 fi
 export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# UCX for the network transport tests (the libucx-cu13 1.22 wheel in .tools/ucx, with the
+# headers its ABI test compiles against); the tests fail instead of skipping without it.
+ucx_lib=$(DEVCOMM_UCX_FORCE_WHEEL=1 scripts/install-ucx.sh | tail -n 1)
+export DEVCOMM_UCX_LIB="$ucx_lib" DEVCOMM_REQUIRE_UCX=1
 # Kernel cache of the test run stays inside the checkout.
 export DEVCOMM_CACHE_DIR="$root/target/devcomm-kernel-cache"
 # Tests that need NVRTC or a host C++ compiler fail instead of skipping.
 export DEVCOMM_REQUIRE_NVRTC=1 DEVCOMM_REQUIRE_CXX=1
 
+echo "== layers: raw CUDA and NVRTC calls only under crates/devcomm/src/cuda/"
+if sys_uses=$(grep -rn "sys::" crates/devcomm/src --include='*.rs' | grep -v '^crates/devcomm/src/cuda/'); then
+  echo "error: \`sys::\` (cudarc's raw driver or NVRTC bindings) used outside crates/devcomm/src/cuda/;" >&2
+  echo "wrap the call in the cuda layer and call the wrapper instead:" >&2
+  echo "$sys_uses" >&2
+  exit 1
+fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -7,19 +7,22 @@
 //!
 //! | layer | module |
 //! |---|---|
-//! | 1 | [`cuda`]: the thin layer over cudarc (VMM, IPC, host-mapped memory, device queries) |
+//! | 0 | [`abi`]: constants shared with the kernels (copy-engine words, `P2PSide` bits) |
+//! | 1 | [`cuda`]: the thin layer over cudarc (VMM, IPC, host-mapped memory, device queries, NVRTC); the only caller of cudarc's raw bindings |
 //! | 2 | `devcomm_bootstrap` (crate): ranks, store, fd passing, launcher |
 //! | 3 | [`topology`]: link kind of every peer |
 //! | 4 | [`memory`]: symmetric allocations and registered user buffers |
 //! | 5 | [`device`]: the embedded CUDA headers (device API) |
-//! | 6 | [`jit`]: NVRTC compilation with an on-disk cache |
+//! | 6 | [`jit`]: compilation through `cuda::nvrtc` with an on-disk cache |
 //! | 8 | [`window`]: `Window<T>` and its `DeviceWindow` handle |
-//! | 9 | [`p2p`], [`collective`]: send/recv and the hooked collectives on its protocol |
-//! | top | [`Comm`] |
+//! | 9 | [`p2p`] (`plan` decides, `launch` carries out), [`collective`]: send/recv and the hooked collectives on its protocol |
+//! | top | [`Comm`] ([`comm`]: builder, setup, send/recv, collectives, tiles, registration) |
 #![warn(missing_docs)]
 
+pub mod abi;
 pub mod collective;
 pub mod comm;
+pub mod config;
 pub mod cuda;
 pub mod device;
 pub mod error;
@@ -27,6 +30,7 @@ pub(crate) mod group;
 pub mod handles;
 pub mod jit;
 pub mod memory;
+pub mod net;
 pub mod p2p;
 pub mod reduce;
 pub mod testing;
@@ -35,6 +39,7 @@ pub mod window;
 
 pub use collective::{AllToAllVCounts, Hooks};
 pub use comm::{Comm, CommBuilder, HookArgs, RegisteredRange};
+pub use config::Config;
 pub use error::{Error, Result};
 pub use handles::{DeviceOp, DeviceWindow, RegisteredBuffer};
 pub use reduce::{DataType, ReduceOp, Reducible};

@@ -4,7 +4,9 @@
 
 pub mod handle;
 
-use std::borrow::Cow;
+mod hooks;
+mod shape;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -13,290 +15,17 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use crate::cuda::linear_launch;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
-use crate::jit::{Jit, KernelSpec};
+use crate::jit::Jit;
 use crate::p2p::P2P;
 use crate::topology::LinkKind;
 use handle::CollLaunch;
 pub use handle::{MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
 
-/// Threads per block of the collective kernel (16 warps: 16 bulk channels per block).
-pub const THREADS: u32 = 512;
-
-/// Most blocks per (peer, role). Each role of each peer gets at most this many; the kernel has
-/// `(2 W - 1)` roles, which must all be resident at once.
-pub const MAX_BLOCKS_PER_PEER: u32 = 32;
-
-/// Own-chunk bytes per block of the own chunk's role, by default (see [`coll_shape`]). The
-/// own chunk is a local copy, about 15 GB/s per SM on H200, while a peer's chunk moves at
-/// 3-6 GB/s per sending SM, so the own chunk needs fewer blocks than a peer.
-pub const SELF_BLOCK_BYTES: u64 = 128 << 10;
-
-/// Environment variable: own-chunk KiB per block of the own chunk's role instead of
-/// [`SELF_BLOCK_BYTES`] (experiments; every rank must set the same value). `0` gives the own
-/// chunk as many blocks as a peer, as before this knob existed.
-pub const SELF_BLOCK_ENV: &str = "DEVCOMM_COLL_SELF_BLOCK_KIB";
-
-fn self_block_bytes() -> u64 {
-    // Read once: every launch of the process must use the same shape rule.
-    static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var(SELF_BLOCK_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(SELF_BLOCK_BYTES, |k| k << 10)
-    })
-}
-
-/// Environment variable: `0` keeps the full grid for small all-to-alls (see
-/// [`fit_low_latency`]; experiments, every rank must set the same value).
-pub const FIT_GRID_ENV: &str = "DEVCOMM_COLL_FIT_GRID";
-
-fn fit_grid() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var(FIT_GRID_ENV).map_or(true, |v| v.trim() != "0"))
-}
-
-/// Wire bytes per (peer, direction) up to which the kernel moves LL lines, one block per
-/// [`LL_BLOCK_BYTES`] (`DC_COLL_LL_MAX` and `THREADS x 16` in `collective.cuh`).
-pub const LL_MAX_BYTES: u64 = 128 << 10;
-/// Wire bytes one block moves as LL lines.
-pub const LL_BLOCK_BYTES: u64 = THREADS as u64 * 16;
-
-/// `shape` with no more blocks per peer than a transfer of `peer_wire` bytes (every peer's, in
-/// each direction, equal on every rank) uses when it goes as LL lines: the kernel's plan gives
-/// such a transfer one block per [`LL_BLOCK_BYTES`], so the other blocks of each peer role would
-/// only start and exit. At 1 KiB per peer on 4 ranks the grid is then 7 blocks instead of
-/// 127. Larger transfers (LL128, bulk) keep the shape. The plan takes the smaller of its own
-/// count and the blocks per peer, so a lower value where the device constants differ stays
-/// correct, as long as every rank computes the same shape.
-pub fn fit_low_latency(shape: CollShape, peer_wire: Option<u64>) -> CollShape {
-    match peer_wire {
-        Some(w) if w <= LL_MAX_BYTES => CollShape {
-            per_peer: shape.per_peer.min(w.div_ceil(LL_BLOCK_BYTES).max(1) as u32),
-            ..shape
-        },
-        _ => shape,
-    }
-}
-
-/// Blocks of the collective kernel: `per_peer` for each of the `2 (W - 1)` peer roles (a sender
-/// and a receiver per peer) and `self_blocks` for the own chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CollShape {
-    /// Blocks of each peer role.
-    pub per_peer: u32,
-    /// Blocks of the own chunk's role.
-    pub self_blocks: u32,
-}
-
-impl CollShape {
-    /// The grid: every block, all of which must be resident at once.
-    pub fn grid(&self, world: usize) -> u32 {
-        2 * (world.max(1) as u32 - 1) * self.per_peer + self.self_blocks
-    }
-}
-
-/// The collective kernel's shape on GPUs of `sm_count` SMs (one block per SM), for `world`
-/// ranks and a p2p window of `max_blocks` blocks per peer. Every role gets an even share,
-/// `sm_count / (2 W - 1)` blocks (at most [`MAX_BLOCKS_PER_PEER`] and `max_blocks`), unless
-/// the own chunk's input size is known (`self_bytes`, not with device counts) and
-/// `self_block_bytes` is not 0: then the own chunk gets one block per `self_block_bytes` (at
-/// least 1, at most the share), and when that is fewer than the share the peers split the SMs
-/// it leaves. Every rank computes the same shape from the same arguments.
-pub fn coll_shape(
-    sm_count: u32,
-    world: usize,
-    max_blocks: u32,
-    self_bytes: Option<u64>,
-    self_block_bytes: u64,
-) -> CollShape {
-    let world = world.max(1) as u32;
-    let cap = |b: u32| b.min(MAX_BLOCKS_PER_PEER).min(max_blocks).max(1);
-    let even = cap(sm_count / (2 * world - 1));
-    let self_blocks = match self_bytes {
-        Some(bytes) if self_block_bytes > 0 && world > 1 => {
-            (bytes.div_ceil(self_block_bytes).max(1)).min(even as u64) as u32
-        }
-        _ => even,
-    };
-    // The SMs a small own chunk leaves go to the peers; otherwise every role keeps the even
-    // share (giving a large own chunk the few SMs left over measured no faster: PERFORMANCE c10).
-    let per_peer = if self_blocks < even {
-        cap(sm_count.saturating_sub(self_blocks) / (2 * (world - 1)))
-    } else {
-        even
-    };
-    CollShape {
-        per_peer,
-        self_blocks,
-    }
-}
-
-/// A pair of hooks, `produce(ctx) -> tile` and `consume(ctx, tile)`, given as CUDA C++ source
-/// (see `cuda/devcomm/hooks.cuh` for the contract and the `Ctx` struct). The JIT compiles the
-/// source into the collective kernel; a compile error comes back as [`Error::Compile`] with
-/// NVRTC's message.
-///
-/// ```text
-/// struct Scale2 {
-///   using In = float; using Out = float; using Wire = float;
-///   static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {
-///     auto t = devcomm::load_tile<float>(c);
-///     for (float& x : t.v) x *= 2.0f;
-///     return t;
-///   }
-///   static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {
-///     devcomm::store_tile<float>(c, t);
-///   }
-/// };
-/// ```
-#[derive(Debug, Clone)]
-pub struct Hooks {
-    name: Cow<'static, str>,
-    source: Cow<'static, str>,
-    in_size: usize,
-    out_size: usize,
-    /// Hash of everything above: the key of the loaded-kernel cache (no copy per launch).
-    key: u64,
-}
-
-/// The copy hooks by element size, 1 to 16 bytes (index: log2 of the size).
-const COPY_HOOKS: [&str; 5] = [
-    "devcomm::CopyHooks<devcomm::Bytes1>",
-    "devcomm::CopyHooks<devcomm::Bytes2>",
-    "devcomm::CopyHooks<devcomm::Bytes4>",
-    "devcomm::CopyHooks<devcomm::Bytes8>",
-    "devcomm::CopyHooks<devcomm::Bytes16>",
-];
-
-impl Hooks {
-    fn build(
-        name: Cow<'static, str>,
-        source: Cow<'static, str>,
-        in_size: usize,
-        out_size: usize,
-    ) -> Self {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (&name, &source, in_size, out_size).hash(&mut h);
-        Self {
-            name,
-            source,
-            in_size,
-            out_size,
-            key: h.finish(),
-        }
-    }
-
-    /// The default hooks: copy elements of `T` (whose size must divide 16).
-    pub fn copy<T>() -> Result<Self> {
-        let size = std::mem::size_of::<T>();
-        if !matches!(size, 1 | 2 | 4 | 8 | 16) {
-            return Err(Error::InvalidArgument {
-                op: "Hooks::copy",
-                reason: format!(
-                    "element size {size} does not divide 16; use a byte view of the buffer"
-                ),
-            });
-        }
-        let name = COPY_HOOKS[size.trailing_zeros() as usize];
-        Ok(Self::build(name.into(), "".into(), size, size))
-    }
-
-    /// Whether these are the built-in copy hooks ([`Hooks::copy`]): the wire carries the
-    /// input's bytes.
-    pub(crate) fn is_copy(&self) -> bool {
-        self.source.is_empty()
-    }
-
-    /// User hooks: `name` is the struct defined in `source`, whose `In` and `Out` types must be
-    /// as large as `I` and `O` (checked when the kernel compiles).
-    pub fn new<I, O>(name: impl Into<String>, source: impl Into<String>) -> Self {
-        Self::build(
-            Cow::Owned(name.into()),
-            Cow::Owned(source.into()),
-            std::mem::size_of::<I>(),
-            std::mem::size_of::<O>(),
-        )
-    }
-
-    /// Checks that these hooks were declared for the buffers' element sizes (`None`: that
-    /// side is not used by the call).
-    pub(crate) fn check_sizes(
-        &self,
-        op: &'static str,
-        input: Option<usize>,
-        output: Option<usize>,
-    ) -> Result<()> {
-        let fits = |want: Option<usize>, have: usize| want.is_none_or(|w| w == have);
-        if fits(input, self.in_size) && fits(output, self.out_size) {
-            return Ok(());
-        }
-        Err(Error::InvalidArgument {
-            op,
-            reason: format!(
-                "hooks `{}` were declared for elements of {} and {} bytes, the buffers' are \
-                 {input:?} and {output:?}",
-                self.name, self.in_size, self.out_size
-            ),
-        })
-    }
-
-    /// The hooks struct's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The hooks' CUDA C++ source (empty for the built-in copy hooks).
-    pub(crate) fn source(&self) -> &str {
-        &self.source
-    }
-
-    /// Hash of name, source and sizes: the key of loaded-kernel caches.
-    pub(crate) fn key(&self) -> u64 {
-        self.key
-    }
-
-    fn expression(&self, mixed: bool) -> String {
-        format!(
-            "devcomm::coll::coll_kernel<{}, {THREADS}, {mixed}>",
-            self.name
-        )
-    }
-
-    /// The kernel spec: the collective header, the user's source, checks of the element sizes,
-    /// and both instantiations (uniform and mixed peer tuning).
-    pub fn spec(&self) -> KernelSpec {
-        let source = format!(
-            "#include \"devcomm/collective.cuh\"\n#line 1 \"hooks.cu\"\n{src}\n#line 1 \"devcomm-checks\"\n\
-             static_assert(sizeof({name}::In) == {i}, \"the hooks' In type is not the size of the \
-             send buffer's elements ({i} bytes)\");\n\
-             static_assert(sizeof({name}::Out) == {o}, \"the hooks' Out type is not the size of the \
-             receive buffer's elements ({o} bytes)\");\n",
-            src = self.source,
-            name = self.name,
-            i = self.in_size,
-            o = self.out_size,
-        );
-        let mut spec = KernelSpec::new("collective", source)
-            .name_expression(self.expression(false))
-            .name_expression(self.expression(true));
-        spec.options.extend(options_from_env().iter().cloned());
-        spec
-    }
-}
-
-/// `DEVCOMM_COLL_OPTIONS`: extra NVRTC options for the collective kernel, split at whitespace,
-/// e.g. `-DDC_COLL_SELF_ILP=1`, to try other values of its tuning constants (the `DC_COLL_*`
-/// macros of `cuda/devcomm/collective.cuh`, docs/TUNING.md). For experiments: every rank must
-/// set the same, since both ends of a transfer derive their plan from these constants. They
-/// are part of the kernel cache's key.
-pub const OPTIONS_ENV: &str = "DEVCOMM_COLL_OPTIONS";
-
-fn options_from_env() -> &'static [String] {
-    static OPTIONS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    OPTIONS.get_or_init(|| crate::jit::env_options(OPTIONS_ENV))
-}
+pub use hooks::Hooks;
+pub use shape::{
+    coll_shape, fit_low_latency, CollShape, LL_BLOCK_BYTES, LL_MAX_BYTES, MAX_BLOCKS_PER_PEER,
+    SELF_BLOCK_BYTES, THREADS,
+};
 
 /// A loaded collective kernel: the function, its resident blocks per SM, its load gate.
 type LoadedKernel = (CudaFunction, u32, Arc<KernelGate>);
@@ -370,6 +99,13 @@ pub(crate) struct Collective {
     sm_count: u32,
     /// Loaded kernels by (hooks key, mixed tuning), with their resident blocks per SM.
     functions: Mutex<HashMap<(u64, bool), LoadedKernel>>,
+    /// Small plain all-to-alls launch only the blocks their LL plan uses
+    /// (`DEVCOMM_COLL_FIT_GRID`).
+    fit_grid: bool,
+    /// Own-chunk bytes per block of the own chunk's role (`DEVCOMM_COLL_SELF_BLOCK_KIB`).
+    self_block_bytes: u64,
+    /// Extra NVRTC options of the collective kernel (`DEVCOMM_COLL_OPTIONS`).
+    options: Vec<String>,
 }
 
 impl Collective {
@@ -400,6 +136,9 @@ impl Collective {
             state_ptr,
             sm_count: sm_min,
             functions: Mutex::new(HashMap::new()),
+            fit_grid: group.config.coll_fit_grid,
+            self_block_bytes: group.config.coll_self_block_kib << 10,
+            options: group.config.coll_options.clone(),
         })
     }
 
@@ -416,14 +155,14 @@ impl Collective {
         uniform_copy: bool,
     ) -> CollShape {
         let peer_wire = self_bytes
-            .filter(|_| uniform_copy && fit_grid())
+            .filter(|_| uniform_copy && self.fit_grid)
             .map(|b| b.div_ceil(16) * 16);
         let shape = coll_shape(
             self.sm_count,
             world,
             max_blocks,
             self_bytes,
-            self_block_bytes(),
+            self.self_block_bytes,
         );
         fit_low_latency(shape, peer_wire)
     }
@@ -443,7 +182,7 @@ impl Collective {
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(f.clone());
         }
-        let module = jit.load(&group.ctx, &hooks.spec())?;
+        let module = jit.load(&group.ctx, &hooks.spec_with_options(&self.options))?;
         let f = module.function(&hooks.expression(mixed))?;
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
@@ -574,81 +313,5 @@ impl Collective {
         unsafe { crate::cuda::launch_struct(stream, &func, cfg, &args, group.pdl) }
             .cuda(rank as i32, "cuLaunchKernelEx (collective)")?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn low_latency_transfers_get_only_the_blocks_their_plan_uses() {
-        let full = coll_shape(132, 4, 32, Some(1024), SELF_BLOCK_BYTES);
-        // 1 KiB per peer: one block per peer role and one for the own chunk.
-        let small = fit_low_latency(full, Some(1024));
-        assert_eq!((small.per_peer, small.self_blocks), (1, 1));
-        assert_eq!(small.grid(4), 7);
-        // 64 KiB: 8 blocks of 8 KiB; the largest LL size: 16.
-        assert_eq!(fit_low_latency(full, Some(64 << 10)).per_peer, 8);
-        assert_eq!(fit_low_latency(full, Some(LL_MAX_BYTES)).per_peer, 16);
-        // LL128 and bulk sizes, unknown sizes: the shape as it was.
-        assert_eq!(fit_low_latency(full, Some(LL_MAX_BYTES + 16)), full);
-        assert_eq!(fit_low_latency(full, None), full);
-        // Never more than the shape had, never 0.
-        let narrow = coll_shape(16, 8, 32, None, SELF_BLOCK_BYTES);
-        assert_eq!(
-            fit_low_latency(narrow, Some(64 << 10)).per_peer,
-            narrow.per_peer
-        );
-        assert_eq!(fit_low_latency(full, Some(0)).per_peer, 1);
-    }
-
-    #[test]
-    fn every_role_gets_an_even_share_without_a_known_own_chunk() {
-        // 132 SMs, 4 ranks: 7 roles of 18 blocks (device counts, or the knob set to 0).
-        let even = CollShape {
-            per_peer: 18,
-            self_blocks: 18,
-        };
-        assert_eq!(coll_shape(132, 4, 32, None, SELF_BLOCK_BYTES), even);
-        assert_eq!(coll_shape(132, 4, 32, Some(1 << 20), 0), even);
-        assert_eq!(even.grid(4), 126);
-        // One rank: only the own chunk.
-        let one = coll_shape(132, 1, 32, Some(1 << 20), SELF_BLOCK_BYTES);
-        assert_eq!(one.grid(1), one.self_blocks);
-    }
-
-    #[test]
-    fn a_small_own_chunk_leaves_its_blocks_to_the_peers() {
-        let s = coll_shape(132, 4, 32, Some(1 << 20), SELF_BLOCK_BYTES);
-        assert_eq!((s.self_blocks, s.per_peer, s.grid(4)), (8, 20, 128));
-        // At least one block for an empty own chunk; at most the even share for a large one.
-        let s = coll_shape(132, 4, 32, Some(0), SELF_BLOCK_BYTES);
-        assert_eq!((s.self_blocks, s.per_peer), (1, 21));
-        let s = coll_shape(132, 4, 32, Some(1 << 30), SELF_BLOCK_BYTES);
-        assert_eq!((s.self_blocks, s.per_peer), (18, 18));
-    }
-
-    #[test]
-    fn shapes_fit_the_gpu_and_the_window() {
-        for sm in [1u32, 7, 16, 78, 132, 144] {
-            for world in 1..=8usize {
-                for max_blocks in [1u32, 4, 16, 32] {
-                    for self_bytes in [None, Some(0), Some(1 << 16), Some(1 << 20), Some(1 << 28)] {
-                        let s = coll_shape(sm, world, max_blocks, self_bytes, SELF_BLOCK_BYTES);
-                        assert!(s.per_peer >= 1 && s.self_blocks >= 1);
-                        assert!(s.per_peer <= max_blocks.min(MAX_BLOCKS_PER_PEER));
-                        let roles = 2 * world as u32 - 1;
-                        // Every block resident whenever one block per role fits.
-                        if sm >= roles {
-                            assert!(
-                                s.grid(world) <= sm,
-                                "{sm} {world} {max_blocks} {self_bytes:?}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
     }
 }

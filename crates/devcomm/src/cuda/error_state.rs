@@ -267,7 +267,7 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
     }
     if DeviceOp::from_code(record.op) == DeviceOp::CopyEngineMismatch {
         // The kernel records the word of the peer's block: INTENT or SIZE of a slot.
-        use crate::p2p::{CE_SIZE, CE_SLOTS};
+        use crate::abi::{CE_SIZE, CE_SLOTS};
         let size_words = CE_SIZE as u64..CE_SIZE as u64 + CE_SLOTS;
         return Error::CopyEngineMismatch {
             rank: record.rank,

@@ -1,7 +1,8 @@
 //! Layer 1: the thin layer over cudarc.
 //!
-//! The only module that calls `cudarc::driver::sys`. It wraps, once each, the driver calls that
-//! cudarc's safe API lacks: virtual memory (`cuMem*`, [`vmm`]), legacy CUDA IPC ([`ipc`]),
+//! The only module that calls `cudarc::driver::sys` and `cudarc::nvrtc::sys`. It wraps, once
+//! each, the driver calls that cudarc's safe API lacks: virtual memory (`cuMem*`, [`vmm`]),
+//! legacy CUDA IPC ([`ipc`]), NVRTC programs (`nvrtc`),
 //! host-mapped pinned memory ([`ErrorState`]), pointer queries ([`pointer`]), device queries
 //! ([`info`]) and plain device allocations for small tables ([`DeviceBuffer`]).
 //!
@@ -14,8 +15,10 @@ mod buffer;
 mod error_state;
 #[cfg(test)]
 mod gpu_tests;
+pub mod graph;
 pub mod info;
 pub mod ipc;
+pub(crate) mod nvrtc;
 pub mod pointer;
 pub mod vmm;
 
@@ -29,6 +32,15 @@ use crate::error::{CudaResultExt, Error, Result};
 pub use buffer::{memset_zero, DeviceBuffer};
 pub use error_state::ErrorState;
 
+/// Loads the code of kernel `f` now rather than at its first launch (the driver's lazy
+/// loading), which can wait for kernels already running on the device.
+pub(crate) fn load_function_now(f: &cudarc::driver::CudaFunction) -> Result<()> {
+    // SAFETY: a live function handle (the module that owns it outlives `f`).
+    unsafe { sys::cuFuncLoad(f.cu_function()) }
+        .result()
+        .cuda(NO_RANK, "cuFuncLoad")
+}
+
 /// Rank placed in errors of this layer, which does not know the rank.
 pub(crate) const NO_RANK: i32 = -1;
 
@@ -41,19 +53,9 @@ pub(crate) fn linear_launch(blocks: u32, threads: u32) -> cudarc::driver::Launch
     }
 }
 
-/// Environment variable: `0` launches devcomm's kernels the ordinary way instead of with
-/// programmatic stream serialization (see [`launch_struct`]).
-pub const PDL_ENV: &str = "DEVCOMM_PDL";
-
-/// Whether kernels are launched with programmatic stream serialization (read once).
-pub(crate) fn pdl_enabled() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var(PDL_ENV).map_or(true, |v| v.trim() != "0"))
-}
-
 /// Launches `func(args)` on `stream` with the shape of `cfg`, through `cuLaunchKernelEx`, with
 /// programmatic stream serialization when `pdl` (the group's choice: compute capability 9.0 or
-/// newer and [`PDL_ENV`] not `0`; docs/PROTOCOL.md, "Back-to-back launches"): the kernel may
+/// newer and `DEVCOMM_PDL` not `0`; docs/PROTOCOL.md, "Back-to-back launches"): the kernel may
 /// be scheduled while the kernel before it on the stream still runs, and its first act (`enter_after_previous_kernel` in
 /// `cuda/devcomm/ordering.cuh`) waits until that kernel has finished and its writes are
 /// visible. What the launch saves is the scheduling gap between back-to-back kernels.

@@ -1,0 +1,106 @@
+// devcomm/low_latency.cuh: a low-latency call (LL or LL128 lines, by the side's
+// `low_latency`) of one (peer, direction), with its sequence number shared by all blocks.
+#pragma once
+
+#include "devcomm/ll128.cuh"
+
+namespace devcomm {
+namespace p2p {
+
+#if defined(__CUDACC__)
+
+// Low-latency calls (LL and LL128) share one sequence number across all blocks: a line's
+// position depends on how the call splits the message over blocks, which changes with the
+// size, so a flag must be unique to the call, not to the block. Counters stay equal because
+// block 0 also advances the counters of the blocks the call does not use (no other block of
+// this launch touches them). Parity seq & 1 of the LL lines and of the LL128 lines is free
+// once every receiver block has released call seq - 2, whichever protocol that call used.
+
+// Low-latency send of block b's span of side `s` (s.low_latency: 1 LL, 2 LL128): every 8
+// bytes of payload (LL) or every 120 or 112 (LL128) travel with the call's sequence number.
+template <class G, class M>
+__device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const M& m, dc_u32 b) {
+  constexpr dc_u64 kUnit = M::kUnit;
+  constexpr int kWords = (int)(kUnit / 8);
+  const bool lines128 = s.low_latency == 2;
+  const Span sp = block_span(s.bytes, s.blocks, b, lines128 ? Ll128<kUnit>::kBytes : kUnit);
+  dc_u64* counters = reinterpret_cast<dc_u64*>(s.ll_steps);
+  const dc_u64 seq = counters[b] + 1;
+  // This parity's lines were last written by call seq - 2; every receiver block must have
+  // finished reading them (any block may have read any line then). Thread i checks block i.
+  bool ok = true;
+  if (seq > 2) {
+    for (dc_u32 i = g.thread_rank(); i < a.max_blocks; i += g.size()) {
+      const dc_u64 slot = p2p_llhead_slot(a, s.peer, i);
+      ok = ok && bounded_wait(a, own_user_slot(a.w, slot), seq - 2, kOpSendSlotFree, s.peer, slot);
+    }
+  }
+  if (g.any(!ok)) return;
+  if (lines128) {
+    ll128_send_span(g, a, s, m, sp, seq);
+  } else {
+    dc_u32* lines =
+        ll_lines(a, static_cast<char*>(get_nvlink_address(a.w, s.peer)), a.w.rank, seq, sp);
+    const dc_u64 nunits = (sp.len + kUnit - 1) / kUnit;
+    for (dc_u64 j = g.thread_rank(); j < nunits; j += g.size()) {
+      const dc_u64 n = sp.len - j * kUnit < kUnit ? sp.len - j * kUnit : kUnit;
+      dc_u64 v[kWords];
+      m.unit(sp.begin + j * kUnit, n, v);
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) {
+        if (k * 8 < (int)n) ll_store(lines + (j * kWords + k) * 4, v[k], (dc_u32)seq);
+      }
+    }
+  }
+  // Every thread has read counters[b] (before g.any above), so it may now change.
+  for (dc_u32 i = g.thread_rank(); i < a.max_blocks; i += g.size()) {
+    if (i == b || (b == 0 && i >= s.blocks)) counters[i] = seq;
+  }
+}
+
+// Low-latency receive of block b's span of side `r`: each thread polls its own lines (LL) or
+// its warp's lines (LL128) until they carry this call's number.
+template <class G, class M>
+__device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const M& m, dc_u32 b) {
+  constexpr dc_u64 kUnit = M::kUnit;
+  constexpr int kWords = (int)(kUnit / 8);
+  const bool lines128 = r.low_latency == 2;
+  const Span sp = block_span(r.bytes, r.blocks, b, lines128 ? Ll128<kUnit>::kBytes : kUnit);
+  dc_u64* counters = reinterpret_cast<dc_u64*>(r.ll_steps);
+  const dc_u64 seq = counters[b] + 1;
+  bool ok = true;
+  if (lines128) {
+    ok = ll128_recv_span(g, a, r, m, sp, seq);
+  } else {
+    const dc_u32* lines = ll_lines(a, reinterpret_cast<char*>(a.w.data), r.peer, seq, sp);
+    const dc_u64 nunits = (sp.len + kUnit - 1) / kUnit;
+    DeviceErrorState* err = error_state(a.w);
+    for (dc_u64 j = g.thread_rank(); ok && j < nunits; j += g.size()) {
+      const dc_u64 n = sp.len - j * kUnit < kUnit ? sp.len - j * kUnit : kUnit;
+      dc_u64 v[kWords];
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) {
+        v[k] = 0;
+        if (ok && k * 8 < (int)n) {
+          ok = ll_poll(a, err, lines + (j * kWords + k) * 4, (dc_u32)seq, r.peer,
+                       j * kWords + k, v[k]);
+        }
+      }
+      if (ok) m.unit(sp.begin + j * kUnit, n, v);
+    }
+  }
+  if (g.any(!ok)) return;  // barrier: every line of this block has been read
+  // Release this block's share of the parity buffer (block 0 also releases the blocks this
+  // call does not use, which read nothing), and advance the same counters as the sender.
+  for (dc_u32 i = g.thread_rank(); i < a.max_blocks; i += g.size()) {
+    if (i == b || (b == 0 && i >= r.blocks)) {
+      st_release_sys(peer_user_slot(a.w, r.peer, p2p_llhead_slot(a, a.w.rank, i)), seq);
+      counters[i] = seq;
+    }
+  }
+}
+
+#endif  // __CUDACC__
+
+}  // namespace p2p
+}  // namespace devcomm

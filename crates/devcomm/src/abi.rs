@@ -1,0 +1,41 @@
+//! Layer 0: words and bits the host shares with the send/recv kernels
+//! (`cuda/devcomm/p2p.cuh`): the copy-engine slot and pad-word offsets and the
+//! `P2PSide::pull` bits. Plain constants, below every layer: `cuda` decodes error records with
+//! them, `p2p` lays out its window and launches with them (re-exported as `p2p::config::*`).
+
+/// Copy-engine slots per (sender, receiver) and pad words per peer (`cuda/devcomm/p2p.cuh`).
+pub const CE_SLOTS: u64 = 4;
+/// Pad words of the copy-engine protocol per peer.
+pub const CE_WORDS: usize = 56;
+
+/// Whether copy-engine slot `i` is pulled by the receiver's copy engine from the sender's
+/// outbox (odd) or pushed by the sender's into the receiver's inbox (even).
+pub fn ce_pulled(i: usize) -> bool {
+    i % 2 == 1
+}
+/// Offsets in a peer's block of copy-engine words that the host reads or writes (the whole
+/// layout is in `cuda/devcomm/p2p.cuh`, `kCe*`): SIZE[slot] (in an error record), GO[slot] and
+/// DONE[slot] (the copy streams' memory operations).
+pub const CE_SIZE: usize = 8;
+/// See [`CE_SIZE`].
+pub const CE_GO: usize = 20;
+/// See [`CE_SIZE`].
+pub const CE_DONE: usize = 24;
+/// `P2PSide::pull` bits (`cuda/devcomm/p2p.cuh`, `kSide*`): pull (staged) or by SMs (copy
+/// engine); gated on the negotiation of a large message's layout; announces this side's type
+/// for that negotiation.
+pub const P2P_SIDE_PULL: u32 = 1;
+/// See [`P2P_SIDE_PULL`].
+pub const P2P_SIDE_GATED: u32 = 2;
+/// See [`P2P_SIDE_PULL`].
+pub const P2P_SIDE_ANNOUNCE: u32 = 4;
+
+/// GOR[slot] and DONER[slot]: the receiver's copy stream's waits and reports (pulled chunks).
+pub const CE_GO_R: usize = 36;
+/// See [`CE_GO_R`].
+pub const CE_DONE_R: usize = 40;
+/// DEC_S and DEC_R: the negotiation's decision for this rank's current message to the peer and
+/// from it (`p2p_negotiated_kernel` puts them back to 0 once the role's blocks are done).
+pub const CE_DEC_S: usize = 50;
+/// See [`CE_DEC_S`].
+pub const CE_DEC_R: usize = 51;

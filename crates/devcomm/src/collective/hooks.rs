@@ -1,0 +1,168 @@
+//! [`Hooks`]: the user's `produce`/`consume` CUDA C++ pair, the built-in copy hooks, and the
+//! collective kernel's spec for a pair.
+
+use std::borrow::Cow;
+
+use super::THREADS;
+use crate::error::{Error, Result};
+use crate::jit::KernelSpec;
+
+/// A pair of hooks, `produce(ctx) -> tile` and `consume(ctx, tile)`, given as CUDA C++ source
+/// (see `cuda/devcomm/hooks.cuh` for the contract and the `Ctx` struct). The JIT compiles the
+/// source into the collective kernel; a compile error comes back as [`Error::Compile`] with
+/// NVRTC's message.
+///
+/// ```text
+/// struct Scale2 {
+///   using In = float; using Out = float; using Wire = float;
+///   static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {
+///     auto t = devcomm::load_tile<float>(c);
+///     for (float& x : t.v) x *= 2.0f;
+///     return t;
+///   }
+///   static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {
+///     devcomm::store_tile<float>(c, t);
+///   }
+/// };
+/// ```
+#[derive(Debug, Clone)]
+pub struct Hooks {
+    name: Cow<'static, str>,
+    source: Cow<'static, str>,
+    pub(super) in_size: usize,
+    out_size: usize,
+    /// Hash of everything above: the key of the loaded-kernel cache (no copy per launch).
+    pub(super) key: u64,
+}
+
+/// The copy hooks by element size, 1 to 16 bytes (index: log2 of the size).
+const COPY_HOOKS: [&str; 5] = [
+    "devcomm::CopyHooks<devcomm::Bytes1>",
+    "devcomm::CopyHooks<devcomm::Bytes2>",
+    "devcomm::CopyHooks<devcomm::Bytes4>",
+    "devcomm::CopyHooks<devcomm::Bytes8>",
+    "devcomm::CopyHooks<devcomm::Bytes16>",
+];
+
+impl Hooks {
+    fn build(
+        name: Cow<'static, str>,
+        source: Cow<'static, str>,
+        in_size: usize,
+        out_size: usize,
+    ) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&name, &source, in_size, out_size).hash(&mut h);
+        Self {
+            name,
+            source,
+            in_size,
+            out_size,
+            key: h.finish(),
+        }
+    }
+
+    /// The default hooks: copy elements of `T` (whose size must divide 16).
+    pub fn copy<T>() -> Result<Self> {
+        let size = std::mem::size_of::<T>();
+        if !matches!(size, 1 | 2 | 4 | 8 | 16) {
+            return Err(Error::InvalidArgument {
+                op: "Hooks::copy",
+                reason: format!(
+                    "element size {size} does not divide 16; use a byte view of the buffer"
+                ),
+            });
+        }
+        let name = COPY_HOOKS[size.trailing_zeros() as usize];
+        Ok(Self::build(name.into(), "".into(), size, size))
+    }
+
+    /// Whether these are the built-in copy hooks ([`Hooks::copy`]): the wire carries the
+    /// input's bytes.
+    pub(crate) fn is_copy(&self) -> bool {
+        self.source.is_empty()
+    }
+
+    /// User hooks: `name` is the struct defined in `source`, whose `In` and `Out` types must be
+    /// as large as `I` and `O` (checked when the kernel compiles).
+    pub fn new<I, O>(name: impl Into<String>, source: impl Into<String>) -> Self {
+        Self::build(
+            Cow::Owned(name.into()),
+            Cow::Owned(source.into()),
+            std::mem::size_of::<I>(),
+            std::mem::size_of::<O>(),
+        )
+    }
+
+    /// Checks that these hooks were declared for the buffers' element sizes (`None`: that
+    /// side is not used by the call).
+    pub(crate) fn check_sizes(
+        &self,
+        op: &'static str,
+        input: Option<usize>,
+        output: Option<usize>,
+    ) -> Result<()> {
+        let fits = |want: Option<usize>, have: usize| want.is_none_or(|w| w == have);
+        if fits(input, self.in_size) && fits(output, self.out_size) {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "hooks `{}` were declared for elements of {} and {} bytes, the buffers' are \
+                 {input:?} and {output:?}",
+                self.name, self.in_size, self.out_size
+            ),
+        })
+    }
+
+    /// The hooks struct's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The hooks' CUDA C++ source (empty for the built-in copy hooks).
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Hash of name, source and sizes: the key of loaded-kernel caches.
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+
+    pub(super) fn expression(&self, mixed: bool) -> String {
+        format!(
+            "devcomm::coll::coll_kernel<{}, {THREADS}, {mixed}>",
+            self.name
+        )
+    }
+
+    /// The kernel spec: the collective header, the user's source, checks of the element sizes,
+    /// and both instantiations (uniform and mixed peer tuning).
+    pub fn spec(&self) -> KernelSpec {
+        self.spec_with_options(&[])
+    }
+
+    /// [`Hooks::spec`] with extra NVRTC options (`DEVCOMM_COLL_OPTIONS`, experiments; part of
+    /// the kernel cache's key, so a communicator and `devcomm precompile` must pass the same).
+    pub fn spec_with_options(&self, options: &[String]) -> KernelSpec {
+        let source = format!(
+            "#include \"devcomm/collective.cuh\"\n#line 1 \"hooks.cu\"\n{src}\n#line 1 \"devcomm-checks\"\n\
+             static_assert(sizeof({name}::In) == {i}, \"the hooks' In type is not the size of the \
+             send buffer's elements ({i} bytes)\");\n\
+             static_assert(sizeof({name}::Out) == {o}, \"the hooks' Out type is not the size of the \
+             receive buffer's elements ({o} bytes)\");\n",
+            src = self.source,
+            name = self.name,
+            i = self.in_size,
+            o = self.out_size,
+        );
+        let mut spec = KernelSpec::new("collective", source)
+            .name_expression(self.expression(false))
+            .name_expression(self.expression(true));
+        spec.options.extend(options.iter().cloned());
+        spec
+    }
+}

@@ -1,0 +1,259 @@
+//! Collectives of [`Comm`] on the send/recv protocol, with hooks (docs/COLLECTIVES.md):
+//! all-to-all(-v) and the all-gather ring.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+
+use super::Comm;
+use crate::collective::{AllToAllVCounts, CollCall, Hooks, MODE_DEVICE_COUNTS, MODE_UNIFORM};
+use crate::error::{Error, Result};
+use crate::p2p::Transfer;
+
+/// The all-gather ring of [`Comm`].
+impl Comm {
+    /// Ring all-gather composed from `sendrecv`: `recv` (world_size x `send`'s length) gets
+    /// every rank's `send`, in rank order. `world_size - 1` steps; step s forwards the block
+    /// received at step s - 1 to the next rank.
+    pub fn all_gather_ring<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let world = self.world_size();
+        let rank = self.rank();
+        let bytes = send.num_bytes() as u64;
+        if recv.num_bytes() as u64 != bytes * world as u64 {
+            return Err(Error::InvalidArgument {
+                op: "all_gather_ring",
+                reason: format!(
+                    "recv holds {} bytes; world size {world} x {bytes} bytes = {} are needed",
+                    recv.num_bytes(),
+                    bytes * world as u64
+                ),
+            });
+        }
+        let (sp, _s) = send.device_ptr(stream);
+        let (rp, _r) = recv.device_ptr_mut(stream);
+        let block = |i: usize| rp + (i as u64) * bytes;
+        crate::cuda::memcpy_dtod_async(block(rank), sp, bytes as usize, stream)
+            .map_err(|e| crate::cuda::with_rank(e, rank))?;
+        let next = (rank + 1) % world;
+        let prev = (rank + world - 1) % world;
+        for step in 0..world.saturating_sub(1) {
+            let send_block = (rank + world - step) % world;
+            let recv_block = (rank + world - step - 1) % world;
+            let s = Transfer {
+                ptr: block(send_block),
+                bytes,
+                peer: next,
+                config: None,
+            };
+            let r = Transfer {
+                ptr: block(recv_block),
+                bytes,
+                peer: prev,
+                config: None,
+            };
+            self.p2p
+                .launch(&self.group, &self.jit, Some(s), Some(r), stream)?;
+        }
+        Ok(())
+    }
+}
+
+/// Extra arguments of a hooked collective.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HookArgs {
+    /// Device address of the user arguments the hooks see as `ctx.user` (0: none). It must stay
+    /// valid until the collective's work on the stream has finished.
+    pub user: u64,
+    /// Elements per row (`ctx.cols`). All-to-all: 0 makes each peer's chunk one row.
+    /// All-to-all-v and the `*_tiles` calls: counts are in rows of this many elements; 0
+    /// means 1.
+    pub row_len: usize,
+}
+
+pub(super) fn elems<T>(bytes: usize) -> u64 {
+    (bytes / std::mem::size_of::<T>().max(1)) as u64
+}
+
+pub(super) fn sizes<I, O>() -> (Option<usize>, Option<usize>) {
+    (
+        Some(std::mem::size_of::<I>()),
+        Some(std::mem::size_of::<O>()),
+    )
+}
+
+/// Collectives on the send/recv protocol, with hooks (docs/COLLECTIVES.md).
+impl Comm {
+    /// All-to-all: `send` holds `world_size` equal chunks, chunk `p` for rank `p` (itself
+    /// included); `recv` gets rank `p`'s chunk for this rank at chunk `p`. One fused kernel.
+    pub fn all_to_all<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let hooks = Hooks::copy::<T>()?;
+        self.all_to_all_hooked(&hooks, send, recv, HookArgs::default(), stream)
+    }
+
+    /// All-to-all through the user's hooks: `produce` runs on the sender for every tile of a
+    /// chunk, `consume` on the receiver. `send` and `recv` hold `world_size` chunks of the same
+    /// element count (of `I` and `O`).
+    pub fn all_to_all_hooked<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
+        &self,
+        hooks: &Hooks,
+        send: &S,
+        recv: &mut R,
+        args: HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (i, o) = sizes::<I, O>();
+        hooks.check_sizes("all_to_all", i, o)?;
+        let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
+        let (input, _s) = send.device_ptr(stream);
+        let (output, _r) = recv.device_ptr_mut(stream);
+        self.all_to_all_at(hooks, (input, in_elems), (output, out_elems), args, stream)
+    }
+
+    /// The all-to-all of [`Comm::all_to_all_hooked`] on device addresses and element counts
+    /// (the hooks' element sizes already checked).
+    pub(super) fn all_to_all_at(
+        &self,
+        hooks: &Hooks,
+        (input, in_elems): (u64, u64),
+        (output, out_elems): (u64, u64),
+        args: HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const OP: &str = "all_to_all";
+        let world = self.world_size() as u64;
+        if in_elems % world != 0 || out_elems % world != 0 || in_elems != out_elems {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "send holds {in_elems} and recv {out_elems} elements; both must be world size \
+                     {world} x the same chunk"
+                ),
+            });
+        }
+        let n = in_elems / world;
+        if n == 0 {
+            return Ok(());
+        }
+        let row_len = if args.row_len == 0 {
+            n
+        } else {
+            args.row_len as u64
+        };
+        if n % row_len != 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!("row length {row_len} does not divide the chunk of {n} elements"),
+            });
+        }
+        let call = CollCall {
+            op: OP,
+            input,
+            output,
+            in_elems,
+            out_elems,
+            row_len,
+            rows: n / row_len,
+            send_counts: 0,
+            send_offsets: 0,
+            recv_counts: 0,
+            recv_offsets: 0,
+            user: args.user,
+            mode: MODE_UNIFORM,
+            peer_rows: [[0; 32]; 2],
+        };
+        self.coll
+            .launch(&self.group, &self.jit, &self.p2p, hooks, call, stream)
+    }
+
+    /// All-to-all-v with counts on the GPU: rank `p` gets `counts.send_counts[p]` rows of
+    /// `row_len` elements (from `counts.send_offsets[p]`, or packed in rank order). The kernel
+    /// exchanges the counts itself and writes `counts.recv_counts` and `counts.recv_offsets`
+    /// (data from rank `p` lands packed in rank order): no host synchronisation, so the call
+    /// can be captured in a CUDA graph. Counts that would overrun `recv` (or read past `send`)
+    /// are caught on the GPU: nothing is written out of bounds and the next check returns
+    /// [`Error::CountOverflow`].
+    pub fn all_to_allv<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        counts: &mut AllToAllVCounts,
+        row_len: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let hooks = Hooks::copy::<T>()?;
+        let args = HookArgs { user: 0, row_len };
+        self.all_to_allv_hooked(&hooks, send, recv, counts, args, stream)
+    }
+
+    /// [`Comm::all_to_allv`] through the user's hooks.
+    pub fn all_to_allv_hooked<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
+        &self,
+        hooks: &Hooks,
+        send: &S,
+        recv: &mut R,
+        counts: &mut AllToAllVCounts,
+        args: HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const OP: &str = "all_to_allv";
+        let (i, o) = sizes::<I, O>();
+        hooks.check_sizes(OP, i, o)?;
+        let world = self.world_size();
+        let short = [
+            ("send_counts", counts.send_counts.len()),
+            ("recv_counts", counts.recv_counts.len()),
+            ("recv_offsets", counts.recv_offsets.len()),
+            (
+                "send_offsets",
+                counts.send_offsets.as_ref().map_or(world, |s| s.len()),
+            ),
+        ]
+        .into_iter()
+        .find(|(_, len)| *len < world);
+        if let Some((name, len)) = short {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!("{name} holds {len} entries; world size {world} are needed"),
+            });
+        }
+        let row_len = args.row_len.max(1) as u64;
+        let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
+        let (input, _s) = send.device_ptr(stream);
+        let (output, _r) = recv.device_ptr_mut(stream);
+        let (send_counts, _a) = counts.send_counts.device_ptr(stream);
+        let send_offsets = match &counts.send_offsets {
+            Some(o) => o.device_ptr(stream).0,
+            None => 0,
+        };
+        let (recv_counts, _c) = counts.recv_counts.device_ptr_mut(stream);
+        let (recv_offsets, _d) = counts.recv_offsets.device_ptr_mut(stream);
+        let call = CollCall {
+            op: OP,
+            input,
+            output,
+            in_elems,
+            out_elems,
+            row_len,
+            rows: 0,
+            send_counts,
+            send_offsets,
+            recv_counts,
+            recv_offsets,
+            user: args.user,
+            mode: MODE_DEVICE_COUNTS,
+            peer_rows: [[0; 32]; 2],
+        };
+        self.coll
+            .launch(&self.group, &self.jit, &self.p2p, hooks, call, stream)
+    }
+}

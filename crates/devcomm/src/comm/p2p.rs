@@ -1,0 +1,143 @@
+//! Send/recv methods of [`Comm`] and the send/recv settings it exposes.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+
+use super::Comm;
+use crate::collective::CollShape;
+use crate::error::Result;
+use crate::p2p::{P2PConfig, P2PLimits, Transfer, TuneTable};
+
+/// Send/recv and the collectives composed from them.
+impl Comm {
+    /// Sends `buf` to `peer` on `stream`. The peer must post a [`Comm::recv`] (or a
+    /// [`Comm::sendrecv`] receiving from this rank) of the same size. A send and a recv between
+    /// the same two ranks in opposite directions must be one [`Comm::sendrecv`]: as two calls
+    /// on one stream each would wait for the other (and time out).
+    pub fn send<T: DeviceRepr, S: DevicePtr<T>>(
+        &self,
+        buf: &S,
+        peer: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (ptr, _sync) = buf.device_ptr(stream);
+        let t = Transfer {
+            ptr,
+            bytes: buf.num_bytes() as u64,
+            peer,
+            config: None,
+        };
+        self.p2p
+            .launch(&self.group, &self.jit, Some(t), None, stream)
+    }
+
+    /// Receives from `peer` into `buf` on `stream`; the message must be `buf`'s size.
+    pub fn recv<T: DeviceRepr, R: DevicePtrMut<T>>(
+        &self,
+        buf: &mut R,
+        peer: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let bytes = buf.num_bytes() as u64;
+        let (ptr, _sync) = buf.device_ptr_mut(stream);
+        let t = Transfer {
+            ptr,
+            bytes,
+            peer,
+            config: None,
+        };
+        self.p2p
+            .launch(&self.group, &self.jit, None, Some(t), stream)
+    }
+
+    /// Sends `send_buf` to `send_peer` and receives `recv_buf` from `recv_peer` in one kernel.
+    /// The peers may be the same (both directions at once) or differ (ring schedules).
+    pub fn sendrecv<T: DeviceRepr, U: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<U>>(
+        &self,
+        send_buf: &S,
+        send_peer: usize,
+        recv_buf: &mut R,
+        recv_peer: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (sp, _s) = send_buf.device_ptr(stream);
+        let bytes = recv_buf.num_bytes() as u64;
+        let (rp, _r) = recv_buf.device_ptr_mut(stream);
+        let send = Transfer {
+            ptr: sp,
+            bytes: send_buf.num_bytes() as u64,
+            peer: send_peer,
+            config: None,
+        };
+        let recv = Transfer {
+            ptr: rp,
+            bytes,
+            peer: recv_peer,
+            config: None,
+        };
+        self.p2p
+            .launch(&self.group, &self.jit, Some(send), Some(recv), stream)
+    }
+
+    /// Send/recv on raw device addresses with optional explicit launch knobs: either
+    /// direction may be absent.
+    ///
+    /// # Safety
+    ///
+    /// Each `Transfer::ptr` must be a device address of this rank's context valid for
+    /// `Transfer::bytes` bytes (readable for `send`, writable for `recv`) until the work on
+    /// `stream` completes, and nothing else may write a recv buffer meanwhile.
+    pub unsafe fn sendrecv_raw(
+        &self,
+        send: Option<Transfer>,
+        recv: Option<Transfer>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.p2p.launch(&self.group, &self.jit, send, recv, stream)
+    }
+
+    /// The collective kernel's blocks (docs/COLLECTIVES.md, "Grid"): for a plain all-to-all
+    /// (copy hooks) of `self_bytes` input bytes per peer, or `None` for device counts
+    /// (all-to-all-v).
+    pub fn collective_shape(&self, self_bytes: Option<u64>) -> CollShape {
+        self.coll.shape(
+            self.group.world_size,
+            self.p2p.limits().max_blocks,
+            self_bytes,
+            true,
+        )
+    }
+
+    /// Sizes of this communicator's send/recv window.
+    pub fn p2p_limits(&self) -> &P2PLimits {
+        self.p2p.limits()
+    }
+
+    /// The send/recv switches of this communicator's configuration.
+    pub fn p2p_switches(&self) -> &crate::p2p::Switches {
+        self.p2p.switches()
+    }
+
+    /// The settings this communicator was built with (docs/CONFIG.md).
+    pub fn config(&self) -> &crate::Config {
+        &self.group.config
+    }
+
+    /// The route a message of `bytes` into a registered destination takes (the same on both
+    /// ends: it depends on the size and the must-agree settings only).
+    pub fn zero_copy_route(&self, bytes: u64) -> crate::p2p::ZcRoute {
+        crate::p2p::zero_copy_route(bytes, self.p2p_limits(), self.p2p_switches())
+    }
+
+    /// The configuration a send/recv of `bytes` uses when the call names none: the tuning
+    /// table's (if one is loaded and covers the size), the built-in defaults otherwise.
+    pub fn p2p_config(&self, bytes: u64) -> P2PConfig {
+        self.p2p.config_for(bytes)
+    }
+
+    /// The send/recv tuning table this communicator loaded, if any.
+    pub fn tune_table(&self) -> Option<&TuneTable> {
+        self.p2p.tune_table()
+    }
+}

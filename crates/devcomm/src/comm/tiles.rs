@@ -1,0 +1,137 @@
+//! Hooked send/recv of [`Comm`] (`send_tiles`, `recv_tiles`, `sendrecv_tiles`).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+
+use super::collectives::{elems, sizes};
+use super::{Comm, HookArgs};
+use crate::collective::{CollCall, Hooks, MODE_PEER_ROWS};
+use crate::error::{Error, Result};
+
+/// One side of a hooked point-to-point transfer: device address, elements, peer.
+type TileSide = Option<(u64, u64, usize)>;
+
+/// Hooked send/recv (`send_tiles`, `recv_tiles`): level 2 of the framework, for users who
+/// keep their own schedule. The same kernel and hooks as the collectives; a step of the
+/// user's schedule is one call, and calls on one stream run in order.
+impl Comm {
+    /// Sends `buf` to `peer` through `hooks.produce`; the peer posts a matching
+    /// [`Comm::recv_tiles`] (or [`Comm::sendrecv_tiles`]) of the same element count.
+    pub fn send_tiles<I: DeviceRepr, S: DevicePtr<I>>(
+        &self,
+        hooks: &Hooks,
+        buf: &S,
+        peer: usize,
+        args: HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        hooks.check_sizes("send_tiles", Some(std::mem::size_of::<I>()), None)?;
+        let n = elems::<I>(buf.num_bytes());
+        let (ptr, _s) = buf.device_ptr(stream);
+        self.tiles(hooks, Some((ptr, n, peer)), None, args, stream)
+    }
+
+    /// Receives from `peer` into `buf` through `hooks.consume`.
+    pub fn recv_tiles<O: DeviceRepr, R: DevicePtrMut<O>>(
+        &self,
+        hooks: &Hooks,
+        buf: &mut R,
+        peer: usize,
+        args: HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        hooks.check_sizes("recv_tiles", None, Some(std::mem::size_of::<O>()))?;
+        let n = elems::<O>(buf.num_bytes());
+        let (ptr, _r) = buf.device_ptr_mut(stream);
+        self.tiles(hooks, None, Some((ptr, n, peer)), args, stream)
+    }
+
+    /// Sends `send` to `send_peer` and receives `recv` from `recv_peer` in one kernel, through
+    /// the hooks (the peers may differ: rings and other schedules).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sendrecv_tiles<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
+        &self,
+        hooks: &Hooks,
+        send: &S,
+        send_peer: usize,
+        recv: &mut R,
+        recv_peer: usize,
+        args: HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (i, o) = sizes::<I, O>();
+        hooks.check_sizes("sendrecv_tiles", i, o)?;
+        let (ns, nr) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
+        let (sp, _s) = send.device_ptr(stream);
+        let (rp, _r) = recv.device_ptr_mut(stream);
+        self.tiles(
+            hooks,
+            Some((sp, ns, send_peer)),
+            Some((rp, nr, recv_peer)),
+            args,
+            stream,
+        )
+    }
+
+    fn tiles(
+        &self,
+        hooks: &Hooks,
+        send: TileSide,
+        recv: TileSide,
+        args: HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const OP: &str = "sendrecv_tiles";
+        let world = self.world_size();
+        let mut peer_rows = [[0u64; 32]; 2];
+        let mut call = CollCall {
+            op: OP,
+            input: 0,
+            output: 0,
+            in_elems: 0,
+            out_elems: 0,
+            row_len: 1,
+            rows: 0,
+            send_counts: 0,
+            send_offsets: 0,
+            recv_counts: 0,
+            recv_offsets: 0,
+            user: args.user,
+            mode: MODE_PEER_ROWS,
+            peer_rows,
+        };
+        for (side, t) in [send, recv].into_iter().enumerate() {
+            let Some((ptr, n, peer)) = t else { continue };
+            if peer >= world || peer == self.rank() {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: format!(
+                        "peer {peer} is not another rank (rank {}, world size {world})",
+                        self.rank()
+                    ),
+                });
+            }
+            let row_len = args.row_len.max(1) as u64;
+            if n % row_len != 0 {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: format!("row length {row_len} does not divide {n} elements"),
+                });
+            }
+            call.row_len = row_len;
+            peer_rows[side][peer] = n / row_len;
+            if side == 0 {
+                (call.input, call.in_elems) = (ptr, n);
+            } else {
+                (call.output, call.out_elems) = (ptr, n);
+            }
+        }
+        call.peer_rows = peer_rows;
+        if peer_rows.iter().flatten().all(|&r| r == 0) {
+            return Ok(()); // nothing to move
+        }
+        self.coll
+            .launch(&self.group, &self.jit, &self.p2p, hooks, call, stream)
+    }
+}
