@@ -107,27 +107,28 @@ pub(crate) struct Reduce {
 
 impl Reduce {
     /// Collective: the reduce window and zeroed counters on every rank, sized by the limits
-    /// every rank derives alike from the knobs (`reduce::config`) and the smallest GPU.
+    /// every rank derives alike from the settings (compared at setup) and the smallest GPU.
     pub(crate) fn new(group: &Arc<Group>, sm_count: i32) -> Result<Self> {
-        let knobs = config::knobs_from_env().map_err(|e| crate::cuda::with_rank(e, group.rank));
-        let knobs = group.agree("reductions: knobs", knobs)?;
-        let mine: Vec<u8> = knobs
+        let tag = group.next_tag("__devcomm/reduce/sm_count");
+        let all =
+            group
+                .store
+                .all_gather(&tag, &sm_count.max(1).to_le_bytes(), group.setup_timeout)?;
+        let sms = all
             .iter()
-            .chain(&[sm_count.max(1) as u32])
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let tag = group.next_tag("__devcomm/reduce/limits");
-        let all = group.store.all_gather(&tag, &mine, group.setup_timeout)?;
-        // The smallest of field i across ranks (every rank sent 4 fields).
-        let least = |i: usize| {
-            all.iter()
-                .filter_map(|b| b.get(4 * i..4 * i + 4)?.try_into().ok())
-                .map(u32::from_le_bytes)
-                .min()
-                .unwrap_or(u32::MAX)
-        };
-        let sms = least(3).max(1);
-        let limits = config::limits(group.world_size, [least(0), least(1), least(2)], sms);
+            .filter_map(|b| b.get(..4)?.try_into().ok())
+            .map(i32::from_le_bytes)
+            .min()
+            .unwrap_or(1)
+            .max(1) as u32;
+        let c = &group.config;
+        let limits = config::limits(
+            group.world_size,
+            c.reduce_max_blocks,
+            c.reduce_one_shot_kib,
+            c.reduce_chunk_mib,
+            sms,
+        );
         let world = group.world_size;
         let slots = 4 * world.min(plan::MAX_WORLD) * MAX_BLOCKS as usize;
         let bytes = plan::window_bytes(world, &limits) as usize;

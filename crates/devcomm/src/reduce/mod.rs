@@ -9,13 +9,12 @@
 //! ([`types`]), the pure planner ([`plan`]), the host argument checks and the launch.
 
 pub(crate) mod args;
-pub mod config;
+pub(crate) mod config;
 pub mod handle;
 pub(crate) mod launch;
 pub mod plan;
 pub mod types;
 
-pub use config::{CHUNK_MIB_ENV, MAX_BLOCKS_ENV, ONE_SHOT_KIB_ENV};
 pub use launch::{hooked_kernel_spec, kernel_expression, kernel_spec, KERNEL_SOURCE};
 pub use plan::{Algorithm, Collective, Plan, ReduceLimits};
 pub use types::{DataType, ReduceOp, Reducible};
