@@ -22,10 +22,11 @@ pub struct PrecompileArgs {
     hooks: Vec<String>,
     /// The built-in kernels to compile: `sendrecv`, `copy1`, `copy2`, `copy4`, `copy8`,
     /// `copy16` (the collective with the copy hooks of that element size), `examples` (the
-    /// transpose and fp8 hooks). Comma-separated; default: all; `none` for only `--hooks`.
+    /// transpose and fp8 hooks), `reduce` (the reductions for every type, and the RMSNorm
+    /// example's epilogue). Comma-separated; default: all; `none` for only `--hooks`.
     #[arg(
         long,
-        default_value = "sendrecv,copy1,copy2,copy4,copy8,copy16,examples"
+        default_value = "sendrecv,copy1,copy2,copy4,copy8,copy16,examples,reduce"
     )]
     builtin: String,
     /// Compiles at once.
@@ -51,6 +52,33 @@ pub(crate) fn example_hooks() -> [Hooks; 2] {
         ),
         Hooks::new::<f32, f32>("Fp8", include_str!("../../devcomm/examples/hooks/fp8.cu")),
     ]
+}
+
+/// The reduction kernels: every element type, and the RMSNorm and accumulate epilogues (f32
+/// sum).
+fn reduce_specs() -> Vec<(String, KernelSpec)> {
+    use devcomm::{DataType, ReduceOp};
+    let mut v: Vec<_> = DataType::ALL
+        .into_iter()
+        .map(|t| (format!("reduce {t}"), devcomm::reduce::kernel_spec(t)))
+        .collect();
+    let hooks = Hooks::new::<f32, f32>(
+        "RmsNorm",
+        include_str!("../../devcomm/examples/hooks/rmsnorm.cu"),
+    );
+    v.push((
+        "reduce RmsNorm".into(),
+        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks),
+    ));
+    let hooks = Hooks::new::<f32, f32>(
+        "Accumulate",
+        include_str!("../../devcomm/examples/hooks/accumulate.cu"),
+    );
+    v.push((
+        "reduce Accumulate".into(),
+        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks),
+    ));
+    v
 }
 
 /// f32 hooks from a `--hooks FILE:STRUCT` argument: the struct `STRUCT` of the CUDA C++ file.
@@ -94,6 +122,10 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
                         h.spec_with_options(&config.coll_options),
                     ));
                 }
+                continue;
+            }
+            "reduce" => {
+                specs.extend(reduce_specs());
                 continue;
             }
             other => return Err(format!("--builtin: unknown kernel set `{other}`")),

@@ -1,5 +1,5 @@
 //! Compiles every reduction kernel with NVRTC for sm_90 (no GPU needed): one-shot and two-shot
-//! for every element type and operation, the RMSNorm example's epilogue hook, and the error a
+//! for every element type and operation, the RMSNorm and accumulate epilogues, and the error a
 //! user gets for a hook of the wrong element size.
 //!
 //! Needs libnvrtc on the loader path; without it the tests print SKIPPED and pass, unless
@@ -37,6 +37,23 @@ fn the_rmsnorm_epilogue_compiles() {
     let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(module.lowered_names.len(), 1);
     assert!(module.log.is_empty(), "warnings:\n{}", module.log);
+}
+
+#[test]
+fn the_accumulate_epilogue_compiles_for_every_operation() {
+    if !nvrtc_available() {
+        return;
+    }
+    let hooks = Hooks::new::<f32, f32>(
+        "Accumulate",
+        include_str!("../examples/hooks/accumulate.cu"),
+    );
+    for op in ReduceOp::ALL {
+        let spec = hooked_kernel_spec(DataType::F32, op, &hooks);
+        let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{op}: {e}"));
+        assert_eq!(module.lowered_names.len(), 1);
+        assert!(module.log.is_empty(), "{op}: warnings:\n{}", module.log);
+    }
 }
 
 #[test]

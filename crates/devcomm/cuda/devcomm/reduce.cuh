@@ -245,6 +245,14 @@ template <class T> union Word {
 };
 
 // ---- Piece loops ---------------------------------------------------------------------------
+//
+// A thread handles the 16-byte groups t, t + G, t + 2G, ... (G = the group's size), kBatch of
+// them at a time: it issues the loads of all kBatch groups before using any, so that kBatch
+// loads per thread are in flight over NVLink at once (one at a time, a block of 512 threads
+// keeps only 8 KiB in flight). Each group belongs to one thread, which reads all of its inputs
+// before writing it, so a destination may be one of the sources (the own window slot).
+
+constexpr int kBatch = 4;
 
 // Copies n elements of T from src to dst by the threads of block g: 16-byte accesses when
 // both are 16-byte aligned, element accesses otherwise.
@@ -253,10 +261,22 @@ __device__ __forceinline__ void copy_elems(const G& g, T* dst, const T* src, dc_
   constexpr dc_u64 kV = 16 / sizeof(T);
   dc_u64 i0 = 0;
   if (((reinterpret_cast<dc_u64>(dst) | reinterpret_cast<dc_u64>(src)) & 15) == 0) {
-    const dc_u64 nv = n / kV;
+    const dc_u64 nv = n / kV, stride = g.size();
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
-    for (dc_u64 j = g.thread_rank(); j < nv; j += g.size()) d[j] = s[j];
+    for (dc_u64 j0 = g.thread_rank(); j0 < nv; j0 += kBatch * stride) {
+      uint4 v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const dc_u64 j = j0 + u * stride;
+        v[u] = j < nv ? s[j] : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const dc_u64 j = j0 + u * stride;
+        if (j < nv) d[j] = v[u];
+      }
+    }
     i0 = nv * kV;
   }
   for (dc_u64 i = i0 + g.thread_rank(); i < n; i += g.size()) dst[i] = src[i];
@@ -277,21 +297,34 @@ __device__ __forceinline__ void reduce_elems(const G& g, T* dst, Src src, int wo
       uint4 u;
       T v[kV];
     };
-    const dc_u64 nv = n / kV;
-    for (dc_u64 j = g.thread_rank(); j < nv; j += g.size()) {
-      A acc[kV];
-      V x;
-      x.u = reinterpret_cast<const uint4*>(src(0))[j];
+    const dc_u64 nv = n / kV, stride = g.size();
+    for (dc_u64 j0 = g.thread_rank(); j0 < nv; j0 += kBatch * stride) {
+      A acc[kBatch][kV];
+      V x[kBatch];
+      for (int p = 0; p < world; ++p) {  // rank order: the fixed order of every element
+        const uint4* s = reinterpret_cast<const uint4*>(src(p));
 #pragma unroll
-      for (int k = 0; k < kV; ++k) acc[k] = N::load(x.v[k]);
-      for (int p = 1; p < world; ++p) {
-        x.u = reinterpret_cast<const uint4*>(src(p))[j];
+        for (int u = 0; u < kBatch; ++u) {
+          const dc_u64 j = j0 + u * stride;
+          x[u].u = j < nv ? s[j] : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
-        for (int k = 0; k < kV; ++k) acc[k] = combine<OP, T>(acc[k], N::load(x.v[k]));
+        for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+          for (int k = 0; k < kV; ++k) {
+            const A v = N::load(x[u].v[k]);
+            acc[u][k] = p == 0 ? v : combine<OP, T>(acc[u][k], v);
+          }
+        }
       }
 #pragma unroll
-      for (int k = 0; k < kV; ++k) x.v[k] = finish<OP, T>(acc[k], world);
-      reinterpret_cast<uint4*>(dst)[j] = x.u;
+      for (int u = 0; u < kBatch; ++u) {
+        const dc_u64 j = j0 + u * stride;
+        if (j >= nv) continue;
+#pragma unroll
+        for (int k = 0; k < kV; ++k) x[u].v[k] = finish<OP, T>(acc[u][k], world);
+        reinterpret_cast<uint4*>(dst)[j] = x[u].u;
+      }
     }
     i0 = nv * kV;
   }
@@ -304,18 +337,22 @@ __device__ __forceinline__ void reduce_elems(const G& g, T* dst, Src src, int wo
 
 // ---- Epilogue hooks ------------------------------------------------------------------------
 //
-// A hooked all-reduce calls H::epilogue(ctx, row) for every row of this rank's reduced shard,
-// one warp per row (every lane calls it), before the shard is written anywhere: `row` holds the
-// row's cols reduced elements (of H::T) in this rank's window and the hook rewrites them in
-// place (reading ctx.user for its own arguments). What it leaves there is what every rank
-// receives. A hook must not touch other rows.
+// A hooked all-reduce or reduce-scatter calls H::epilogue(ctx, row) for every row of this
+// rank's reduced shard, one warp per row (every lane calls it), before the row is written
+// anywhere: `row` holds the row's cols reduced elements (of H::T, rounded) in this rank's
+// window and the hook rewrites them in place (reading ctx.user for its own arguments). What it
+// leaves there is what the output receives: every rank's (all-reduce) or this rank's
+// (reduce-scatter). A hook must not touch other rows.
 struct RowCtx {
   const void* user;  // the user arguments (device memory) or null
-  dc_u64 row;        // the row's index in the whole buffer (element row * cols is its first)
+  dc_u64 row;        // the row's index in this rank's output (all-reduce: the whole buffer;
+                     // reduce-scatter: this rank's shard)
   dc_u64 cols;       // elements per row
   dc_i32 rank;
   dc_i32 world_size;
   dc_u32 lane;       // this thread's lane (0..31)
+  const void* dest;  // the row's place in this rank's output, still as it was before the
+                     // call (an accumulate hook adds it; in place it is this rank's input)
 };
 
 // No hook.

@@ -163,6 +163,19 @@ __device__ __forceinline__ dc_u64 clip(const ReduceLaunch& a, int q, dc_u64 k, d
   return end - (at + lo);
 }
 
+// Calls the hook on the n / row_len rows at `rows` (in the window), one warp per row; `dest`
+// is where the first of them will be written in this rank's output, `row0` its row index there.
+template <class H, class G, class T>
+__device__ __forceinline__ void epilogue_rows(const G& g, const ReduceLaunch& a, T* rows,
+                                              T* dest, dc_u64 row0, dc_u64 n) {
+  const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
+  for (dc_u64 r = warp; r < n / a.row_len; r += warps) {
+    RowCtx c{reinterpret_cast<const void*>(a.user), row0 + r, a.row_len, a.w.rank,
+             a.w.world_size, g.thread_rank() & 31u, dest + r * a.row_len};
+    H::epilogue(c, reinterpret_cast<typename H::T*>(rows + r * a.row_len));
+  }
+}
+
 template <class T, int OP, class H>
 __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
   enter_after_previous_kernel();
@@ -198,17 +211,19 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
     if (a.mode != kAllGather) {
       if (!wait_every_rank(g, a, kReady, b, s)) return;
       const dc_u64 n = clip(a, me, k, lo, hi);
-      T* dst = a.mode == kAllReduce ? slot(me, me) + lo : out + k * a.chunk + lo;
+      // Where the reduced piece goes first: the own window (all-reduce: peers read it there;
+      // hooked reduce-scatter: the hook rewrites it there), or straight to the output.
+      constexpr bool kHooked = HasEpilogue<H>::value;
+      T* const to_out = out + (a.mode == kAllReduce ? (dc_u64)me * a.shard : 0) + k * a.chunk + lo;
+      T* dst = a.mode == kAllReduce || kHooked ? slot(me, me) + lo : to_out;
       if (n > 0) reduce_elems<T, OP>(g, dst, [&](int p) -> const T* { return slot(p, me) + lo; }, world, n);
-      if constexpr (HasEpilogue<H>::value) {
+      if constexpr (kHooked) {
         static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
         g.sync();
-        const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
-        const dc_u64 row0 = ((dc_u64)me * a.shard + k * a.chunk + lo) / a.row_len;
-        for (dc_u64 r = warp; r < n / a.row_len; r += warps) {
-          RowCtx c{reinterpret_cast<const void*>(a.user), row0 + r, a.row_len, me, world,
-                   g.thread_rank() & 31u};
-          H::epilogue(c, reinterpret_cast<typename H::T*>(dst + r * a.row_len));
+        epilogue_rows<H>(g, a, dst, to_out, (to_out - out) / a.row_len, n);
+        if (a.mode == kReduceScatter) {
+          g.sync();
+          if (n > 0) copy_elems<T>(g, to_out, dst, n);
         }
       }
       publish(g, a, a.mode == kAllReduce ? kReduced : kDone, b, s);

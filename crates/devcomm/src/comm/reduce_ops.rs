@@ -201,7 +201,8 @@ impl Comm {
         )
     }
 
-    /// All-reduce with an epilogue hook: `hooks` names a struct of CUDA C++ source with
+    /// All-reduce with an epilogue hook (docs/COLLECTIVES.md, "Epilogue hooks"): `hooks` names
+    /// a struct of CUDA C++ source with
     /// `using T = <element type>;` and
     /// `static __device__ void epilogue(const devcomm::red::RowCtx& c, T* row)`, called by
     /// one warp for every row of `args.row_len` elements after the row is reduced and before it
@@ -250,22 +251,87 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let c = Collective::AllReduce;
+        self.hooked(
+            c,
+            dtype,
+            op,
+            (input, output, count as u64),
+            (hooks, args),
+            stream,
+        )
+    }
+
+    /// Reduce-scatter with an epilogue hook (as [`Comm::all_reduce_hooked`]): the hook sees
+    /// each row of this rank's reduced shard before it is written to `output`, and
+    /// `RowCtx::dest` points to that row of `output` as it was before the call, so an
+    /// accumulate hook (`row[j] += dest[j]`, `examples/hooks/accumulate.cu`) adds the result
+    /// to what `output` held. `output`'s length must be a multiple of `args.row_len`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter_hooked<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        hooks: &Hooks,
+        input: &S,
+        output: &mut R,
+        op: ReduceOp,
+        args: &HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = Collective::ReduceScatter;
+        let count =
+            count_of(c, self.world_size(), input.len(), output.len()).map_err(invalid(c))?;
+        let (i, _s) = input.device_ptr(stream);
+        let (o, _r) = output.device_ptr_mut(stream);
+        self.hooked(c, T::DTYPE, op, (i, o, count), (hooks, args), stream)
+    }
+
+    /// [`Comm::reduce_scatter_hooked`] on raw device addresses (`input`: `world_size x
+    /// out_count` elements); in place when `input == output`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Comm::reduce_scatter_raw`]; `args.user` must stay valid until the work is done.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_scatter_hooked_raw(
+        &self,
+        hooks: &Hooks,
+        input: u64,
+        output: u64,
+        out_count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        args: &HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = Collective::ReduceScatter;
+        self.hooked(
+            c,
+            dtype,
+            op,
+            (input, output, out_count as u64),
+            (hooks, args),
+            stream,
+        )
+    }
+
+    /// Checks a hooked call's hooks and row length, then runs it.
+    fn hooked(
+        &self,
+        c: Collective,
+        dtype: DataType,
+        op: ReduceOp,
+        buffers: (u64, u64, u64),
+        (hooks, args): (&Hooks, &HookArgs),
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
         let size = Some(dtype.size_bytes());
-        hooks.check_sizes("all_reduce_hooked", size, size)?;
+        hooks.check_sizes(c.name(), size, size)?;
         if args.row_len == 0 {
             return Err(invalid(c)(
                 "HookArgs::row_len is 0: the epilogue works on rows of that many elements".into(),
             ));
         }
         let hook = Some((hooks, args.user, args.row_len as u64));
-        self.reduction(
-            c,
-            dtype,
-            Some(op),
-            (input, output, count as u64),
-            hook,
-            stream,
-        )
+        self.reduction(c, dtype, Some(op), buffers, hook, stream)
     }
 
     /// The plan a reduction of `count` elements of `dtype` takes on this communicator (as the

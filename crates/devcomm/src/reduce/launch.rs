@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaFunction, CudaStream};
 
+use super::config;
 use super::handle::ReduceLaunch;
 use super::plan::{self, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, THREADS};
 use super::types::{DataType, ReduceOp};
@@ -105,9 +106,29 @@ pub(crate) struct Reduce {
 }
 
 impl Reduce {
-    /// Collective: the reduce window and zeroed counters on every rank.
+    /// Collective: the reduce window and zeroed counters on every rank, sized by the limits
+    /// every rank derives alike from the settings (compared at setup) and the smallest GPU.
     pub(crate) fn new(group: &Arc<Group>, sm_count: i32) -> Result<Self> {
-        let limits = ReduceLimits::default();
+        let tag = group.next_tag("__devcomm/reduce/sm_count");
+        let all =
+            group
+                .store
+                .all_gather(&tag, &sm_count.max(1).to_le_bytes(), group.setup_timeout)?;
+        let sms = all
+            .iter()
+            .filter_map(|b| b.get(..4)?.try_into().ok())
+            .map(i32::from_le_bytes)
+            .min()
+            .unwrap_or(1)
+            .max(1) as u32;
+        let c = &group.config;
+        let limits = config::limits(
+            group.world_size,
+            c.reduce_max_blocks,
+            c.reduce_one_shot_kib,
+            c.reduce_chunk_mib,
+            sms,
+        );
         let world = group.world_size;
         let slots = 4 * world.min(plan::MAX_WORLD) * MAX_BLOCKS as usize;
         let bytes = plan::window_bytes(world, &limits) as usize;
@@ -119,7 +140,7 @@ impl Reduce {
             limits,
             window,
             counters,
-            sm_count: sm_count.max(1) as u32,
+            sm_count: sms.max(1),
             modules: Mutex::new(HashMap::new()),
         })
     }
@@ -268,7 +289,7 @@ impl Reduce {
             Collective::AllReduce => call.count,
             _ => call.count * world as u64,
         };
-        let ll_sender_bytes = plan::ll_sender_bytes(world);
+        let ll_sender_bytes = plan::ll_sender_bytes(&self.limits);
         let (user, row) = call.hooks.map_or((0, 0), |(_, user, row)| (user, row));
         let args = ReduceLaunch {
             w: self.window.device_handle(),

@@ -9,6 +9,7 @@
 //! ([`types`]), the pure planner ([`plan`]), the host argument checks and the launch.
 
 pub(crate) mod args;
+pub(crate) mod config;
 pub mod handle;
 pub(crate) mod launch;
 pub mod plan;

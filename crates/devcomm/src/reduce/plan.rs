@@ -77,20 +77,29 @@ pub const MAX_WORLD: usize = 32;
 /// The window sizes the plans are made for (every rank must use the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReduceLimits {
+    /// Largest one-shot payload (bytes each rank sends each peer); 0: never one-shot. The
+    /// window holds flag-in-data lines for it (twice the bytes, two parities, every sender).
+    pub one_shot_bytes: u64,
     /// Bytes of one half of the two-shot area: one round stages at most this much per rank.
     pub chunk_bytes: u64,
+    /// Most blocks of a two-shot launch (1 to [`MAX_BLOCKS`]).
+    pub max_blocks: u32,
 }
 
-impl Default for ReduceLimits {
-    fn default() -> Self {
+impl ReduceLimits {
+    /// The defaults on `world` ranks: one-shot up to [`one_shot_max_bytes`], rounds of 8 MiB,
+    /// 32 blocks.
+    pub const fn for_world(world: usize) -> Self {
         Self {
+            one_shot_bytes: one_shot_max_bytes(world),
             chunk_bytes: 8 << 20,
+            max_blocks: MAX_BLOCKS,
         }
     }
 }
 
-/// Largest payload (bytes per sender) of a one-shot call on `world` ranks: each rank reads
-/// `world` copies, so the cut-over comes earlier with more ranks.
+/// The default largest payload (bytes per sender) of a one-shot call on `world` ranks: each
+/// rank reads `world` copies, so the cut-over comes earlier with more ranks.
 pub const fn one_shot_max_bytes(world: usize) -> u64 {
     match world {
         0..=2 => 128 << 10,
@@ -100,14 +109,14 @@ pub const fn one_shot_max_bytes(world: usize) -> u64 {
 }
 
 /// Bytes of flag-in-data lines one sender owns in a receiver's window, per parity.
-pub const fn ll_sender_bytes(world: usize) -> u64 {
-    one_shot_max_bytes(world) / 8 * LINE_BYTES
+pub const fn ll_sender_bytes(limits: &ReduceLimits) -> u64 {
+    limits.one_shot_bytes.div_ceil(8) * LINE_BYTES
 }
 
 /// Bytes of the reduce window: the one-shot lines (`world` senders x 2 parities), then the
 /// two halves of the two-shot area.
 pub fn window_bytes(world: usize, limits: &ReduceLimits) -> u64 {
-    world as u64 * 2 * ll_sender_bytes(world) + 2 * limits.chunk_bytes
+    world as u64 * 2 * ll_sender_bytes(limits) + 2 * limits.chunk_bytes
 }
 
 /// What a call moves, as the planner sees it.
@@ -163,7 +172,7 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
     }
     let w = s.world as u64;
     let payload = s.count.checked_mul(es).ok_or("the size overflows")?;
-    if s.row_len.is_none() && payload <= one_shot_max_bytes(s.world) {
+    if s.row_len.is_none() && payload <= limits.one_shot_bytes {
         let units = payload.div_ceil(8);
         return Ok(Plan {
             algorithm: Algorithm::OneShot,
@@ -187,7 +196,18 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
             (row, (s.count / row).div_ceil(w) * row)
         }
         (Collective::AllReduce, None) => (vec, s.count.div_ceil(w).div_ceil(vec) * vec),
-        (_, Some(_)) => return Err("hooks are built for all-reduce only".into()),
+        (Collective::ReduceScatter, Some(row)) => {
+            if s.count % row != 0 {
+                return Err(format!(
+                    "row length {row} does not divide the output's {} elements",
+                    s.count
+                ));
+            }
+            (row, s.count)
+        }
+        (Collective::AllGather, Some(_)) => {
+            return Err("all-gather takes no epilogue hook (it reduces nothing)".into())
+        }
         (_, None) => (vec, s.count),
     };
     let per_shard = limits.chunk_bytes / w / es;
@@ -210,7 +230,7 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
         },
         blocks: round_bytes
             .div_ceil(BLOCK_BYTES)
-            .clamp(1, MAX_BLOCKS as u64) as u32,
+            .clamp(1, limits.max_blocks.clamp(1, MAX_BLOCKS) as u64) as u32,
         shard,
         chunk,
         rounds,
@@ -241,23 +261,26 @@ mod tests {
         }
     }
 
-    const L: ReduceLimits = ReduceLimits {
-        chunk_bytes: 8 << 20,
-    };
+    const L: ReduceLimits = ReduceLimits::for_world(2);
+
+    fn lw(world: usize) -> ReduceLimits {
+        ReduceLimits::for_world(world)
+    }
 
     #[test]
     fn one_shot_up_to_its_limit_then_two_shot() {
         for world in [2usize, 3, 4, 8] {
             let max = one_shot_max_bytes(world);
+            let l = lw(world);
             for c in [
                 Collective::AllReduce,
                 Collective::ReduceScatter,
                 Collective::AllGather,
             ] {
-                let at = plan(&shape(c, max / 4, 4, world), &L).unwrap();
+                let at = plan(&shape(c, max / 4, 4, world), &l).unwrap();
                 assert_eq!(at.algorithm, Algorithm::OneShot, "{c:?} {world}");
                 assert_eq!(at.shard, max / 4);
-                let above = plan(&shape(c, max / 4 + 1, 4, world), &L).unwrap();
+                let above = plan(&shape(c, max / 4 + 1, 4, world), &l).unwrap();
                 assert_eq!(above.algorithm, Algorithm::TwoShot, "{c:?} {world}");
             }
         }
@@ -313,6 +336,9 @@ mod tests {
         assert_eq!((one.algorithm, one.blocks), (Algorithm::OneShot, 1));
         let full = plan(&shape(Collective::AllReduce, 32 << 10, 4, 2), &L).unwrap();
         assert_eq!(full.blocks, 16);
+        let narrow = ReduceLimits { max_blocks: 8, ..L };
+        let pl = plan(&shape(Collective::AllReduce, 64 << 20, 4, 2), &narrow).unwrap();
+        assert_eq!(pl.blocks, 8);
     }
 
     #[test]
@@ -347,9 +373,19 @@ mod tests {
         s.row_len = Some(4 << 20);
         s.count = 4 << 20;
         assert!(plan(&s, &L).unwrap_err().contains("does not fit"));
+        // Reduce-scatter: the output is whole rows.
         let mut rs = shape(Collective::ReduceScatter, 4096, 4, 2);
         rs.row_len = Some(64);
-        assert!(plan(&rs, &L).is_err());
+        let pl = plan(&rs, &L).unwrap();
+        assert_eq!(
+            (pl.algorithm, pl.unit, pl.shard),
+            (Algorithm::TwoShot, 64, 4096)
+        );
+        rs.row_len = Some(100);
+        assert!(plan(&rs, &L).unwrap_err().contains("does not divide"));
+        let mut ag = shape(Collective::AllGather, 4096, 4, 2);
+        ag.row_len = Some(64);
+        assert!(plan(&ag, &L).is_err());
     }
 
     #[test]
@@ -382,8 +418,16 @@ mod tests {
 
     #[test]
     fn window_holds_both_areas() {
-        assert_eq!(ll_sender_bytes(2), 256 << 10);
+        assert_eq!(ll_sender_bytes(&L), 256 << 10);
         assert_eq!(window_bytes(2, &L), 2 * 2 * (256 << 10) + (16 << 20));
-        assert_eq!(window_bytes(8, &L), 8 * 2 * (64 << 10) + (16 << 20));
+        assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * (64 << 10) + (16 << 20));
+        // One-shot off: no lines.
+        let off = ReduceLimits {
+            one_shot_bytes: 0,
+            ..L
+        };
+        assert_eq!(window_bytes(4, &off), 16 << 20);
+        let p = plan(&shape(Collective::AllReduce, 1, 4, 4), &off).unwrap();
+        assert_eq!(p.algorithm, Algorithm::TwoShot);
     }
 }
