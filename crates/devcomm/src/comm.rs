@@ -1,6 +1,7 @@
 //! The object a user holds: joins the process group, discovers the topology, owns the kernel
 //! cache, and creates windows and registrations.
 
+pub mod raw;
 mod zero_copy;
 
 use std::sync::Arc;
