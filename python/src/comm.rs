@@ -256,6 +256,7 @@ impl PyComm {
     /// `consume` run on every tile; `user` is the device address the hooks see as `ctx.user`;
     /// `row_len` the elements per row (`ctx.cols`, 0: a chunk is one row).
     #[pyo3(signature = (out, inp, stream, hooks = None, user = 0, row_len = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn all_to_all(
         &self,
         py: Python<'_>,
