@@ -12,6 +12,9 @@ mod precompile;
 mod selftest;
 mod selftest_coll;
 mod selftest_p2p;
+mod selftest_reduce;
+mod selftest_reduce_ref;
+mod selftest_reduce_stress;
 mod selftest_zc;
 
 /// Device-initiated GPU communication: launcher, self-test and benchmarks.

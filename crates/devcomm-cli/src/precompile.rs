@@ -22,10 +22,11 @@ pub struct PrecompileArgs {
     hooks: Vec<String>,
     /// The built-in kernels to compile: `sendrecv`, `copy1`, `copy2`, `copy4`, `copy8`,
     /// `copy16` (the collective with the copy hooks of that element size), `examples` (the
-    /// transpose and fp8 hooks). Comma-separated; default: all; `none` for only `--hooks`.
+    /// transpose and fp8 hooks), `reduce` (the reductions for every type, and the RMSNorm
+    /// example's epilogue). Comma-separated; default: all; `none` for only `--hooks`.
     #[arg(
         long,
-        default_value = "sendrecv,copy1,copy2,copy4,copy8,copy16,examples"
+        default_value = "sendrecv,copy1,copy2,copy4,copy8,copy16,examples,reduce"
     )]
     builtin: String,
     /// Compiles at once.
@@ -80,6 +81,10 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
                 for h in example_hooks() {
                     specs.push((format!("collective {}", h.name()), h.spec()));
                 }
+                continue;
+            }
+            "reduce" => {
+                specs.extend(crate::selftest_reduce::precompile_specs());
                 continue;
             }
             other => return Err(format!("--builtin: unknown kernel set `{other}`")),

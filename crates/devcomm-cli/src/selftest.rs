@@ -575,6 +575,7 @@ pub fn run(args: &SelftestArgs) -> Result<i32, String> {
         crate::selftest_coll::check_graph(cx, args.replays)
     });
     run_one("a2av_overflow", &crate::selftest_coll::check_overflow);
+    crate::selftest_reduce::run_all(&mut run_one, args.calls, args.replays);
     // Last: a timeout leaves the communicator aborted.
     run_one("wait_timeout", &|cx| {
         check_timeout(cx, Duration::from_millis(args.timeout_ms))

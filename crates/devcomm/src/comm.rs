@@ -2,6 +2,7 @@
 //! cache, and creates windows and registrations.
 
 pub mod raw;
+mod reduce_ops;
 mod zero_copy;
 
 use std::sync::Arc;
@@ -194,9 +195,11 @@ impl CommBuilder {
         let control = Window::<u64>::new(&group, group.world_size, 0)?;
         let p2p = P2P::new(&group, p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
+        let reduce = crate::reduce::launch::Reduce::new(&group, device.sm_count)?;
         let comm = Comm {
             p2p,
             coll,
+            reduce,
             local_rank: self.info.local_rank,
             device,
             jit: Jit::new(),
@@ -367,6 +370,8 @@ pub struct Comm {
     barrier_gate: crate::group::KernelGate,
     p2p: P2P,
     coll: Collective,
+    /// The reductions' window, counters and kernels (`reduce::launch`).
+    reduce: crate::reduce::launch::Reduce,
     // Dropped last: windows and registrations above release their mappings first.
     group: Arc<Group>,
 }

@@ -36,6 +36,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("transfer.cuh"),
     embed!("hooks.cuh"),
     embed!("collective.cuh"),
+    embed!("reduce.cuh"),
     embed!("devcomm.cuh"),
 ];
 

@@ -28,6 +28,7 @@ pub mod handles;
 pub mod jit;
 pub mod memory;
 pub mod p2p;
+pub mod reduce;
 pub mod topology;
 pub mod window;
 
@@ -35,4 +36,5 @@ pub use collective::{AllToAllVCounts, Hooks};
 pub use comm::{Comm, CommBuilder, HookArgs, RegisteredRange};
 pub use error::{Error, Result};
 pub use handles::{DeviceOp, DeviceWindow, RegisteredBuffer};
+pub use reduce::{DataType, ReduceOp, Reducible};
 pub use topology::{LinkKind, Topology};

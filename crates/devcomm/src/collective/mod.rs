@@ -247,6 +247,16 @@ impl Hooks {
         &self.name
     }
 
+    /// The hooks' CUDA C++ source (empty for the built-in copy hooks).
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Hash of name, source and sizes: the key of loaded-kernel caches.
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+
     fn expression(&self, mixed: bool) -> String {
         format!(
             "devcomm::coll::coll_kernel<{}, {THREADS}, {mixed}>",
