@@ -51,7 +51,7 @@ def main():
 
     def op():
         for _ in range(BATCH):
-            torch.ops.devcomm.all_to_all(comm._id, out, x, 0, None, 0)
+            torch.ops.devcomm.all_to_all(comm._id, comm._token, out, x, 0, None, 0)
 
     def rust():
         comm._native.bench_all_to_all_rust(_ops.desc(out), _ops.desc(x), stream, BATCH)

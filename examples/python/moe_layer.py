@@ -1,7 +1,7 @@
 """A mixture-of-experts layer with expert parallelism over devcomm (docs/PYTHON.md).
 
 Each rank holds `EXPERTS / world_size` experts. A token goes to its top-k experts: the router's
-choice is counted per destination rank on the GPU (`torch.bincount`), the token rows are
+choice is counted per destination rank on the GPU (`scatter_add_`), the token rows are
 dispatched with `all_to_all_v` whose splits stay on the GPU, the experts run on what arrived,
 and a second `all_to_all_v` with the received counts brings the results back (combine). The
 host never waits for the counts: the whole forward pass can be captured in a CUDA graph.
@@ -64,7 +64,8 @@ class MoELayer(torch.nn.Module):
         order = torch.argsort(flat_expert, stable=True)  # grouped by expert, so by rank
         token = order // TOP_K
         dest = flat_expert[order] // self.per_rank
-        send_counts = torch.bincount(dest, minlength=w)  # on the GPU, never read by the host
+        # Rows for each rank, counted on the GPU (torch.bincount would read its maximum on the host).
+        send_counts = torch.zeros(w, dtype=torch.int64, device=x.device).scatter_add_(0, dest, torch.ones_like(dest))
         # Each row carries the token and, in its last column, the expert on the destination.
         local_expert = (flat_expert[order] % self.per_rank).to(x.dtype)
         send = torch.cat([x[token], local_expert[:, None]], dim=1)

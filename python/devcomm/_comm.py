@@ -10,7 +10,7 @@ import torch
 from . import _native, _ops
 from ._ops import hooks_id
 
-_REDUCE_OPS = ("sum", "avg", "prod", "min", "max")
+_REDUCE_OPS = ("sum", "avg", "max", "min")
 
 
 def _compiling():
@@ -18,7 +18,8 @@ def _compiling():
 
 
 def _reduce_op(op):
-    """'sum', 'avg', 'prod', 'min', 'max', or a torch.distributed.ReduceOp."""
+    """'sum', 'avg', 'max', 'min', or a torch.distributed.ReduceOp of those (devcomm has no
+    product)."""
     name = op if isinstance(op, str) else str(op).rsplit(".", 1)[-1]
     name = name.lower()
     if name not in _REDUCE_OPS:
@@ -97,7 +98,7 @@ class Comm:
                     f"all_to_all_single: invalid argument: inp's dimension 0 ({tuple(inp.shape)}) is not a multiple of world size {world}"
                 )
             row_len = 0 if hooks is None or inp.dim() == 1 else self._rows(inp)
-            args = (self._id, out, inp, hooks_id(hooks), self._user(user), row_len)
+            args = (self._id, self._token, out, inp, hooks_id(hooks), self._user(user), row_len)
             if _compiling():
                 torch.ops.devcomm.all_to_all(*args)
             else:
@@ -133,7 +134,7 @@ class Comm:
         counts = self._counts(in_splits, "in_splits")
         offsets = None if in_offsets is None else self._counts(in_offsets, "in_offsets")
         row_len = self._rows(inp)
-        args = (self._id, out, inp, counts, offsets, row_len, hooks_id(hooks), self._user(user))
+        args = (self._id, self._token, out, inp, counts, offsets, row_len, hooks_id(hooks), self._user(user))
         if _compiling():
             return torch.ops.devcomm.all_to_all_v(*args)
         return _ops.all_to_all_v(*args)
@@ -143,15 +144,15 @@ class Comm:
     def send(self, t, peer):
         """Sends `t` to `peer`, which posts a `recv` of the same size. A send and a recv with
         the same peer in opposite directions must be one `sendrecv`."""
-        (torch.ops.devcomm.send if _compiling() else _ops.send)(self._id, t, peer)
+        (torch.ops.devcomm.send if _compiling() else _ops.send)(self._id, self._token, t, peer)
 
     def recv(self, t, peer):
         """Receives from `peer` into `t`."""
-        (torch.ops.devcomm.recv if _compiling() else _ops.recv)(self._id, t, peer)
+        (torch.ops.devcomm.recv if _compiling() else _ops.recv)(self._id, self._token, t, peer)
 
     def sendrecv(self, send, send_peer, recv, recv_peer):
         """Sends `send` to `send_peer` and receives `recv` from `recv_peer` in one kernel."""
-        (torch.ops.devcomm.sendrecv if _compiling() else _ops.sendrecv)(self._id, send, send_peer, recv, recv_peer)
+        (torch.ops.devcomm.sendrecv if _compiling() else _ops.sendrecv)(self._id, self._token, send, send_peer, recv, recv_peer)
 
     def barrier(self):
         """A barrier on the GPU, in stream order: work after it on any rank starts once every
@@ -162,17 +163,17 @@ class Comm:
 
     def all_reduce(self, t, op="sum"):
         """In-place all-reduce (reduced in rank order: identical on every rank)."""
-        (torch.ops.devcomm.all_reduce if _compiling() else _ops.all_reduce)(self._id, t, _reduce_op(op))
+        (torch.ops.devcomm.all_reduce if _compiling() else _ops.all_reduce)(self._id, self._token, t, _reduce_op(op))
 
     def reduce_scatter_tensor(self, out, inp, op="sum"):
         """`out` gets this rank's shard of the reduction of every rank's `inp`."""
         f = torch.ops.devcomm.reduce_scatter_tensor if _compiling() else _ops.reduce_scatter_tensor
-        f(self._id, out, inp, _reduce_op(op))
+        f(self._id, self._token, out, inp, _reduce_op(op))
 
     def all_gather_into_tensor(self, out, inp):
         """`out` gets every rank's `inp`, in rank order."""
         f = torch.ops.devcomm.all_gather_into_tensor if _compiling() else _ops.all_gather_into_tensor
-        f(self._id, out, inp)
+        f(self._id, self._token, out, inp)
 
     # --- state --------------------------------------------------------------------------
 

@@ -3,6 +3,12 @@ has a torch schema), runs its native operation on torch's current stream and nev
 synchronises the host; each has a fake implementation and declares the tensors it writes, so
 that CUDA graph capture, `torch.compile(fullgraph=True)` and `torch.library.opcheck` work.
 
+Every op takes the communicator's one-element `token` tensor and declares it written (no op
+writes it): the ops then depend on each other in program order, so torch.compile neither
+reorders them (the peers' calls must match in order) nor drops one that writes nothing else
+(`send`, `barrier`), and the token, a tensor the compiled graph receives as an input, keeps
+even an op whose other outputs are unused.
+
 Tensors reach the native layer as descriptions `(ptr, dtype, shape, strides, device)` that it
 checks itself (dtype, device, contiguity, sizes) before anything runs.
 """
@@ -73,18 +79,19 @@ def _user(user):
 # --- all-to-all ---------------------------------------------------------------------------
 
 
-def all_to_all(comm: int, dst: torch.Tensor, src: torch.Tensor, hooks: int, user: Optional[torch.Tensor], row_len: int) -> None:
+def all_to_all(comm: int, token: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, hooks: int, user: Optional[torch.Tensor], row_len: int) -> None:
     """All-to-all of equal chunks (`Comm.all_to_all_single` without splits)."""
     c = _comm(comm)
     c.all_to_all(desc(dst), desc(src), _stream(c), _HOOKS.get(hooks), _user(user), row_len)
 
 
-def _fake_all_to_all(comm, dst, src, hooks, user, row_len):
+def _fake_all_to_all(comm, token, dst, src, hooks, user, row_len):
     return None
 
 
 def all_to_all_v(
     comm: int,
+    token: torch.Tensor,
     dst: torch.Tensor,
     src: torch.Tensor,
     send_counts: torch.Tensor,
@@ -115,7 +122,7 @@ def all_to_all_v(
     return recv_counts, recv_offsets
 
 
-def _fake_all_to_all_v(comm, dst, src, send_counts, send_offsets, row_len, hooks, user):
+def _fake_all_to_all_v(comm, token, dst, src, send_counts, send_offsets, row_len, hooks, user):
     world = send_counts.shape[0]
     return (
         dst.new_empty((world,), dtype=torch.int64),
@@ -124,40 +131,35 @@ def _fake_all_to_all_v(comm, dst, src, send_counts, send_offsets, row_len, hooks
 
 
 # --- send / recv --------------------------------------------------------------------------
-# `send` declares its tensor written although it only reads it: an op that writes nothing
-# and returns nothing would be dropped as dead code by torch.compile, and declaring the write
-# only makes the compiler keep the op in program order with the tensor's other uses.
 
 
-def send(comm: int, t: torch.Tensor, peer: int) -> None:
+def send(comm: int, token: torch.Tensor, t: torch.Tensor, peer: int) -> None:
     c = _comm(comm)
     c.send(desc(t), peer, _stream(c))
 
 
-def _fake_send(comm, t, peer):
+def _fake_send(comm, token, t, peer):
     return None
 
 
-def recv(comm: int, t: torch.Tensor, peer: int) -> None:
+def recv(comm: int, token: torch.Tensor, t: torch.Tensor, peer: int) -> None:
     c = _comm(comm)
     c.recv(desc(t), peer, _stream(c))
 
 
-def _fake_recv(comm, t, peer):
+def _fake_recv(comm, token, t, peer):
     return None
 
 
-def sendrecv(comm: int, send: torch.Tensor, send_peer: int, recv: torch.Tensor, recv_peer: int) -> None:
+def sendrecv(comm: int, token: torch.Tensor, send: torch.Tensor, send_peer: int, recv: torch.Tensor, recv_peer: int) -> None:
     c = _comm(comm)
     c.sendrecv(desc(send), send_peer, desc(recv), recv_peer, _stream(c))
 
 
-def _fake_sendrecv(comm, send, send_peer, recv, recv_peer):
+def _fake_sendrecv(comm, token, send, send_peer, recv, recv_peer):
     return None
 
 
-# `barrier` takes the communicator's one-element token tensor and declares it written, for the
-# same reason as `send`.
 def barrier(comm: int, token: torch.Tensor) -> None:
     c = _comm(comm)
     c.barrier(_stream(c))
@@ -170,30 +172,30 @@ def _fake_barrier(comm, token):
 # --- reductions ---------------------------------------------------------------------------
 
 
-def all_reduce(comm: int, t: torch.Tensor, op: str) -> None:
+def all_reduce(comm: int, token: torch.Tensor, t: torch.Tensor, op: str) -> None:
     c = _comm(comm)
     c.all_reduce(desc(t), op, _stream(c))
 
 
-def _fake_all_reduce(comm, t, op):
+def _fake_all_reduce(comm, token, t, op):
     return None
 
 
-def reduce_scatter_tensor(comm: int, dst: torch.Tensor, src: torch.Tensor, op: str) -> None:
+def reduce_scatter_tensor(comm: int, token: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, op: str) -> None:
     c = _comm(comm)
     c.reduce_scatter(desc(dst), desc(src), op, _stream(c))
 
 
-def _fake_reduce_scatter_tensor(comm, dst, src, op):
+def _fake_reduce_scatter_tensor(comm, token, dst, src, op):
     return None
 
 
-def all_gather_into_tensor(comm: int, dst: torch.Tensor, src: torch.Tensor) -> None:
+def all_gather_into_tensor(comm: int, token: torch.Tensor, dst: torch.Tensor, src: torch.Tensor) -> None:
     c = _comm(comm)
     c.all_gather(desc(dst), desc(src), _stream(c))
 
 
-def _fake_all_gather_into_tensor(comm, dst, src):
+def _fake_all_gather_into_tensor(comm, token, dst, src):
     return None
 
 
@@ -202,12 +204,13 @@ def _fake_all_gather_into_tensor(comm, dst, src):
 # fake. `Comm` calls an implementation directly in eager mode (no dispatcher on the way) and
 # the op while torch.compile traces.
 
-torch.library.custom_op("devcomm::all_to_all", all_to_all, mutates_args=("dst",)).register_fake(_fake_all_to_all)
-torch.library.custom_op("devcomm::all_to_all_v", all_to_all_v, mutates_args=("dst",)).register_fake(_fake_all_to_all_v)
-torch.library.custom_op("devcomm::send", send, mutates_args=("t",)).register_fake(_fake_send)
-torch.library.custom_op("devcomm::recv", recv, mutates_args=("t",)).register_fake(_fake_recv)
-torch.library.custom_op("devcomm::sendrecv", sendrecv, mutates_args=("recv",)).register_fake(_fake_sendrecv)
+torch.library.custom_op("devcomm::all_to_all", all_to_all, mutates_args=("token", "dst")).register_fake(_fake_all_to_all)
+torch.library.custom_op("devcomm::all_to_all_v", all_to_all_v, mutates_args=("token", "dst")).register_fake(_fake_all_to_all_v)
+torch.library.custom_op("devcomm::send", send, mutates_args=("token",)).register_fake(_fake_send)
+torch.library.custom_op("devcomm::recv", recv, mutates_args=("token", "t")).register_fake(_fake_recv)
+torch.library.custom_op("devcomm::sendrecv", sendrecv, mutates_args=("token", "recv")).register_fake(_fake_sendrecv)
 torch.library.custom_op("devcomm::barrier", barrier, mutates_args=("token",)).register_fake(_fake_barrier)
-torch.library.custom_op("devcomm::all_reduce", all_reduce, mutates_args=("t",)).register_fake(_fake_all_reduce)
-torch.library.custom_op("devcomm::reduce_scatter_tensor", reduce_scatter_tensor, mutates_args=("dst",)).register_fake(_fake_reduce_scatter_tensor)
-torch.library.custom_op("devcomm::all_gather_into_tensor", all_gather_into_tensor, mutates_args=("dst",)).register_fake(_fake_all_gather_into_tensor)
+torch.library.custom_op("devcomm::all_reduce", all_reduce, mutates_args=("token", "t")).register_fake(_fake_all_reduce)
+torch.library.custom_op("devcomm::reduce_scatter_tensor", reduce_scatter_tensor, mutates_args=("token", "dst")).register_fake(_fake_reduce_scatter_tensor)
+torch.library.custom_op("devcomm::all_gather_into_tensor", all_gather_into_tensor, mutates_args=("token", "dst")).register_fake(_fake_all_gather_into_tensor)
+

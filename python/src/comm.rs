@@ -13,16 +13,15 @@ use std::time::Instant;
 use cudarc::driver::CudaStream;
 use devcomm::comm::raw::{copy_hooks, RawBuffer, RawCounts};
 use devcomm::p2p::Transfer;
-use devcomm::{Comm, HookArgs};
+use devcomm::{Comm, DataType, HookArgs, ReduceOp};
 use pyo3::prelude::*;
 
-use crate::errors::{invalid, not_built, IntoPy};
+use crate::errors::{invalid, IntoPy};
 use crate::hooks::PyHooks;
 use crate::tensor::{describe, DType, TensorDesc};
 
-/// Whether this build has the reductions (`all_reduce`, `reduce_scatter`, `all_gather` on
-/// raw pointers): not yet, they raise `NotBuiltError`.
-pub const REDUCTIONS_BUILT: bool = false;
+/// Whether this build has the reductions (`all_reduce`, `reduce_scatter`, `all_gather`).
+pub const REDUCTIONS_BUILT: bool = true;
 
 /// Count dtypes of all-to-all-v (the kernel reads and writes `u64`).
 const COUNT_DTYPES: [DType; 2] = [DType::I64, DType::U64];
@@ -41,6 +40,76 @@ pub struct PyComm {
 
 fn copy_index(size: usize) -> usize {
     size.trailing_zeros() as usize
+}
+
+/// The reductions' element type of a tensor.
+fn reduce_dtype(op: &str, d: &TensorDesc) -> PyResult<DataType> {
+    Ok(match d.dtype {
+        DType::F32 => DataType::F32,
+        DType::F16 => DataType::F16,
+        DType::BF16 => DataType::BF16,
+        DType::F64 => DataType::F64,
+        DType::I32 => DataType::I32,
+        DType::I64 => DataType::I64,
+        DType::U8 => DataType::U8,
+        other => {
+            return Err(invalid(
+                op,
+                format!(
+                    "dtype {} is not reduced by devcomm (float32, float16, bfloat16, float64, \
+                     int32, int64, uint8)",
+                    other.name()
+                ),
+            ))
+        }
+    })
+}
+
+/// All-gather moves bytes: a type the reductions lack goes as one of their types of its size.
+fn gather_dtype(op: &str, d: &TensorDesc) -> PyResult<DataType> {
+    reduce_dtype(op, d).or_else(|e| match d.dtype.size() {
+        1 => Ok(DataType::U8),
+        2 => Ok(DataType::F16),
+        4 => Ok(DataType::I32),
+        8 => Ok(DataType::I64),
+        _ => Err(e),
+    })
+}
+
+fn reduce_op(op: &str, name: &str) -> PyResult<ReduceOp> {
+    ReduceOp::from_name(name).ok_or_else(|| {
+        invalid(
+            op,
+            format!("reduction {name:?}: devcomm reduces with sum, avg, max or min"),
+        )
+    })
+}
+
+fn same_dtype(op: &str, a: &TensorDesc, b: &TensorDesc) -> PyResult<()> {
+    if a.dtype != b.dtype {
+        return Err(invalid(
+            op,
+            format!("out is {} but inp {}", a.dtype.name(), b.dtype.name()),
+        ));
+    }
+    Ok(())
+}
+
+/// The other buffer's address for the raw call when `small` may be this rank's shard of
+/// `big`: `big`'s address (in place) when `small` starts at `shard`, `small`'s when the two
+/// do not overlap; an error for any other overlap.
+fn placement(op: &str, big: &TensorDesc, small: &TensorDesc, shard: u64) -> PyResult<u64> {
+    if small.ptr == shard && small.bytes() > 0 {
+        return Ok(big.ptr);
+    }
+    let overlap = small.ptr < big.ptr + big.bytes() && big.ptr < small.ptr + small.bytes();
+    if overlap && small.bytes() > 0 && big.bytes() > 0 {
+        return Err(invalid(
+            op,
+            "out and inp overlap other than as this rank's shard (in place)",
+        ));
+    }
+    Ok(small.ptr)
 }
 
 impl PyComm {
@@ -403,36 +472,98 @@ impl PyComm {
         py.detach(|| self.comm.barrier(&s)).py()
     }
 
-    /// All-reduce in place (not built yet in this build).
-    fn all_reduce(&self, t: &Bound<'_, PyAny>, op: &str, stream: u64) -> PyResult<()> {
-        let d = self.tensor("all_reduce", "the tensor", t, stream)?;
-        let _ = (d, op);
-        Err(not_built("all_reduce (devcomm's reductions)"))
+    /// All-reduce in place: every rank's `t` becomes the reduction (`sum`, `avg`, `max`,
+    /// `min`) of all ranks' `t`, element by element in rank order.
+    fn all_reduce(
+        &self,
+        py: Python<'_>,
+        t: &Bound<'_, PyAny>,
+        op: &str,
+        stream: u64,
+    ) -> PyResult<()> {
+        const OP: &str = "all_reduce";
+        let d = self.tensor(OP, "the tensor", t, stream)?;
+        let (dtype, op) = (reduce_dtype(OP, &d)?, reduce_op(OP, op)?);
+        let s = self.stream(stream)?;
+        let count = d.numel() as usize;
+        // SAFETY: the tensor was checked (this device, contiguous, aligned) and spans `count`
+        // elements of `dtype`; in place (input == output), as the raw call allows.
+        py.detach(|| unsafe { self.comm.all_reduce_raw(d.ptr, d.ptr, count, dtype, op, &s) })
+            .py()
     }
 
-    /// Reduce-scatter (not built yet in this build).
+    /// Reduce-scatter: `out` gets this rank's shard of the reduction of every rank's `inp`
+    /// (`world_size` x `out`'s elements). `out` may be this rank's shard of `inp` (in place).
     fn reduce_scatter(
         &self,
+        py: Python<'_>,
         out: &Bound<'_, PyAny>,
         inp: &Bound<'_, PyAny>,
         op: &str,
         stream: u64,
     ) -> PyResult<()> {
-        let _ = (self.tensor("reduce_scatter", "out", out, stream)?, op);
-        let _ = self.tensor("reduce_scatter", "inp", inp, stream)?;
-        Err(not_built("reduce_scatter (devcomm's reductions)"))
+        const OP: &str = "reduce_scatter_tensor";
+        let o = self.tensor(OP, "out", out, stream)?;
+        let i = self.tensor(OP, "inp", inp, stream)?;
+        let (dtype, op) = (reduce_dtype(OP, &i)?, reduce_op(OP, op)?);
+        same_dtype(OP, &o, &i)?;
+        let world = self.comm.world_size() as u64;
+        if i.numel() != world * o.numel() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "inp holds {} elements; world size {world} x out's {} are needed",
+                    i.numel(),
+                    o.numel()
+                ),
+            ));
+        }
+        let shard = i.ptr + self.comm.rank() as u64 * o.bytes();
+        let output = placement(OP, &i, &o, shard)?;
+        let s = self.stream(stream)?;
+        let count = o.numel() as usize;
+        // SAFETY: both checked; `inp` spans world x `count` elements and `out` `count`, or
+        // `out` is this rank's shard of `inp` and the call is in place (input == output).
+        py.detach(|| unsafe {
+            self.comm
+                .reduce_scatter_raw(i.ptr, output, count, dtype, op, &s)
+        })
+        .py()
     }
 
-    /// All-gather (not built yet in this build).
+    /// All-gather: `out` (`world_size` x `inp`'s elements) gets every rank's `inp` in rank
+    /// order. `inp` may be this rank's shard of `out` (in place).
     fn all_gather(
         &self,
+        py: Python<'_>,
         out: &Bound<'_, PyAny>,
         inp: &Bound<'_, PyAny>,
         stream: u64,
     ) -> PyResult<()> {
-        let _ = self.tensor("all_gather", "out", out, stream)?;
-        let _ = self.tensor("all_gather", "inp", inp, stream)?;
-        Err(not_built("all_gather (devcomm's reductions)"))
+        const OP: &str = "all_gather_into_tensor";
+        let o = self.tensor(OP, "out", out, stream)?;
+        let i = self.tensor(OP, "inp", inp, stream)?;
+        same_dtype(OP, &o, &i)?;
+        let dtype = gather_dtype(OP, &i)?;
+        let world = self.comm.world_size() as u64;
+        if o.numel() != world * i.numel() {
+            return Err(invalid(
+                OP,
+                format!(
+                    "out holds {} elements; world size {world} x inp's {} are needed",
+                    o.numel(),
+                    i.numel()
+                ),
+            ));
+        }
+        let shard = o.ptr + self.comm.rank() as u64 * i.bytes();
+        let input = placement(OP, &o, &i, shard)?;
+        let s = self.stream(stream)?;
+        let count = i.numel() as usize;
+        // SAFETY: both checked; `out` spans world x `count` elements and `inp` `count`, or
+        // `inp` is this rank's shard of `out` and the call is in place (input == output).
+        py.detach(|| unsafe { self.comm.all_gather_raw(input, o.ptr, count, dtype, &s) })
+            .py()
     }
 
     /// Waits for `stream`, then raises the first device error (e.g. `PeerTimeout`).

@@ -84,13 +84,6 @@ pub fn invalid(op: &str, reason: impl std::fmt::Display) -> PyErr {
     err
 }
 
-/// A [`NotBuiltError`] for a feature this build lacks.
-pub fn not_built(feature: &str) -> PyErr {
-    let err = NotBuiltError::new_err(format!("{feature} is not built yet"));
-    Python::attach(|py| set(py, &err, &[("feature", obj(py, feature))]));
-    err
-}
-
 type Field<'py> = (&'static str, PyResult<Bound<'py, PyAny>>);
 
 /// Sets attributes on the exception value (an attribute that fails to convert is left out).

@@ -109,11 +109,13 @@ def test_opcheck(comm, seed):
 
     w, r, dev = comm.world_size, comm.rank, comm.device
     x = rank_input(seed, r, (w * 8, 4), torch.float32, dev)
-    opcheck(torch.ops.devcomm.all_to_all.default, (comm._id, torch.empty_like(x), x, 0, None, 0))
+    t = comm._token
+    opcheck(torch.ops.devcomm.all_to_all.default, (comm._id, t, torch.empty_like(x), x, 0, None, 0))
     splits = torch.full((w,), 3, dtype=torch.int64, device=dev)
-    opcheck(torch.ops.devcomm.all_to_all_v.default, (comm._id, torch.empty_like(x), x, splits, None, 4, 0, None))
-    opcheck(torch.ops.devcomm.sendrecv.default, (comm._id, x, (r + 1) % w, torch.empty_like(x), (r - 1) % w))
-    opcheck(torch.ops.devcomm.barrier.default, (comm._id, comm._token))
+    opcheck(torch.ops.devcomm.all_to_all_v.default, (comm._id, t, torch.empty_like(x), x, splits, None, 4, 0, None))
+    opcheck(torch.ops.devcomm.sendrecv.default, (comm._id, t, x, (r + 1) % w, torch.empty_like(x), (r - 1) % w))
+    opcheck(torch.ops.devcomm.all_reduce.default, (comm._id, t, x.clone(), "sum"))
+    opcheck(torch.ops.devcomm.barrier.default, (comm._id, t))
     comm.synchronize()
 
 
