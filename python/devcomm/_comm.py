@@ -13,8 +13,8 @@ from ._ops import hooks_id
 _REDUCE_OPS = ("sum", "avg", "max", "min")
 
 
-def _compiling():
-    return torch.compiler.is_compiling()
+# torch.compile recognises this function itself (an alias is the same object).
+_compiling = torch.compiler.is_compiling
 
 
 def _reduce_op(op):
@@ -97,8 +97,11 @@ class Comm:
                 raise _native.InvalidArgument(
                     f"all_to_all_single: invalid argument: inp's dimension 0 ({tuple(inp.shape)}) is not a multiple of world size {world}"
                 )
-            row_len = 0 if hooks is None or inp.dim() == 1 else self._rows(inp)
-            args = (self._id, self._token, out, inp, hooks_id(hooks), self._user(user), row_len)
+            if hooks is None and user is None:  # the common case, kept short (docs/PYTHON.md, "Overhead")
+                args = (self._id, self._token, out, inp, 0, None, 0)
+            else:
+                row_len = 0 if hooks is None or inp.dim() == 1 else self._rows(inp)
+                args = (self._id, self._token, out, inp, hooks_id(hooks), self._user(user), row_len)
             if _compiling():
                 torch.ops.devcomm.all_to_all(*args)
             else:

@@ -20,9 +20,11 @@ def comm():
     if "RANK" not in os.environ or not torch.cuda.is_available():
         raise RuntimeError("the GPU tests run under `devcomm launch` on a GPU machine (docs/PYTHON.md)")
     c = devcomm.init()
+    c.aborted_by_test = False
     yield c
     torch.cuda.synchronize()
-    c.check()
+    if not c.aborted_by_test:  # test_zz_timeout.py ends with an aborted communicator on purpose
+        c.check()
 
 
 @pytest.fixture

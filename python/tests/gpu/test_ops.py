@@ -195,3 +195,36 @@ def test_reductions(comm, seed):
     gathered = torch.empty(w * 8, device=comm.device)
     comm.all_gather_into_tensor(gathered, xs[r][:8].clone())
     torch.testing.assert_close(gathered, torch.cat([x[:8] for x in xs]))
+
+
+class OnlyDlpack:
+    """A tensor seen only through DLPack."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, stream=None, **kw):
+        return self.t.__dlpack__(stream=stream, **kw)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+class OnlyCai:
+    """A tensor seen only through __cuda_array_interface__."""
+
+    def __init__(self, t):
+        self.__cuda_array_interface__ = t.__cuda_array_interface__
+
+
+def test_the_native_layer_takes_dlpack_and_cuda_array_interface_objects(comm, seed):
+    w, r = comm.world_size, comm.rank
+    inputs = [rank_input(seed, p, (w * 32,), torch.float32, comm.device) for p in range(w)]
+    out = torch.zeros_like(inputs[r])
+    stream = torch.cuda.current_stream().cuda_stream
+    assert devcomm.describe(OnlyDlpack(out), stream)[:4] == (out.data_ptr(), "float32", [w * 32], [1])
+    comm._native.all_to_all(OnlyDlpack(out), OnlyCai(inputs[r]), stream)
+    want = torch.cat([inputs[p][r * 32 : (r + 1) * 32] for p in range(w)])
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    with pytest.raises(devcomm.InvalidArgument, match="on cpu"):
+        comm._native.all_to_all(OnlyDlpack(out.cpu()), OnlyCai(inputs[r]), stream)
