@@ -13,11 +13,12 @@ use std::time::Instant;
 use cudarc::driver::CudaStream;
 use devcomm::comm::raw::{copy_hooks, RawBuffer, RawCounts};
 use devcomm::p2p::Transfer;
-use devcomm::{Comm, DataType, HookArgs, ReduceOp};
+use devcomm::{Comm, HookArgs};
 use pyo3::prelude::*;
 
 use crate::errors::{invalid, IntoPy};
 use crate::hooks::PyHooks;
+use crate::reduce::{gather_dtype, placement, reduce_dtype, reduce_op, same_dtype};
 use crate::tensor::{describe, DType, TensorDesc};
 
 /// Whether this build has the reductions (`all_reduce`, `reduce_scatter`, `all_gather`).
@@ -40,76 +41,6 @@ pub struct PyComm {
 
 fn copy_index(size: usize) -> usize {
     size.trailing_zeros() as usize
-}
-
-/// The reductions' element type of a tensor.
-fn reduce_dtype(op: &str, d: &TensorDesc) -> PyResult<DataType> {
-    Ok(match d.dtype {
-        DType::F32 => DataType::F32,
-        DType::F16 => DataType::F16,
-        DType::BF16 => DataType::BF16,
-        DType::F64 => DataType::F64,
-        DType::I32 => DataType::I32,
-        DType::I64 => DataType::I64,
-        DType::U8 => DataType::U8,
-        other => {
-            return Err(invalid(
-                op,
-                format!(
-                    "dtype {} is not reduced by devcomm (float32, float16, bfloat16, float64, \
-                     int32, int64, uint8)",
-                    other.name()
-                ),
-            ))
-        }
-    })
-}
-
-/// All-gather moves bytes: a type the reductions lack goes as one of their types of its size.
-fn gather_dtype(op: &str, d: &TensorDesc) -> PyResult<DataType> {
-    reduce_dtype(op, d).or_else(|e| match d.dtype.size() {
-        1 => Ok(DataType::U8),
-        2 => Ok(DataType::F16),
-        4 => Ok(DataType::I32),
-        8 => Ok(DataType::I64),
-        _ => Err(e),
-    })
-}
-
-fn reduce_op(op: &str, name: &str) -> PyResult<ReduceOp> {
-    ReduceOp::from_name(name).ok_or_else(|| {
-        invalid(
-            op,
-            format!("reduction {name:?}: devcomm reduces with sum, avg, max or min"),
-        )
-    })
-}
-
-fn same_dtype(op: &str, a: &TensorDesc, b: &TensorDesc) -> PyResult<()> {
-    if a.dtype != b.dtype {
-        return Err(invalid(
-            op,
-            format!("out is {} but inp {}", a.dtype.name(), b.dtype.name()),
-        ));
-    }
-    Ok(())
-}
-
-/// The other buffer's address for the raw call when `small` may be this rank's shard of
-/// `big`: `big`'s address (in place) when `small` starts at `shard`, `small`'s when the two
-/// do not overlap; an error for any other overlap.
-fn placement(op: &str, big: &TensorDesc, small: &TensorDesc, shard: u64) -> PyResult<u64> {
-    if small.ptr == shard && small.bytes() > 0 {
-        return Ok(big.ptr);
-    }
-    let overlap = small.ptr < big.ptr + big.bytes() && big.ptr < small.ptr + small.bytes();
-    if overlap && small.bytes() > 0 && big.bytes() > 0 {
-        return Err(invalid(
-            op,
-            "out and inp overlap other than as this rank's shard (in place)",
-        ));
-    }
-    Ok(small.ptr)
 }
 
 impl PyComm {
@@ -224,25 +155,25 @@ impl PyComm {
 
     /// Checks and the raw call of `all_to_all_single` without splits.
     #[allow(clippy::too_many_arguments)]
-    fn all_to_all_prepare(
-        &self,
+    fn all_to_all_prepare<'a>(
+        &'a self,
         out: &Bound<'_, PyAny>,
         inp: &Bound<'_, PyAny>,
         stream: u64,
-        hooks: Option<&PyHooks>,
+        hooks: Option<&'a PyHooks>,
         user: u64,
         row_len: u64,
     ) -> PyResult<(
         RawBuffer,
         RawBuffer,
         HookArgs,
-        devcomm::Hooks,
+        &'a devcomm::Hooks,
         Arc<CudaStream>,
     )> {
         const OP: &str = "all_to_all_single";
         let o = self.tensor(OP, "out", out, stream)?;
         let i = self.tensor(OP, "inp", inp, stream)?;
-        let h = self.hooks(OP, hooks, &i, &o)?.clone();
+        let h = self.hooks(OP, hooks, &i, &o)?;
         let world = self.comm.world_size() as u64;
         if i.numel() != o.numel() || i.numel() % world != 0 {
             return Err(invalid(
@@ -341,7 +272,7 @@ impl PyComm {
         // SAFETY: both tensors were checked (contiguous, on this device, aligned) and span
         // their `elems`; their owner keeps them alive for the stream's work (PyTorch's
         // allocator frees memory in stream order).
-        py.detach(|| unsafe { self.comm.all_to_all_raw(&h, i, o, args, &s) })
+        py.detach(|| unsafe { self.comm.all_to_all_raw(h, i, o, args, &s) })
             .py()
     }
 
@@ -369,7 +300,7 @@ impl PyComm {
         const OP: &str = "all_to_all_v";
         let o = self.tensor(OP, "out", out, stream)?;
         let i = self.tensor(OP, "inp", inp, stream)?;
-        let h = self.hooks(OP, hooks.as_deref(), &i, &o)?.clone();
+        let h = self.hooks(OP, hooks.as_deref(), &i, &o)?;
         let row = row_len.max(1);
         if i.numel() % row != 0 || o.numel() % row != 0 {
             return Err(invalid(
@@ -399,7 +330,7 @@ impl PyComm {
         // SAFETY: tensors and count arrays checked above (on this device, contiguous, counts of
         // `world_size` 64-bit entries); the kernel checks the device counts against the
         // buffers' rows before moving anything.
-        py.detach(|| unsafe { self.comm.all_to_allv_raw(&h, ib, ob, counts, args, &s) })
+        py.detach(|| unsafe { self.comm.all_to_allv_raw(h, ib, ob, counts, args, &s) })
             .py()
     }
 
@@ -605,7 +536,7 @@ impl PyComm {
         let t0 = Instant::now();
         for _ in 0..iters {
             // SAFETY: as in `all_to_all`.
-            unsafe { self.comm.all_to_all_raw(&h, i, o, args, &s) }.py()?;
+            unsafe { self.comm.all_to_all_raw(h, i, o, args, &s) }.py()?;
         }
         Ok(t0.elapsed().as_secs_f64())
     }

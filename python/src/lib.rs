@@ -6,6 +6,7 @@
 mod comm;
 mod errors;
 mod hooks;
+mod reduce;
 mod tensor;
 
 use pyo3::prelude::*;
