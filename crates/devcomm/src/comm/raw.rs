@@ -248,3 +248,33 @@ impl Comm {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_time_sizes_pick_the_same_hooks_as_static_types() {
+        let copy = copy_hooks(4).unwrap();
+        assert_eq!(copy.name(), Hooks::copy::<f32>().unwrap().name());
+        assert_eq!(
+            copy.spec().source,
+            Hooks::copy::<f32>().unwrap().spec().source
+        );
+        let h = hooks_with_sizes("Fp8", "struct Fp8 {};", 4, 1).unwrap();
+        let typed = Hooks::new::<f32, u8>("Fp8", "struct Fp8 {};");
+        assert_eq!(h.spec().source, typed.spec().source);
+        h.check_sizes("test", Some(4), Some(1)).unwrap();
+        assert!(h.check_sizes("test", Some(2), Some(1)).is_err());
+    }
+
+    #[test]
+    fn sizes_the_collectives_do_not_take_are_refused() {
+        for size in [0, 3, 6, 32] {
+            assert!(copy_hooks(size).is_err());
+            let e = hooks_with_sizes("H", "", size, 4).unwrap_err().to_string();
+            assert!(e.contains(&format!("element size {size}")), "{e}");
+            assert!(hooks_with_sizes("H", "", 4, size).is_err());
+        }
+    }
+}
