@@ -4,9 +4,7 @@ second by rows, and one `all_reduce` of the partial outputs (Megatron-style).
     devcomm launch -n 2 -- python3 examples/python/tp_mlp.py
     (one GPU: scripts/shared-gpu.sh 2 python3 examples/python/tp_mlp.py)
 
-`run(comm)` returns the largest difference from the unsplit MLP computed on each rank. It
-needs devcomm's all-reduce: in a build without the reductions, `all_reduce` raises
-`devcomm.NotBuiltError`.
+`run(comm)` returns the largest difference from the unsplit MLP computed on each rank.
 """
 
 import torch
