@@ -9,5 +9,19 @@ mkdir -p dist
 cp target/release/devcomm dist/devcomm
 cp target/release/examples/transpose_all_to_all target/release/examples/fp8_all_to_all dist/
 cp scripts/gpu-run.sh dist/gpu-run.sh
+cp scripts/gpu-check.sh dist/gpu-check.sh
+for ex in all_reduce_rmsnorm; do
+  if [ -x "target/release/examples/$ex" ]; then cp "target/release/examples/$ex" dist/; fi
+done
 strip dist/devcomm dist/transpose_all_to_all dist/fp8_all_to_all
+# The kernels for Hopper (sm_90: H100 and H200), compiled here with the NVRTC wheel, so that the
+# GPU machine starts with a warm cache (dist/kernel-cache; the GPU's NVRTC must be 13.0 too,
+# which is part of the cache key: another version just compiles again).
+nvrtc_lib="$(pwd)/.tools/nvrtc/nvidia/cu13/lib"
+if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target .tools/nvrtc 'nvidia-cuda-nvrtc==13.0.*'
+fi
+LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" \
+  dist/devcomm precompile --arch 9.0
 ls -la dist

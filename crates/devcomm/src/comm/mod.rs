@@ -4,6 +4,7 @@
 mod builder;
 mod collectives;
 mod p2p;
+pub mod raw;
 mod reduce_ops;
 mod registration;
 mod setup;

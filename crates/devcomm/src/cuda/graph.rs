@@ -61,3 +61,11 @@ pub fn end_capture(stream: &Arc<CudaStream>) -> Result<CudaGraph> {
             reason: "the capture recorded no graph (was the capture begun on this stream?)".into(),
         })
 }
+
+/// Whether `stream` is capturing a CUDA graph now (`cuStreamIsCapturing`).
+pub fn is_capturing(stream: &CudaStream) -> Result<bool> {
+    let status = stream
+        .capture_status()
+        .cuda(NO_RANK, "cuStreamIsCapturing")?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}

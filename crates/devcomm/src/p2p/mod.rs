@@ -81,7 +81,7 @@ pub(crate) struct P2P {
     /// Owns the memory `counters_base` points into.
     _counters: CudaSlice<u64>,
     counters_base: u64,
-    bound_stream: Mutex<Option<usize>>,
+    pub(crate) bound_stream: Mutex<Option<usize>>,
     module: OnceLock<Arc<LoadedModule>>,
     /// Peers known to have loaded `module` (see [`KernelGate`]).
     gate: KernelGate,
