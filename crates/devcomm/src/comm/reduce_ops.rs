@@ -14,10 +14,11 @@ use crate::reduce::args::{count_of, in_place_count, resolve};
 use crate::reduce::launch::ReduceCall;
 use crate::reduce::{Collective, DataType, Plan, ReduceOp, Reducible};
 
-fn invalid(c: Collective) -> impl Fn(String) -> Error {
+/// `InvalidArgument` for operation `c` on `rank`, with `reason`.
+fn invalid(c: Collective, rank: usize) -> impl Fn(String) -> Error {
     move |reason| Error::InvalidArgument {
         op: c.name(),
-        reason,
+        reason: format!("rank {rank}: {reason}"),
     }
 }
 
@@ -33,8 +34,8 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let c = Collective::AllReduce;
-        let count =
-            count_of(c, self.world_size(), input.len(), output.len()).map_err(invalid(c))?;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
         let (i, _s) = input.device_ptr(stream);
         let (o, _r) = output.device_ptr_mut(stream);
         self.reduction(c, T::DTYPE, Some(op), (i, o, count), None, stream)
@@ -69,8 +70,8 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let c = Collective::ReduceScatter;
-        let count =
-            count_of(c, self.world_size(), input.len(), output.len()).map_err(invalid(c))?;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
         let (i, _s) = input.device_ptr(stream);
         let (o, _r) = output.device_ptr_mut(stream);
         self.reduction(c, T::DTYPE, Some(op), (i, o, count), None, stream)
@@ -85,7 +86,8 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let c = Collective::ReduceScatter;
-        let count = in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c))?;
+        let count =
+            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
         let (p, _r) = buf.device_ptr_mut(stream);
         self.reduction(c, T::DTYPE, Some(op), (p, p, count), None, stream)
     }
@@ -99,8 +101,8 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let c = Collective::AllGather;
-        let count =
-            count_of(c, self.world_size(), input.len(), output.len()).map_err(invalid(c))?;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
         let (i, _s) = input.device_ptr(stream);
         let (o, _r) = output.device_ptr_mut(stream);
         self.reduction(c, T::DTYPE, None, (i, o, count), None, stream)
@@ -113,7 +115,8 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let c = Collective::AllGather;
-        let count = in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c))?;
+        let count =
+            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
         let (p, _r) = buf.device_ptr_mut(stream);
         self.reduction(c, T::DTYPE, None, (p, p, count), None, stream)
     }
@@ -222,8 +225,8 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let c = Collective::AllReduce;
-        let count =
-            count_of(c, self.world_size(), input.len(), output.len()).map_err(invalid(c))?;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
         let (i, _s) = input.device_ptr(stream);
         let (o, _r) = output.device_ptr_mut(stream);
         // SAFETY: both addresses come from cudarc slices of `count` elements of T, which the
@@ -277,8 +280,8 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let c = Collective::ReduceScatter;
-        let count =
-            count_of(c, self.world_size(), input.len(), output.len()).map_err(invalid(c))?;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
         let (i, _s) = input.device_ptr(stream);
         let (o, _r) = output.device_ptr_mut(stream);
         self.hooked(c, T::DTYPE, op, (i, o, count), (hooks, args), stream)
@@ -326,7 +329,7 @@ impl Comm {
         let size = Some(dtype.size_bytes());
         hooks.check_sizes(c.name(), size, size)?;
         if args.row_len == 0 {
-            return Err(invalid(c)(
+            return Err(invalid(c, self.rank())(
                 "HookArgs::row_len is 0: the epilogue works on rows of that many elements".into(),
             ));
         }
@@ -347,7 +350,13 @@ impl Comm {
             return Ok(None);
         }
         self.reduce
-            .plan(collective, dtype, count, self.world_size(), None)
+            .plan(
+                collective,
+                dtype,
+                count,
+                (self.rank(), self.world_size()),
+                None,
+            )
             .map(Some)
     }
 
@@ -377,7 +386,7 @@ impl Comm {
             count,
             es,
         )
-        .map_err(invalid(collective))?;
+        .map_err(invalid(collective, self.rank()))?;
         if r.count == 0 {
             // Every rank passes the same count, so every rank skips alike: counters and
             // signals are untouched and the ranks stay in step.

@@ -206,7 +206,7 @@ impl Reduce {
         collective: Collective,
         dtype: DataType,
         count: u64,
-        world: usize,
+        (rank, world): (usize, usize),
         row_len: Option<u64>,
     ) -> Result<Plan> {
         let shape = Shape {
@@ -218,7 +218,7 @@ impl Reduce {
         };
         plan::plan(&shape, &self.limits).map_err(|reason| Error::InvalidArgument {
             op: collective.name(),
-            reason,
+            reason: format!("rank {rank}: {reason}"),
         })
     }
 
@@ -255,7 +255,13 @@ impl Reduce {
             }
         }
         let row_len = call.hooks.map(|(_, _, row)| row);
-        let pl = self.plan(call.collective, call.dtype, call.count, world, row_len)?;
+        let pl = self.plan(
+            call.collective,
+            call.dtype,
+            call.count,
+            (rank, world),
+            row_len,
+        )?;
         let op = call.op.unwrap_or(ReduceOp::Sum);
         let hooked = call.hooks.map(|(h, _, _)| (op, h));
         let loaded = self.module(group, jit, call.dtype, hooked)?;
