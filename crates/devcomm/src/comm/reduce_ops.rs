@@ -236,6 +236,22 @@ impl Comm {
         }
     }
 
+    /// [`Comm::all_reduce_hooked`] in place: `buf` is reduced, hooked and overwritten (the
+    /// hook's `RowCtx::dest` is then this rank's own input row).
+    pub fn all_reduce_hooked_in_place<T: Reducible, R: DevicePtrMut<T>>(
+        &self,
+        hooks: &Hooks,
+        buf: &mut R,
+        op: ReduceOp,
+        args: &HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let count = buf.len() as u64;
+        let (p, _r) = buf.device_ptr_mut(stream);
+        let c = Collective::AllReduce;
+        self.hooked(c, T::DTYPE, op, (p, p, count), (hooks, args), stream)
+    }
+
     /// [`Comm::all_reduce_hooked`] on raw device addresses; in place when `input == output`.
     ///
     /// # Safety
