@@ -36,7 +36,7 @@ pub mod topology;
 pub mod window;
 
 pub use collective::{AllToAllVCounts, Hooks};
-pub use comm::{Comm, CommBuilder, HookArgs, RegisteredRange};
+pub use comm::{Comm, CommBuilder, HookArgs, RegisteredRange, Registration};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use handles::{DeviceOp, DeviceWindow, RegisteredBuffer};

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use devcomm::cuda::DeviceBuffer;
+use devcomm::testing::DeviceBuffer;
 
 use super::harness::{verified, Check, Checked, Ctx, Outcome, Ranks, Skip};
 
@@ -225,13 +225,13 @@ fn registered_kind(cx: &Ctx, kind: UserAlloc) -> Detail {
             // A plain cuMemAlloc allocation, freed when `_raw` drops, after deregistration.
             let ctx = comm.context();
             let b = DeviceBuffer::zeroed(ctx, bytes).map_err(|e| e.to_string())?;
-            devcomm::cuda::synchronize(ctx).map_err(|e| e.to_string())?;
+            devcomm::testing::synchronize(ctx).map_err(|e| e.to_string())?;
             let p = b.ptr();
             _raw = Some(b);
             p
         }
         UserAlloc::Vmm => {
-            use devcomm::cuda::vmm::{Mapping, PhysicalMemory};
+            use devcomm::testing::{Mapping, PhysicalMemory};
             let phys = PhysicalMemory::create(comm.context(), bytes).map_err(|e| e.to_string())?;
             let map =
                 Mapping::new(comm.context(), &phys, phys.bytes()).map_err(|e| e.to_string())?;
@@ -250,9 +250,11 @@ fn registered_kind(cx: &Ctx, kind: UserAlloc) -> Detail {
         }
     };
     cx.copy_to_ptr(ptr, &mine)?;
-    let registered = comm.register(ptr, bytes);
+    // SAFETY: whichever allocation backs `ptr` (`_raw`, `_vmm`, `_pool`) holds `bytes` and
+    // is dropped after the registration (released below, or dropped inside the closure).
+    let registered = unsafe { comm.register(ptr, bytes) };
     let result = (|| -> Detail {
-        let handle = match (kind, registered) {
+        let registration = match (kind, registered) {
             (UserAlloc::Pool, Err(e)) if e.to_string().contains("pool") => {
                 return Ok("pool memory refused on every rank with a clear error".into());
             }
@@ -276,6 +278,7 @@ fn registered_kind(cx: &Ctx, kind: UserAlloc) -> Detail {
             let mut l = cx.stream.launch_builder(&f);
             let peer_i = peer as i32;
             let n = bytes as u64;
+            let handle = registration.device_handle();
             l.arg(&handle).arg(&peer_i).arg(&mut dst).arg(&n);
             // SAFETY: read_registered(const RegisteredBuffer*, int, void*, u64); dst holds bytes.
             unsafe { l.launch(cfg(8, 256)) }.map_err(|e| e.to_string())?;
@@ -283,7 +286,7 @@ fn registered_kind(cx: &Ctx, kind: UserAlloc) -> Detail {
         cx.sync()?;
         let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
         cx.host_barrier()?;
-        comm.deregister(handle).map_err(|e| e.to_string())?;
+        registration.release().map_err(|e| e.to_string())?;
         if !reachable {
             return Ok(format!(
                 "{kind:?}: peer {peer} not on NVLink; registration only"

@@ -70,7 +70,7 @@ pub struct HookArgs {
     /// valid until the collective's work on the stream has finished.
     pub user: u64,
     /// Elements per row (`ctx.cols`). All-to-all: 0 makes each peer's chunk one row.
-    /// All-to-all-v and the `*_tiles` calls: counts are in rows of this many elements; 0
+    /// All-to-all-v and the `send_hooked` family: counts are in rows of this many elements; 0
     /// means 1.
     pub row_len: usize,
 }

@@ -31,7 +31,7 @@ pub use collectives::HookArgs;
 pub use env::{
     P2P_DEPTH_ENV, P2P_MAX_BLOCKS_ENV, P2P_SLOT_KIB_ENV, SETUP_TIMEOUT_ENV, TIMEOUT_ENV,
 };
-pub use zero_copy::RegisteredRange;
+pub use registration::{RegisteredRange, Registration};
 
 /// A communicator: one per process, one GPU per process.
 #[derive(Debug)]

@@ -34,7 +34,7 @@ pub(super) const CHECKS: &[Check] = &[
     Check {
         name: "a2a_tiles",
         ranks: Ranks::AtLeast(2),
-        about: "sendrecv_tiles ring and send_tiles/recv_tiles with a hook",
+        about: "sendrecv_hooked ring and send_hooked/recv_hooked with a hook",
         run: |cx, _| verified(hooked::check_tiles(cx)),
     },
     Check {
