@@ -65,8 +65,9 @@ pub(crate) fn f32_hooks(arg: &str) -> Result<Hooks, String> {
 pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
     let arch = parse_arch(&args.arch)?;
     let mut specs: Vec<(String, KernelSpec)> = Vec::new();
-    let copy =
-        |h: devcomm::Result<Hooks>| h.map(|h| (format!("collective {}", h.name()), h.spec()));
+    let copy = |h: Hooks| -> Result<(String, KernelSpec), String> {
+        Ok((format!("collective {}", h.name()), h.spec()))
+    };
     for what in args.builtin.split(',').map(str::trim) {
         let spec = match what {
             "none" => continue,

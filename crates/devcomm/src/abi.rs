@@ -1,7 +1,12 @@
-//! Layer 0: words and bits the host shares with the send/recv kernels
-//! (`cuda/devcomm/p2p.cuh`): the copy-engine slot and pad-word offsets and the
-//! `P2PSide::pull` bits. Plain constants, below every layer: `cuda` decodes error records with
-//! them, `p2p` lays out its window and launches with them (re-exported as `p2p::config::*`).
+//! Layer 0: what the host shares with the kernels, in one place.
+//!
+//! - Words and bits of the send/recv protocol (`cuda/devcomm/p2p.cuh`): the copy-engine slot
+//!   and pad-word offsets and the `P2PSide::pull` bits. Plain constants, below every layer:
+//!   `cuda` decodes error records with them, `p2p` lays out its window and launches with them
+//!   (re-exported as `p2p::config::*`).
+//! - The `#[repr(C)]` twins of the kernels' structs ([`DeviceWindow`], [`RegisteredBuffer`],
+//!   the launch arguments), re-exported from where they are filled, and their [`layout`].
+//!   Only the re-exports name upper modules; no code here depends on them.
 
 /// Copy-engine slots per (sender, receiver) and pad words per peer (`cuda/devcomm/p2p.cuh`).
 pub const CE_SLOTS: u64 = 4;
@@ -39,3 +44,22 @@ pub const CE_DONE_R: usize = 40;
 pub const CE_DEC_S: usize = 50;
 /// See [`CE_DEC_S`].
 pub const CE_DEC_R: usize = 51;
+
+/// The `#[repr(C)]` twins of the structs in `cuda/devcomm/*.cuh` that the host hands to the
+/// kernels or reads back, gathered here (each is defined next to the code that fills it).
+pub use crate::collective::handle::{CollLaunch, MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
+pub use crate::handles::{
+    DeviceErrorState, DeviceOp, DevicePeerTable, DeviceWindow, ErrorRecord, RegisteredBuffer,
+};
+pub use crate::p2p::handle::{P2PLaunch, P2PNegotiated, P2PSide, ZcLaunch};
+
+/// `(struct, field, offset, size)` of every shared struct above, in declaration order, for the
+/// test that compiles the C++ headers and compares (`tests/layout.rs`).
+pub fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
+    crate::handles::LAYOUT
+        .iter()
+        .chain(crate::p2p::handle::LAYOUT)
+        .chain(crate::collective::handle::LAYOUT)
+        .copied()
+        .collect()
+}

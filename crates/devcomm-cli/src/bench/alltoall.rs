@@ -105,7 +105,7 @@ fn hooked_points(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     };
     let user = user_args.device_ptr(&cx.stream).0;
     let [transpose, fp8] = crate::precompile::example_hooks();
-    let copy = Hooks::copy::<f32>().map_err(e)?;
+    let copy = Hooks::copy::<f32>();
     cx.sync()?;
     // The plain all-to-all, the examples and any extra hooks, timed in turn.
     let mut cases = vec![

@@ -165,7 +165,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
 fn two_gpus(
     cx: &Ctx,
     args: &BenchArgs,
-    win: &devcomm::window::Window<u8>,
+    win: &devcomm::Window<u8>,
     total: usize,
 ) -> Result<Vec<Record>, String> {
     let rank = cx.comm.rank();

@@ -96,7 +96,7 @@ impl Comm {
         recv: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let hooks = Hooks::copy::<T>()?;
+        let hooks = Hooks::copy::<T>();
         self.all_to_all_hooked(&hooks, send, recv, HookArgs::default(), stream)
     }
 
@@ -190,7 +190,7 @@ impl Comm {
         row_len: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let hooks = Hooks::copy::<T>()?;
+        let hooks = Hooks::copy::<T>();
         let args = HookArgs { user: 0, row_len };
         self.all_to_allv_hooked(&hooks, send, recv, counts, args, stream)
     }
