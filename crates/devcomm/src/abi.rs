@@ -19,8 +19,8 @@ pub fn ce_pulled(i: usize) -> bool {
     i % 2 == 1
 }
 /// Offsets in a peer's block of copy-engine words that the host reads or writes (the whole
-/// layout is in `cuda/devcomm/p2p.cuh`, `kCe*`): SIZE[slot] (in an error record), GO[slot] and
-/// DONE[slot] (the copy streams' memory operations).
+/// layout is in `cuda/devcomm/p2p.cuh`, `kCe*`): SIZE\[slot\] (in an error record), GO\[slot\] and
+/// DONE\[slot\] (the copy streams' memory operations).
 pub const CE_SIZE: usize = 8;
 /// See [`CE_SIZE`].
 pub const CE_GO: usize = 20;
@@ -35,7 +35,7 @@ pub const P2P_SIDE_GATED: u32 = 2;
 /// See [`P2P_SIDE_PULL`].
 pub const P2P_SIDE_ANNOUNCE: u32 = 4;
 
-/// GOR[slot] and DONER[slot]: the receiver's copy stream's waits and reports (pulled chunks).
+/// GOR\[slot\] and DONER\[slot\]: the receiver's copy stream's waits and reports (pulled chunks).
 pub const CE_GO_R: usize = 36;
 /// See [`CE_GO_R`].
 pub const CE_DONE_R: usize = 40;

@@ -8,11 +8,11 @@
 //! [`stream_write`] and [`stream_wait_geq`]. Each that touches a raw address is an `unsafe fn`.
 //!
 //! These wrappers call cudarc's `result` layer and safe graph API directly, since the
-//! [`crate::cuda`] layer has no stream-ordered memset nor a capture helper yet; they belong in
+//! `cuda` layer has no stream-ordered memset nor a capture helper yet; they belong in
 //! that layer once it has.
 //!
-//! Errors are [`Error::Cuda`] naming the driver call, with rank -1 like the [`crate::cuda`]
-//! layer's ([`crate::cuda::with_rank`] fills it in).
+//! Errors are [`Error::Cuda`] naming the driver call, with rank -1 like the `cuda`
+//! layer's (the communicator fills it in).
 
 use std::sync::Arc;
 
@@ -64,7 +64,7 @@ pub unsafe fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result
     crate::cuda::stream_write(stream, addr, value)
 }
 
-/// Rank in the errors of this module, which does not know the rank (as in [`crate::cuda`]).
+/// Rank in the errors of this module, which does not know the rank (as in `cuda`).
 const NO_RANK: i32 = -1;
 
 /// Enqueues on `stream` a fill of `bytes` bytes at device address `dst` with `value`

@@ -60,7 +60,7 @@ impl CommBuilder {
     }
 
     /// Bound of every device wait. A wait that expires makes the host call return
-    /// [`Error::PeerTimeout`] naming the peer, and the communicator must be rebuilt.
+    /// [`Error::PeerTimeout`](crate::Error::PeerTimeout) naming the peer, and the communicator must be rebuilt.
     pub fn device_timeout(mut self, timeout: Duration) -> Self {
         self.device_timeout = timeout;
         self

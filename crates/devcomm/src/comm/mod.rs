@@ -143,7 +143,8 @@ impl Comm {
     }
 
     /// Returns the first device error recorded by this communicator's kernels, if any
-    /// ([`Error::PeerTimeout`] the first time, [`Error::Aborted`] after).
+    /// ([`Error::PeerTimeout`](crate::Error::PeerTimeout) the first time,
+    /// [`Error::Aborted`](crate::Error::Aborted) after).
     pub fn check(&self) -> Result<()> {
         self.group.errors.check()
     }

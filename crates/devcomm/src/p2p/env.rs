@@ -1,6 +1,6 @@
 //! Every environment switch of send/recv, read here and nowhere else in `p2p` (each once per
 //! process, except [`SPLIT_ENV`], read when a communicator is built). [`Switches`] carries
-//! the ones that [`super::plan::plan`] takes as arguments.
+//! the ones that `plan::plan` takes as arguments.
 
 use std::sync::OnceLock;
 
@@ -174,7 +174,7 @@ pub fn pull_forced() -> Option<bool> {
     })
 }
 
-/// The environment switches that decide a send/recv call's plan ([`super::plan::plan`]),
+/// The environment switches that decide a send/recv call's plan (`plan::plan`),
 /// passed to it as arguments so that the decision is a pure function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Switches {
