@@ -7,16 +7,15 @@
 //! [`memcpy_dtod_async`], and the copy-engine benchmarks' stream memory operations
 //! [`stream_write`] and [`stream_wait_geq`]. Each that touches a raw address is an `unsafe fn`.
 //!
-//! These wrappers call cudarc's `result` layer and safe graph API directly, since the
-//! `cuda` layer has no stream-ordered memset nor a capture helper yet; they belong in
-//! that layer once it has.
+//! The memset calls cudarc's `result` layer directly, since the `cuda` layer has no
+//! stream-ordered memset yet; it belongs in that layer once it has.
 //!
 //! Errors are [`Error::Cuda`] naming the driver call, with rank -1 like the `cuda`
 //! layer's (the communicator fills it in).
 
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaGraph, CudaStream};
+use cudarc::driver::{CudaGraph, CudaStream};
 
 use crate::error::{CudaResultExt, Error, Result};
 
@@ -100,21 +99,15 @@ pub unsafe fn memset_d8_async(
 /// threads enqueue meanwhile is not affected. End it with [`end_capture`] on the same thread,
 /// also when the work to capture failed, or the stream stays unusable.
 pub fn begin_capture(stream: &CudaStream) -> Result<()> {
-    stream
-        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .cuda(NO_RANK, "cuStreamBeginCapture")
+    crate::cuda::capture::begin(stream)
 }
 
 /// Ends the capture begun by [`begin_capture`] and instantiates the graph, with auto-free on
 /// launch (memory allocated inside the graph is freed when it is launched again). An empty
 /// capture is an error.
 pub fn end_capture(stream: &Arc<CudaStream>) -> Result<CudaGraph> {
-    let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
-    stream
-        .end_capture(flags)
-        .cuda(NO_RANK, "cuStreamEndCapture")?
-        .ok_or_else(|| Error::InvalidArgument {
-            op: "end_capture",
-            reason: "the capture recorded no graph (was the capture begun on this stream?)".into(),
-        })
+    crate::cuda::capture::end(stream)?.ok_or_else(|| Error::InvalidArgument {
+        op: "end_capture",
+        reason: "the capture recorded no graph (was the capture begun on this stream?)".into(),
+    })
 }

@@ -19,6 +19,12 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, _| verified(context_mode(cx)),
     },
     Check {
+        name: "capture_tracked",
+        ranks: Ranks::AtLeast(1),
+        about: "a call on cudarc slices in a graph capture with event tracking on is refused",
+        run: |cx, _| capture_tracked(cx),
+    },
+    Check {
         name: "put_signal",
         ranks: Ranks::AtLeast(2),
         about: "puts with signals into every NVLink peer's window",
@@ -49,6 +55,40 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, p| verified(window_churn(cx, p.churn)),
     },
 ];
+
+/// With cudarc's event tracking on in multi-stream mode, a call on cudarc slices made while the
+/// stream captures a graph is refused with an error that says why, before anything is
+/// enqueued (cudarc would wait on the slices' events inside the capture, which CUDA refuses);
+/// the stream stays usable.
+fn capture_tracked(cx: &Ctx) -> Checked {
+    let comm = &cx.comm;
+    if !comm.context().is_managing_stream_synchronization() {
+        return Ok(Outcome::Skip(Skip::Unavailable(
+            "cudarc does not track events on this context (single-stream mode or tracking \
+             off): there is nothing to refuse"
+                .into(),
+        )));
+    }
+    let buf = cx
+        .stream
+        .alloc_zeros::<u8>(64)
+        .map_err(|e| e.to_string())?;
+    cx.sync()?;
+    let peer = (comm.rank() + 1) % comm.world_size();
+    devcomm::testing::begin_capture(&cx.stream).map_err(|e| e.to_string())?;
+    let sent = comm.send(&buf, peer, &cx.stream);
+    // Nothing was captured: the empty graph (or its absence) is of no interest.
+    let _ = devcomm::testing::end_capture(&cx.stream);
+    cx.sync()?;
+    match sent {
+        Err(devcomm::Error::InvalidArgument { reason, .. }) if reason.contains("event tracking") => {
+            verified(Ok(format!("refused: {reason}")))
+        }
+        other => Err(format!(
+            "send in a capture with event tracking on: expected a refusal, got {other:?}"
+        )),
+    }
+}
 
 /// devcomm's own streams (copy engine) stay out of cudarc's stream count: a user on one stream
 /// keeps single-stream mode, without per-buffer event calls (cuda::InternalStream).

@@ -21,6 +21,7 @@ impl Comm {
         recv: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_gather_ring", stream)?;
         let world = self.world_size();
         let rank = self.rank();
         let bytes = send.num_bytes() as u64;
@@ -111,6 +112,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_to_all_hooked", stream)?;
         let (i, o) = sizes::<I, O>();
         hooks.check_sizes("all_to_all", i, o)?;
         let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
@@ -205,6 +207,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_to_allv_hooked", stream)?;
         const OP: &str = "all_to_allv";
         let (i, o) = sizes::<I, O>();
         hooks.check_sizes(OP, i, o)?;

@@ -173,4 +173,59 @@ impl Comm {
     pub fn setup_timeout(&self) -> Duration {
         self.group.setup_timeout
     }
+
+    /// Graph-capture readiness of a call that takes cudarc slices: refused while `stream` is
+    /// capturing and cudarc manages cross-stream synchronisation for the context (event
+    /// tracking on and more than one stream), since cudarc would then wait on the slices'
+    /// events inside the capture, which CUDA refuses, and the capture would fail later with
+    /// a driver error far from its cause.
+    pub(crate) fn capture_ready(&self, op: &'static str, stream: &CudaStream) -> Result<()> {
+        let managing = stream.context().is_managing_stream_synchronization();
+        if !managing {
+            return Ok(());
+        }
+        let capturing = crate::cuda::capture::is_capturing(stream)
+            .map_err(|e| crate::cuda::with_rank(e, self.rank()))?;
+        match capture_refusal(op, self.rank(), managing, capturing) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The error of a call on cudarc slices made on a capturing stream while cudarc tracks the
+/// slices' uses with events (see [`Comm::capture_ready`]), or `None` when the call may go on.
+fn capture_refusal(
+    op: &'static str,
+    rank: usize,
+    managing: bool,
+    capturing: bool,
+) -> Option<crate::Error> {
+    (managing && capturing).then(|| crate::Error::InvalidArgument {
+        op,
+        reason: format!(
+            "rank {rank}: the stream is capturing a CUDA graph while cudarc's event tracking is \
+             on for this context; cudarc would wait on the buffers' events inside the capture, \
+             which CUDA refuses. Allocate the buffers of a captured call after \
+             `CudaContext::disable_event_tracking` (see its safety rules), or use the `_raw` \
+             forms"
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::capture_refusal;
+
+    #[test]
+    fn capture_is_refused_only_when_cudarc_tracks_events() {
+        assert!(capture_refusal("send", 0, false, false).is_none());
+        assert!(capture_refusal("send", 0, true, false).is_none());
+        assert!(capture_refusal("send", 0, false, true).is_none());
+        let e = capture_refusal("all_to_all", 3, true, true)
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("all_to_all") && e.contains("rank 3"), "{e}");
+        assert!(e.contains("event tracking"), "{e}");
+    }
 }

@@ -26,6 +26,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("send_hooked", stream)?;
         hooks.check_sizes("send_hooked", Some(std::mem::size_of::<I>()), None)?;
         let n = elems::<I>(buf.num_bytes());
         let (ptr, _s) = buf.device_ptr(stream);
@@ -41,6 +42,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("recv_hooked", stream)?;
         hooks.check_sizes("recv_hooked", None, Some(std::mem::size_of::<O>()))?;
         let n = elems::<O>(buf.num_bytes());
         let (ptr, _r) = buf.device_ptr_mut(stream);
@@ -60,6 +62,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("sendrecv_hooked", stream)?;
         let (i, o) = sizes::<I, O>();
         hooks.check_sizes("sendrecv_hooked", i, o)?;
         let (ns, nr) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));

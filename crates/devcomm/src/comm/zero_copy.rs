@@ -36,6 +36,7 @@ impl Comm {
         dst: RegisteredRange<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("send_registered", stream)?;
         let (ptr, _sync) = buf.device_ptr(stream);
         let send = self.zc_send(ptr, buf.num_bytes() as u64, peer, dst)?;
         self.p2p
@@ -68,6 +69,7 @@ impl Comm {
         recv_peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("sendrecv_registered", stream)?;
         let (ptr, _sync) = send_buf.device_ptr(stream);
         let send = self.zc_send(ptr, send_buf.num_bytes() as u64, send_peer, send_dst)?;
         let recv = self.zc_recv(recv_dst, recv_peer)?;
@@ -95,6 +97,7 @@ impl Comm {
         recv: RegisteredRange<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_to_all_registered", stream)?;
         const OP: &str = "all_to_all_registered";
         let (world, rank) = (self.world_size(), self.rank());
         let total = send.num_bytes() as u64;

@@ -12,6 +12,7 @@
 //! [`with_rank`].
 
 mod buffer;
+pub(crate) mod capture;
 mod error_state;
 #[cfg(test)]
 mod gpu_tests;
