@@ -25,6 +25,12 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, _| capture_tracked(cx),
     },
     Check {
+        name: "stream_binding",
+        ranks: Ranks::AtLeast(1),
+        about: "a call on a stream other than the bound one is refused, nothing enqueued",
+        run: |cx, _| verified(stream_binding(cx)),
+    },
+    Check {
         name: "put_signal",
         ranks: Ranks::AtLeast(2),
         about: "puts with signals into every NVLink peer's window",
@@ -88,6 +94,35 @@ fn capture_tracked(cx: &Ctx) -> Checked {
             "send in a capture with event tracking on: expected a refusal, got {other:?}"
         )),
     }
+}
+
+/// The harness binds its stream at start (`Comm::bind_stream`); binding it again is a no-op,
+/// and a send on another stream is refused before anything is enqueued.
+fn stream_binding(cx: &Ctx) -> Detail {
+    let comm = &cx.comm;
+    comm.bind_stream(&cx.stream)
+        .map_err(|e| format!("binding the bound stream again: {e}"))?;
+    let other = comm.context().new_stream().map_err(|e| e.to_string())?;
+    let buf = other.alloc_zeros::<u8>(64).map_err(|e| e.to_string())?;
+    other.synchronize().map_err(|e| e.to_string())?;
+    let peer = (comm.rank() + 1) % comm.world_size();
+    let refusals = [
+        ("bind_stream", comm.bind_stream(&other)),
+        ("send", comm.send(&buf, peer, &other)),
+    ];
+    for (what, r) in refusals {
+        match r {
+            Err(devcomm::Error::InvalidArgument { reason, .. }) if reason.contains("bound") => {}
+            other => {
+                return Err(format!(
+                    "{what} on a second stream: expected a refusal naming the bound stream, got \
+                     {other:?}"
+                ))
+            }
+        }
+    }
+    other.synchronize().map_err(|e| e.to_string())?;
+    Ok("the bound stream binds again; bind_stream and send on a second stream refused".into())
 }
 
 /// devcomm's own streams (copy engine) stay out of cudarc's stream count: a user on one stream

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaStream};
 use devcomm_bootstrap::{RankInfo, Store};
 
 use super::env::{
@@ -34,6 +34,7 @@ pub struct CommBuilder {
     /// default, which is lowered to fit a GPU with few SMs (`p2p::fit_to_sms`).
     p2p_max_blocks_explicit: bool,
     tune: Option<TuneTable>,
+    stream: Option<Arc<CudaStream>>,
 }
 
 impl CommBuilder {
@@ -50,7 +51,17 @@ impl CommBuilder {
                 Some(path) => Some(TuneTable::load(std::path::Path::new(&path))?),
                 None => None,
             },
+            stream: None,
         })
+    }
+
+    /// The stream the communicator's send/recv and collectives run on, bound at `build`
+    /// (see [`Comm::stream`]). It must be a stream of the device's primary context (made from
+    /// `CudaContext::new(ordinal)`); `build` refuses another. Without it, the first stream a
+    /// call uses is bound.
+    pub fn stream(mut self, stream: Arc<CudaStream>) -> Self {
+        self.stream = Some(stream);
+        self
     }
 
     /// The CUDA device ordinal to use (default: the local rank).
@@ -106,6 +117,17 @@ impl CommBuilder {
         // fails the others at once instead of leaving them to time out.
         let opened = ordinal
             .and_then(|o| CudaContext::new(o).cuda(rank as i32, "cuCtxCreate (CudaContext::new)"));
+        let opened = opened.and_then(|ctx| match &self.stream {
+            Some(s) if s.context().cu_ctx() != ctx.cu_ctx() => Err(crate::Error::InvalidArgument {
+                op: "CommBuilder::stream",
+                reason: format!(
+                    "rank {rank}: the stream belongs to another context than device {}'s \
+                     primary context",
+                    ctx.ordinal()
+                ),
+            }),
+            _ => Ok(ctx),
+        });
         let ctx = agree_on_store(&store, "open device", rank, opened, self.setup_timeout)?;
         let device = agree_on_store(
             &store,
@@ -192,8 +214,12 @@ impl CommBuilder {
             control,
             barrier_fn: std::sync::OnceLock::new(),
             barrier_gate: crate::group::KernelGate::new("comm-barrier", group.world_size),
+            stream: self.stream,
             group,
         };
+        if let Some(stream) = &comm.stream {
+            comm.p2p.bind(&comm.group, stream)?;
+        }
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);
         Ok(comm)
     }

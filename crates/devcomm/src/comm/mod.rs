@@ -47,6 +47,8 @@ pub struct Comm {
     barrier_gate: crate::group::KernelGate,
     p2p: P2P,
     coll: Collective,
+    /// The stream given to the builder, bound at build.
+    stream: Option<Arc<CudaStream>>,
     // Dropped last: windows and registrations above release their mappings first.
     group: Arc<Group>,
 }
@@ -103,6 +105,21 @@ impl Comm {
     /// The kernel compiler and cache.
     pub fn jit(&self) -> &Jit {
         &self.jit
+    }
+
+    /// The stream this communicator was built with ([`CommBuilder::stream`]), to which its
+    /// send/recv and collectives are bound: a call on another stream is refused, since two
+    /// streams on one set of send/recv counters would race. `None` when the builder was given
+    /// none; then the first stream a call uses is bound ([`Comm::bind_stream`] binds one
+    /// explicitly).
+    pub fn stream(&self) -> Option<&Arc<CudaStream>> {
+        self.stream.as_ref()
+    }
+
+    /// Binds the communicator's send/recv and collectives to `stream` now (what the first call
+    /// would do); refused when another stream is bound already.
+    pub fn bind_stream(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.p2p.bind(&self.group, stream)
     }
 
     /// The bound of device waits.

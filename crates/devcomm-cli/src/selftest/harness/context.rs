@@ -31,6 +31,8 @@ impl Ctx {
         let comm = Comm::from_env().map_err(|e| e.to_string())?;
         let multi_stream_after_init = comm.context().is_in_multi_stream_mode();
         let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
+        // Every check runs on this stream: bound now rather than by the first call.
+        comm.bind_stream(&stream).map_err(|e| e.to_string())?;
         let mine = rand::random::<u64>().to_le_bytes();
         let all = comm
             .store()
