@@ -17,6 +17,10 @@ if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ]; then
     --target "$nvrtc_dir" 'nvidia-cuda-nvrtc==13.0.*'
 fi
 export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# UCX for the network transport tests (the libucx-cu13 1.22 wheel in .tools/ucx, with the
+# headers its ABI test compiles against); the tests fail instead of skipping without it.
+ucx_lib=$(DEVCOMM_UCX_FORCE_WHEEL=1 scripts/install-ucx.sh | tail -n 1)
+export DEVCOMM_UCX_LIB="$ucx_lib" DEVCOMM_REQUIRE_UCX=1
 # Kernel cache of the test run stays inside the checkout.
 export DEVCOMM_CACHE_DIR="$root/target/devcomm-kernel-cache"
 # Tests that need NVRTC or a host C++ compiler fail instead of skipping.

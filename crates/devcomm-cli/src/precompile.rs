@@ -64,14 +64,22 @@ pub(crate) fn f32_hooks(arg: &str) -> Result<Hooks, String> {
 
 pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
     let arch = parse_arch(&args.arch)?;
+    // The settings that enter the kernels' cache keys (their experiment options).
+    let config = devcomm::Config::from_env().map_err(|e| e.to_string())?;
     let mut specs: Vec<(String, KernelSpec)> = Vec::new();
     let copy = |h: Hooks| -> Result<(String, KernelSpec), String> {
-        Ok((format!("collective {}", h.name()), h.spec()))
+        Ok((
+            format!("collective {}", h.name()),
+            h.spec_with_options(&config.coll_options),
+        ))
     };
     for what in args.builtin.split(',').map(str::trim) {
         let spec = match what {
             "none" => continue,
-            "sendrecv" => Ok(("sendrecv".into(), devcomm::p2p::sendrecv_spec())),
+            "sendrecv" => Ok((
+                "sendrecv".into(),
+                devcomm::p2p::sendrecv_spec(&config.p2p_options),
+            )),
             "copy1" => copy(Hooks::copy::<u8>()),
             "copy2" => copy(Hooks::copy::<u16>()),
             "copy4" => copy(Hooks::copy::<f32>()),
@@ -79,7 +87,10 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
             "copy16" => copy(Hooks::copy::<[u32; 4]>()),
             "examples" => {
                 for h in example_hooks() {
-                    specs.push((format!("collective {}", h.name()), h.spec()));
+                    specs.push((
+                        format!("collective {}", h.name()),
+                        h.spec_with_options(&config.coll_options),
+                    ));
                 }
                 continue;
             }
@@ -89,9 +100,12 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
     }
     for spec in &args.hooks {
         let hooks = f32_hooks(spec)?;
-        specs.push((format!("collective {}", hooks.name()), hooks.spec()));
+        specs.push((
+            format!("collective {}", hooks.name()),
+            hooks.spec_with_options(&config.coll_options),
+        ));
     }
-    let jit = Jit::new();
+    let jit = Jit::from_config(&config);
     println!(
         "compiling {} kernels for sm_{}{} into {}",
         specs.len(),

@@ -52,6 +52,7 @@ pub use crate::handles::{
     DeviceErrorState, DeviceOp, DevicePeerTable, DeviceWindow, ErrorRecord, RegisteredBuffer,
 };
 pub use crate::p2p::handle::{P2PLaunch, P2PNegotiated, P2PSide, ZcLaunch};
+pub use crate::reduce::handle::ReduceLaunch;
 
 /// `(struct, field, offset, size)` of every shared struct above, in declaration order, for the
 /// test that compiles the C++ headers and compares (`tests/layout.rs`).
@@ -60,6 +61,7 @@ pub fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
         .iter()
         .chain(crate::p2p::handle::LAYOUT)
         .chain(crate::collective::handle::LAYOUT)
+        .chain(crate::reduce::handle::LAYOUT)
         .copied()
         .collect()
 }

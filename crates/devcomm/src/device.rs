@@ -41,6 +41,8 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("transfer.cuh"),
     embed!("hooks.cuh"),
     embed!("collective.cuh"),
+    embed!("net.cuh"),
+    embed!("reduce.cuh"),
     embed!("devcomm.cuh"),
 ];
 

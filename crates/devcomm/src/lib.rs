@@ -44,7 +44,11 @@ pub(crate) mod handles;
 pub mod jit;
 pub(crate) mod memory;
 #[allow(unreachable_pub)]
+pub mod net;
+#[allow(unreachable_pub)]
 pub mod p2p;
+#[allow(unreachable_pub)]
+pub mod reduce;
 pub mod testing;
 #[allow(unreachable_pub)]
 pub mod topology;
@@ -52,12 +56,10 @@ pub(crate) mod window;
 
 pub use abi::{DeviceOp, DeviceWindow, RegisteredBuffer};
 pub use collective::{AllToAllVCounts, Hooks};
-pub use comm::{
-    Comm, CommBuilder, HookArgs, RegisteredRange, Registration, P2P_DEPTH_ENV, P2P_MAX_BLOCKS_ENV,
-    P2P_SLOT_KIB_ENV, SETUP_TIMEOUT_ENV, TIMEOUT_ENV,
-};
+pub use comm::{Comm, CommBuilder, HookArgs, RegisteredRange, Registration};
 pub use config::Config;
 pub use cuda::info::DeviceInfo;
 pub use error::{Error, Result};
+pub use reduce::{DataType, ReduceOp, Reducible};
 pub use topology::{LinkKind, Topology};
 pub use window::Window;

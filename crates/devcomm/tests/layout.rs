@@ -17,7 +17,7 @@ fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
 /// A C++ program that prints `struct field offset size` for every entry of LAYOUT, in order.
 fn probe_source() -> String {
     let mut src = String::from(
-        "#include <cstddef>\n#include <cstdio>\n#include \"devcomm/handles.cuh\"\n#include \"devcomm/p2p.cuh\"\n#include \"devcomm/collective.cuh\"\n\nint main() {\n",
+        "#include <cstddef>\n#include <cstdio>\n#include \"devcomm/handles.cuh\"\n#include \"devcomm/p2p.cuh\"\n#include \"devcomm/collective.cuh\"\n#include \"devcomm/reduce.cuh\"\n\nint main() {\n",
     );
     for (strukt, field, _, _) in layout() {
         writeln!(
@@ -73,6 +73,7 @@ fn layout_covers_every_shared_struct() {
         "P2PSide",
         "P2PLaunch",
         "CollLaunch",
+        "red::ReduceLaunch",
     ] {
         assert!(
             layout().iter().any(|(s, ..)| *s == strukt),

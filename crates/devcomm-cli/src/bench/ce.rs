@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr};
 
-use super::{device_label, time_us, today, BenchArgs, Record};
+use super::{time_us, BenchArgs, Record};
 use crate::selftest::Ctx;
 
 /// Where the chunks go.
@@ -303,21 +303,9 @@ fn ce_record(
     (ref_us, reference): (f64, &str),
 ) -> Record {
     Record {
-        op: "ce".into(),
-        world_size: cx.comm.world_size(),
-        bytes: total as u64,
         both_directions: both,
-        devcomm_us: us,
-        nccl_us: ref_us,
-        ratio: ref_us / us,
-        sms: 0,
-        device: device_label(cx, args),
-        date: today(),
         reference: reference.into(),
-        devcomm_gbps: total as f64 / us / 1e3,
-        nccl_gbps: total as f64 / ref_us / 1e3,
         config,
-        tokens: None,
-        event_tracking: args.event_tracking,
+        ..Record::new(cx, args, "ce", total as u64).timed(us, ref_us, total as f64)
     }
 }

@@ -23,24 +23,7 @@ impl std::fmt::Debug for NcclPair {
 impl NcclPair {
     /// Collective: rank 0 makes the unique id and shares it through devcomm's store.
     pub(crate) fn new(cx: &Ctx) -> Result<Self, String> {
-        let store = cx.comm.store();
-        let id = if cx.comm.rank() == 0 {
-            let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
-            let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
-            store
-                .set("__devcomm_cli/nccl_id", &bytes)
-                .map_err(|e| e.to_string())?;
-            id
-        } else {
-            let bytes = store
-                .get("__devcomm_cli/nccl_id", cx.comm.setup_timeout())
-                .map_err(|e| e.to_string())?;
-            let mut internal = [0 as std::ffi::c_char; 128];
-            for (d, s) in internal.iter_mut().zip(&bytes) {
-                *d = *s as std::ffi::c_char;
-            }
-            Id::uninit(internal)
-        };
+        let id = shared_id(cx)?;
         let comm = NcclComm::from_rank(cx.stream.clone(), cx.comm.rank(), cx.comm.world_size(), id)
             .map_err(|e| format!("ncclCommInitRank: {e:?}"))?;
         Ok(Self { comm })
@@ -98,6 +81,28 @@ impl NcclPair {
                 .map(|_| ())
                 .map_err(|e| format!("ncclRecv: {e:?}")),
         })
+    }
+}
+
+/// Collective: a fresh NCCL unique id, made by rank 0 and shared through devcomm's store
+/// (each call its own key, so several communicators can be made in one run).
+pub(crate) fn shared_id(cx: &Ctx) -> Result<Id, String> {
+    let store = cx.comm.store();
+    let key = format!("__devcomm_cli/nccl_id/{}", rand_tag(cx));
+    if cx.comm.rank() == 0 {
+        let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {:?}", e.0))?;
+        let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
+        store.set(&key, &bytes).map_err(|e| e.to_string())?;
+        Ok(id)
+    } else {
+        let bytes = store
+            .get(&key, cx.comm.setup_timeout())
+            .map_err(|e| e.to_string())?;
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (d, s) in internal.iter_mut().zip(&bytes) {
+            *d = *s as std::ffi::c_char;
+        }
+        Ok(Id::uninit(internal))
     }
 }
 

@@ -3,7 +3,7 @@
 //! regenerated on the host.
 
 use cudarc::driver::CudaSlice;
-use devcomm::p2p::{zero_copy_ce_min, zero_copy_route, ZcRoute};
+use devcomm::p2p::ZcRoute;
 use devcomm::Error;
 
 use super::harness::{
@@ -57,11 +57,11 @@ pub(super) const CHECKS: &[Check] = &[
 /// 64 MiB on whatever route it takes then).
 fn large_size(cx: &Ctx) -> usize {
     let ll = cx.comm.p2p_limits().ll_max_bytes;
-    zero_copy_ce_min().clamp(ll + 1, 64 << 20) as usize
+    cx.comm.p2p_switches().zc_ce_min.clamp(ll + 1, 64 << 20) as usize
 }
 
 fn route_name(cx: &Ctx, bytes: usize) -> &'static str {
-    match zero_copy_route(bytes as u64, cx.comm.p2p_limits()) {
+    match cx.comm.zero_copy_route(bytes as u64) {
         ZcRoute::Staged => "staged",
         ZcRoute::Blocks(_) => "SM blocks",
         ZcRoute::CopyEngine => "copy engine",
@@ -227,8 +227,8 @@ fn check_errors(cx: &Ctx) -> Checked {
     ];
     let mut checked = Vec::new();
     for (what, send_off, send_n, recv_off, recv_n) in cases {
-        let route = zero_copy_route(send_n as u64, comm.p2p_limits());
-        if route == ZcRoute::Staged || zero_copy_route(recv_n as u64, comm.p2p_limits()) != route {
+        let route = comm.zero_copy_route(send_n as u64);
+        if route == ZcRoute::Staged || comm.zero_copy_route(recv_n as u64) != route {
             continue;
         }
         checked.push(format!("{what} on {}", route_name(cx, send_n)));

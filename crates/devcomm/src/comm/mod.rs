@@ -3,8 +3,8 @@
 
 mod builder;
 mod collectives;
-mod env;
 mod p2p;
+mod reduce_ops;
 mod registration;
 mod setup;
 mod tiles;
@@ -28,9 +28,6 @@ use crate::window::Window;
 
 pub use builder::CommBuilder;
 pub use collectives::HookArgs;
-pub use env::{
-    P2P_DEPTH_ENV, P2P_MAX_BLOCKS_ENV, P2P_SLOT_KIB_ENV, SETUP_TIMEOUT_ENV, TIMEOUT_ENV,
-};
 pub use registration::{RegisteredRange, Registration};
 
 /// A communicator: one per process, one GPU per process.
@@ -49,6 +46,8 @@ pub struct Comm {
     coll: Collective,
     /// The stream given to the builder, bound at build.
     stream: Option<Arc<CudaStream>>,
+    /// The reductions' window, counters and kernels (`reduce::launch`).
+    reduce: crate::reduce::launch::Reduce,
     // Dropped last: windows and registrations above release their mappings first.
     group: Arc<Group>,
 }
@@ -201,7 +200,7 @@ impl Comm {
         if !managing {
             return Ok(());
         }
-        let capturing = crate::cuda::capture::is_capturing(stream)
+        let capturing = crate::cuda::graph::is_capturing(stream)
             .map_err(|e| crate::cuda::with_rank(e, self.rank()))?;
         match capture_refusal(op, self.rank(), managing, capturing) {
             Some(e) => Err(e),

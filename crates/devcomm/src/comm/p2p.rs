@@ -117,6 +117,22 @@ impl Comm {
         self.p2p.limits()
     }
 
+    /// The send/recv switches of this communicator's configuration.
+    pub fn p2p_switches(&self) -> &crate::p2p::Switches {
+        self.p2p.switches()
+    }
+
+    /// The settings this communicator was built with (docs/CONFIG.md).
+    pub fn config(&self) -> &crate::Config {
+        &self.group.config
+    }
+
+    /// The route a message of `bytes` into a registered destination takes (the same on both
+    /// ends: it depends on the size and the must-agree settings only).
+    pub fn zero_copy_route(&self, bytes: u64) -> crate::p2p::ZcRoute {
+        crate::p2p::zero_copy_route(bytes, self.p2p_limits(), self.p2p_switches())
+    }
+
     /// The configuration a send/recv of `bytes` uses when the call names none: the tuning
     /// table's (if one is loaded and covers the size), the built-in defaults otherwise.
     pub fn p2p_config(&self, bytes: u64) -> P2PConfig {

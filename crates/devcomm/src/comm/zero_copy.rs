@@ -128,7 +128,7 @@ impl Comm {
         }
         let (src, _sync) = send.device_ptr(stream);
         let at = |p: usize| recv.shifted(p as u64 * chunk, chunk);
-        if zero_copy_route(chunk, self.p2p_limits()) != ZcRoute::CopyEngine {
+        if zero_copy_route(chunk, self.p2p_limits(), self.p2p_switches()) != ZcRoute::CopyEngine {
             let hooks = crate::collective::Hooks::copy::<T>();
             let elems = total / elem;
             return self.all_to_all_at(

@@ -207,6 +207,10 @@ knobs! {
     dump_dir: Option<PathBuf> = None, "",
         env "DEVCOMM_DUMP_DIR", group "kernels", range None, Local;
 
+    /// Where libucp is (a file, or the directory holding it); unset: the loader's search.
+    ucx_lib: Option<PathBuf> = None, "",
+        env "DEVCOMM_UCX_LIB", group "network", range None, Local;
+
     /// Extra NVRTC options of the collective kernel (its `DC_COLL_*` constants).
     coll_options: Vec<String> = Vec::new(), "",
         env "DEVCOMM_COLL_OPTIONS", group "kernels", range None, Must, experimental;
@@ -223,7 +227,8 @@ const OTHER_VARIABLES: &[&str] = &[
     "DEVCOMM_REQUIRE_NVRTC",
     "DEVCOMM_REQUIRE_CXX",
     "DEVCOMM_REQUIRE_UCX",
-    "DEVCOMM_UCX_LIB",
+    "DEVCOMM_UCX_INCLUDE",
+    "DEVCOMM_UCX_FORCE_WHEEL",
 ];
 
 impl Config {
@@ -329,6 +334,20 @@ impl Config {
         }
         out
     }
+}
+
+/// Whether tests must find NVRTC (`DEVCOMM_REQUIRE_NVRTC`, set by scripts/test.sh) instead of
+/// skipping the checks that need it.
+#[cfg(test)]
+pub(crate) fn nvrtc_required() -> bool {
+    test_variable("DEVCOMM_REQUIRE_NVRTC").is_some()
+}
+
+/// A variable of the test environment (`DEVCOMM_REQUIRE_*`, `DEVCOMM_UCX_INCLUDE`, `CC`): the
+/// unit tests read their environment here, so the library reads it in this module only.
+#[cfg(test)]
+pub(crate) fn test_variable(name: &str) -> Option<String> {
+    std::env::var(name).ok()
 }
 
 fn invalid(knob: &Knob, reason: String) -> Error {

@@ -12,10 +12,10 @@
 //! [`with_rank`].
 
 mod buffer;
-pub(crate) mod capture;
 mod error_state;
 #[cfg(test)]
 mod gpu_tests;
+pub mod graph;
 pub mod info;
 pub mod ipc;
 pub(crate) mod nvrtc;
@@ -53,19 +53,9 @@ pub(crate) fn linear_launch(blocks: u32, threads: u32) -> cudarc::driver::Launch
     }
 }
 
-/// Environment variable: `0` launches devcomm's kernels the ordinary way instead of with
-/// programmatic stream serialization (see [`launch_struct`]).
-pub const PDL_ENV: &str = "DEVCOMM_PDL";
-
-/// Whether kernels are launched with programmatic stream serialization (read once).
-pub(crate) fn pdl_enabled() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var(PDL_ENV).map_or(true, |v| v.trim() != "0"))
-}
-
 /// Launches `func(args)` on `stream` with the shape of `cfg`, through `cuLaunchKernelEx`, with
 /// programmatic stream serialization when `pdl` (the group's choice: compute capability 9.0 or
-/// newer and [`PDL_ENV`] not `0`; docs/PROTOCOL.md, "Back-to-back launches"): the kernel may
+/// newer and `DEVCOMM_PDL` not `0`; docs/PROTOCOL.md, "Back-to-back launches"): the kernel may
 /// be scheduled while the kernel before it on the stream still runs, and its first act (`enter_after_previous_kernel` in
 /// `cuda/devcomm/ordering.cuh`) waits until that kernel has finished and its writes are
 /// visible. What the launch saves is the scheduling gap between back-to-back kernels.
