@@ -68,7 +68,7 @@ pub(super) fn check_late_loader(cx: &Ctx) -> Detail {
 /// Level 2: the user's own schedule with hooks. A ring step through `sendrecv_hooked` with a
 /// `produce` that doubles every value, then a one-way `send_hooked`/`recv_hooked` between
 /// neighbours.
-pub(super) fn check_tiles(cx: &Ctx) -> Detail {
+pub(super) fn check_hooked_p2p(cx: &Ctx) -> Detail {
     const DOUBLE: &str = "struct Double {\n  using In = float; using Out = float; using Wire = float;\n  \
         static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
         devcomm::Tile<float> t = devcomm::load_tile<float>(c);\n    \
