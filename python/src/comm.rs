@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::CudaStream;
-use devcomm::comm::raw::{copy_hooks, RawBuffer, RawCounts};
+use devcomm::raw::{copy_hooks, RawBuffer, RawCounts};
 use devcomm::p2p::Transfer;
 use devcomm::{Comm, HookArgs};
 use pyo3::prelude::*;

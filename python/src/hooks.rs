@@ -30,7 +30,7 @@ impl PyHooks {
                 format!("{name:?} is not the name of a C++ struct"),
             ));
         }
-        let hooks = devcomm::comm::raw::hooks_with_sizes(name, source, in_size, out_size).py()?;
+        let hooks = devcomm::raw::hooks_with_sizes(name, source, in_size, out_size).py()?;
         Ok(Self {
             hooks,
             in_size,

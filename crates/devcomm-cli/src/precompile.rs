@@ -95,13 +95,11 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
     // The settings that enter the kernels' cache keys (their experiment options).
     let config = devcomm::Config::from_env().map_err(|e| e.to_string())?;
     let mut specs: Vec<(String, KernelSpec)> = Vec::new();
-    let copy = |h: devcomm::Result<Hooks>| {
-        h.map(|h| {
-            (
-                format!("collective {}", h.name()),
-                h.spec_with_options(&config.coll_options),
-            )
-        })
+    let copy = |h: Hooks| -> Result<(String, KernelSpec), String> {
+        Ok((
+            format!("collective {}", h.name()),
+            h.spec_with_options(&config.coll_options),
+        ))
     };
     for what in args.builtin.split(',').map(str::trim) {
         let spec = match what {

@@ -407,6 +407,11 @@ fn net_across_network_namespaces() {
                 env: vec![
                     ("DEVCOMM_NET_ROUNDS", "8".to_owned()),
                     ("UCX_NET_DEVICES", veth(r)),
+                    // The store listens beyond loopback here, which needs a job token.
+                    (
+                        "DEVCOMM_JOB_TOKEN",
+                        format!("netns-test-{}", std::process::id()),
+                    ),
                 ],
             };
             sp.rank(r)

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
 use devcomm::p2p::ZcRoute;
-use devcomm::AllToAllVCounts;
+use devcomm::{AllToAllVCounts, Registration};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -60,8 +60,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     // --zero-copy: the output is a registered cuMemAlloc buffer (NCCL receives into the same
     // one) and devcomm calls all_to_all_registered.
     let mut dest = BenchDst::new(cx, world * largest, args.zero_copy)?;
-    let handle = dest.handle();
-    let recv = dest.slice();
+    let (handle, recv) = dest.parts();
     let mut out = Vec::new();
     for &bytes in &sizes {
         let r = a2a_point(cx, args, &nccl, &mut send, recv, handle, bytes)?;
@@ -107,7 +106,7 @@ fn hooked_points(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     };
     let user = user_args.device_ptr(&cx.stream).0;
     let [transpose, fp8] = crate::precompile::example_hooks();
-    let copy = Hooks::copy::<f32>().map_err(e)?;
+    let copy = Hooks::copy::<f32>();
     cx.sync()?;
     // The plain all-to-all, the examples and any extra hooks, timed in turn.
     let mut cases = vec![
@@ -176,7 +175,7 @@ fn a2a_point(
     nccl: &NcclPair,
     send: &mut CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
-    registered: Option<u64>,
+    registered: Option<&Registration<'_>>,
     bytes: usize,
 ) -> Result<Option<Record>, String> {
     let (world, rank) = (cx.comm.world_size(), cx.comm.rank());
@@ -223,18 +222,17 @@ fn a2a_call(
     cx: &Ctx,
     send: &CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
-    registered: Option<u64>,
+    registered: Option<&Registration<'_>>,
     n: usize,
 ) -> Result<(), String> {
     match registered {
         None => cx
             .comm
             .all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &cx.stream),
-        Some(h) => cx.comm.all_to_all_registered(
-            &send.slice(..n),
-            devcomm::RegisteredRange::new(h, 0),
-            &cx.stream,
-        ),
+        Some(r) => {
+            cx.comm
+                .all_to_all_registered(&send.slice(..n), r.range(0, n as u64), &cx.stream)
+        }
     }
     .map_err(|e| e.to_string())
 }
@@ -250,7 +248,7 @@ fn verify_a2a(
     cx: &Ctx,
     send: &CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
-    registered: Option<u64>,
+    registered: Option<&Registration<'_>>,
     bytes: usize,
 ) -> Result<(), String> {
     let (world, rank) = (cx.comm.world_size(), cx.comm.rank());

@@ -87,8 +87,13 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
                 || Ok(()),
                 || {
                     for _ in 0..calls {
-                        devcomm::cuda::memcpy_dtod_async(peer_ptr, sp, bytes, &cx.stream)
-                            .map_err(|e| e.to_string())?;
+                        // SAFETY: `peer_ptr` is rank 1's window data mapped here and `sp`
+                        // this rank's source, both of at least `bytes` and alive until the
+                        // timing synchronises; rank 1 does not touch its window meanwhile.
+                        unsafe {
+                            devcomm::testing::memcpy_dtod_async(peer_ptr, sp, bytes, &cx.stream)
+                        }
+                        .map_err(|e| e.to_string())?;
                     }
                     Ok(())
                 },

@@ -213,8 +213,12 @@ fn point(
     upload(cx, bufs.ptrs.0, &host)?;
     drop(host);
     if let Some(w) = &bufs.window {
-        devcomm::cuda::memcpy_dtod_async(w.ptrs().0, bufs.ptrs.0, n_in * elem, &cx.stream)
-            .map_err(|e| e.to_string())?;
+        // SAFETY: the NCCL window's input and `bufs`' input both hold the `n_in` elements of
+        // the largest point and live until after the `cx.sync()` below.
+        unsafe {
+            devcomm::testing::memcpy_dtod_async(w.ptrs().0, bufs.ptrs.0, n_in * elem, &cx.stream)
+        }
+        .map_err(|e| e.to_string())?;
     }
     cx.sync()?;
     let check = check_point(cx, s, nccl, bufs.ptrs, &run, z)?;

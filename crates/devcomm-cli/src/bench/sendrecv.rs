@@ -6,7 +6,7 @@ use cudarc::nccl::result as nccl_result;
 use devcomm::p2p::{
     pull_by_default, staged_config, sweep_configs, P2PConfig, Protocol, Transfer, ZcRoute,
 };
-use devcomm::RegisteredRange;
+use devcomm::Registration;
 
 use crate::bench::nccl::NcclPair;
 use crate::bench::{calls_per_sample, time_pair, time_ranks_each, BenchArgs, Record};
@@ -50,8 +50,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     // Zero-copy: the destination is a registered cuMemAlloc buffer (NCCL receives into the
     // same one); otherwise an ordinary allocation.
     let mut dest = BenchDst::new(cx, max, args.zero_copy)?;
-    let registered = dest.handle();
-    let dst = dest.slice();
+    let (registered, dst) = dest.parts();
     let expect = if active {
         cx.data_of(peer, 1234, max)
     } else {
@@ -222,20 +221,19 @@ pub(crate) fn verify_call(
 fn zero_copy_call(
     cx: &Ctx,
     src: &CudaSlice<u8>,
-    handle: u64,
+    reg: &Registration<'_>,
     bytes: usize,
     peer: usize,
     both: bool,
 ) -> Result<(), String> {
-    let at = RegisteredRange::new(handle, 0);
-    let n = bytes as u64;
+    let at = reg.range(0, bytes as u64);
     let src = src.slice(..bytes);
     let r = match (both, cx.comm.rank()) {
         (true, _) => cx
             .comm
-            .sendrecv_registered(&src, peer, at, at, n, peer, &cx.stream),
+            .sendrecv_registered(&src, peer, at, at, peer, &cx.stream),
         (false, 0) => cx.comm.send_registered(&src, peer, at, &cx.stream),
-        (false, _) => cx.comm.recv_registered(at, n, peer, &cx.stream),
+        (false, _) => cx.comm.recv_registered(at, peer, &cx.stream),
     };
     r.map_err(|e| e.to_string())
 }

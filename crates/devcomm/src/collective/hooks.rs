@@ -63,19 +63,23 @@ impl Hooks {
         }
     }
 
-    /// The default hooks: copy elements of `T` (whose size must divide 16).
-    pub fn copy<T>() -> Result<Self> {
+    /// The default hooks: copy elements of `T`, whose size must be 1, 2, 4, 8 or 16 bytes.
+    /// The size is checked when the call is compiled:
+    ///
+    /// ```compile_fail
+    /// let hooks = devcomm::Hooks::copy::<[u8; 3]>(); // 3 bytes: a compile error
+    /// ```
+    pub fn copy<T>() -> Self {
+        const {
+            assert!(
+                matches!(std::mem::size_of::<T>(), 1 | 2 | 4 | 8 | 16),
+                "Hooks::copy: the element size must be 1, 2, 4, 8 or 16 bytes (use a byte view \
+                 of the buffer)"
+            )
+        };
         let size = std::mem::size_of::<T>();
-        if !matches!(size, 1 | 2 | 4 | 8 | 16) {
-            return Err(Error::InvalidArgument {
-                op: "Hooks::copy",
-                reason: format!(
-                    "element size {size} does not divide 16; use a byte view of the buffer"
-                ),
-            });
-        }
         let name = COPY_HOOKS[size.trailing_zeros() as usize];
-        Ok(Self::build(name.into(), "".into(), size, size))
+        Self::build(name.into(), "".into(), size, size)
     }
 
     /// Whether these are the built-in copy hooks ([`Hooks::copy`]): the wire carries the

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaStream};
 use devcomm_bootstrap::{RankInfo, Store};
 
 use super::setup::{agree_on_config, agree_on_store, default_ordinal, same_table_everywhere};
@@ -30,6 +30,7 @@ pub struct CommBuilder {
     p2p_limits: Option<P2PLimits>,
     /// A table given in code ([`CommBuilder::tune_table`]); otherwise the configuration's file.
     tune: Option<Option<TuneTable>>,
+    stream: Option<Arc<CudaStream>>,
 }
 
 impl CommBuilder {
@@ -47,6 +48,7 @@ impl CommBuilder {
             config,
             p2p_limits: None,
             tune: None,
+            stream: None,
         }
     }
 
@@ -57,6 +59,15 @@ impl CommBuilder {
         self
     }
 
+    /// The stream the communicator's send/recv and collectives run on, bound at `build`
+    /// (see [`Comm::stream`]). It must be a stream of the device's primary context (made from
+    /// `CudaContext::new(ordinal)`); `build` refuses another. Without it, the first stream a
+    /// call uses is bound.
+    pub fn stream(mut self, stream: Arc<CudaStream>) -> Self {
+        self.stream = Some(stream);
+        self
+    }
+
     /// The CUDA device ordinal to use (default: the local rank).
     pub fn device(mut self, ordinal: usize) -> Self {
         self.device = Some(ordinal);
@@ -64,7 +75,7 @@ impl CommBuilder {
     }
 
     /// Bound of every device wait. A wait that expires makes the host call return
-    /// [`Error::PeerTimeout`] naming the peer, and the communicator must be rebuilt.
+    /// [`Error::PeerTimeout`](crate::Error::PeerTimeout) naming the peer, and the communicator must be rebuilt.
     pub fn device_timeout(mut self, timeout: Duration) -> Self {
         self.config.device_timeout = timeout;
         self
@@ -132,6 +143,17 @@ impl CommBuilder {
         // fails the others at once instead of leaving them to time out.
         let opened = ordinal
             .and_then(|o| CudaContext::new(o).cuda(rank as i32, "cuCtxCreate (CudaContext::new)"));
+        let opened = opened.and_then(|ctx| match &self.stream {
+            Some(s) if s.context().cu_ctx() != ctx.cu_ctx() => Err(crate::Error::InvalidArgument {
+                op: "CommBuilder::stream",
+                reason: format!(
+                    "rank {rank}: the stream belongs to another context than device {}'s \
+                     primary context",
+                    ctx.ordinal()
+                ),
+            }),
+            _ => Ok(ctx),
+        });
         let ctx = agree_on_store(&store, "open device", rank, opened, setup_timeout)?;
         let device = agree_on_store(
             &store,
@@ -217,8 +239,12 @@ impl CommBuilder {
             control,
             barrier_fn: std::sync::OnceLock::new(),
             barrier_gate: crate::group::KernelGate::new("comm-barrier", group.world_size),
+            stream: self.stream,
             group,
         };
+        if let Some(stream) = &comm.stream {
+            comm.p2p.bind(&comm.group, stream)?;
+        }
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);
         Ok(comm)
     }

@@ -29,7 +29,7 @@ use crate::window::Window;
 
 pub use builder::CommBuilder;
 pub use collectives::HookArgs;
-pub use zero_copy::RegisteredRange;
+pub use registration::{RegisteredRange, Registration};
 
 /// A communicator: one per process, one GPU per process.
 #[derive(Debug)]
@@ -45,6 +45,8 @@ pub struct Comm {
     barrier_gate: crate::group::KernelGate,
     p2p: P2P,
     coll: Collective,
+    /// The stream given to the builder, bound at build.
+    stream: Option<Arc<CudaStream>>,
     /// The reductions' window, counters and kernels (`reduce::launch`).
     reduce: crate::reduce::launch::Reduce,
     // Dropped last: windows and registrations above release their mappings first.
@@ -105,6 +107,21 @@ impl Comm {
         &self.jit
     }
 
+    /// The stream this communicator was built with ([`CommBuilder::stream`]), to which its
+    /// send/recv and collectives are bound: a call on another stream is refused, since two
+    /// streams on one set of send/recv counters would race. `None` when the builder was given
+    /// none; then the first stream a call uses is bound ([`Comm::bind_stream`] binds one
+    /// explicitly).
+    pub fn stream(&self) -> Option<&Arc<CudaStream>> {
+        self.stream.as_ref()
+    }
+
+    /// Binds the communicator's send/recv and collectives to `stream` now (what the first call
+    /// would do); refused when another stream is bound already.
+    pub fn bind_stream(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.p2p.bind(&self.group, stream)
+    }
+
     /// The bound of device waits.
     pub fn device_timeout(&self) -> Duration {
         self.group.device_timeout
@@ -143,7 +160,8 @@ impl Comm {
     }
 
     /// Returns the first device error recorded by this communicator's kernels, if any
-    /// ([`Error::PeerTimeout`] the first time, [`Error::Aborted`] after).
+    /// ([`Error::PeerTimeout`](crate::Error::PeerTimeout) the first time,
+    /// [`Error::Aborted`](crate::Error::Aborted) after).
     pub fn check(&self) -> Result<()> {
         self.group.errors.check()
     }
@@ -171,5 +189,60 @@ impl Comm {
     /// The bound of host setup steps.
     pub fn setup_timeout(&self) -> Duration {
         self.group.setup_timeout
+    }
+
+    /// Graph-capture readiness of a call that takes cudarc slices: refused while `stream` is
+    /// capturing and cudarc manages cross-stream synchronisation for the context (event
+    /// tracking on and more than one stream), since cudarc would then wait on the slices'
+    /// events inside the capture, which CUDA refuses, and the capture would fail later with
+    /// a driver error far from its cause.
+    pub(crate) fn capture_ready(&self, op: &'static str, stream: &CudaStream) -> Result<()> {
+        let managing = stream.context().is_managing_stream_synchronization();
+        if !managing {
+            return Ok(());
+        }
+        let capturing = crate::cuda::graph::is_capturing(stream)
+            .map_err(|e| crate::cuda::with_rank(e, self.rank()))?;
+        match capture_refusal(op, self.rank(), managing, capturing) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The error of a call on cudarc slices made on a capturing stream while cudarc tracks the
+/// slices' uses with events (see [`Comm::capture_ready`]), or `None` when the call may go on.
+fn capture_refusal(
+    op: &'static str,
+    rank: usize,
+    managing: bool,
+    capturing: bool,
+) -> Option<crate::Error> {
+    (managing && capturing).then(|| crate::Error::InvalidArgument {
+        op,
+        reason: format!(
+            "rank {rank}: the stream is capturing a CUDA graph while cudarc's event tracking is \
+             on for this context; cudarc would wait on the buffers' events inside the capture, \
+             which CUDA refuses. Allocate the buffers of a captured call after \
+             `CudaContext::disable_event_tracking` (see its safety rules), or use the `_raw` \
+             forms"
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::capture_refusal;
+
+    #[test]
+    fn capture_is_refused_only_when_cudarc_tracks_events() {
+        assert!(capture_refusal("send", 0, false, false).is_none());
+        assert!(capture_refusal("send", 0, true, false).is_none());
+        assert!(capture_refusal("send", 0, false, true).is_none());
+        let e = capture_refusal("all_to_all", 3, true, true)
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("all_to_all") && e.contains("rank 3"), "{e}");
+        assert!(e.contains("event tracking"), "{e}");
     }
 }

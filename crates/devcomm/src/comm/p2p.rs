@@ -21,6 +21,7 @@ impl Comm {
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("send", stream)?;
         let (ptr, _sync) = buf.device_ptr(stream);
         let t = Transfer {
             ptr,
@@ -39,6 +40,7 @@ impl Comm {
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("recv", stream)?;
         let bytes = buf.num_bytes() as u64;
         let (ptr, _sync) = buf.device_ptr_mut(stream);
         let t = Transfer {
@@ -61,6 +63,7 @@ impl Comm {
         recv_peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("sendrecv", stream)?;
         let (sp, _s) = send_buf.device_ptr(stream);
         let bytes = recv_buf.num_bytes() as u64;
         let (rp, _r) = recv_buf.device_ptr_mut(stream);

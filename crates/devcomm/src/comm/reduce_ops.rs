@@ -33,6 +33,7 @@ impl Comm {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_reduce", stream)?;
         let c = Collective::AllReduce;
         let count = count_of(c, self.world_size(), input.len(), output.len())
             .map_err(invalid(c, self.rank()))?;
@@ -48,6 +49,7 @@ impl Comm {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_reduce_in_place", stream)?;
         let count = buf.len() as u64;
         let (p, _r) = buf.device_ptr_mut(stream);
         self.reduction(
@@ -69,6 +71,7 @@ impl Comm {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("reduce_scatter", stream)?;
         let c = Collective::ReduceScatter;
         let count = count_of(c, self.world_size(), input.len(), output.len())
             .map_err(invalid(c, self.rank()))?;
@@ -85,6 +88,7 @@ impl Comm {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("reduce_scatter_in_place", stream)?;
         let c = Collective::ReduceScatter;
         let count =
             in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
@@ -100,6 +104,7 @@ impl Comm {
         output: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_gather", stream)?;
         let c = Collective::AllGather;
         let count = count_of(c, self.world_size(), input.len(), output.len())
             .map_err(invalid(c, self.rank()))?;
@@ -114,6 +119,7 @@ impl Comm {
         buf: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_gather_in_place", stream)?;
         let c = Collective::AllGather;
         let count =
             in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
@@ -224,6 +230,7 @@ impl Comm {
         args: &HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_reduce_hooked", stream)?;
         let c = Collective::AllReduce;
         let count = count_of(c, self.world_size(), input.len(), output.len())
             .map_err(invalid(c, self.rank()))?;

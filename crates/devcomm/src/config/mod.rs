@@ -6,7 +6,7 @@
 //! to the communicator ([`crate::CommBuilder::config`]); nothing else in the library reads the
 //! environment (the torchrun-style rank variables stay in `devcomm_bootstrap`). A bad value is
 //! an error naming the variable and what it allows. At setup the ranks compare the knobs that
-//! must agree ([`agree`]): a difference is [`crate::Error::Setup`] naming the knob and the
+//! must agree (`agree`): a difference is [`crate::Error::Setup`] naming the knob and the
 //! ranks. docs/CONFIG.md is generated from the table here ([`Config::markdown`]); a test fails
 //! when the two differ.
 

@@ -62,8 +62,8 @@ pub fn end_capture(stream: &Arc<CudaStream>) -> Result<CudaGraph> {
         })
 }
 
-/// Whether `stream` is capturing a CUDA graph now (`cuStreamIsCapturing`).
-pub fn is_capturing(stream: &CudaStream) -> Result<bool> {
+/// Whether `stream` is capturing a graph now (active, or invalidated by an error).
+pub(crate) fn is_capturing(stream: &CudaStream) -> Result<bool> {
     let status = stream
         .capture_status()
         .cuda(NO_RANK, "cuStreamIsCapturing")?;

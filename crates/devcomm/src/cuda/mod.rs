@@ -123,7 +123,12 @@ pub fn synchronize(ctx: &Arc<CudaContext>) -> Result<()> {
 
 /// Enqueues a device-to-device copy of `bytes` on `stream` (either address may be a peer's
 /// mapping: the copy engine then moves the data over NVLink).
-pub fn memcpy_dtod_async(dst: u64, src: u64, bytes: usize, stream: &CudaStream) -> Result<()> {
+pub(crate) fn memcpy_dtod_async(
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: &CudaStream,
+) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
@@ -136,7 +141,7 @@ pub fn memcpy_dtod_async(dst: u64, src: u64, bytes: usize, stream: &CudaStream) 
 
 /// Makes `stream` wait until the 64-bit word at `addr` is at least `value` (a stream memory
 /// operation: no kernel, no deadline of its own; the writer must be bounded).
-pub fn stream_wait_geq(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
+pub(crate) fn stream_wait_geq(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
     use cudarc::driver::sys;
     let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
     // SAFETY: `addr` is device memory of (or mapped into) the stream's context that lives as
@@ -148,7 +153,7 @@ pub fn stream_wait_geq(stream: &CudaStream, addr: u64, value: u64) -> Result<()>
 
 /// Writes `value` to the 64-bit word at `addr` once the stream's earlier work is done, after a
 /// memory barrier (the default flags), so what that work wrote is visible first.
-pub fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
+pub(crate) fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
     use cudarc::driver::sys;
     let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
     // SAFETY: as stream_wait_geq.

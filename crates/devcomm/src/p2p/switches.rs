@@ -1,5 +1,5 @@
 //! The send/recv switches of a communicator, taken from its [`Config`] once when it is built
-//! (docs/CONFIG.md, groups "send/recv protocol", "zero-copy" and "kernels"). [`super::plan::plan`]
+//! (docs/CONFIG.md, groups "send/recv protocol", "zero-copy" and "kernels"). `plan::plan`
 //! and the size policy take them as arguments, so every decision stays a pure function.
 
 use crate::config::{Auto, Config};

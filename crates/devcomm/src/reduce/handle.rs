@@ -67,7 +67,7 @@ macro_rules! fields {
     };
 }
 
-/// Field offsets for the layout test, as in [`crate::handles::LAYOUT`] (C++ names `in`, `out`).
+/// Field offsets for the layout test, as in `handles::LAYOUT` (C++ names `in`, `out`; all: [`crate::abi::layout`]).
 pub const LAYOUT: &[(&str, &str, usize, usize)] = fields!(
     w => "w", input => "in", output => "out", count => "count", total => "total",
     shard => "shard", chunk => "chunk", rounds => "rounds", unit => "unit",

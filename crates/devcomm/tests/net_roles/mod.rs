@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use devcomm::handles::DeviceErrorState;
+use devcomm::abi::DeviceErrorState;
 use devcomm::net::{
     host, ErrorSink, NetConfig, NetDescriptor, NetError, NetOp, NetTransport, SignalOp,
 };
@@ -55,7 +55,7 @@ impl Rank {
         let config = NetConfig {
             capacity,
             op_timeout,
-            ..NetConfig::default()
+            ..NetConfig::from_config(&devcomm::Config::from_env().map_err(s)?)
         };
         // SAFETY: see above.
         let mut net = unsafe { NetTransport::new(&store, &peers, sink, config) }.map_err(s)?;
@@ -395,7 +395,7 @@ fn setup_failure(info: RankInfo) -> R {
     let mut state = Box::new(DeviceErrorState::default());
     // SAFETY: `state` outlives the transport, which is never created.
     let sink = unsafe { ErrorSink::new(&mut *state) };
-    let mut config = NetConfig::default();
+    let mut config = NetConfig::from_config(&devcomm::Config::from_env().expect("settings"));
     if me == 1 {
         config.library = Some("/nonexistent/devcomm-ucx".to_owned());
     }
