@@ -507,7 +507,7 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const P2PSide s{0, pl.wire, counter(a, 0, peer), counter(a, 2, peer), pl.chunk, peer,
                   pl.blocks, pl.ll, pl.pull};
   if (pl.ll) {
-    p2p::ll_send(Block{}, a.p, s, m, b);
+    p2p::ll_send(Block{}, a.p, s, m, b, false);
   } else {
     bulk_channel<THREADS>(b, pl.blocks, [&](const auto& g, dc_u32 c, dc_u32 n) {
       p2p::bulk_send(g, a.p, s, m, c, n);
@@ -532,10 +532,10 @@ __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const P2PSide r{0, pl.wire, counter(a, 1, peer), counter(a, 3, peer), pl.chunk, peer,
                   pl.blocks, pl.ll, 0};
   if (pl.ll) {
-    p2p::ll_recv(Block{}, a.p, r, m, b);
+    p2p::ll_recv(Block{}, a.p, r, m, b, false);
   } else {
     bulk_channel<THREADS>(b, pl.blocks, [&](const auto& g, dc_u32 c, dc_u32 n) {
-      p2p::bulk_recv(g, a.p, r, m, c, n);
+      p2p::bulk_recv(g, a.p, r, m, c, n, 0);
     });
   }
 }

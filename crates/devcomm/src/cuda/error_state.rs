@@ -281,6 +281,17 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
             seen: record.seen,
         };
     }
+    if DeviceOp::from_code(record.op) == DeviceOp::CallMismatch {
+        let (what, field) = call_mismatch_field(record.slot);
+        return Error::CallMismatch {
+            rank: record.rank,
+            peer: record.peer,
+            what,
+            field,
+            local: record.expected,
+            remote: record.seen,
+        };
+    }
     Error::PeerTimeout {
         op: DeviceOp::from_code(record.op),
         rank: record.rank,
@@ -289,6 +300,16 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
         expected: record.expected,
         seen: record.seen,
         elapsed: Duration::from_nanos(record.elapsed_ns),
+    }
+}
+
+/// The call and field a call-agreement record names by its `slot`
+/// (`cuda/devcomm/agree.cuh`, `kAgField*`; collectives, `kCollField*` in `collective.cuh`).
+pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
+    match slot {
+        1 => ("send/recv", "the kind of call (0: send/recv, 1: zero-copy)"),
+        2 => ("send/recv", "the size in bytes"),
+        _ => ("call", "an unknown field"),
     }
 }
 
@@ -373,6 +394,61 @@ mod tests {
             ..state
         };
         assert!(matches!(evaluate(&waiting, 3, false), Verdict::Pending));
+    }
+
+    #[test]
+    fn call_mismatch_is_a_hard_error_naming_both_sizes() {
+        let rec = ErrorRecord {
+            op: 11,
+            rank: 1,
+            peer: 0,
+            slot: 2,
+            expected: 524_291,
+            seen: 1_048_581,
+            elapsed_ns: 0,
+            flag: 1,
+        };
+        // Recorded with abort raised: complete only then (never reported as soft).
+        let pending = DeviceErrorState {
+            abort: 0,
+            reserved: 0,
+            record: rec,
+        };
+        assert!(matches!(evaluate(&pending, 1, false), Verdict::Pending));
+        let fired = DeviceErrorState {
+            abort: 1,
+            ..pending
+        };
+        match evaluate(&fired, 1, false) {
+            Verdict::Failed(e) => match *e {
+                Error::CallMismatch {
+                    rank,
+                    peer,
+                    what,
+                    local,
+                    remote,
+                    ..
+                } => {
+                    assert_eq!((rank, peer, what), (1, 0, "send/recv"));
+                    assert_eq!((local, remote), (524_291, 1_048_581));
+                }
+                other => panic!("unexpected {other:?}"),
+            },
+            other => panic!("unexpected {other:?}"),
+        }
+        let msg = record_to_error(&rec).to_string();
+        for part in [
+            "rank 1",
+            "peer 0",
+            "524291",
+            "1048581",
+            "size in bytes",
+            "rebuilt",
+        ] {
+            assert!(msg.contains(part), "{part} missing in {msg}");
+        }
+        let kind = record_to_error(&ErrorRecord { slot: 1, ..rec }).to_string();
+        assert!(kind.contains("kind of call"), "{kind}");
     }
 
     #[test]
