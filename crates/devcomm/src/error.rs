@@ -19,6 +19,14 @@ pub enum Error {
         #[source]
         source: cudarc::driver::DriverError,
     },
+    /// A shared library devcomm needs could not be loaded (no driver on this machine, say).
+    #[error("{library} could not be loaded: searched for {searched}")]
+    LibraryNotLoaded {
+        /// The library.
+        library: &'static str,
+        /// The file names tried and where the loader looked.
+        searched: String,
+    },
     /// NVRTC could not be loaded or failed outside of a compile error.
     #[error("NVRTC {call} failed: {message}")]
     Nvrtc {

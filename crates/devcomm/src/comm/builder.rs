@@ -94,14 +94,16 @@ impl CommBuilder {
     pub fn build(self) -> Result<Comm> {
         let rank = self.info.rank;
         let store = Store::connect(&self.info, self.setup_timeout)?;
-        let ordinal = match self.device {
+        // cudarc panics in its loader without a driver: ask first (the error goes through the
+        // agreement below like any other failure to open the device).
+        let ordinal = crate::cuda::ensure_driver().and_then(|()| match self.device {
             Some(d) => Ok(d),
             None => CudaContext::device_count()
                 .cuda(rank as i32, "cuDeviceGetCount")
                 .and_then(|count| {
                     default_ordinal(self.info.local_rank, count, crate::topology::share_gpu())
                 }),
-        };
+        });
         // Every rank's outcome goes through the agreement, so a rank that cannot open its GPU
         // fails the others at once instead of leaving them to time out.
         let opened = ordinal
