@@ -222,6 +222,16 @@ int main() {
   show("max", agree_bytes(agree_pack(1, kKindSendRecv, kAgBytesMask)) == kAgBytesMask);
   show("empty1", agree_is_call(0, 1));
   show("ring", kAgDesc + kAgRing <= kCeWords);
+  // A collective: operation above the wire bytes; all-to-all-v compares the operation only.
+  const dc_u64 c = agree_pack(9, kKindCollective, agree_coll(1, 4096));
+  show("coll_same", agree_differs(c, kKindCollective, agree_coll(1, 4096)));
+  show("coll_op", agree_differs(c, kKindCollective, agree_coll(3, 4096)));
+  show("coll_bytes", agree_differs(c, kKindCollective, agree_coll(1, 8192)));
+  show("coll_op_only", agree_differs(c, kKindCollective, agree_coll(1, 0), kAgCollOpMask));
+  show("coll_vs_p2p", agree_differs(c, kKindSendRecv, 4096));
+  show("value_op", agree_value(kAgFieldCollOp, kKindCollective, agree_coll(3, 4096)));
+  show("value_bytes", agree_value(kAgFieldCollBytes, kKindCollective, agree_coll(3, 4096)));
+  show("zc_unsized", agree_differs(agree_pack(2, kKindZeroCopy, 64), kKindZeroCopy, 128, 0));
   return 0;
 }
 "#;
@@ -233,7 +243,9 @@ int main() {
     assert!(output.status.success());
     let stdout = String::from_utf8(output.stdout).unwrap();
     let expect = "bytes 1048581\nkind 0\nis5 1\nis1 0\nis9 0\nsame 0\nsmaller 2\nzc 1\n\
-                  wrap3 1\nwrapfull 1\nwrapkind 1\nmax 1\nempty1 0\nring 1\n";
+                  wrap3 1\nwrapfull 1\nwrapkind 1\nmax 1\nempty1 0\nring 1\n\
+                  coll_same 0\ncoll_op 3\ncoll_bytes 4\ncoll_op_only 0\ncoll_vs_p2p 1\n\
+                  value_op 3\nvalue_bytes 4096\nzc_unsized 0\n";
     assert_eq!(stdout, expect);
     // The host's largest message is the descriptor's.
     assert_eq!(devcomm::abi::AGREE_MAX_BYTES, (1u64 << 40) - 1);

@@ -37,9 +37,9 @@ namespace p2p {
 // (expected) and the peer's (seen); raises abort, since the routes' counters now disagree.
 __device__ inline void agree_record(const P2PLaunch& a, int peer, dc_u32 field, dc_u64 d,
                                     dc_u32 kind, dc_u64 bytes) {
-  const bool k = field == kAgFieldKind;
   record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, peer, field},
-                      k ? kind : bytes, k ? agree_kind(d) : agree_bytes(d), 0);
+                      agree_value(field, kind, bytes),
+                      agree_value(field, agree_kind(d), agree_bytes(d)), 0);
 }
 
 // A sender's call number and credit, loaded early (agree_send_begin) so that the loads overlap
@@ -93,15 +93,16 @@ struct AgreeRecv {
   const dc_u64* desc;
   dc_u64 call;
   dc_u64 bytes;
+  dc_u64 mask;  // payload bits compared: all for send/recv, none for zero-copy (which compares
+                // its sizes itself), the operation only for all-to-all-v (counts come later)
   dc_u32 kind;
   int peer;
-  bool sized;  // false: the size is the route's own business (zero-copy compares it itself)
   bool agreed;
 
   // Looks at one loaded descriptor value: false on a mismatch (recorded when `record`).
   __device__ __forceinline__ bool look(const P2PLaunch& a, dc_u64 d, bool record = true) {
     if (agreed || !agree_is_call(d, call)) return true;
-    const dc_u32 field = agree_differs(d, kind, sized ? bytes : agree_bytes(d));
+    const dc_u32 field = agree_differs(d, kind, bytes, mask);
     if (field != 0) {
       if (record) agree_record(a, peer, field, d, kind, bytes);
       return false;
@@ -113,7 +114,12 @@ struct AgreeRecv {
 
 __device__ __forceinline__ AgreeRecv agree_recv(const P2PLaunch& a, int peer, dc_u64 call,
                                                 dc_u32 kind, dc_u64 bytes) {
-  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kind, peer, true, false};
+  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kAgBytesMask, kind, peer, false};
+}
+
+// No check at all (a role whose caller checked already).
+__device__ __forceinline__ AgreeRecv agree_none() {
+  return AgreeRecv{nullptr, 0, 0, 0, 0, -1, true};
 }
 
 // Waits (one thread) for the descriptor of the call and checks it: true when the two sides

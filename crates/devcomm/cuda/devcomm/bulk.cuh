@@ -73,15 +73,14 @@ __device__ void bulk_send(const G& g, const P2PLaunch& a, const P2PSide& s, cons
 }
 
 // Bulk receive of channel c's span of side `r` from the staging region of sender `r.peer`.
-// Each channel's leader checks call `call` against the sender's descriptor (agree.cuh) before
-// its first chunk; channel 0 does even when it has none (an empty message). `call` 0: no
-// check (the collectives, whose calls are not numbered here).
+// Each channel's leader checks the sender's descriptor (`ag`, agree.cuh) before its first
+// chunk; channel 0 does even when it has none (an empty message). agree_none(): no check.
 template <class G, class M>
 __device__ void bulk_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const M& m, dc_u32 c,
-                          dc_u32 nch, dc_u64 call) {
+                          dc_u32 nch, AgreeRecv ag) {
   const Span sp = block_span(r.bytes, nch, c, 16);
   const dc_u64 nchunks = (sp.len + r.chunk_bytes - 1) / r.chunk_bytes;
-  if (nchunks == 0 && (c != 0 || call == 0)) return;
+  if (nchunks == 0 && (c != 0 || ag.agreed)) return;
   if (!gate_open(a, r, kCeDecR, kDecisionStaged)) return;
   dc_u64* steps = reinterpret_cast<dc_u64*>(r.steps);
   const dc_u64 step0 = steps[c];
@@ -100,8 +99,7 @@ __device__ void bulk_recv(const G& g, const P2PLaunch& a, const P2PSide& r, cons
 
   bool ok = true;
   if (leader) {
-    AgreeRecv ag = agree_recv(a, r.peer, call, kKindSendRecv, r.bytes);
-    ok = (call == 0 || agree_recv_wait(a, ag)) &&
+    ok = (ag.agreed || agree_recv_wait(a, ag)) &&
          (nchunks == 0 || bounded_wait(a, tail, step0 + 1, kOpRecvSlotFull, r.peer, tail_slot));
   }
   if (g.any(!ok) || nchunks == 0) return;  // barrier after the acquire: the chunk is visible

@@ -93,19 +93,17 @@ __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const 
 // Low-latency receive of block b's span of side `r`: each thread polls its own lines (LL) or
 // its warp's lines (LL128) until they carry this call's number, and the call's descriptor
 // until it matched (agree.cuh). The role's last block out ends the call (agree_recv_done).
-// `agree`: as for ll_send; without it no descriptor is checked and no call is counted.
+// `ag`: the descriptor to check before any line is taken (agree_none(): none); `finish`: this
+// role's blocks end the call (a send/recv; a collective's role does that itself).
 template <class G, class M>
 __device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const M& m, dc_u32 b,
-                        bool agree) {
+                        AgreeRecv ag, bool finish) {
   constexpr dc_u64 kUnit = M::kUnit;
   constexpr int kWords = (int)(kUnit / 8);
   const bool lines128 = r.low_latency == 2;
   const Span sp = block_span(r.bytes, r.blocks, b, lines128 ? Ll128<kUnit>::kBytes : kUnit);
   dc_u64* counters = reinterpret_cast<dc_u64*>(r.ll_steps);
   const dc_u64 seq = counters[b] + 1;
-  const dc_u64 call = agree ? agree_recv_call(a, r.peer) : 0;
-  AgreeRecv ag = agree_recv(a, r.peer, call, kKindSendRecv, r.bytes);
-  ag.agreed = !agree;
   bool ok = true;
   if (lines128) {
     ok = ll128_recv_span(g, a, r, m, sp, seq, ag);
@@ -139,7 +137,7 @@ __device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const 
       counters[i] = seq;
     }
   }
-  if (agree && g.thread_rank() == 0) agree_recv_done(a, r.peer, call, r.blocks);
+  if (finish && g.thread_rank() == 0) agree_recv_done(a, r.peer, ag.call, r.blocks);
 }
 
 #endif  // __CUDACC__

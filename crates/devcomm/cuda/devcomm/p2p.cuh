@@ -186,7 +186,7 @@ static_assert(kAgDesc + kAgRing <= kCeWords, "agreement words fit the peer's blo
 
 // What a call is (descriptor `kind`): the staged routes' send/recv (any protocol the size
 // picks) or a zero-copy call (send_registered / recv_registered).
-constexpr dc_u32 kKindSendRecv = 0, kKindZeroCopy = 1;
+constexpr dc_u32 kKindSendRecv = 0, kKindZeroCopy = 1, kKindCollective = 2;
 
 // Descriptor layout: call number (low 22 bits) << 42 | kind << 40 | bytes (< 2^40).
 constexpr dc_u32 kAgBytesBits = 40, kAgKindShift = 40, kAgCallShift = 42;
@@ -194,7 +194,16 @@ constexpr dc_u64 kAgBytesMask = (1ull << kAgBytesBits) - 1;
 constexpr dc_u64 kAgCallMask = (1ull << (64 - kAgCallShift)) - 1;
 
 // Fields a mismatch names (the error record's `slot`; src/cuda/error_state.rs decodes them).
-constexpr dc_u32 kAgFieldKind = 1, kAgFieldBytes = 2;
+constexpr dc_u32 kAgFieldKind = 1, kAgFieldBytes = 2, kAgFieldCollOp = 3, kAgFieldCollBytes = 4;
+
+// A collective's payload (kind kKindCollective): its operation (the CollMode + 1 of
+// collective.cuh) above the wire bytes between the two ranks (low 36 bits).
+constexpr dc_u32 kAgCollOpShift = 36;
+constexpr dc_u64 kAgCollBytesMask = (1ull << kAgCollOpShift) - 1;
+constexpr dc_u64 kAgCollOpMask = kAgBytesMask & ~kAgCollBytesMask;
+DC_HOST_DEVICE inline dc_u64 agree_coll(dc_u32 op, dc_u64 wire_bytes) {
+  return ((dc_u64)op << kAgCollOpShift) | (wire_bytes & kAgCollBytesMask);
+}
 
 DC_HOST_DEVICE inline dc_u64 agree_pack(dc_u64 call, dc_u32 kind, dc_u64 bytes) {
   return ((call & kAgCallMask) << kAgCallShift) | ((dc_u64)(kind & 3u) << kAgKindShift) |
@@ -207,11 +216,25 @@ DC_HOST_DEVICE inline dc_u64 agree_bytes(dc_u64 d) { return d & kAgBytesMask; }
 DC_HOST_DEVICE inline bool agree_is_call(dc_u64 d, dc_u64 call) {
   return (d >> kAgCallShift) == (call & kAgCallMask);
 }
-// 0 when descriptor `d` describes the same call as (kind, bytes), else the field that differs.
-DC_HOST_DEVICE inline dc_u32 agree_differs(dc_u64 d, dc_u32 kind, dc_u64 bytes) {
+// 0 when descriptor `d` describes the same call as (kind, bytes) in the payload bits of `mask`,
+// else the field that differs (a collective's operation before its size).
+DC_HOST_DEVICE inline dc_u32 agree_differs(dc_u64 d, dc_u32 kind, dc_u64 bytes,
+                                           dc_u64 mask = kAgBytesMask) {
   if (agree_kind(d) != kind) return kAgFieldKind;
-  if (agree_bytes(d) != bytes) return kAgFieldBytes;
-  return 0;
+  const dc_u64 diff = (agree_bytes(d) ^ bytes) & mask;
+  if (diff == 0) return 0;
+  if (kind != kKindCollective) return kAgFieldBytes;
+  return (diff & kAgCollOpMask) ? kAgFieldCollOp : kAgFieldCollBytes;
+}
+// The values a mismatch of `field` names: this side's (from `kind`, `bytes`) or the peer's
+// (from its descriptor `d`).
+DC_HOST_DEVICE inline dc_u64 agree_value(dc_u32 field, dc_u32 kind, dc_u64 bytes) {
+  switch (field) {
+    case kAgFieldKind: return kind;
+    case kAgFieldCollOp: return bytes >> kAgCollOpShift;
+    case kAgFieldCollBytes: return bytes & kAgCollBytesMask;
+    default: return bytes;
+  }
 }
 
 // Zero-copy send/recv into a registered destination (docs/PROTOCOL.md, "Zero-copy"). The

@@ -13,6 +13,11 @@
 namespace devcomm {
 namespace p2p {
 
+// The check of send/recv call `call` of the launch's receive role (agree.cuh).
+__device__ __forceinline__ AgreeRecv recv_call(const P2PLaunch& a, dc_u64 call) {
+  return agree_recv(a, a.recv.peer, call, kKindSendRecv, a.recv.bytes);
+}
+
 // Warp 0 of block 0 of a send role: lane 0 numbers the call and stores its descriptor in the
 // receiver's pad (agree.cuh). False on every lane when that failed (recorded, aborted).
 __device__ __forceinline__ bool announce_call(const P2PLaunch& a, const P2PSide& s, dc_u32 kind) {
@@ -42,12 +47,13 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
   } else if (RECV_THREADS > 0) {
     if (a.recv.peer < 0 || b >= a.recv.blocks) return;
     if (a.recv.low_latency) {
-      ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b, true);
+      ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b,
+              recv_call(a, agree_recv_call(a, a.recv.peer)), true);
     } else {
       constexpr dc_u32 kWarps = RECV_THREADS / 32;
       const dc_u64 call = agree_recv_call(a, a.recv.peer);
       bulk_recv(Warp{}, a, a.recv, rcv, b * kWarps + (threadIdx.x - SEND_THREADS) / 32,
-                a.recv.blocks * kWarps, call);
+                a.recv.blocks * kWarps, recv_call(a, call));
       NamedBarrier(2, SEND_THREADS, RECV_THREADS).sync();
       if (threadIdx.x == SEND_THREADS) agree_recv_done(a, a.recv.peer, call, a.recv.blocks);
     }
@@ -94,11 +100,12 @@ __device__ __forceinline__ void plain_role(const P2PLaunch& a, bool send, dc_u32
   } else {
     const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
     if (a.recv.low_latency) {
-      ll_recv(NamedBarrier(2, 0, threads), a, a.recv, rcv, b, true);
+      ll_recv(NamedBarrier(2, 0, threads), a, a.recv, rcv, b,
+              recv_call(a, agree_recv_call(a, a.recv.peer)), true);
     } else {
       const dc_u64 call = agree_recv_call(a, a.recv.peer);
       bulk_recv(Warp{}, a, a.recv, rcv, b * warps + threadIdx.x / 32, a.recv.blocks * warps,
-                call);
+                recv_call(a, call));
       if (!own_call) return;
       NamedBarrier(2, 0, threads).sync();
       if (threadIdx.x == 0) agree_recv_done(a, a.recv.peer, call, a.recv.blocks);
@@ -214,7 +221,7 @@ __device__ inline void zc_recv(const ZcLaunch& z) {
   bool ok = true, refused = false;
   if (lane == 0) {
     AgreeRecv ag = agree_recv(z.p, r.peer, call, kKindZeroCopy, r.bytes);
-    ag.sized = false;
+    ag.mask = 0;
     ok = agree_recv_wait(z.p, ag);
   }
   ok = !__any_sync(0xffffffffu, !ok);

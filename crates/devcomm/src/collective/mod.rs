@@ -176,8 +176,10 @@ impl Collective {
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(f.clone());
         }
-        let module = jit.load(&group.ctx, &hooks.spec())?;
-        let f = module.function(&hooks.expression(mixed))?;
+        let f = group.loading(|| {
+            let module = jit.load(&group.ctx, &hooks.spec())?;
+            module.function(&hooks.expression(mixed))
+        })?;
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
             .cuda(

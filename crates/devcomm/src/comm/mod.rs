@@ -119,7 +119,9 @@ impl Comm {
             None => {
                 let spec = KernelSpec::new("devcomm_comm_barrier", BARRIER_KERNEL)
                     .name_expression("devcomm_comm_barrier");
-                let module = self.jit.load(self.context(), &spec)?;
+                let module = self
+                    .group
+                    .loading(|| self.jit.load(self.context(), &spec))?;
                 let f = module.function("devcomm_comm_barrier")?;
                 self.barrier_fn.get_or_init(|| f).clone()
             }

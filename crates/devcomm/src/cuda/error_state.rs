@@ -307,9 +307,20 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
 /// (`cuda/devcomm/agree.cuh`, `kAgField*`; collectives, `kCollField*` in `collective.cuh`).
 pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
     match slot {
-        1 => ("send/recv", "the kind of call (0: send/recv, 1: zero-copy)"),
+        1 => (
+            "a call",
+            "the kind of call (0: send/recv, 1: zero-copy send/recv, 2: collective)",
+        ),
         2 => ("send/recv", "the size in bytes"),
-        _ => ("call", "an unknown field"),
+        3 => (
+            "a collective",
+            "the operation (1: all-to-all, 2: send/recv with hooks, 3: all-to-all-v)",
+        ),
+        4 => (
+            "a collective",
+            "the bytes exchanged with this peer (wire bytes, low 36 bits)",
+        ),
+        _ => ("a call", "an unknown field"),
     }
 }
 
@@ -449,6 +460,25 @@ mod tests {
         }
         let kind = record_to_error(&ErrorRecord { slot: 1, ..rec }).to_string();
         assert!(kind.contains("kind of call"), "{kind}");
+        let op = record_to_error(&ErrorRecord {
+            slot: 3,
+            expected: 1,
+            seen: 3,
+            ..rec
+        });
+        assert!(
+            matches!(
+                op,
+                Error::CallMismatch {
+                    what: "a collective",
+                    local: 1,
+                    remote: 3,
+                    ..
+                }
+            ),
+            "{op:?}"
+        );
+        assert!(op.to_string().contains("all-to-all-v"), "{op}");
     }
 
     #[test]

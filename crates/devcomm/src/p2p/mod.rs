@@ -285,12 +285,15 @@ impl P2P {
         if let Some(m) = self.module.get() {
             return Ok(m);
         }
-        let m = jit.load(&group.ctx, &sendrecv_spec())?;
         // Every kernel now: under the driver's lazy loading a kernel's first launch can wait
         // for kernels already running, and a negotiating role's kernels are enqueued behind
         // one that waits on the peer (seen on 2 H200s: the first large both-ways call stalled
         // until that wait timed out).
-        m.load_every_kernel()?;
+        let m = group.loading(|| {
+            let m = jit.load(&group.ctx, &sendrecv_spec())?;
+            m.load_every_kernel()?;
+            Ok(m)
+        })?;
         Ok(self.module.get_or_init(|| m))
     }
 
