@@ -37,6 +37,8 @@ pub(crate) struct Group {
     pub(crate) pdl: bool,
     /// Sequence number that makes collective setup tags unique (same order on every rank).
     seq: AtomicU64,
+    /// Whether this rank marked its failure in the store ([`Group::teardown_barrier`]).
+    marked_failed: std::sync::atomic::AtomicBool,
 }
 
 impl Group {
@@ -64,6 +66,7 @@ impl Group {
             device_timeout,
             setup_timeout,
             seq: AtomicU64::new(0),
+            marked_failed: false.into(),
         }
     }
 
@@ -76,6 +79,27 @@ impl Group {
         let result = load();
         self.store.add(&key, -1)?;
         result
+    }
+
+    /// The barrier of a tear-down step `tag`: every rank arrives before any frees what peers
+    /// may still use. Once this communicator has failed it does not wait (a peer may be dead,
+    /// and each barrier would hold for the setup timeout: a communicator has several); it marks
+    /// the failure in the store instead, and a healthy rank waiting at a tear-down barrier
+    /// stops waiting when it sees that mark (its peer will not come).
+    pub(crate) fn teardown_barrier(&self, tag: &str) -> Result<()> {
+        if self.errors.is_aborted() {
+            if !self.marked_failed.swap(true, Ordering::AcqRel) {
+                self.store.add(FAILED_KEY, 1)?;
+            }
+            return Ok(());
+        }
+        teardown_wait(
+            &self.store,
+            self.rank,
+            self.world_size,
+            tag,
+            self.setup_timeout,
+        )
     }
 
     /// A tag unique to this collective call: every rank makes setup calls in the same order,
@@ -128,6 +152,42 @@ pub(crate) fn agree_on<T>(
 /// The store counter of kernel loads in progress on `rank` ([`Group::loading`]).
 fn loading_key(rank: usize) -> String {
     format!("__devcomm/kernel-loading/{rank}")
+}
+
+/// The store counter of ranks that tore down after a failure ([`Group::teardown_barrier`]).
+const FAILED_KEY: &str = "__devcomm/teardown-failed";
+
+/// A healthy rank's tear-down barrier: arrives at `tag`, then waits for every rank, or until a
+/// rank marks a failure ([`FAILED_KEY`]), at most `timeout`.
+fn teardown_wait(
+    store: &Store,
+    rank: usize,
+    world_size: usize,
+    tag: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let key = |r: usize| format!("{tag}/arrived/{r}");
+    store.set(&key(rank), b"1")?;
+    let keys: Vec<String> = (0..world_size).map(key).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let start = std::time::Instant::now();
+    loop {
+        if store.wait(&keys, GATE_POLL).is_ok() {
+            return Ok(());
+        }
+        if store.add(FAILED_KEY, 0)? > 0 {
+            return Ok(()); // a peer failed and tears down alone
+        }
+        if start.elapsed() >= timeout {
+            return Err(Error::Setup {
+                step: format!("tear-down barrier `{tag}`"),
+                failures: vec![(
+                    rank,
+                    format!("not every rank arrived within the setup timeout ({timeout:?})"),
+                )],
+            });
+        }
+    }
 }
 
 /// How often a gate looks at the store while it waits.
@@ -358,5 +418,24 @@ mod tests {
         assert!(
             gate_gives_up(s(120), s(0), s(120), s(10)).is_some_and(|r| r.contains("setup timeout"))
         );
+    }
+
+    #[test]
+    fn a_teardown_barrier_meets_every_rank_or_stops_at_a_failed_one() {
+        let (s0, info1) = two_stores();
+        let peer = std::thread::spawn(move || {
+            let s1 = Store::connect(&info1, T).expect("rank 1 store");
+            teardown_wait(&s1, 1, 2, "a", T).expect("healthy barrier");
+            std::thread::sleep(Duration::from_millis(200));
+            s1.add(FAILED_KEY, 1).expect("mark failed"); // then tears "b" down alone
+            s1
+        });
+        teardown_wait(&s0, 0, 2, "a", T).expect("healthy barrier");
+        let t0 = std::time::Instant::now();
+        teardown_wait(&s0, 0, 2, "b", T).expect("stops at the failed peer's mark");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        let _s1 = peer.join().expect("thread");
+        let err = teardown_wait(&s0, 0, 3, "c", Duration::from_millis(10));
+        assert!(err.is_ok(), "the failure mark stays: {err:?}");
     }
 }

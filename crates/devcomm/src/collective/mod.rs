@@ -208,7 +208,7 @@ impl Collective {
         call: CollCall,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        group.errors.check()?;
+        group.errors.check_before_launch()?;
         let world = group.world_size;
         let rank = group.rank;
         if world > 32 {

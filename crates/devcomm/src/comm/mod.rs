@@ -113,7 +113,7 @@ impl Comm {
     /// Enqueues a barrier across all ranks on `stream`: kernels after it on any rank start only
     /// once every rank's work before it has finished. Bounded like every device wait.
     pub fn barrier(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.check()?;
+        self.group.errors.check_before_launch()?;
         let func = match self.barrier_fn.get() {
             Some(f) => f.clone(),
             None => {

@@ -146,6 +146,23 @@ impl ErrorState {
         result
     }
 
+    /// The check at the start of a call, before it launches: like [`check`](Self::check), but a
+    /// soft error of an earlier call (all-to-all-v counts, a refused zero-copy call), which
+    /// left the communicator consistent, is left for that call's `synchronize` or `check`:
+    /// this call launches as its peers do, instead of returning the other call's error and
+    /// leaving them to time out.
+    pub fn check_before_launch(&self) -> Result<()> {
+        let unreported = self
+            .fired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none();
+        if unreported && soft_pending(&self.read()) {
+            return Ok(());
+        }
+        self.check()
+    }
+
     /// Empties the record (after a count error, which leaves nothing aborted).
     fn clear_record(&self) {
         // SAFETY: as in `read`; no kernel writes the record while `flag` is 1 and `abort` 0
@@ -157,6 +174,17 @@ impl ErrorState {
             )
         };
         fence(Ordering::SeqCst);
+    }
+
+    /// Whether this communicator has failed: a device error was reported or recorded, or the
+    /// host raised abort. Tear-down then skips the barriers with its peers (one may be dead).
+    pub fn is_aborted(&self) -> bool {
+        let reported = self
+            .fired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        reported || self.host_raised.load(Ordering::Acquire) || self.read().abort != 0
     }
 
     /// Raises the abort flag: every device wait of this communicator returns at once, and
@@ -216,6 +244,16 @@ pub(crate) fn evaluate(state: &DeviceErrorState, rank: usize, host_raised: bool)
         }
         (false, true) | (true, false) => Verdict::Pending,
     }
+}
+
+/// Whether the record holds a complete soft error (no abort raised) and nothing else.
+pub(crate) fn soft_pending(state: &DeviceErrorState) -> bool {
+    state.abort == 0
+        && state.record.flag != 0
+        && matches!(
+            DeviceOp::from_code(state.record.op),
+            DeviceOp::CountOverflow | DeviceOp::ZeroCopyMismatch
+        )
 }
 
 /// Resolves a snapshot that stayed [`Verdict::Pending`]: a claimed record is reported as it
@@ -479,6 +517,34 @@ mod tests {
             "{op:?}"
         );
         assert!(op.to_string().contains("all-to-all-v"), "{op}");
+    }
+
+    #[test]
+    fn a_soft_error_does_not_stop_the_next_launch_but_a_hard_one_does() {
+        let soft = DeviceErrorState {
+            abort: 0,
+            reserved: 0,
+            record: ErrorRecord { op: 6, ..record() },
+        };
+        assert!(soft_pending(&soft));
+        // The same record with abort raised, a wait's record in progress, a hard mismatch:
+        // the launch checks them as `check` does.
+        assert!(!soft_pending(&DeviceErrorState { abort: 1, ..soft }));
+        assert!(!soft_pending(&DeviceErrorState {
+            record: ErrorRecord {
+                op: 3,
+                ..soft.record
+            },
+            ..soft
+        }));
+        assert!(!soft_pending(&DeviceErrorState {
+            record: ErrorRecord {
+                op: 11,
+                ..soft.record
+            },
+            ..soft
+        }));
+        assert!(!soft_pending(&DeviceErrorState::default()));
     }
 
     #[test]

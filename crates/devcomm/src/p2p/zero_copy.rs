@@ -46,7 +46,7 @@ impl P2P {
         recv: Option<ZcRole>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        group.errors.check()?;
+        group.errors.check_before_launch()?;
         self.bind(group, stream)?;
         // Both roles are checked before either route launches anything.
         if let Some(t) = send {
