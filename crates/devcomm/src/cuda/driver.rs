@@ -29,10 +29,21 @@ pub(crate) fn missing_driver(ld_library_path: Option<String>) -> Error {
         searched: format!(
             "{:?} through dlopen: LD_LIBRARY_PATH ({}), then the system's library cache and \
              default directories; is an NVIDIA driver installed on this machine?",
-            cudarc::get_lib_name_candidates("cuda"),
+            candidates(),
             ld_library_path.as_deref().unwrap_or("not set"),
         ),
     }
+}
+
+/// The file names cudarc's loader tries for libcuda, each once, in its order.
+fn candidates() -> Vec<String> {
+    let mut names = Vec::new();
+    for name in cudarc::get_lib_name_candidates("cuda") {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use devcomm_bootstrap::RankInfo;
 
 use super::harness::{compare, partner, verified, Check, Ctx, Ranks, POISON};
 
+mod attribution;
 mod collective;
 
 /// The group's checks.
@@ -38,6 +39,20 @@ pub(super) const CHECKS: &[Check] = &[
                 values, guards untouched, then 1,000 verified all-to-alls on a rebuilt \
                 communicator",
         run: |cx, p| verified(collective::collective_mismatch(cx, p.timeout)),
+    },
+    Check {
+        name: "soft_error_owner",
+        ranks: Ranks::AtLeast(2),
+        about: "an uncollected all-to-all-v count error does not stop the next all-to-all: it \
+                launches and is verified on every rank; the error comes with the synchronise",
+        run: |cx, p| verified(attribution::soft_error(cx, p.timeout)),
+    },
+    Check {
+        name: "registered_range_everywhere",
+        ranks: Ranks::AtLeast(2),
+        about: "all_to_all_registered past one rank's registration, or at a misaligned \
+                offset: refused on every rank before launch; the next call verified",
+        run: |cx, _| verified(attribution::registered(cx)),
     },
 ];
 
