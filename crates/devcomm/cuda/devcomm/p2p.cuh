@@ -185,8 +185,8 @@ constexpr dc_u32 kAgRing = 4;
 static_assert(kAgDesc + kAgRing <= kCeWords, "agreement words fit the peer's block");
 
 // What a call is (descriptor `kind`): the staged routes' send/recv (any protocol the size
-// picks) or a zero-copy call (send_registered / recv_registered).
-constexpr dc_u32 kKindSendRecv = 0, kKindZeroCopy = 1, kKindCollective = 2;
+// picks), a zero-copy call (send_registered / recv_registered), a collective, Comm::barrier.
+constexpr dc_u32 kKindSendRecv = 0, kKindZeroCopy = 1, kKindCollective = 2, kKindBarrier = 3;
 
 // Descriptor layout: call number (low 22 bits) << 42 | kind << 40 | bytes (< 2^40).
 constexpr dc_u32 kAgBytesBits = 40, kAgKindShift = 40, kAgCallShift = 42;

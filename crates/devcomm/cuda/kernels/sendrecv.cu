@@ -129,6 +129,34 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
   plain_role(a, send, b, THREADS, true);
 }
 
+// ---- Comm::barrier: a call of its own on the agreement ring (devcomm/agree.cuh) ----
+
+// One warp; lane l serves peers l, l + 32, ... Every rank stores a barrier descriptor (kind
+// kKindBarrier) into each NVLink peer's ring after a system fence (everything this rank's
+// stream did before is visible first), then waits for each peer's descriptor of the same call
+// number and checks its kind: a peer in send/recv or a collective instead is a CallMismatch
+// naming it, not a timeout. After the waits, a fence orders what peers did before their
+// arrival before anything this rank's stream does next.
+__global__ void __launch_bounds__(32, 1) p2p_barrier_kernel(P2PLaunch a) {
+  enter_after_previous_kernel();
+  const DeviceWindow& w = a.w;
+  const dc_u32 lane = threadIdx.x;
+  fence_acq_rel_sys();
+  bool ok = true;
+  for (int p = (int)lane; p < w.world_size; p += 32) {
+    if (p == w.rank || peer_signal_pad(w, p) == nullptr) continue;
+    ok = ok && agree_send(a, p, kKindBarrier, 0);
+  }
+  for (int p = (int)lane; p < w.world_size && ok; p += 32) {
+    if (p == w.rank || peer_signal_pad(w, p) == nullptr) continue;
+    const dc_u64 call = agree_recv_call(a, p);
+    AgreeRecv ag = agree_recv(a, p, call, kKindBarrier, 0);
+    ok = agree_recv_wait(a, ag);
+    if (ok) agree_recv_end(a, p, call);
+  }
+  fence_acq_rel_sys();
+}
+
 // ---- Zero-copy into a registered destination (docs/PROTOCOL.md, "Zero-copy") ----
 
 // Thread 0 of a zero-copy sender: waits for the receiver's descriptor of call `seq` and checks

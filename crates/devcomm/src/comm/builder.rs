@@ -20,7 +20,6 @@ use crate::jit::Jit;
 use crate::memory::Registry;
 use crate::p2p::{P2PLimits, TuneTable, P2P, TUNE_FILE_ENV};
 use crate::topology::Topology;
-use crate::window::Window;
 
 /// Builds a [`Comm`] with explicit settings. [`Comm::from_env`] is the usual way in.
 #[derive(Debug, Clone)]
@@ -90,7 +89,7 @@ impl CommBuilder {
     }
 
     /// Collective: joins the group, opens the GPU, discovers the topology and creates the
-    /// communicator's control window. Every rank gets the communicator or an error.
+    /// communicator's send/recv window. Every rank gets the communicator or an error.
     pub fn build(self) -> Result<Comm> {
         let rank = self.info.rank;
         let store = Store::connect(&self.info, self.setup_timeout)?;
@@ -181,7 +180,6 @@ impl CommBuilder {
             self.device_timeout,
             self.setup_timeout,
         ));
-        let control = Window::<u64>::new(&group, group.world_size, 0)?;
         let p2p = P2P::new(&group, p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
         let comm = Comm {
@@ -191,9 +189,6 @@ impl CommBuilder {
             device,
             jit: Jit::new(),
             registry: Registry::new(),
-            control,
-            barrier_fn: std::sync::OnceLock::new(),
-            barrier_gate: crate::group::KernelGate::new("comm-barrier", group.world_size),
             group,
         };
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);

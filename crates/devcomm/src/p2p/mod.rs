@@ -7,6 +7,7 @@
 //! `window.rs`, `defaults.rs`, `sweep.rs`, `env.rs` the knobs (with `crate::abi`, re-exported by
 //! `config`); `handle.rs` the kernels' argument structs; `tune.rs` the tuning table.
 
+mod barrier;
 pub mod config;
 mod copy_engine;
 pub mod defaults;

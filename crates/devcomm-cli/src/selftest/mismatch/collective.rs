@@ -19,6 +19,7 @@ enum Call {
     AllGatherRing(usize),
     AllToAll(usize),
     AllToAllV(usize),
+    Barrier,
 }
 
 /// (rank 0's call, everyone else's call).
@@ -28,6 +29,8 @@ const CASES: &[(Call, Call)] = &[
     (Call::AllToAll(65_536), Call::AllToAllV(65_536)),
     (Call::AllToAllV(65_536), Call::AllToAll(65_536)),
     (Call::AllToAll(4096), Call::AllToAll(8192)),
+    (Call::Barrier, Call::AllToAll(4096)),
+    (Call::AllToAllV(4096), Call::Barrier),
     (Call::AllToAll(1 << 20), Call::AllToAll(3 << 19)),
 ];
 
@@ -63,6 +66,7 @@ fn one_case(cx: &Ctx, f: &Fresh, call: Call, timeout: Duration) -> Result<String
     let (rank, world) = (comm.rank(), comm.world_size());
     let per_peer = match call {
         Call::AllGatherRing(n) | Call::AllToAll(n) | Call::AllToAllV(n) => n,
+        Call::Barrier => 8,
     };
     let elems = per_peer / 8;
     let send_elems = match call {
@@ -91,6 +95,7 @@ fn one_case(cx: &Ctx, f: &Fresh, call: Call, timeout: Duration) -> Result<String
         let mut all = stream.alloc_zeros::<u64>(world).map_err(|e| e.to_string())?;
         comm.all_to_all(&one, &mut all, stream)
             .and_then(|()| comm.all_gather_ring(&one.slice(..1), &mut all, stream))
+            .and_then(|()| comm.barrier(stream))
             .and_then(|()| comm.synchronize(stream))
             .map_err(|e| format!("the warm-up calls: {e}"))?;
     }
@@ -105,6 +110,7 @@ fn one_case(cx: &Ctx, f: &Fresh, call: Call, timeout: Duration) -> Result<String
             Call::AllGatherRing(_) => comm.all_gather_ring(&send, &mut view64, stream),
             Call::AllToAll(_) => comm.all_to_all(&send, &mut view64, stream),
             Call::AllToAllV(_) => comm.all_to_allv(&send, &mut view64, &mut counts, 1, stream),
+            Call::Barrier => comm.barrier(stream),
         }
     };
     let result = launched.and_then(|()| comm.synchronize(stream));

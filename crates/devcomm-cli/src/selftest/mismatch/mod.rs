@@ -35,9 +35,9 @@ pub(super) const CHECKS: &[Check] = &[
         name: "collective_mismatch",
         ranks: Ranks::AtLeast(2),
         about: "rank 0 in another collective (all-gather against all-to-all, all-to-all against \
-                all-to-all-v, other sizes): errors within the timeout naming the peer and both \
-                values, guards untouched, then 1,000 verified all-to-alls on a rebuilt \
-                communicator",
+                all-to-all-v, other sizes, barrier against either): errors within the timeout \
+                naming the peer and both values, guards untouched, then 1,000 verified \
+                all-to-alls on a rebuilt communicator",
         run: |cx, p| verified(collective::collective_mismatch(cx, p.timeout)),
     },
     Check {
