@@ -548,7 +548,11 @@ __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const bool net = MIXED && ((a.net_peers >> peer) & 1u);
   const Plan pl = plan_for<THREADS>(a.p, Shape<H>::wire_bytes(n), net, a.blocks_per_peer);
   const dc_u32 nblocks = pl.blocks > 0 ? pl.blocks : 1;  // block 0 checks even an empty chunk
-  if (b >= nblocks) return;
+  // The blocks that end the call: those that work, or for all-to-all-v every block of the
+  // role, since each read the call number for the check above (a block that read it after the
+  // last one out advanced it would wait for the next call's descriptor).
+  const dc_u32 counted = a.mode == kModeDeviceCounts ? a.blocks_per_peer : nblocks;
+  if (b >= counted) return;
   const p2p::AgreeRecv ag =
       a.mode == kModeDeviceCounts
           ? p2p::agree_none()
@@ -557,7 +561,9 @@ __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const HookRecv<H> m{{base_ctx<H>(a, peer, rows, false), first * a.row_len, n}, overflow};
   const P2PSide r{0, pl.wire, counter(a, 1, peer), counter(a, 3, peer), pl.chunk, peer,
                   pl.blocks, pl.ll, 0};
-  if (pl.blocks == 0) {
+  if (b >= nblocks) {
+    // An all-to-all-v block beyond the plan: nothing to move, only the end of the call.
+  } else if (pl.blocks == 0) {
     if (threadIdx.x == 0 && !ag.agreed) {
       p2p::AgreeRecv check = ag;
       p2p::agree_recv_wait(a.p, check);
@@ -570,7 +576,7 @@ __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
     });
   }
   __syncthreads();
-  if (threadIdx.x == 0) p2p::agree_recv_done(a.p, peer, call, nblocks);
+  if (threadIdx.x == 0) p2p::agree_recv_done(a.p, peer, call, counted);
 }
 
 // This rank's own chunk: produce then consume, tile by tile, no wire.
