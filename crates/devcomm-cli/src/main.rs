@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod autolaunch;
 mod bench;
 mod info;
+mod kill;
 mod precompile;
 mod selftest;
 
@@ -58,6 +59,9 @@ enum Command {
     /// Sweeps send/recv configurations on the local GPUs (checked byte for byte, NCCL timed
     /// alongside) and writes a tuning table for DEVCOMM_TUNE_FILE.
     Tune(bench::tune::TuneArgs),
+    /// A rank dies in a loop of collectives: the others must fail within the device timeout
+    /// plus 2 s and exit within 10 s (run under the launcher; prints PASS or FAIL per rank).
+    KillTest(kill::KillArgs),
     /// Compiles the kernels for a GPU architecture into the kernel cache, without a GPU (for
     /// machines or images that should start warm).
     Precompile(precompile::PrecompileArgs),
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::command(&args),
         Command::Tune(args) => autolaunch::or_run("tune", || bench::tune::run(&args)),
         Command::Precompile(args) => precompile::run(&args),
+        Command::KillTest(args) => autolaunch::or_run("kill-test", || kill::run(&args)),
     };
     match result {
         Ok(0) => ExitCode::SUCCESS,

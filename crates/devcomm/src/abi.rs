@@ -11,7 +11,7 @@
 /// Copy-engine slots per (sender, receiver) and pad words per peer (`cuda/devcomm/p2p.cuh`).
 pub const CE_SLOTS: u64 = 4;
 /// Pad words of the copy-engine protocol per peer.
-pub const CE_WORDS: usize = 56;
+pub const CE_WORDS: usize = 64;
 
 /// Whether copy-engine slot `i` is pulled by the receiver's copy engine from the sender's
 /// outbox (odd) or pushed by the sender's into the receiver's inbox (even).
@@ -64,4 +64,33 @@ pub fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
         .chain(crate::reduce::handle::LAYOUT)
         .copied()
         .collect()
+}
+
+/// Largest message a send/recv call can describe to its peer: the byte count travels in 40
+/// bits of the call's descriptor (`cuda/devcomm/agree.cuh`, `kAgBytesMask`), 1 TiB - 1.
+pub const AGREE_MAX_BYTES: u64 = (1 << 40) - 1;
+
+/// Refuses a message too large for the call's descriptor (`op` names the call).
+pub fn check_message_bytes(op: &'static str, bytes: u64) -> crate::error::Result<()> {
+    if bytes > AGREE_MAX_BYTES {
+        return Err(crate::error::Error::InvalidArgument {
+            op,
+            reason: format!(
+                "{bytes} bytes is larger than the largest message ({AGREE_MAX_BYTES} bytes)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_up_to_the_descriptor_limit_are_accepted() {
+        assert!(check_message_bytes("send", AGREE_MAX_BYTES).is_ok());
+        let err = check_message_bytes("send", AGREE_MAX_BYTES + 1).unwrap_err();
+        assert!(err.to_string().contains("largest message"), "{err}");
+    }
 }

@@ -36,6 +36,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("transfer_common.cuh"),
     embed!("bulk.cuh"),
     embed!("ll.cuh"),
+    embed!("agree.cuh"),
     embed!("ll128.cuh"),
     embed!("low_latency.cuh"),
     embed!("transfer.cuh"),

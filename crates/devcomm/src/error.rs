@@ -19,6 +19,14 @@ pub enum Error {
         #[source]
         source: cudarc::driver::DriverError,
     },
+    /// A shared library devcomm needs could not be loaded (no driver on this machine, say).
+    #[error("{library} could not be loaded: searched for {searched}")]
+    LibraryNotLoaded {
+        /// The library.
+        library: &'static str,
+        /// The file names tried and where the loader looked.
+        searched: String,
+    },
     /// NVRTC could not be loaded or failed outside of a compile error.
     #[error("NVRTC {call} failed: {message}")]
     Nvrtc {
@@ -133,6 +141,29 @@ pub enum Error {
         expected: u64,
         /// What the slot carried.
         seen: u64,
+    },
+    /// The two sides of a call differ (send/recv sizes, a zero-copy call against a staged one,
+    /// or two different collectives): found on the device before anything was written into
+    /// the destination. The ranks' per-call counters no longer agree, so the communicator is
+    /// aborted and must be rebuilt.
+    #[error(
+        "rank {rank}: {what} with peer {peer} does not match: {field} is {local} here but \
+         {remote} on peer {peer} (every rank must make the same calls in the same order); \
+         nothing was written; the communicator is aborted and must be rebuilt"
+    )]
+    CallMismatch {
+        /// The rank that found it.
+        rank: i32,
+        /// The other side.
+        peer: i32,
+        /// Which call: `send/recv`, or `collective`.
+        what: &'static str,
+        /// What differs, e.g. `the size in bytes`.
+        field: &'static str,
+        /// This side's value.
+        local: u64,
+        /// The peer's value.
+        remote: u64,
     },
     /// An argument is invalid; nothing was launched or written.
     #[error("{op}: invalid argument: {reason}")]

@@ -40,6 +40,8 @@ pub(crate) struct Group {
     pub(crate) config: Arc<Config>,
     /// Sequence number that makes collective setup tags unique (same order on every rank).
     seq: AtomicU64,
+    /// Whether this rank marked its failure in the store ([`Group::teardown_barrier`]).
+    marked_failed: std::sync::atomic::AtomicBool,
 }
 
 impl Group {
@@ -65,7 +67,40 @@ impl Group {
             topology,
             errors,
             seq: AtomicU64::new(0),
+            marked_failed: false.into(),
         }
+    }
+
+    /// Runs `load` (a kernel's compile or load) with this rank marked as loading in the store
+    /// (a counter other ranks read, [`KernelGate`]): a peer waiting at a gate keeps waiting
+    /// while this rank loads, and gives up within the device timeout once it does not.
+    pub(crate) fn loading<T>(&self, load: impl FnOnce() -> Result<T>) -> Result<T> {
+        let key = loading_key(self.rank);
+        self.store.add(&key, 1)?;
+        let result = load();
+        self.store.add(&key, -1)?;
+        result
+    }
+
+    /// The barrier of a tear-down step `tag`: every rank arrives before any frees what peers
+    /// may still use. Once this communicator has failed it does not wait (a peer may be dead,
+    /// and each barrier would hold for the setup timeout: a communicator has several); it marks
+    /// the failure in the store instead, and a healthy rank waiting at a tear-down barrier
+    /// stops waiting when it sees that mark (its peer will not come).
+    pub(crate) fn teardown_barrier(&self, tag: &str) -> Result<()> {
+        if self.errors.is_aborted() {
+            if !self.marked_failed.swap(true, Ordering::AcqRel) {
+                self.store.add(FAILED_KEY, 1)?;
+            }
+            return Ok(());
+        }
+        teardown_wait(
+            &self.store,
+            self.rank,
+            self.world_size,
+            tag,
+            self.setup_timeout,
+        )
     }
 
     /// A tag unique to this collective call: every rank makes setup calls in the same order,
@@ -115,13 +150,82 @@ pub(crate) fn agree_on<T>(
     }
 }
 
+/// The store counter of kernel loads in progress on `rank` ([`Group::loading`]).
+fn loading_key(rank: usize) -> String {
+    format!("__devcomm/kernel-loading/{rank}")
+}
+
+/// The store counter of ranks that tore down after a failure ([`Group::teardown_barrier`]).
+const FAILED_KEY: &str = "__devcomm/teardown-failed";
+
+/// A healthy rank's tear-down barrier: arrives at `tag`, then waits for every rank, or until a
+/// rank marks a failure ([`FAILED_KEY`]), at most `timeout`.
+fn teardown_wait(
+    store: &Store,
+    rank: usize,
+    world_size: usize,
+    tag: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let key = |r: usize| format!("{tag}/arrived/{r}");
+    store.set(&key(rank), b"1")?;
+    let keys: Vec<String> = (0..world_size).map(key).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let start = std::time::Instant::now();
+    loop {
+        if store.wait(&keys, GATE_POLL).is_ok() {
+            return Ok(());
+        }
+        if store.add(FAILED_KEY, 0)? > 0 {
+            return Ok(()); // a peer failed and tears down alone
+        }
+        if start.elapsed() >= timeout {
+            return Err(Error::Setup {
+                step: format!("tear-down barrier `{tag}`"),
+                failures: vec![(
+                    rank,
+                    format!("not every rank arrived within the setup timeout ({timeout:?})"),
+                )],
+            });
+        }
+    }
+}
+
+/// How often a gate looks at the store while it waits.
+const GATE_POLL: Duration = Duration::from_millis(50);
+
+/// What a gate does after one look at a peer that has not announced the kernel: pass on
+/// waiting, or give up (pure; the heart of [`KernelGate::pass`]). A peer that is loading a
+/// kernel (any) may take long: it is waited for up to the setup timeout. A peer that loads
+/// nothing and still has not announced this kernel `device_timeout` after it was last seen
+/// loading (or after the wait began) is in another call: give up then.
+pub(crate) fn gate_gives_up(
+    waited: Duration,
+    idle: Duration,
+    setup_timeout: Duration,
+    device_timeout: Duration,
+) -> Option<&'static str> {
+    if waited >= setup_timeout {
+        Some("did not load it within the setup timeout")
+    } else if idle >= device_timeout {
+        Some(
+            "loads no kernel and has not loaded this one within the device timeout (it makes \
+             another call)",
+        )
+    } else {
+        None
+    }
+}
+
 /// Kernels are compiled by NVRTC on each rank's first use (or read from the disk cache), so
 /// ranks can be ready to launch a new kernel seconds apart: a rank that compiles while its
 /// peer already waits on the device for it would make the peer's kernel time out (the device
 /// wait bound is [`Group::device_timeout`], 10 s by default, and a compile can take longer).
 /// A gate per loaded kernel closes that gap on the host: after loading, a rank announces it
-/// in the store, and before its first launch towards a peer it waits (bounded by the setup
-/// timeout) until that peer has announced too. After the first launch towards every peer the
+/// in the store, and before its first launch towards a peer it waits until that peer has
+/// announced too: up to the setup timeout while the peer is loading kernels (it marks that in
+/// the store, [`Group::loading`]), and only up to the device timeout once it loads none (a
+/// peer in another call: [`gate_gives_up`]). After the first launch towards every peer the
 /// check is one atomic load per peer.
 ///
 /// The announcement's key names the kernel and the rank. It needs no communicator id: every
@@ -151,14 +255,15 @@ impl KernelGate {
     /// Announces this rank's load (once), then waits until every rank of `peers` has
     /// announced its own. Call after loading the kernel, before launching it.
     pub(crate) fn pass(&self, group: &Group, peers: impl IntoIterator<Item = usize>) -> Result<()> {
-        self.pass_with(&group.store, group.rank, group.setup_timeout, peers)
+        let limits = (group.setup_timeout, group.device_timeout);
+        self.pass_with(&group.store, group.rank, limits, peers)
     }
 
     fn pass_with(
         &self,
         store: &Store,
         rank: usize,
-        timeout: Duration,
+        (setup_timeout, device_timeout): (Duration, Duration),
         peers: impl IntoIterator<Item = usize>,
     ) -> Result<()> {
         if !self.announced.load(Ordering::Acquire) {
@@ -172,21 +277,50 @@ impl KernelGate {
             if peer == rank || flag.load(Ordering::Acquire) {
                 continue;
             }
-            store
-                .wait(&[&self.key(peer)], timeout)
-                .map_err(|e| Error::Setup {
+            self.wait_for(store, peer, setup_timeout, device_timeout)?;
+            flag.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
+impl KernelGate {
+    /// Waits until `peer` announced the kernel ([`gate_gives_up`] says how long).
+    fn wait_for(
+        &self,
+        store: &Store,
+        peer: usize,
+        setup_timeout: Duration,
+        device_timeout: Duration,
+    ) -> Result<()> {
+        let start = std::time::Instant::now();
+        let mut last_busy = start;
+        loop {
+            if store.wait(&[&self.key(peer)], GATE_POLL).is_ok() {
+                return Ok(());
+            }
+            if store.add(&loading_key(peer), 0)? > 0 {
+                last_busy = std::time::Instant::now();
+            }
+            let reason = gate_gives_up(
+                start.elapsed(),
+                last_busy.elapsed(),
+                setup_timeout,
+                device_timeout,
+            );
+            if let Some(reason) = reason {
+                return Err(Error::Setup {
                     step: format!("kernel `{}` loaded on every peer", self.name),
                     failures: vec![(
                         peer,
                         format!(
-                            "did not load it within the setup timeout ({e}); does every rank \
-                             make the same call?"
+                            "{reason} (waited {:.1} s); does every rank make the same call?",
+                            start.elapsed().as_secs_f64()
                         ),
                     )],
-                })?;
-            flag.store(true, Ordering::Release);
+                });
+            }
         }
-        Ok(())
     }
 }
 
@@ -212,11 +346,12 @@ mod tests {
             let s1 = Store::connect(&info1, T).expect("rank 1 store");
             std::thread::sleep(Duration::from_millis(300)); // "compiling"
             let gate = KernelGate::new("k", 2);
-            gate.pass_with(&s1, 1, T, [0]).map(|_| s1)
+            gate.pass_with(&s1, 1, (T, T), [0]).map(|_| s1)
         });
         let gate = KernelGate::new("k", 2);
         let t0 = std::time::Instant::now();
-        gate.pass_with(&s0, 0, T, [0, 1]).expect("rank 0 passes");
+        gate.pass_with(&s0, 0, (T, T), [0, 1])
+            .expect("rank 0 passes");
         assert!(
             t0.elapsed() >= Duration::from_millis(250),
             "rank 0 did not wait"
@@ -229,8 +364,9 @@ mod tests {
         let (s0, info1) = two_stores();
         let s1 = Store::connect(&info1, T).expect("rank 1 store");
         let gate = KernelGate::new("other", 2);
+        let short = Duration::from_millis(200);
         let err = gate
-            .pass_with(&s0, 0, Duration::from_millis(200), [1])
+            .pass_with(&s0, 0, (short, T), [1])
             .expect_err("rank 1 never announces");
         let Error::Setup { step, failures } = err else {
             panic!("expected a setup error, got {err}");
@@ -239,5 +375,68 @@ mod tests {
         assert_eq!(failures.len(), 1);
         assert_eq!(failures[0].0, 1);
         drop(s1);
+    }
+
+    #[test]
+    fn a_gate_gives_up_within_the_device_timeout_on_a_peer_in_another_call() {
+        let (s0, info1) = two_stores();
+        let s1 = Store::connect(&info1, T).expect("rank 1 store");
+        let gate = KernelGate::new("elsewhere", 2);
+        let t0 = std::time::Instant::now();
+        let err = gate
+            .pass_with(&s0, 0, (T, Duration::from_millis(300)), [1])
+            .expect_err("rank 1 loads nothing and never announces");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert!(err.to_string().contains("device timeout"), "{err}");
+        drop(s1);
+    }
+
+    #[test]
+    fn a_gate_waits_past_the_device_timeout_for_a_peer_that_is_loading() {
+        let (s0, info1) = two_stores();
+        let slow = std::thread::spawn(move || {
+            let s1 = Store::connect(&info1, T).expect("rank 1 store");
+            s1.add(&loading_key(1), 1).expect("mark loading");
+            std::thread::sleep(Duration::from_millis(1500)); // a compile longer than the bound
+            s1.add(&loading_key(1), -1).expect("unmark");
+            let gate = KernelGate::new("slow", 2);
+            gate.pass_with(&s1, 1, (T, T), [0]).map(|_| s1)
+        });
+        std::thread::sleep(Duration::from_millis(100)); // rank 1 marks itself first
+        let gate = KernelGate::new("slow", 2);
+        gate.pass_with(&s0, 0, (T, Duration::from_millis(500)), [1])
+            .expect("rank 0 waits for the loading peer");
+        let _s1 = slow.join().expect("thread").expect("rank 1 passes");
+    }
+
+    #[test]
+    fn the_gate_decision() {
+        let s = Duration::from_secs;
+        assert_eq!(gate_gives_up(s(1), s(1), s(120), s(10)), None);
+        assert!(gate_gives_up(s(11), s(10), s(120), s(10))
+            .is_some_and(|r| r.contains("device timeout")));
+        assert_eq!(gate_gives_up(s(60), s(2), s(120), s(10)), None);
+        assert!(
+            gate_gives_up(s(120), s(0), s(120), s(10)).is_some_and(|r| r.contains("setup timeout"))
+        );
+    }
+
+    #[test]
+    fn a_teardown_barrier_meets_every_rank_or_stops_at_a_failed_one() {
+        let (s0, info1) = two_stores();
+        let peer = std::thread::spawn(move || {
+            let s1 = Store::connect(&info1, T).expect("rank 1 store");
+            teardown_wait(&s1, 1, 2, "a", T).expect("healthy barrier");
+            std::thread::sleep(Duration::from_millis(200));
+            s1.add(FAILED_KEY, 1).expect("mark failed"); // then tears "b" down alone
+            s1
+        });
+        teardown_wait(&s0, 0, 2, "a", T).expect("healthy barrier");
+        let t0 = std::time::Instant::now();
+        teardown_wait(&s0, 0, 2, "b", T).expect("stops at the failed peer's mark");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        let _s1 = peer.join().expect("thread");
+        let err = teardown_wait(&s0, 0, 3, "c", Duration::from_millis(10));
+        assert!(err.is_ok(), "the failure mark stays: {err:?}");
     }
 }

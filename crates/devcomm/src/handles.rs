@@ -33,6 +33,8 @@ pub enum DeviceOp {
     /// A copy-engine chunk whose id or message size is not the one the receiver expected (the
     /// two sides posted different calls, or the sender gave up and overwrote a slot).
     CopyEngineMismatch,
+    /// A call whose two sides differ (no wait involved; `cuda/devcomm/agree.cuh`).
+    CallMismatch,
     /// A wait issued by user code through the raw window operations.
     User,
     /// A code this version does not know.
@@ -53,6 +55,7 @@ impl DeviceOp {
             8 => Self::ZeroCopyDone,
             9 => Self::ZeroCopyMismatch,
             10 => Self::CopyEngineMismatch,
+            11 => Self::CallMismatch,
             100 => Self::User,
             other => Self::Unknown(other),
         }
@@ -90,6 +93,7 @@ impl std::fmt::Display for DeviceOp {
                 "copy-engine recv (the chunk in the slot is not the expected one: did the peer \
                  post the matching send, of the same size, on its stream?)",
             ),
+            Self::CallMismatch => f.write_str("call agreement check"),
             Self::User => f.write_str("user wait"),
             Self::Unknown(code) => write!(f, "device op {code}"),
         }

@@ -59,6 +59,7 @@ pub use collective::{AllToAllVCounts, Hooks};
 pub use comm::raw;
 pub use comm::{Comm, CommBuilder, HookArgs, RegisteredRange, Registration};
 pub use config::Config;
+pub use cuda::ensure_driver;
 pub use cuda::info::DeviceInfo;
 pub use error::{Error, Result};
 pub use reduce::{DataType, ReduceOp, Reducible};

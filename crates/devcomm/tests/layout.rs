@@ -190,3 +190,60 @@ fn copy_engine_constants_equal_the_kernels() {
     assert_eq!(stdout, expect, "C++ (left) and Rust (right) disagree");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The call descriptor of `devcomm/p2p.cuh` (agreement of a send/recv call's two sides): what
+/// it packs, which call a ring word belongs to, and which field a mismatch names, computed by
+/// the kernels' own functions compiled for the host.
+#[test]
+fn call_descriptor_packs_and_decides() {
+    let src = r#"#include <cstdio>
+#include "devcomm/handles.cuh"
+#include "devcomm/p2p.cuh"
+using namespace devcomm;
+static void show(const char* what, unsigned long long v) { std::printf("%s %llu\n", what, v); }
+int main() {
+  const dc_u64 d = agree_pack(5, kKindSendRecv, 1048581);
+  show("bytes", agree_bytes(d));
+  show("kind", agree_kind(d));
+  show("is5", agree_is_call(d, 5));
+  show("is1", agree_is_call(d, 1));
+  show("is9", agree_is_call(d, 9));
+  show("same", agree_differs(d, kKindSendRecv, 1048581));
+  show("smaller", agree_differs(d, kKindSendRecv, 524291));
+  show("zc", agree_differs(d, kKindZeroCopy, 1048581));
+  const dc_u64 w = agree_pack((1ull << 22) + 3, kKindZeroCopy, 7);
+  show("wrap3", agree_is_call(w, 3));
+  show("wrapfull", agree_is_call(w, (1ull << 22) + 3));
+  show("wrapkind", agree_kind(w));
+  show("max", agree_bytes(agree_pack(1, kKindSendRecv, kAgBytesMask)) == kAgBytesMask);
+  show("empty1", agree_is_call(0, 1));
+  show("ring", kAgDesc + kAgRing <= kCeWords);
+  // A collective: operation above the wire bytes; all-to-all-v compares the operation only.
+  const dc_u64 c = agree_pack(9, kKindCollective, agree_coll(1, 4096));
+  show("coll_same", agree_differs(c, kKindCollective, agree_coll(1, 4096)));
+  show("coll_op", agree_differs(c, kKindCollective, agree_coll(3, 4096)));
+  show("coll_bytes", agree_differs(c, kKindCollective, agree_coll(1, 8192)));
+  show("coll_op_only", agree_differs(c, kKindCollective, agree_coll(1, 0), kAgCollOpMask));
+  show("coll_vs_p2p", agree_differs(c, kKindSendRecv, 4096));
+  show("value_op", agree_value(kAgFieldCollOp, kKindCollective, agree_coll(3, 4096)));
+  show("value_bytes", agree_value(kAgFieldCollBytes, kKindCollective, agree_coll(3, 4096)));
+  show("zc_unsized", agree_differs(agree_pack(2, kKindZeroCopy, 64), kKindZeroCopy, 128, 0));
+  return 0;
+}
+"#;
+    let dir = scratch_dir("call-descriptor");
+    let Some(binary) = compile_cpp(&dir, "call_descriptor", src, &["-Wall", "-Werror"]) else {
+        return;
+    };
+    let output = Command::new(&binary).output().unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let expect = "bytes 1048581\nkind 0\nis5 1\nis1 0\nis9 0\nsame 0\nsmaller 2\nzc 1\n\
+                  wrap3 1\nwrapfull 1\nwrapkind 1\nmax 1\nempty1 0\nring 1\n\
+                  coll_same 0\ncoll_op 3\ncoll_bytes 4\ncoll_op_only 0\ncoll_vs_p2p 1\n\
+                  value_op 3\nvalue_bytes 4096\nzc_unsized 0\n";
+    assert_eq!(stdout, expect);
+    // The host's largest message is the descriptor's.
+    assert_eq!(devcomm::abi::AGREE_MAX_BYTES, (1u64 << 40) - 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

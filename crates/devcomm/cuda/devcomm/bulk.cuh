@@ -2,7 +2,7 @@
 // per-channel slots with TAIL/HEAD signals, pushed or pulled (docs/PROTOCOL.md).
 #pragma once
 
-#include "devcomm/transfer_common.cuh"
+#include "devcomm/agree.cuh"
 
 namespace devcomm {
 namespace p2p {
@@ -73,12 +73,14 @@ __device__ void bulk_send(const G& g, const P2PLaunch& a, const P2PSide& s, cons
 }
 
 // Bulk receive of channel c's span of side `r` from the staging region of sender `r.peer`.
+// Each channel's leader checks the sender's descriptor (`ag`, agree.cuh) before its first
+// chunk; channel 0 does even when it has none (an empty message). agree_none(): no check.
 template <class G, class M>
 __device__ void bulk_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const M& m, dc_u32 c,
-                          dc_u32 nch) {
+                          dc_u32 nch, AgreeRecv ag) {
   const Span sp = block_span(r.bytes, nch, c, 16);
   const dc_u64 nchunks = (sp.len + r.chunk_bytes - 1) / r.chunk_bytes;
-  if (nchunks == 0) return;
+  if (nchunks == 0 && (c != 0 || ag.agreed)) return;
   if (!gate_open(a, r, kCeDecR, kDecisionStaged)) return;
   dc_u64* steps = reinterpret_cast<dc_u64*>(r.steps);
   const dc_u64 step0 = steps[c];
@@ -96,8 +98,11 @@ __device__ void bulk_recv(const G& g, const P2PLaunch& a, const P2PSide& r, cons
   const bool leader = g.thread_rank() == 0;
 
   bool ok = true;
-  if (leader) ok = bounded_wait(a, tail, step0 + 1, kOpRecvSlotFull, r.peer, tail_slot);
-  if (g.any(!ok)) return;  // barrier after the acquire: the chunk is visible to every lane
+  if (leader) {
+    ok = (ag.agreed || agree_recv_wait(a, ag)) &&
+         (nchunks == 0 || bounded_wait(a, tail, step0 + 1, kOpRecvSlotFull, r.peer, tail_slot));
+  }
+  if (g.any(!ok) || nchunks == 0) return;  // barrier after the acquire: the chunk is visible
   // The leader read MODE after its acquire of TAIL; `any` hands it to the lanes.
   bool pull = g.any(leader && ld_relaxed_sys(mode + step0 % a.depth) != 0);
   for (dc_u64 i = 0; i < nchunks; ++i) {

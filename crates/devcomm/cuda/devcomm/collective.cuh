@@ -500,6 +500,10 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   send_range(a, peer, rows, first, b == 0 && threadIdx.x == 0);
   if (a.mode == kModeDeviceCounts && b == 0 && threadIdx.x == 0) publish_count(a, peer, rows, seq);
   const dc_u64 n = rows * a.row_len;
+  // Every call tells the peer what it is (devcomm/agree.cuh), even when it sends nothing.
+  if (b == 0 && threadIdx.x == 0) {
+    p2p::agree_send(a.p, peer, kKindCollective, agree_coll(a.mode + 1, Shape<H>::wire_bytes(n)));
+  }
   const bool net = MIXED && ((a.net_peers >> peer) & 1u);
   const Plan pl = plan_for<THREADS>(a.p, Shape<H>::wire_bytes(n), net, a.blocks_per_peer);
   if (b >= pl.blocks) return;
@@ -507,7 +511,7 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const P2PSide s{0, pl.wire, counter(a, 0, peer), counter(a, 2, peer), pl.chunk, peer,
                   pl.blocks, pl.ll, pl.pull};
   if (pl.ll) {
-    p2p::ll_send(Block{}, a.p, s, m, b);
+    p2p::ll_send(Block{}, a.p, s, m, b, false);
   } else {
     bulk_channel<THREADS>(b, pl.blocks, [&](const auto& g, dc_u32 c, dc_u32 n) {
       p2p::bulk_send(g, a.p, s, m, c, n);
@@ -515,8 +519,24 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   }
 }
 
+// The receiving role checks the sender's descriptor (devcomm/agree.cuh) before it writes: an
+// all-to-all-v its operation before the count exchange (so that a peer in another collective
+// is named at once, not after the exchange's timeout; its sizes follow from the counts), the
+// other modes operation and wire size in the movers. Its blocks end the call together.
 template <class H, int THREADS, bool MIXED>
 __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
+  const dc_u64 call = p2p::agree_recv_call(a.p, peer);
+  const dc_u32 op = a.mode + 1;
+  if (a.mode == kModeDeviceCounts) {
+    __shared__ int agreed;
+    if (threadIdx.x == 0) {
+      p2p::AgreeRecv ag = p2p::agree_recv(a.p, peer, call, kKindCollective, agree_coll(op, 0));
+      ag.mask = kAgCollOpMask;
+      agreed = p2p::agree_recv_wait(a.p, ag);
+    }
+    __syncthreads();
+    if (!agreed) return;
+  }
   dc_u64 rows, first, total;
   bool overflow;
   if (!recv_range<THREADS>(a, peer, seq, rows, first, total, overflow)) return;
@@ -527,17 +547,36 @@ __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const dc_u64 n = rows * a.row_len;
   const bool net = MIXED && ((a.net_peers >> peer) & 1u);
   const Plan pl = plan_for<THREADS>(a.p, Shape<H>::wire_bytes(n), net, a.blocks_per_peer);
-  if (b >= pl.blocks) return;
+  const dc_u32 nblocks = pl.blocks > 0 ? pl.blocks : 1;  // block 0 checks even an empty chunk
+  // The blocks that end the call: those that work, or for all-to-all-v every block of the
+  // role, since each read the call number for the check above (a block that read it after the
+  // last one out advanced it would wait for the next call's descriptor).
+  const dc_u32 counted = a.mode == kModeDeviceCounts ? a.blocks_per_peer : nblocks;
+  if (b >= counted) return;
+  const p2p::AgreeRecv ag =
+      a.mode == kModeDeviceCounts
+          ? p2p::agree_none()
+          : p2p::agree_recv(a.p, peer, call, kKindCollective,
+                            agree_coll(op, Shape<H>::wire_bytes(n)));
   const HookRecv<H> m{{base_ctx<H>(a, peer, rows, false), first * a.row_len, n}, overflow};
   const P2PSide r{0, pl.wire, counter(a, 1, peer), counter(a, 3, peer), pl.chunk, peer,
                   pl.blocks, pl.ll, 0};
-  if (pl.ll) {
-    p2p::ll_recv(Block{}, a.p, r, m, b);
+  if (b >= nblocks) {
+    // An all-to-all-v block beyond the plan: nothing to move, only the end of the call.
+  } else if (pl.blocks == 0) {
+    if (threadIdx.x == 0 && !ag.agreed) {
+      p2p::AgreeRecv check = ag;
+      p2p::agree_recv_wait(a.p, check);
+    }
+  } else if (pl.ll) {
+    p2p::ll_recv(Block{}, a.p, r, m, b, ag, false);
   } else {
     bulk_channel<THREADS>(b, pl.blocks, [&](const auto& g, dc_u32 c, dc_u32 n) {
-      p2p::bulk_recv(g, a.p, r, m, c, n);
+      p2p::bulk_recv(g, a.p, r, m, c, n, ag);
     });
   }
+  __syncthreads();
+  if (threadIdx.x == 0) p2p::agree_recv_done(a.p, peer, call, counted);
 }
 
 // This rank's own chunk: produce then consume, tile by tile, no wire.

@@ -49,6 +49,8 @@ enum DeviceOp : dc_u32 {
   kOpCeMismatch = 10,    // copy-engine chunk whose id or size is not the one expected (no
                          // wait: slot = the word in the peer's block, INTENT 4..8 or SIZE
                          // 8..12; expected = ours, seen = the slot's)
+  kOpCallMismatch = 11,  // a call whose two sides differ (no wait: slot = field, expected = this
+                         // side's value, seen = the peer's; devcomm/agree.cuh)
   kOpUser = 100,         // waits issued by user code through the raw window ops
 };
 

@@ -2,7 +2,7 @@
 // (docs/PROTOCOL.md, "LL128").
 #pragma once
 
-#include "devcomm/ll.cuh"
+#include "devcomm/agree.cuh"
 
 namespace devcomm {
 namespace p2p {
@@ -123,10 +123,13 @@ __device__ __forceinline__ void ll128_send_span(const G& g, const P2PLaunch& a, 
   }
 }
 
-// LL128 receive of span `sp` by the warps of `g`; false on timeout or abort.
+// LL128 receive of span `sp` by the warps of `g`; false on timeout, abort or a call that does
+// not match the sender's (agree.cuh: lane 0 of each warp polls the descriptor with the first
+// lines and no lane unpacks a line before it matched).
 template <class G, class M>
 __device__ __forceinline__ bool ll128_recv_span(const G& g, const P2PLaunch& a, const P2PSide& r,
-                                                const M& m, const Span& sp, dc_u64 seq) {
+                                                const M& m, const Span& sp, dc_u64 seq,
+                                                AgreeRecv& ag) {
   using L = Ll128<M::kUnit>;
   constexpr dc_u64 kGroup = 4 * kLl128Unroll;
   const dc_u64 nlines = (sp.len + L::kBytes - 1) / L::kBytes;
@@ -143,6 +146,7 @@ __device__ __forceinline__ bool ll128_recv_span(const G& g, const P2PLaunch& a, 
     for (;;) {
       bool ready = true;
       dc_u64 stale = seq;
+      const dc_u64 d = ag.agreed ? 0 : ld_relaxed_sys(ag.desc);
 #pragma unroll
       for (int u = 0; u < kLl128Unroll; ++u) {
         const dc_u64 j = base + u * warps * 4 + first;
@@ -154,7 +158,11 @@ __device__ __forceinline__ bool ll128_recv_span(const G& g, const P2PLaunch& a, 
           }
         }
       }
-      const dc_u32 waiting = __ballot_sync(0xffffffffu, !ready);
+      if (!ag.agreed) {  // every lane looks at lane 0's load; lane 0 records a mismatch
+        const bool same = ag.look(a, __shfl_sync(0xffffffffu, d, 0), lane == 0);
+        if (!same) return false;
+      }
+      const dc_u32 waiting = __ballot_sync(0xffffffffu, !ready || !ag.agreed);
       if (waiting == 0) break;
       const int first = __ffs(waiting) - 1;
       stale = __shfl_sync(0xffffffffu, stale, first);

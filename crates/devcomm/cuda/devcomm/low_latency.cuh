@@ -9,6 +9,29 @@ namespace p2p {
 
 #if defined(__CUDACC__)
 
+// ll_poll (ll.cuh) that also polls the call's descriptor (agree.cuh) in the same loop until it
+// matched: the line's payload is taken only once both sides agree. False on timeout, abort or
+// a mismatch (recorded by this thread).
+__device__ __forceinline__ bool ll_poll_agreed(const P2PLaunch& a, DeviceErrorState* err,
+                                               const dc_u32* line, dc_u32 flag, int peer,
+                                               dc_u64 index, dc_u64& v, AgreeRecv& ag) {
+  if (ag.agreed) return ll_poll(a, err, line, flag, peer, index, v);
+  dc_u32 lo, f0, hi, f1;
+  ll_load(line, lo, f0, hi, f1);
+  dc_u64 d = ld_relaxed_sys(ag.desc);
+  PollClock clock;
+  if ((linear_thread_index() & 31u) != 0) clock.abort_ns = 8 * kAbortCheckNs;
+  for (;;) {
+    if (!ag.look(a, d)) return false;
+    if (ag.agreed && f0 == flag && f1 == flag) break;
+    if (!clock.tick(a, err, peer, index, flag, (dc_u64)(f0 == flag ? f1 : f0))) return false;
+    ll_load(line, lo, f0, hi, f1);
+    if (!ag.agreed) d = ld_relaxed_sys(ag.desc);
+  }
+  v = ((dc_u64)hi << 32) | lo;
+  return true;
+}
+
 // Low-latency calls (LL and LL128) share one sequence number across all blocks: a line's
 // position depends on how the call splits the message over blocks, which changes with the
 // size, so a flag must be unique to the call, not to the block. Counters stay equal because
@@ -18,12 +41,20 @@ namespace p2p {
 
 // Low-latency send of block b's span of side `s` (s.low_latency: 1 LL, 2 LL128): every 8
 // bytes of payload (LL) or every 120 or 112 (LL128) travel with the call's sequence number.
+// `agree`: a send/recv call, whose block 0 stores the call's descriptor (agree.cuh); the
+// collectives pass false (their calls are not numbered here).
 template <class G, class M>
-__device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const M& m, dc_u32 b) {
+__device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const M& m, dc_u32 b,
+                        bool agree) {
   constexpr dc_u64 kUnit = M::kUnit;
   constexpr int kWords = (int)(kUnit / 8);
   const bool lines128 = s.low_latency == 2;
   const Span sp = block_span(s.bytes, s.blocks, b, lines128 ? Ll128<kUnit>::kBytes : kUnit);
+  // Block 0's first thread numbers the call and stores its descriptor (agree.cuh); its loads
+  // are issued here, next to the counter's, and waited for just before the barrier below.
+  const bool lead = agree && b == 0 && g.thread_rank() == 0;
+  AgreeSend call{};
+  if (lead) call = agree_send_begin(a, s.peer);
   dc_u64* counters = reinterpret_cast<dc_u64*>(s.ll_steps);
   const dc_u64 seq = counters[b] + 1;
   // This parity's lines were last written by call seq - 2; every receiver block must have
@@ -35,6 +66,7 @@ __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const 
       ok = ok && bounded_wait(a, own_user_slot(a.w, slot), seq - 2, kOpSendSlotFree, s.peer, slot);
     }
   }
+  if (lead) ok = ok && agree_send_finish(a, s.peer, call, kKindSendRecv, s.bytes);
   if (g.any(!ok)) return;
   if (lines128) {
     ll128_send_span(g, a, s, m, sp, seq);
@@ -59,9 +91,13 @@ __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const 
 }
 
 // Low-latency receive of block b's span of side `r`: each thread polls its own lines (LL) or
-// its warp's lines (LL128) until they carry this call's number.
+// its warp's lines (LL128) until they carry this call's number, and the call's descriptor
+// until it matched (agree.cuh). The role's last block out ends the call (agree_recv_done).
+// `ag`: the descriptor to check before any line is taken (agree_none(): none); `finish`: this
+// role's blocks end the call (a send/recv; a collective's role does that itself).
 template <class G, class M>
-__device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const M& m, dc_u32 b) {
+__device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const M& m, dc_u32 b,
+                        AgreeRecv ag, bool finish) {
   constexpr dc_u64 kUnit = M::kUnit;
   constexpr int kWords = (int)(kUnit / 8);
   const bool lines128 = r.low_latency == 2;
@@ -70,7 +106,7 @@ __device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const 
   const dc_u64 seq = counters[b] + 1;
   bool ok = true;
   if (lines128) {
-    ok = ll128_recv_span(g, a, r, m, sp, seq);
+    ok = ll128_recv_span(g, a, r, m, sp, seq, ag);
   } else {
     const dc_u32* lines = ll_lines(a, reinterpret_cast<char*>(a.w.data), r.peer, seq, sp);
     const dc_u64 nunits = (sp.len + kUnit - 1) / kUnit;
@@ -82,13 +118,16 @@ __device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const 
       for (int k = 0; k < kWords; ++k) {
         v[k] = 0;
         if (ok && k * 8 < (int)n) {
-          ok = ll_poll(a, err, lines + (j * kWords + k) * 4, (dc_u32)seq, r.peer,
-                       j * kWords + k, v[k]);
+          ok = ll_poll_agreed(a, err, lines + (j * kWords + k) * 4, (dc_u32)seq, r.peer,
+                              j * kWords + k, v[k], ag);
         }
       }
       if (ok) m.unit(sp.begin + j * kUnit, n, v);
     }
   }
+  // A receive with nothing to poll here (an empty message, or a span of no lines) still
+  // checks the call once, on block 0's first thread (already done when it had a line).
+  if (ok && b == 0 && g.thread_rank() == 0 && !ag.agreed) ok = agree_recv_wait(a, ag);
   if (g.any(!ok)) return;  // barrier: every line of this block has been read
   // Release this block's share of the parity buffer (block 0 also releases the blocks this
   // call does not use, which read nothing), and advance the same counters as the sender.
@@ -98,6 +137,7 @@ __device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const 
       counters[i] = seq;
     }
   }
+  if (finish && g.thread_rank() == 0) agree_recv_done(a, r.peer, ag.call, r.blocks);
 }
 
 #endif  // __CUDACC__

@@ -150,8 +150,9 @@ DC_HOST_DEVICE inline dc_u64 p2p_mode_slot(const P2PLaunch& a, int sender, dc_u3
 //   +48 TYPE_R[2] p's type as the receiver of this rank's message seq (written by p)
 //   +50 DEC_S  decision for this rank's current message to p   +51 DEC_R  from p
 //   +52 OUT_S  blocks of the negotiated send role done with DEC_S   +53 OUT_R  likewise.
+//   +56..63 the agreement words of every send/recv call with p (devcomm/agree.cuh).
 constexpr dc_u32 kCeSlots = 4;
-constexpr dc_u32 kCeWords = 56;
+constexpr dc_u32 kCeWords = 64;
 constexpr dc_u32 kCeTail = 0, kCeSent = 1, kCeRecv = 2, kCeDrained = 3, kCeIntent = 4,
                  kCeSize = 8, kCeCnt = 12, kCeHead = 16, kCeGo = 20, kCeDone = 24, kCeLast = 28,
                  kCeFilled = 32, kCeGoR = 36, kCeDoneR = 40, kCeLseqS = 44, kCeLseqR = 45,
@@ -174,6 +175,66 @@ DC_HOST_DEVICE inline dc_u64 p2p_ce_slot_bytes(const P2PLaunch& a) {
 DC_HOST_DEVICE inline bool p2p_ce_pulled(dc_u32 s) { return (s & 1u) != 0; }
 DC_HOST_DEVICE inline dc_u64 p2p_ce_slot_offset(const P2PLaunch& a, dc_u32 s) {
   return (dc_u64)(s / 2) * p2p_ce_slot_bytes(a);
+}
+
+// Agreement of the two sides of every send/recv call (devcomm/agree.cuh, docs/PROTOCOL.md,
+// "Agreement"): the words of peer p's copy-engine block from +56, the descriptor a sender
+// stores into the receiver's ring, and the pure decisions (host-compiled by tests/layout.rs).
+constexpr dc_u32 kAgCallS = 56, kAgCallR = 57, kAgOutR = 58, kAgAck = 59, kAgDesc = 60;
+constexpr dc_u32 kAgRing = 4;
+static_assert(kAgDesc + kAgRing <= kCeWords, "agreement words fit the peer's block");
+
+// What a call is (descriptor `kind`): the staged routes' send/recv (any protocol the size
+// picks), a zero-copy call (send_registered / recv_registered), a collective, Comm::barrier.
+constexpr dc_u32 kKindSendRecv = 0, kKindZeroCopy = 1, kKindCollective = 2, kKindBarrier = 3;
+
+// Descriptor layout: call number (low 22 bits) << 42 | kind << 40 | bytes (< 2^40).
+constexpr dc_u32 kAgBytesBits = 40, kAgKindShift = 40, kAgCallShift = 42;
+constexpr dc_u64 kAgBytesMask = (1ull << kAgBytesBits) - 1;
+constexpr dc_u64 kAgCallMask = (1ull << (64 - kAgCallShift)) - 1;
+
+// Fields a mismatch names (the error record's `slot`; src/cuda/error_state.rs decodes them).
+constexpr dc_u32 kAgFieldKind = 1, kAgFieldBytes = 2, kAgFieldCollOp = 3, kAgFieldCollBytes = 4;
+
+// A collective's payload (kind kKindCollective): its operation (the CollMode + 1 of
+// collective.cuh) above the wire bytes between the two ranks (low 36 bits).
+constexpr dc_u32 kAgCollOpShift = 36;
+constexpr dc_u64 kAgCollBytesMask = (1ull << kAgCollOpShift) - 1;
+constexpr dc_u64 kAgCollOpMask = kAgBytesMask & ~kAgCollBytesMask;
+DC_HOST_DEVICE inline dc_u64 agree_coll(dc_u32 op, dc_u64 wire_bytes) {
+  return ((dc_u64)op << kAgCollOpShift) | (wire_bytes & kAgCollBytesMask);
+}
+
+DC_HOST_DEVICE inline dc_u64 agree_pack(dc_u64 call, dc_u32 kind, dc_u64 bytes) {
+  return ((call & kAgCallMask) << kAgCallShift) | ((dc_u64)(kind & 3u) << kAgKindShift) |
+         (bytes & kAgBytesMask);
+}
+DC_HOST_DEVICE inline dc_u32 agree_kind(dc_u64 d) { return (dc_u32)((d >> kAgKindShift) & 3u); }
+DC_HOST_DEVICE inline dc_u64 agree_bytes(dc_u64 d) { return d & kAgBytesMask; }
+// Whether descriptor `d` is the one of call `call` (calls are numbered from 1; a stale word
+// holds call - kAgRing or less, never the same low bits).
+DC_HOST_DEVICE inline bool agree_is_call(dc_u64 d, dc_u64 call) {
+  return (d >> kAgCallShift) == (call & kAgCallMask);
+}
+// 0 when descriptor `d` describes the same call as (kind, bytes) in the payload bits of `mask`,
+// else the field that differs (a collective's operation before its size).
+DC_HOST_DEVICE inline dc_u32 agree_differs(dc_u64 d, dc_u32 kind, dc_u64 bytes,
+                                           dc_u64 mask = kAgBytesMask) {
+  if (agree_kind(d) != kind) return kAgFieldKind;
+  const dc_u64 diff = (agree_bytes(d) ^ bytes) & mask;
+  if (diff == 0) return 0;
+  if (kind != kKindCollective) return kAgFieldBytes;
+  return (diff & kAgCollOpMask) ? kAgFieldCollOp : kAgFieldCollBytes;
+}
+// The values a mismatch of `field` names: this side's (from `kind`, `bytes`) or the peer's
+// (from its descriptor `d`).
+DC_HOST_DEVICE inline dc_u64 agree_value(dc_u32 field, dc_u32 kind, dc_u64 bytes) {
+  switch (field) {
+    case kAgFieldKind: return kind;
+    case kAgFieldCollOp: return bytes >> kAgCollOpShift;
+    case kAgFieldCollBytes: return bytes & kAgCollBytesMask;
+    default: return bytes;
+  }
 }
 
 // Zero-copy send/recv into a registered destination (docs/PROTOCOL.md, "Zero-copy"). The

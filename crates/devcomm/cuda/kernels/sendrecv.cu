@@ -13,6 +13,19 @@
 namespace devcomm {
 namespace p2p {
 
+// The check of send/recv call `call` of the launch's receive role (agree.cuh).
+__device__ __forceinline__ AgreeRecv recv_call(const P2PLaunch& a, dc_u64 call) {
+  return agree_recv(a, a.recv.peer, call, kKindSendRecv, a.recv.bytes);
+}
+
+// Warp 0 of block 0 of a send role: lane 0 numbers the call and stores its descriptor in the
+// receiver's pad (agree.cuh). False on every lane when that failed (recorded, aborted).
+__device__ __forceinline__ bool announce_call(const P2PLaunch& a, const P2PSide& s, dc_u32 kind) {
+  bool ok = true;
+  if ((threadIdx.x & 31u) == 0) ok = agree_send(a, s.peer, kind, s.bytes);
+  return !__any_sync(0xffffffffu, !ok);
+}
+
 // The grid has max(send.blocks, recv.blocks) blocks; a role's surplus blocks return at once.
 // Bulk channel numbering: warp w of block b is channel b * warps + w, the same on both ranks
 // because both take blocks and threads from the message size (src/p2p/config.rs).
@@ -25,19 +38,24 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
   if (SEND_THREADS > 0 && threadIdx.x < SEND_THREADS) {
     if (a.send.peer < 0 || b >= a.send.blocks) return;
     if (a.send.low_latency) {
-      ll_send(NamedBarrier(1, 0, SEND_THREADS), a, a.send, snd, b);
+      ll_send(NamedBarrier(1, 0, SEND_THREADS), a, a.send, snd, b, true);
     } else {
       constexpr dc_u32 kWarps = SEND_THREADS / 32;
+      if (b == 0 && threadIdx.x < 32 && !announce_call(a, a.send, kKindSendRecv)) return;
       bulk_send(Warp{}, a, a.send, snd, b * kWarps + threadIdx.x / 32, a.send.blocks * kWarps);
     }
   } else if (RECV_THREADS > 0) {
     if (a.recv.peer < 0 || b >= a.recv.blocks) return;
     if (a.recv.low_latency) {
-      ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b);
+      ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b,
+              recv_call(a, agree_recv_call(a, a.recv.peer)), true);
     } else {
       constexpr dc_u32 kWarps = RECV_THREADS / 32;
+      const dc_u64 call = agree_recv_call(a, a.recv.peer);
       bulk_recv(Warp{}, a, a.recv, rcv, b * kWarps + (threadIdx.x - SEND_THREADS) / 32,
-                a.recv.blocks * kWarps);
+                a.recv.blocks * kWarps, recv_call(a, call));
+      NamedBarrier(2, SEND_THREADS, RECV_THREADS).sync();
+      if (threadIdx.x == SEND_THREADS) agree_recv_done(a, a.recv.peer, call, a.recv.blocks);
     }
   }
 }
@@ -63,22 +81,34 @@ __device__ __forceinline__ void split_block(dc_u32 send_blocks, dc_u32 recv_bloc
 // Block b of one role of a launch whose roles have blocks of their own, on the block's first
 // `threads` threads, by the role's own protocol (LL, LL128 or staged): p2p_split_kernel's
 // blocks, and p2p_negotiated_kernel's for a role that is not negotiated or chose staging.
-__device__ __forceinline__ void plain_role(const P2PLaunch& a, bool send, dc_u32 b, dc_u32 threads) {
+// `own_call`: the role numbers and ends its call itself (agree.cuh); a negotiated role's
+// kernel does that around both layouts instead.
+__device__ __forceinline__ void plain_role(const P2PLaunch& a, bool send, dc_u32 b, dc_u32 threads,
+                                           bool own_call) {
   if (threadIdx.x >= threads) return;
   const dc_u32 warps = threads / 32;
   if (send) {
     const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
     if (a.send.low_latency) {
-      ll_send(NamedBarrier(1, 0, threads), a, a.send, snd, b);
+      ll_send(NamedBarrier(1, 0, threads), a, a.send, snd, b, true);
     } else {
+      if (own_call && b == 0 && threadIdx.x < 32 && !announce_call(a, a.send, kKindSendRecv)) {
+        return;
+      }
       bulk_send(Warp{}, a, a.send, snd, b * warps + threadIdx.x / 32, a.send.blocks * warps);
     }
   } else {
     const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
     if (a.recv.low_latency) {
-      ll_recv(NamedBarrier(2, 0, threads), a, a.recv, rcv, b);
+      ll_recv(NamedBarrier(2, 0, threads), a, a.recv, rcv, b,
+              recv_call(a, agree_recv_call(a, a.recv.peer)), true);
     } else {
-      bulk_recv(Warp{}, a, a.recv, rcv, b * warps + threadIdx.x / 32, a.recv.blocks * warps);
+      const dc_u64 call = agree_recv_call(a, a.recv.peer);
+      bulk_recv(Warp{}, a, a.recv, rcv, b * warps + threadIdx.x / 32, a.recv.blocks * warps,
+                recv_call(a, call));
+      if (!own_call) return;
+      NamedBarrier(2, 0, threads).sync();
+      if (threadIdx.x == 0) agree_recv_done(a, a.recv.peer, call, a.recv.blocks);
     }
   }
 }
@@ -96,7 +126,35 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
   dc_u32 b;
   split_block(a.send.blocks, a.recv.blocks, INTERLEAVE, send, b);
   if (!send && b >= a.recv.blocks) return;
-  plain_role(a, send, b, THREADS);
+  plain_role(a, send, b, THREADS, true);
+}
+
+// ---- Comm::barrier: a call of its own on the agreement ring (devcomm/agree.cuh) ----
+
+// One warp; lane l serves peers l, l + 32, ... Every rank stores a barrier descriptor (kind
+// kKindBarrier) into each NVLink peer's ring after a system fence (everything this rank's
+// stream did before is visible first), then waits for each peer's descriptor of the same call
+// number and checks its kind: a peer in send/recv or a collective instead is a CallMismatch
+// naming it, not a timeout. After the waits, a fence orders what peers did before their
+// arrival before anything this rank's stream does next.
+__global__ void __launch_bounds__(32, 1) p2p_barrier_kernel(P2PLaunch a) {
+  enter_after_previous_kernel();
+  const DeviceWindow& w = a.w;
+  const dc_u32 lane = threadIdx.x;
+  fence_acq_rel_sys();
+  bool ok = true;
+  for (int p = (int)lane; p < w.world_size; p += 32) {
+    if (p == w.rank || peer_signal_pad(w, p) == nullptr) continue;
+    ok = ok && agree_send(a, p, kKindBarrier, 0);
+  }
+  for (int p = (int)lane; p < w.world_size && ok; p += 32) {
+    if (p == w.rank || peer_signal_pad(w, p) == nullptr) continue;
+    const dc_u64 call = agree_recv_call(a, p);
+    AgreeRecv ag = agree_recv(a, p, call, kKindBarrier, 0);
+    ok = agree_recv_wait(a, ag);
+    if (ok) agree_recv_end(a, p, call);
+  }
+  fence_acq_rel_sys();
 }
 
 // ---- Zero-copy into a registered destination (docs/PROTOCOL.md, "Zero-copy") ----
@@ -146,7 +204,10 @@ __device__ inline void zc_send(const ZcLaunch& z, dc_u32 b) {
   dc_u64* counters = reinterpret_cast<dc_u64*>(s.steps);
   const dc_u64 seq = counters[b] + 1;
   __shared__ int status;  // 0 go, 1 refused (mismatch), 2 failed wait
-  if (threadIdx.x == 0) status = zc_await_descriptor(z, seq, b == 0);
+  if (threadIdx.x == 0) {
+    const bool announced = b != 0 || agree_send(z.p, s.peer, kKindZeroCopy, s.bytes);
+    status = announced ? zc_await_descriptor(z, seq, b == 0) : 2;
+  }
   __syncthreads();
   const int st = status;
   if (st == 2) return;  // the wait failed and aborted the communicator: publish nothing
@@ -173,6 +234,7 @@ __device__ inline void zc_recv(const ZcLaunch& z) {
   const dc_u32 lane = threadIdx.x & 31u;
   dc_u64* counter = reinterpret_cast<dc_u64*>(r.steps);
   const dc_u64 seq = *counter + 1;
+  const dc_u64 call = agree_recv_call(z.p, r.peer);
   if (lane == 0) {
     // Stream order: every earlier kernel of this stream, including any reader of the
     // destination, has finished, so the sender may overwrite it from now on.
@@ -182,7 +244,15 @@ __device__ inline void zc_recv(const ZcLaunch& z) {
     st_relaxed_sys(desc + kZcBytes, r.bytes);
     publish(desc + kZcReady, seq);
   }
+  // The sender's call must be a zero-copy one too (agree.cuh); the sizes and ranges are
+  // compared by the sender against the descriptor above (a soft refusal).
   bool ok = true, refused = false;
+  if (lane == 0) {
+    AgreeRecv ag = agree_recv(z.p, r.peer, call, kKindZeroCopy, r.bytes);
+    ag.mask = 0;
+    ok = agree_recv_wait(z.p, ag);
+  }
+  ok = !__any_sync(0xffffffffu, !ok);
   for (dc_u32 i = lane; i < r.blocks; i += 32) {
     const dc_u64 slot = zc_done_slot(z, r.peer, i);
     const dc_u64* done = own_user_slot(w, slot);
@@ -199,6 +269,7 @@ __device__ inline void zc_recv(const ZcLaunch& z) {
       record_soft_error(error_state(w), kOpZcMismatch, w.rank, r.peer, 3, r.bytes, 0);
     }
     *counter = seq;
+    agree_recv_end(z.p, r.peer, call);
   }
 }
 
@@ -233,7 +304,7 @@ __global__ void __launch_bounds__(32, 1) p2p_zc_ce_kernel(ZcLaunch z) {
   const dc_u64 seq = counters[0] + 1;
   int st = 0;
   if (lane == 0) {
-    st = zc_await_descriptor(z, seq, true);
+    st = agree_send(z.p, s.peer, kKindZeroCopy, s.bytes) ? zc_await_descriptor(z, seq, true) : 2;
     dc_u64* go = own_user_slot(w, p2p_ce_word(z.p, s.peer, kCeGo));
     st_release_sys(go, 1);
     if (st != 2) {
@@ -480,7 +551,12 @@ template <int THREADS>
 __global__ void __launch_bounds__(THREADS, 1) p2p_ce_send_kernel(P2PLaunch a) {
   enter_after_previous_kernel();
   if (blockIdx.x == 0) {
-    if (threadIdx.x < 32) ce_pace_send(a);
+    // The pacer runs even when the descriptor could not be stored: it releases every GO that
+    // the copy streams wait on (their waits have no deadline).
+    if (threadIdx.x < 32) {
+      announce_call(a, a.send, kKindSendRecv);
+      ce_pace_send(a);
+    }
     return;
   }
   ce_fill(a, blockIdx.x - 1, gridDim.x - 1);
@@ -493,7 +569,7 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_ce_send_kernel(P2PLaunch a) {
 // INTENT still holds g, HEAD[k] = g + 1 frees the slot at the sender. Last, it waits until the
 // blocks copied every pushed chunk out (DRAINED) and advances RECV. On failure it releases
 // every GOR still owed (the copy stream's waits have no deadline of their own).
-__device__ void ce_pace_recv(const P2PLaunch& a) {
+__device__ void ce_pace_recv(const P2PLaunch& a, dc_u64 call) {
   const P2PSide& r = a.recv;
   const DeviceWindow& w = a.w;
   const int q = r.peer;
@@ -508,6 +584,9 @@ __device__ void ce_pace_recv(const P2PLaunch& a) {
     announce_type(own + kCeLseqR, theirs + kCeTypeR, true);
   }
   dc_u64 issued = 0, completed = 0;  // pulled chunks: GOR set, slot freed
+  // No GOR before the two sides agree on the call (agree.cuh).
+  AgreeRecv ag = agree_recv(a, q, call, kKindSendRecv, r.bytes);
+  const bool agreed = agree_recv_wait(a, ag);
   const auto mismatch = [&](dc_u32 k, dc_u64 g, bool after_copy) {
     return ce_mismatch(w, own, q, k, g, r.bytes, after_copy);
   };
@@ -555,7 +634,7 @@ __device__ void ce_pace_recv(const P2PLaunch& a) {
     record_wait_failure(err, w.rank, WaitSite{kOpRecvSlotFull, q, p2p_ce_word(a, q, word)},
                         expected, ld_relaxed_sys(own + word), waited);
   };
-  if (!pace_loop(w, step, finished, timed_out)) {
+  if (!agreed || !pace_loop(w, step, finished, timed_out)) {
     for (; issued < pulls; ++issued) {
       const dc_u64 i = 2 * issued + 1;
       st_release_sys(own + kCeGoR + i % kCeSlots, i + 1);
@@ -575,7 +654,7 @@ __device__ void ce_pace_recv(const P2PLaunch& a) {
 // it in DRAINED. Each block checks the slot's INTENT before and after its copy, so a chunk
 // overwritten under it (the sender gave up waiting) or a chunk of another message is reported,
 // never taken silently.
-__device__ void ce_copy_out(const P2PLaunch& a, dc_u32 b) {
+__device__ void ce_copy_out(const P2PLaunch& a, dc_u32 b, dc_u64 call) {
   const P2PSide& r = a.recv;
   const DeviceWindow& w = a.w;
   const int q = r.peer;
@@ -591,6 +670,12 @@ __device__ void ce_copy_out(const P2PLaunch& a, dc_u32 b) {
   const dc_u64 base = own[kCeRecv];  // advanced by the pacer once every block is done
   const dc_u64 stride = (r.pull & kSidePull) ? 1 : 2;
   __shared__ int status;
+  if (threadIdx.x == 0) {  // nothing is copied before the two sides agree (agree.cuh)
+    AgreeRecv ag = agree_recv(a, q, call, kKindSendRecv, r.bytes);
+    status = agree_recv_wait(a, ag) ? 0 : 1;
+  }
+  __syncthreads();
+  if (status != 0) return;
   for (dc_u64 i = 0; i < n; i += stride) {
     const dc_u32 k = i % kCeSlots;
     const dc_u64 g = base + i;
@@ -637,11 +722,14 @@ __device__ void ce_copy_out(const P2PLaunch& a, dc_u32 b) {
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS, 1) p2p_ce_recv_kernel(P2PLaunch a) {
   enter_after_previous_kernel();
+  const dc_u64 call = agree_recv_call(a, a.recv.peer);
   if (blockIdx.x == a.recv.blocks) {
-    if (threadIdx.x == 0) ce_pace_recv(a);
-    return;
+    if (threadIdx.x == 0) ce_pace_recv(a, call);
+  } else {
+    ce_copy_out(a, blockIdx.x, call);
   }
-  ce_copy_out(a, blockIdx.x);
+  __syncthreads();
+  if (threadIdx.x == 0) agree_recv_done(a, a.recv.peer, call, a.recv.blocks + 1);
 }
 
 
@@ -677,15 +765,18 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_negotiated_kernel(P2PNegotiate
   const P2PSide& st = send ? a.send : a.recv;
   if (b >= nb[i]) return;
   if (!(st.pull & kSideGated)) {
-    plain_role(a, send, b, n.threads[i]);
+    plain_role(a, send, b, n.threads[i], true);
     return;
   }
+  // A gated role numbers and ends its call here, around whichever layout it takes.
+  const dc_u64 call = send ? 0 : agree_recv_call(a, st.peer);
   // The copy-engine sides in place of the staged ones, for the copy-engine code.
   __shared__ P2PLaunch ce;
   if (threadIdx.x == 0) {
     ce = a;
     ce.send = n.ce_send;
     ce.recv = n.ce_recv;
+    if (b == 0 && send) agree_send(a, st.peer, kKindSendRecv, st.bytes);  // failure: aborted
     if (b == 0) decide_role(a, st, i);
   }
   __syncthreads();
@@ -699,13 +790,13 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_negotiated_kernel(P2PNegotiate
         ce_fill(ce, b - 1, cs.blocks);
       }
     } else if (b < cs.blocks) {
-      ce_copy_out(ce, b);
+      ce_copy_out(ce, b, call);
     } else if (b == cs.blocks && threadIdx.x == 0) {
-      ce_pace_recv(ce);
+      ce_pace_recv(ce, call);
     }
   } else if (b < st.blocks) {
     // The staged layout (bulk_send and bulk_recv check the decision themselves).
-    plain_role(a, send, b, THREADS);
+    plain_role(a, send, b, THREADS, false);
   }
   // Out: once every block of the role has read the decision, the last one clears it.
   __syncthreads();
@@ -717,6 +808,7 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_negotiated_kernel(P2PNegotiate
     if (out + 1 == nb[i]) {
       own[out_word] = 0;
       own[dec_word] = 0;
+      if (!send) agree_recv_end(a, st.peer, call);
     }
   }
 }

@@ -182,8 +182,10 @@ impl Collective {
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(f.clone());
         }
-        let module = jit.load(&group.ctx, &hooks.spec_with_options(&self.options))?;
-        let f = module.function(&hooks.expression(mixed))?;
+        let f = group.loading(|| {
+            let module = jit.load(&group.ctx, &hooks.spec_with_options(&self.options))?;
+            module.function(&hooks.expression(mixed))
+        })?;
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
             .cuda(
@@ -212,7 +214,7 @@ impl Collective {
         call: CollCall,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        group.errors.check()?;
+        group.errors.check_before_launch()?;
         let world = group.world_size;
         let rank = group.rank;
         if world > 32 {

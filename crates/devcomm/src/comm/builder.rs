@@ -18,7 +18,6 @@ use crate::jit::Jit;
 use crate::memory::Registry;
 use crate::p2p::{P2PLimits, TuneTable, P2P};
 use crate::topology::Topology;
-use crate::window::Window;
 
 /// Builds a [`Comm`] with explicit settings. [`Comm::from_env`] is the usual way in.
 #[derive(Debug, Clone)]
@@ -122,7 +121,7 @@ impl CommBuilder {
     }
 
     /// Collective: joins the group, opens the GPU, discovers the topology and creates the
-    /// communicator's control window. Every rank gets the communicator or an error.
+    /// communicator's send/recv window. Every rank gets the communicator or an error.
     pub fn build(self) -> Result<Comm> {
         self.config.validate()?;
         let rank = self.info.rank;
@@ -131,14 +130,16 @@ impl CommBuilder {
         // Before any CUDA call: ranks whose must-agree settings differ fail here, all alike.
         agree_on_config(&store, rank, &self.config)?;
         let (window, max_blocks_explicit) = self.window();
-        let ordinal = match self.device {
+        // cudarc panics in its loader without a driver: ask first (the error goes through the
+        // agreement below like any other failure to open the device).
+        let ordinal = crate::cuda::ensure_driver().and_then(|()| match self.device {
             Some(d) => Ok(d),
             None => CudaContext::device_count()
                 .cuda(rank as i32, "cuDeviceGetCount")
                 .and_then(|count| {
                     default_ordinal(self.info.local_rank, count, self.config.share_gpu)
                 }),
-        };
+        });
         // Every rank's outcome goes through the agreement, so a rank that cannot open its GPU
         // fails the others at once instead of leaving them to time out.
         let opened = ordinal
@@ -224,7 +225,6 @@ impl CommBuilder {
             errors,
             Arc::new(self.config.clone()),
         ));
-        let control = Window::<u64>::new(&group, group.world_size, 0)?;
         let p2p = P2P::new(&group, p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
         let reduce = crate::reduce::launch::Reduce::new(&group, device.sm_count)?;
@@ -236,9 +236,6 @@ impl CommBuilder {
             device,
             jit: Jit::from_config(&self.config),
             registry: Registry::new(),
-            control,
-            barrier_fn: std::sync::OnceLock::new(),
-            barrier_gate: crate::group::KernelGate::new("comm-barrier", group.world_size),
             stream: self.stream,
             group,
         };

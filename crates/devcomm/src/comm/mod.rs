@@ -14,18 +14,17 @@ mod zero_copy;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, CudaStream, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaStream};
 use devcomm_bootstrap::{RankInfo, Store};
 
 use crate::collective::Collective;
 use crate::cuda::info::DeviceInfo;
 use crate::error::{CudaResultExt, Result};
 use crate::group::Group;
-use crate::jit::{Jit, KernelSpec};
+use crate::jit::Jit;
 use crate::memory::Registry;
 use crate::p2p::P2P;
 use crate::topology::Topology;
-use crate::window::Window;
 
 pub use builder::CommBuilder;
 pub use collectives::HookArgs;
@@ -38,11 +37,6 @@ pub struct Comm {
     device: DeviceInfo,
     jit: Jit,
     registry: Registry,
-    control: Window<u64>,
-    /// The barrier kernel, loaded on first use.
-    barrier_fn: std::sync::OnceLock<cudarc::driver::CudaFunction>,
-    /// Every rank has loaded the barrier kernel (see `group::KernelGate`).
-    barrier_gate: crate::group::KernelGate,
     p2p: P2P,
     coll: Collective,
     /// The stream given to the builder, bound at build.
@@ -52,13 +46,6 @@ pub struct Comm {
     // Dropped last: windows and registrations above release their mappings first.
     group: Arc<Group>,
 }
-
-const BARRIER_KERNEL: &str = r#"
-#include "devcomm/devcomm.cuh"
-extern "C" __global__ void devcomm_comm_barrier(devcomm::DeviceWindow w) {
-  devcomm::barrier(devcomm::Block{}, w);
-}
-"#;
 
 impl Comm {
     /// Joins the group described by the torchrun-style environment
@@ -128,29 +115,12 @@ impl Comm {
     }
 
     /// Enqueues a barrier across all ranks on `stream`: kernels after it on any rank start only
-    /// once every rank's work before it has finished. Bounded like every device wait.
+    /// once every rank's work before it has finished. Bounded like every device wait. It is a
+    /// call like send/recv and the collectives (docs/PROTOCOL.md, "Agreement"): every rank must
+    /// make it at the same point of its calls (a rank in another call is named by
+    /// [`crate::Error::CallMismatch`]), on the stream of the communicator's send/recv calls.
     pub fn barrier(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.check()?;
-        let func = match self.barrier_fn.get() {
-            Some(f) => f.clone(),
-            None => {
-                let spec = KernelSpec::new("devcomm_comm_barrier", BARRIER_KERNEL)
-                    .name_expression("devcomm_comm_barrier");
-                let module = self.jit.load(self.context(), &spec)?;
-                let f = module.function("devcomm_comm_barrier")?;
-                self.barrier_fn.get_or_init(|| f).clone()
-            }
-        };
-        self.barrier_gate.pass(&self.group, 0..self.world_size())?;
-        let handle = self.control.device_handle();
-        let cfg = crate::cuda::linear_launch(1, 32);
-        let mut launch = stream.launch_builder(&func);
-        launch.arg(&handle);
-        // SAFETY: the kernel takes one DeviceWindow by value, which is what is pushed; the
-        // window's memory outlives the launch because `self.control` lives as long as `self`
-        // and `Drop` of windows synchronises with peers before unmapping.
-        unsafe { launch.launch(cfg) }.cuda(self.rank() as i32, "cuLaunchKernel (barrier)")?;
-        Ok(())
+        self.p2p.launch_barrier(&self.group, &self.jit, stream)
     }
 
     /// Host-side barrier through the store (no GPU work).

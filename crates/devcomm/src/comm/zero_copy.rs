@@ -123,6 +123,30 @@ impl Comm {
         let chunk = total / world as u64;
         // This rank's output range (and the registration) first.
         let (own, _) = self.zc_target(OP, recv, rank)?;
+        // Then every rank's, from the sizes all ranks registered: each refuses the same call,
+        // on either route, before any launches (a fused launch would wait for a refuser).
+        let sizes = self.registry.sizes(recv.handle).unwrap_or_default();
+        if let Some((peer, capacity)) = first_too_small(recv.offset, total, &sizes) {
+            return Err(Error::CapacityExceeded {
+                op: OP,
+                peer,
+                bytes: recv.offset.saturating_add(total),
+                capacity,
+            });
+        }
+        // The fused route writes whole elements of T: the output must be aligned for them.
+        let align = std::mem::align_of::<T>() as u64;
+        if recv.offset % align != 0 || own % align != 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "the registered output at offset {} (address {own:#x}) is not aligned to \
+                     {align} bytes, the alignment of {}",
+                    recv.offset,
+                    std::any::type_name::<T>()
+                ),
+            });
+        }
         if chunk == 0 {
             return Ok(());
         }
@@ -251,5 +275,32 @@ impl Comm {
                 capacity: target.bytes,
             }),
         }
+    }
+}
+
+/// The first rank whose registered size cannot hold `bytes` at `offset`, with that size (pure).
+fn first_too_small(offset: u64, bytes: u64, sizes: &[u64]) -> Option<(usize, u64)> {
+    let end = offset.checked_add(bytes);
+    sizes
+        .iter()
+        .enumerate()
+        .find(|&(_, &cap)| end.is_none_or(|end| end > cap))
+        .map(|(rank, &cap)| (rank, cap))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_too_small;
+
+    #[test]
+    fn every_rank_registered_size_is_checked() {
+        assert_eq!(first_too_small(0, 64, &[64, 64, 64]), None);
+        assert_eq!(first_too_small(16, 64, &[128, 64, 128]), Some((1, 64)));
+        assert_eq!(first_too_small(0, 65, &[64, 32]), Some((0, 64)));
+        assert_eq!(
+            first_too_small(u64::MAX, 1, &[u64::MAX]),
+            Some((0, u64::MAX))
+        );
+        assert_eq!(first_too_small(0, 0, &[]), None);
     }
 }

@@ -359,6 +359,12 @@ pub(crate) fn test_variable(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
+/// The dynamic loader's search path (`LD_LIBRARY_PATH`), named in errors about a library that
+/// could not be loaded.
+pub(crate) fn loader_path() -> Option<String> {
+    std::env::var("LD_LIBRARY_PATH").ok()
+}
+
 fn invalid(knob: &Knob, reason: String) -> Error {
     Error::InvalidArgument {
         op: "config",

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys, CudaContext};
 
+#[allow(unused_imports)] // the tests below use them too
+pub(crate) use super::error_record::{call_mismatch_field, record_to_error};
 use super::{bind, check, log_drop_error, with_rank};
 use crate::error::{Error, Result};
 use crate::handles::{DeviceErrorState, DeviceOp, ErrorRecord};
@@ -146,6 +148,23 @@ impl ErrorState {
         result
     }
 
+    /// The check at the start of a call, before it launches: like [`check`](Self::check), but a
+    /// soft error of an earlier call (all-to-all-v counts, a refused zero-copy call), which
+    /// left the communicator consistent, is left for that call's `synchronize` or `check`:
+    /// this call launches as its peers do, instead of returning the other call's error and
+    /// leaving them to time out.
+    pub fn check_before_launch(&self) -> Result<()> {
+        let unreported = self
+            .fired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none();
+        if unreported && soft_pending(&self.read()) {
+            return Ok(());
+        }
+        self.check()
+    }
+
     /// Empties the record (after a count error, which leaves nothing aborted).
     fn clear_record(&self) {
         // SAFETY: as in `read`; no kernel writes the record while `flag` is 1 and `abort` 0
@@ -157,6 +176,17 @@ impl ErrorState {
             )
         };
         fence(Ordering::SeqCst);
+    }
+
+    /// Whether this communicator has failed: a device error was reported or recorded, or the
+    /// host raised abort. Tear-down then skips the barriers with its peers (one may be dead).
+    pub fn is_aborted(&self) -> bool {
+        let reported = self
+            .fired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        reported || self.host_raised.load(Ordering::Acquire) || self.read().abort != 0
     }
 
     /// Raises the abort flag: every device wait of this communicator returns at once, and
@@ -218,6 +248,16 @@ pub(crate) fn evaluate(state: &DeviceErrorState, rank: usize, host_raised: bool)
     }
 }
 
+/// Whether the record holds a complete soft error (no abort raised) and nothing else.
+pub(crate) fn soft_pending(state: &DeviceErrorState) -> bool {
+    state.abort == 0
+        && state.record.flag != 0
+        && matches!(
+            DeviceOp::from_code(state.record.op),
+            DeviceOp::CountOverflow | DeviceOp::ZeroCopyMismatch
+        )
+}
+
 /// Resolves a snapshot that stayed [`Verdict::Pending`]: a claimed record is reported as it
 /// is; an abort without a record is reported as such.
 fn settle(state: &DeviceErrorState, rank: usize) -> Result<()> {
@@ -237,58 +277,6 @@ fn host_abort(rank: usize) -> Error {
     Error::Aborted {
         rank: rank_i32(rank),
         reason: "the host raised the abort flag".to_owned(),
-    }
-}
-
-/// Converts a written record into the error the host reports.
-pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
-    if DeviceOp::from_code(record.op) == DeviceOp::CountOverflow {
-        return Error::CountOverflow {
-            rank: record.rank,
-            side: if record.peer >= 0 { "send" } else { "receive" },
-            peer: record.peer,
-            needed: record.seen,
-            capacity: record.expected,
-        };
-    }
-    if DeviceOp::from_code(record.op) == DeviceOp::ZeroCopyMismatch {
-        return Error::ZeroCopyMismatch {
-            rank: record.rank,
-            peer: record.peer,
-            field: match record.slot {
-                0 => "the registration",
-                1 => "the offset",
-                2 => "the size in bytes",
-                _ => "the call (refused by the sender; receiver's size in bytes)",
-            },
-            local: record.expected,
-            remote: record.seen,
-        };
-    }
-    if DeviceOp::from_code(record.op) == DeviceOp::CopyEngineMismatch {
-        // The kernel records the word of the peer's block: INTENT or SIZE of a slot.
-        use crate::abi::{CE_SIZE, CE_SLOTS};
-        let size_words = CE_SIZE as u64..CE_SIZE as u64 + CE_SLOTS;
-        return Error::CopyEngineMismatch {
-            rank: record.rank,
-            peer: record.peer,
-            field: if size_words.contains(&record.slot) {
-                "the message size"
-            } else {
-                "the chunk id"
-            },
-            expected: record.expected,
-            seen: record.seen,
-        };
-    }
-    Error::PeerTimeout {
-        op: DeviceOp::from_code(record.op),
-        rank: record.rank,
-        peer: record.peer,
-        slot: record.slot,
-        expected: record.expected,
-        seen: record.seen,
-        elapsed: Duration::from_nanos(record.elapsed_ns),
     }
 }
 
@@ -373,6 +361,108 @@ mod tests {
             ..state
         };
         assert!(matches!(evaluate(&waiting, 3, false), Verdict::Pending));
+    }
+
+    #[test]
+    fn call_mismatch_is_a_hard_error_naming_both_sizes() {
+        let rec = ErrorRecord {
+            op: 11,
+            rank: 1,
+            peer: 0,
+            slot: 2,
+            expected: 524_291,
+            seen: 1_048_581,
+            elapsed_ns: 0,
+            flag: 1,
+        };
+        // Recorded with abort raised: complete only then (never reported as soft).
+        let pending = DeviceErrorState {
+            abort: 0,
+            reserved: 0,
+            record: rec,
+        };
+        assert!(matches!(evaluate(&pending, 1, false), Verdict::Pending));
+        let fired = DeviceErrorState {
+            abort: 1,
+            ..pending
+        };
+        match evaluate(&fired, 1, false) {
+            Verdict::Failed(e) => match *e {
+                Error::CallMismatch {
+                    rank,
+                    peer,
+                    what,
+                    local,
+                    remote,
+                    ..
+                } => {
+                    assert_eq!((rank, peer, what), (1, 0, "send/recv"));
+                    assert_eq!((local, remote), (524_291, 1_048_581));
+                }
+                other => panic!("unexpected {other:?}"),
+            },
+            other => panic!("unexpected {other:?}"),
+        }
+        let msg = record_to_error(&rec).to_string();
+        for part in [
+            "rank 1",
+            "peer 0",
+            "524291",
+            "1048581",
+            "size in bytes",
+            "rebuilt",
+        ] {
+            assert!(msg.contains(part), "{part} missing in {msg}");
+        }
+        let kind = record_to_error(&ErrorRecord { slot: 1, ..rec }).to_string();
+        assert!(kind.contains("kind of call"), "{kind}");
+        let op = record_to_error(&ErrorRecord {
+            slot: 3,
+            expected: 1,
+            seen: 3,
+            ..rec
+        });
+        assert!(
+            matches!(
+                op,
+                Error::CallMismatch {
+                    what: "a collective",
+                    local: 1,
+                    remote: 3,
+                    ..
+                }
+            ),
+            "{op:?}"
+        );
+        assert!(op.to_string().contains("all-to-all-v"), "{op}");
+    }
+
+    #[test]
+    fn a_soft_error_does_not_stop_the_next_launch_but_a_hard_one_does() {
+        let soft = DeviceErrorState {
+            abort: 0,
+            reserved: 0,
+            record: ErrorRecord { op: 6, ..record() },
+        };
+        assert!(soft_pending(&soft));
+        // The same record with abort raised, a wait's record in progress, a hard mismatch:
+        // the launch checks them as `check` does.
+        assert!(!soft_pending(&DeviceErrorState { abort: 1, ..soft }));
+        assert!(!soft_pending(&DeviceErrorState {
+            record: ErrorRecord {
+                op: 3,
+                ..soft.record
+            },
+            ..soft
+        }));
+        assert!(!soft_pending(&DeviceErrorState {
+            record: ErrorRecord {
+                op: 11,
+                ..soft.record
+            },
+            ..soft
+        }));
+        assert!(!soft_pending(&DeviceErrorState::default()));
     }
 
     #[test]

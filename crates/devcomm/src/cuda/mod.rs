@@ -12,6 +12,8 @@
 //! [`with_rank`].
 
 mod buffer;
+mod driver;
+mod error_record;
 mod error_state;
 #[cfg(test)]
 mod gpu_tests;
@@ -30,6 +32,7 @@ use cudarc::driver::{sys, CudaContext};
 use crate::error::{CudaResultExt, Error, Result};
 
 pub use buffer::{memset_zero, DeviceBuffer};
+pub use driver::ensure_driver;
 pub use error_state::ErrorState;
 
 /// Loads the code of kernel `f` now rather than at its first launch (the driver's lazy

@@ -182,16 +182,16 @@ impl Drop for SymmetricMemory {
     }
 }
 
-/// Synchronises this rank's device, then waits for every rank at `{tag}/free`. Errors are
-/// logged: this runs in `Drop`.
+/// Synchronises this rank's device, then waits for every rank at `{tag}/free`, unless the
+/// communicator has failed (its kernels have all given up; a dead peer would hold every
+/// barrier for the setup timeout, and a communicator holds several). Errors are logged: this
+/// runs in `Drop`.
 fn teardown_barrier(group: &Group, tag: &str) {
     cuda::log_drop_error(
         "synchronising before unmapping",
         cuda::synchronize(&group.ctx),
     );
-    let barrier = group
-        .store
-        .barrier(&format!("{tag}/free"), group.setup_timeout);
+    let barrier = group.teardown_barrier(&format!("{tag}/free"));
     if let Err(e) = barrier {
         log::warn!(
             "devcomm: rank {}: tear-down barrier `{tag}` failed: {e}",

@@ -217,10 +217,8 @@ impl Registration {
         }
         let synced = cuda::synchronize(&self.group.ctx).map_err(|e| with_rank(e, self.group.rank));
         self.mappings.clear();
-        let barrier = self
-            .group
-            .store
-            .barrier(&format!("{}/free", self.tag), self.group.setup_timeout);
+        // A failed communicator does not meet its peers (Group::teardown_barrier).
+        let barrier = self.group.teardown_barrier(&format!("{}/free", self.tag));
         synced?;
         barrier?;
         Ok(())
@@ -495,6 +493,14 @@ impl Registry {
             ptr: r.get_nvlink_address(peer)?,
             bytes: r.peer_bytes(peer)?,
         })
+    }
+
+    /// The size every rank registered under `handle` (this rank's handle), known to all since
+    /// registration whether or not a peer's buffer is mapped here; `None` for an unknown handle.
+    pub(crate) fn sizes(&self, handle: u64) -> Option<Vec<u64>> {
+        let entries = self.lock();
+        let (_, r) = entries.by_handle.get(&handle)?;
+        Some(r.peer_bytes.clone())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {

@@ -36,6 +36,8 @@ pub(crate) enum KernelKey {
     /// `p2p_negotiated_kernel<MAX_ROLE_THREADS, INTERLEAVE>` (a launch with two roles and a
     /// negotiated large message).
     Negotiated(bool),
+    /// `p2p_barrier_kernel` (`Comm::barrier` on the agreement ring).
+    Barrier,
 }
 
 impl KernelKey {
@@ -48,6 +50,7 @@ impl KernelKey {
             Self::CeRecv(t) => ce_recv_expression(t),
             Self::ZeroCopyCe => ZC_CE_EXPRESSION.to_owned(),
             Self::Negotiated(i) => negotiated_expression(i),
+            Self::Barrier => BARRIER_EXPRESSION.to_owned(),
         }
     }
 }
@@ -66,6 +69,7 @@ fn ce_send_expression() -> String {
     format!("devcomm::p2p::p2p_ce_send_kernel<{CE_SEND_THREADS}>")
 }
 const ZC_CE_EXPRESSION: &str = "devcomm::p2p::p2p_zc_ce_kernel";
+const BARRIER_EXPRESSION: &str = "devcomm::p2p::p2p_barrier_kernel";
 fn negotiated_expression(interleave: bool) -> String {
     format!("devcomm::p2p::p2p_negotiated_kernel<{MAX_ROLE_THREADS}, {interleave}>")
 }
@@ -81,6 +85,7 @@ pub fn sendrecv_spec(options: &[String]) -> KernelSpec {
         .name_expression(zc_expression())
         .name_expression(ce_send_expression())
         .name_expression(ZC_CE_EXPRESSION.to_owned())
+        .name_expression(BARRIER_EXPRESSION.to_owned())
         .name_expression(negotiated_expression(true))
         .name_expression(negotiated_expression(false));
     for t in [256, 512] {

@@ -34,7 +34,7 @@ impl P2P {
         recv: Option<Transfer>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        group.errors.check()?;
+        group.errors.check_before_launch()?;
         self.bind(group, stream)?;
         let p = plan(send, recv, &self.plan_inputs(), |op, peer| {
             self.check_peer(group, op, peer)

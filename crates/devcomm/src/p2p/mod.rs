@@ -7,6 +7,7 @@
 //! `window.rs`, `defaults.rs`, `sweep.rs`, `env.rs` the knobs (with `crate::abi`, re-exported by
 //! `config`); `handle.rs` the kernels' argument structs; `tune.rs` the tuning table.
 
+mod barrier;
 pub mod config;
 mod copy_engine;
 pub mod defaults;
@@ -290,12 +291,15 @@ impl P2P {
         if let Some(m) = self.module.get() {
             return Ok(m);
         }
-        let m = jit.load(&group.ctx, &sendrecv_spec(&group.config.p2p_options))?;
         // Every kernel now: under the driver's lazy loading a kernel's first launch can wait
         // for kernels already running, and a negotiating role's kernels are enqueued behind
         // one that waits on the peer (seen on 2 H200s: the first large both-ways call stalled
         // until that wait timed out).
-        m.load_every_kernel()?;
+        let m = group.loading(|| {
+            let m = jit.load(&group.ctx, &sendrecv_spec(&group.config.p2p_options))?;
+            m.load_every_kernel()?;
+            Ok(m)
+        })?;
         Ok(self.module.get_or_init(|| m))
     }
 

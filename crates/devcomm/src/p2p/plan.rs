@@ -129,6 +129,7 @@ pub fn plan(
         let Some(t) = t else { continue };
         let op = if i == 0 { "send" } else { "recv" };
         check_peer(op, t.peer)?;
+        crate::abi::check_message_bytes(op, t.bytes)?;
         let cfg = t.config.unwrap_or_else(|| inputs.config_for(t.bytes));
         // A large message on the built-in defaults: its layout is negotiated (p2p.cuh).
         let negotiated = t.config.is_none()

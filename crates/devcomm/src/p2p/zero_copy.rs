@@ -46,14 +46,16 @@ impl P2P {
         recv: Option<ZcRole>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        group.errors.check()?;
+        group.errors.check_before_launch()?;
         self.bind(group, stream)?;
         // Both roles are checked before either route launches anything.
         if let Some(t) = send {
             self.check_peer(group, "send_registered", t.peer)?;
+            crate::abi::check_message_bytes("send_registered", t.bytes)?;
         }
         if let Some(t) = recv {
             self.check_peer(group, "recv_registered", t.peer)?;
+            crate::abi::check_message_bytes("recv_registered", t.bytes)?;
         }
         let peer = |t: Option<ZcRole>| t.map_or(-1, |t| t.peer as i32);
         self.ready(group, jit, [peer(send), peer(recv)])?;

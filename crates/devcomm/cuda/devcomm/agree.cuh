@@ -1,0 +1,165 @@
+// devcomm/agree.cuh: the two sides of every send/recv call agree before anything is written
+// (docs/PROTOCOL.md, "Agreement").
+//
+// Every route (LL, LL128, staged push or pull, copy engine, negotiated, zero-copy) starts the
+// same way. The sender's lead thread numbers the call (CALL_S + 1 for this peer) and stores
+// its DESCRIPTOR, pack(call, kind, bytes), into the receiver's pad, in ring word call % kAgRing.
+// Every receiving thread or warp that is about to write the destination (or to let a copy
+// stream write it) first waits for the descriptor of its own call number (CALL_R + 1) and
+// compares kind and size with its own call. A difference is recorded as kOpCallMismatch
+// (naming the peer, both values and the field) and aborts the communicator: the routes' own
+// counters no longer agree, so it must be rebuilt. Nothing is written into the destination.
+//
+// The store needs no fence and the check no extra round trip: the descriptor leaves with the
+// data (the same thread stores it just before its first line or chunk), and the receiver
+// polls it in the same loop as its data, so both arrive in one flight.
+//
+// Ring credit: the receiver's last block out of call c stores ACK = c into the sender's pad,
+// and the sender waits for ACK >= call - kAgRing before overwriting a ring word. Sends may run
+// ahead of receives by up to kAgRing calls whichever routes they take.
+//
+// Words (user slots) of peer p's copy-engine block (p2p.cuh, p2p_ce_word):
+//   +56 CALL_S  calls this rank sent to p              +57 CALL_R  calls received from p
+//   +58 OUT_R   receiving blocks done with this call   +59 ACK     this rank's calls p finished
+//   +60..63 DESC[kAgRing]  p's descriptors of its calls to this rank (written by p)
+#pragma once
+
+#include "devcomm/ll.cuh"
+
+namespace devcomm {
+namespace p2p {
+
+// Words, descriptor layout and the pure decisions are in devcomm/p2p.cuh (kAg*, agree_*).
+
+#if defined(__CUDACC__)
+
+// Records a mismatch found by this rank (the receiver) against `peer`: field, this side's value
+// (expected) and the peer's (seen); raises abort, since the routes' counters now disagree.
+__device__ inline void agree_record(const P2PLaunch& a, int peer, dc_u32 field, dc_u64 d,
+                                    dc_u32 kind, dc_u64 bytes) {
+  record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, peer, field},
+                      agree_value(field, kind, bytes),
+                      agree_value(field, agree_kind(d), agree_bytes(d)), 0);
+}
+
+// A sender's call number and credit, loaded early (agree_send_begin) so that the loads overlap
+// the protocol's own ones, and used just before the first store of data (agree_send_finish).
+struct AgreeSend {
+  dc_u64* own;
+  dc_u64 call;
+  dc_u64 ack;
+};
+
+__device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int peer) {
+  dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
+  return AgreeSend{own, own[kAgCallS] + 1, ld_relaxed_sys(own + kAgAck)};
+}
+
+// Stores the descriptor of call s.call into the peer's ring once its word is free (one thread,
+// the lead of the send role). False when that wait failed (recorded; the caller stops).
+__device__ inline bool agree_send_finish(const P2PLaunch& a, int peer, const AgreeSend& s,
+                                         dc_u32 kind, dc_u64 bytes) {
+  if (s.call > kAgRing && s.ack + kAgRing < s.call) {
+    const dc_u64 slot = p2p_ce_word(a, peer, kAgAck);
+    if (!wait_until(error_state(a.w), a.w.timeout_ns, a.w.rank, s.own + kAgAck,
+                    s.call - kAgRing, Cmp::Ge, WaitSite{kOpSendSlotFree, peer, slot})) {
+      return false;
+    }
+  }
+  dc_u64* desc = peer_user_slot(a.w, peer, p2p_ce_word(a, a.w.rank, kAgDesc + s.call % kAgRing));
+  st_relaxed_sys(desc, agree_pack(s.call, kind, bytes));
+  s.own[kAgCallS] = s.call;
+  return true;
+}
+
+__device__ inline bool agree_send(const P2PLaunch& a, int peer, dc_u32 kind, dc_u64 bytes) {
+  return agree_send_finish(a, peer, agree_send_begin(a, peer), kind, bytes);
+}
+
+// The call number this receive role has with `peer` (read by every receiving thread at the
+// start; the role's last block out advances it, agree_recv_done).
+__device__ __forceinline__ dc_u64 agree_recv_call(const P2PLaunch& a, int peer) {
+  return *own_user_slot(a.w, p2p_ce_word(a, peer, kAgCallR)) + 1;
+}
+
+// The ring word that carries the descriptor of call `call` from `peer`.
+__device__ __forceinline__ const dc_u64* agree_desc(const P2PLaunch& a, int peer, dc_u64 call) {
+  return own_user_slot(a.w, p2p_ce_word(a, peer, kAgDesc + call % kAgRing));
+}
+
+// What a receiving thread checks: the peer's descriptor of `call` against (kind, bytes).
+// `agreed` becomes true once it matched; a mismatch is recorded (by this thread).
+struct AgreeRecv {
+  const dc_u64* desc;
+  dc_u64 call;
+  dc_u64 bytes;
+  dc_u64 mask;  // payload bits compared: all for send/recv, none for zero-copy (which compares
+                // its sizes itself), the operation only for all-to-all-v (counts come later)
+  dc_u32 kind;
+  int peer;
+  bool agreed;
+
+  // Looks at one loaded descriptor value: false on a mismatch (recorded when `record`).
+  __device__ __forceinline__ bool look(const P2PLaunch& a, dc_u64 d, bool record = true) {
+    if (agreed || !agree_is_call(d, call)) return true;
+    const dc_u32 field = agree_differs(d, kind, bytes, mask);
+    if (field != 0) {
+      if (record) agree_record(a, peer, field, d, kind, bytes);
+      return false;
+    }
+    agreed = true;
+    return true;
+  }
+};
+
+__device__ __forceinline__ AgreeRecv agree_recv(const P2PLaunch& a, int peer, dc_u64 call,
+                                                dc_u32 kind, dc_u64 bytes) {
+  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kAgBytesMask, kind, peer, false};
+}
+
+// No check at all (a role whose caller checked already).
+__device__ __forceinline__ AgreeRecv agree_none() {
+  return AgreeRecv{nullptr, 0, 0, 0, 0, -1, true};
+}
+
+// Waits (one thread) for the descriptor of the call and checks it: true when the two sides
+// agree; false after a mismatch or a failed wait (both recorded).
+__device__ inline bool agree_recv_wait(const P2PLaunch& a, AgreeRecv& ag) {
+  DeviceErrorState* err = error_state(a.w);
+  PollClock clock;
+  for (;;) {
+    const dc_u64 d = ld_relaxed_sys(ag.desc);
+    if (!ag.look(a, d)) return false;
+    if (ag.agreed) return true;
+    const dc_u64 slot = p2p_ce_word(a, ag.peer, kAgDesc + ag.call % kAgRing);
+    if (!clock.tick(a, err, ag.peer, slot, ag.call, d >> kAgCallShift)) return false;
+    if (clock.polls > kSpinPolls) __nanosleep(kMaxSleepNs);
+  }
+}
+
+// The end of a receive call (one thread, once every receiving thread is done): advances CALL_R
+// and hands the ring word back to the sender (ACK).
+__device__ __forceinline__ void agree_recv_end(const P2PLaunch& a, int peer, dc_u64 call) {
+  *own_user_slot(a.w, p2p_ce_word(a, peer, kAgCallR)) = call;
+  st_relaxed_sys(peer_user_slot(a.w, peer, p2p_ce_word(a, a.w.rank, kAgAck)), call);
+}
+
+// The end of a receive role in one block (one thread, after every thread of the role in this
+// block is done): the last of `nblocks` blocks advances CALL_R and hands the ring word back
+// to the sender (ACK).
+__device__ inline void agree_recv_done(const P2PLaunch& a, int peer, dc_u64 call,
+                                       dc_u32 nblocks) {
+  dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
+  if (nblocks > 1) {
+    const unsigned long long out =
+        atomicAdd(reinterpret_cast<unsigned long long*>(own + kAgOutR), 1ull);
+    if (out + 1 != nblocks) return;
+    own[kAgOutR] = 0;
+  }
+  agree_recv_end(a, peer, call);
+}
+
+#endif  // __CUDACC__
+
+}  // namespace p2p
+}  // namespace devcomm
