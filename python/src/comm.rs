@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::CudaStream;
-use devcomm::raw::{copy_hooks, RawBuffer, RawCounts};
 use devcomm::p2p::Transfer;
+use devcomm::raw::{copy_hooks, RawBuffer, RawCounts};
 use devcomm::{Comm, HookArgs};
 use pyo3::prelude::*;
 
