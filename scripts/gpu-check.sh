@@ -10,6 +10,7 @@
 #          examples@N                      the Rust examples on N ranks
 #          python@N                        the Python GPU tests on N ranks (wheel in dist/)
 #          reduce-smoke@N                  the reduction benchmark as a smoke test on N ranks
+#          kill@N                          a rank dies in a loop of collectives (devcomm kill-test)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_TIMEOUT_MS=${DEVCOMM_TIMEOUT_MS:-10000} DEVCOMM_SETUP_TIMEOUT_MS=${DEVCOMM_SETUP_TIMEOUT_MS:-60000}
@@ -44,6 +45,7 @@ for w in "$@"; do
         step "bench-$op-smoke-$n" scripts/shared-gpu.sh "$n" dist/devcomm bench --op "$op" \
           --reference none --max-bytes $((16 << 20)) --json "$out/$op-smoke.json"
       done ;;
+    kill@*) n=${w#kill@}; step "kill-test-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm kill-test ;;
     *@*) g=${w%@*}; n=${w#*@}; step "selftest-$g-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest --only "$g" ;;
     *) echo "unknown step $w" >&2 ;;
   esac
