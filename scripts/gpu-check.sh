@@ -39,7 +39,11 @@ for w in "$@"; do
     python@*) n=${w#python@}
       python3 -m pip install -q --no-index --no-deps --target /tmp/devcomm-py dist/*.whl > "$out/pip.log" 2>&1
       step "python-$n-ranks" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 \
-        scripts/shared-gpu.sh "$n" python3 -m pytest -q -p no:cacheprovider python/tests/gpu ;;
+        scripts/shared-gpu.sh "$n" python3 -m pytest -q -p no:cacheprovider -rf python/tests/gpu
+      for py in python/bench_overhead.py examples/python/moe_layer.py examples/python/tp_mlp.py; do
+        step "python-$(basename "$py" .py)-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 \
+          scripts/shared-gpu.sh "$n" python3 "$py"
+      done ;;
     reduce-smoke@*) n=${w#reduce-smoke@}
       for op in all_reduce reduce_scatter all_gather; do
         step "bench-$op-smoke-$n" scripts/shared-gpu.sh "$n" dist/devcomm bench --op "$op" \

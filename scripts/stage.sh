@@ -24,4 +24,12 @@ if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ]; then
 fi
 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" \
   dist/devcomm precompile --arch 9.0
+# The Python wheel (maturin as scripts/test-python.sh installs it into .tools/py), for
+# gpu-check.sh's python steps.
+if [ ! -x .tools/py/bin/maturin ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target .tools/py 'maturin>=1.5,<2' 'pytest>=7'
+fi
+(cd python && PYTHONPATH="$(pwd)/../.tools/py" CARGO_TARGET_DIR="$(pwd)/../target" \
+  ../.tools/py/bin/maturin build --release --quiet --out ../dist)
 ls -la dist
