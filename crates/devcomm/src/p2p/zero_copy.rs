@@ -175,10 +175,14 @@ impl P2P {
             st.wait(&forked)
                 .cuda(rank as i32, "cuStreamWaitEvent (fork)")?;
         }
-        self.enqueue_zc_ce_send(group, &pace_fn, z, pace, copy)?;
+        // The receive role first: it posts the descriptor the peer's pacer waits for, and the
+        // copy stream's wait below (`cuStreamWaitValue`) can hold a hardware queue that the
+        // caller's stream shares, so a receive kernel submitted after it could wait behind it
+        // while the peer waits for its descriptor (a ring of such calls would then stall).
         if z.p.recv.peer >= 0 {
             self.launch_zc_kernel(group, jit, recv_only(z), stream)?;
         }
+        self.enqueue_zc_ce_send(group, &pace_fn, z, pace, copy)?;
         for st in [pace, copy] {
             stream
                 .join(st)
