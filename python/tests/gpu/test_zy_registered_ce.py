@@ -5,9 +5,10 @@ test_registered.py, since a hang here aborts the communicator for every later te
 Seen on nvidia-h100-x1 (2 and 4 ranks sharing the GPU under MPS, torch 2.11, 2026-11-24, with
 DEVCOMM_ZC_CE_MIN=4 MiB): a send or receive alone by copy engine passed; a call whose send went
 by copy engine while the same rank also received (`sendrecv_registered`, an exchange or a ring
-step) timed out: the peer's pacer never saw this rank's receive descriptor. The ring test runs
-first on a side stream, then on torch's default stream, to tell whether the default (legacy)
-stream is the cause."""
+step) timed out: the peer's pacer never saw this rank's receive descriptor, as if the receive
+kernel, enqueued after the copy stream's wait for GO, waited behind it (streams sharing a
+hardware queue). The ring runs on a side stream and on torch's default stream; running this
+file with CUDA_DEVICE_MAX_CONNECTIONS=32 tells whether queue sharing is the cause."""
 
 import pytest
 import torch
