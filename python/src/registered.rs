@@ -18,13 +18,14 @@ use crate::errors::{invalid, IntoPy};
 use crate::memory::{capsule, DeviceMemory};
 use crate::tensor::{describe, DType, TensorDesc};
 
-/// What a registration keeps alive.
+/// What a registration keeps alive (held, never read: dropping it releases the memory).
 #[derive(Debug)]
+#[allow(dead_code)]
 enum Keep {
     /// The registered object (a torch tensor): its memory stays allocated.
-    Object(#[allow(dead_code)] Py<PyAny>),
+    Object(Py<PyAny>),
     /// Memory of `alloc_registered`.
-    Memory(#[allow(dead_code)] Arc<DeviceMemory>),
+    Memory(Arc<DeviceMemory>),
 }
 
 #[derive(Debug)]
@@ -191,7 +192,8 @@ pub fn register(
         Ok(d)
     });
     let d = agree(py, c, OP, local)?;
-    let bytes = usize::try_from(d.bytes()).map_err(|_| invalid(OP, "size"))?;
+    let bytes = usize::try_from(d.bytes())
+        .map_err(|_| invalid(OP, format!("{} bytes do not fit this host", d.bytes())))?;
     let handle = py.detach(|| c.comm().register(d.ptr, bytes)).py()?;
     let id = c.registrations().insert(
         handle,
