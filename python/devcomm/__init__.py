@@ -24,6 +24,7 @@ from ._native import (
     describe,
 )
 from ._hooks import Hooks
+from ._registration import Registration
 
 __all__ = [
     "Aborted",
@@ -36,6 +37,7 @@ __all__ = [
     "InvalidArgument",
     "NotBuiltError",
     "PeerTimeout",
+    "Registration",
     "SetupError",
     "__version__",
     "check_tensor",

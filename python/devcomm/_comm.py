@@ -9,6 +9,7 @@ import torch
 
 from . import _native, _ops
 from ._ops import hooks_id
+from ._registration import Registration
 
 _REDUCE_OPS = ("sum", "avg", "max", "min")
 
@@ -41,6 +42,7 @@ class Comm:
         self.local_rank = native.local_rank
         self.device = torch.device("cuda", native.device)
         self._token = torch.zeros(1, dtype=torch.int8, device=self.device)
+        self._ordinal = native.device
 
     @classmethod
     def _from_env(cls, device=None):
@@ -90,7 +92,11 @@ class Comm:
         stays on the GPU (no host synchronisation; graph-capturable) or a list (copied to the
         GPU); data from rank p lands packed in rank order. `out_splits`, when given, must equal
         what the peers send (checked on the GPU for a tensor, by total on the host for a list).
-        `hooks` / `user`: user hooks fused into the transfer and their arguments."""
+        `hooks` / `user`: user hooks fused into the transfer and their arguments.
+
+        Without splits and hooks, an `out` that lies inside a registration (`register`,
+        `alloc_registered`) takes the registered route, `Comm::all_to_all_registered`: every
+        rank's `out` must then lie at the same offset of the same registration."""
         if in_splits is None and out_splits is None:
             world = self.world_size
             if inp.dim() == 0 or inp.shape[0] % world != 0:
@@ -177,6 +183,76 @@ class Comm:
         """`out` gets every rank's `inp`, in rank order."""
         f = torch.ops.devcomm.all_gather_into_tensor if _compiling() else _ops.all_gather_into_tensor
         f(self._id, self._token, out, inp)
+
+    # --- registered buffers (zero-copy) ---------------------------------------------------
+
+    def _describe(self, t):
+        # Anything but a torch tensor goes to the native layer as it is (DLPack,
+        # __cuda_array_interface__), which reads or refuses it.
+        return _ops.desc(t) if isinstance(t, torch.Tensor) else t
+
+    def _deregister(self, rid):
+        _native.deregister(self._native, rid)
+
+    def register(self, tensor):
+        """Collective: registers `tensor` (contiguous, on this rank's device, in
+        `cudaMalloc`/`cuMemAlloc` memory, which torch's default caching allocator gives, or in
+        fd-exportable VMM memory) so that peers write straight into it, and returns a
+        `devcomm.Registration`. The registration holds the tensor (so its memory stays
+        allocated) until `deregister()` or the communicator's end. A tensor inside a larger
+        cached block registers its own bytes; peers map the whole block. Synchronises the
+        device (a setup step: not inside a CUDA graph capture). A rank that refuses its tensor
+        makes every rank raise `devcomm.InvalidArgument`."""
+        rid, ptr, nbytes = _native.register(self._native, self._describe(tensor), tensor, _ops._stream(self._native))
+        return Registration(self, rid, ptr, nbytes, tensor)
+
+    def alloc_registered(self, shape, dtype=torch.float32):
+        """Collective: allocates a contiguous tensor of `shape` and `dtype` with `cuMemAlloc`
+        (its own allocation, not torch's cache), registers it and returns the
+        `devcomm.Registration`; `.tensor` is the memory as a torch tensor (through DLPack).
+        The memory is freed when the registration is released and the tensor (with every
+        view of it) is gone, whichever comes last; the free waits for the device."""
+        shape = [int(shape)] if isinstance(shape, int) else [int(s) for s in shape]
+        name = _ops._DTYPES.get(dtype) or str(dtype)
+        rid, ptr, nbytes, capsule = _native.alloc_registered(self._native, shape, name)
+        return Registration(self, rid, ptr, nbytes, torch.from_dlpack(capsule))
+
+    @staticmethod
+    def _offset(op, offset):
+        offset = int(offset)
+        if offset < 0:
+            raise _native.InvalidArgument(f"{op}: invalid argument: offset {offset} < 0")
+        return offset
+
+    def send_registered(self, t, peer, registration, offset=0):
+        """Zero-copy send: `t`'s bytes go straight into `peer`'s buffer of `registration`,
+        `offset` bytes in (a multiple of `t`'s element size). `peer` posts the matching
+        `recv_registered` (or `sendrecv_registered`) with a tensor at that offset of its buffer
+        of the same registration, of the same size; a mismatch writes nothing and raises
+        `devcomm.Error` (zero-copy mismatch) at the next check. A range past the peer's
+        registered size is refused before anything runs."""
+        rid = Registration._check(registration, "send_registered", self)
+        offset = self._offset("send_registered", offset)
+        f = torch.ops.devcomm.send_registered if _compiling() else _ops.send_registered
+        f(self._id, self._token, t, peer, rid, offset)
+
+    def recv_registered(self, t, peer, registration=None):
+        """Zero-copy receive: `peer` writes `t`'s size straight into `t`, which must lie
+        inside `registration` (or, when None, inside some registration of this rank: the
+        oldest that holds it)."""
+        rid = 0 if registration is None else Registration._check(registration, "recv_registered", self)
+        f = torch.ops.devcomm.recv_registered if _compiling() else _ops.recv_registered
+        f(self._id, self._token, t, peer, rid)
+
+    def sendrecv_registered(self, send, send_peer, registration, offset, recv, recv_peer, recv_registration=None):
+        """Both in one kernel (rings, exchanges): `send` into `send_peer`'s buffer of
+        `registration` at `offset` bytes, and `recv` (inside `recv_registration`, or found)
+        from `recv_peer`."""
+        rid = Registration._check(registration, "sendrecv_registered", self)
+        offset = self._offset("sendrecv_registered", offset)
+        recv_rid = 0 if recv_registration is None else Registration._check(recv_registration, "sendrecv_registered", self)
+        f = torch.ops.devcomm.sendrecv_registered if _compiling() else _ops.sendrecv_registered
+        f(self._id, self._token, send, send_peer, rid, offset, recv, recv_peer, recv_rid)
 
     # --- state --------------------------------------------------------------------------
 

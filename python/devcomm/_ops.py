@@ -199,6 +199,50 @@ def _fake_all_gather_into_tensor(comm, token, dst, src):
     return None
 
 
+# --- registered buffers (zero-copy) -------------------------------------------------------
+# `reg` is a `devcomm.Registration`'s id; 0 for a receive: the registration that holds the
+# tensor (the oldest, when several do).
+
+
+def send_registered(comm: int, token: torch.Tensor, t: torch.Tensor, peer: int, reg: int, offset: int) -> None:
+    """`t`'s bytes straight into `peer`'s buffer of registration `reg`, `offset` bytes in."""
+    c = _comm(comm)
+    _native.send_registered(c, desc(t), peer, reg, offset, _stream(c))
+
+
+def _fake_send_registered(comm, token, t, peer, reg, offset):
+    return None
+
+
+def recv_registered(comm: int, token: torch.Tensor, t: torch.Tensor, peer: int, reg: int) -> None:
+    """`t`'s bytes from `peer`, written by the peer straight into `t` (inside a registration)."""
+    c = _comm(comm)
+    _native.recv_registered(c, desc(t), peer, reg or None, _stream(c))
+
+
+def _fake_recv_registered(comm, token, t, peer, reg):
+    return None
+
+
+def sendrecv_registered(
+    comm: int,
+    token: torch.Tensor,
+    send: torch.Tensor,
+    send_peer: int,
+    reg: int,
+    offset: int,
+    recv: torch.Tensor,
+    recv_peer: int,
+    recv_reg: int,
+) -> None:
+    c = _comm(comm)
+    _native.sendrecv_registered(c, desc(send), send_peer, reg, offset, desc(recv), recv_peer, recv_reg or None, _stream(c))
+
+
+def _fake_sendrecv_registered(comm, token, send, send_peer, reg, offset, recv, recv_peer, recv_reg):
+    return None
+
+
 # --- registration ---------------------------------------------------------------------
 # The functions above are the implementations; each becomes `torch.ops.devcomm.NAME` with its
 # fake. `Comm` calls an implementation directly in eager mode (no dispatcher on the way) and
@@ -214,3 +258,6 @@ torch.library.custom_op("devcomm::all_reduce", all_reduce, mutates_args=("token"
 torch.library.custom_op("devcomm::reduce_scatter_tensor", reduce_scatter_tensor, mutates_args=("token", "dst")).register_fake(_fake_reduce_scatter_tensor)
 torch.library.custom_op("devcomm::all_gather_into_tensor", all_gather_into_tensor, mutates_args=("token", "dst")).register_fake(_fake_all_gather_into_tensor)
 
+torch.library.custom_op("devcomm::send_registered", send_registered, mutates_args=("token",)).register_fake(_fake_send_registered)
+torch.library.custom_op("devcomm::recv_registered", recv_registered, mutates_args=("token", "t")).register_fake(_fake_recv_registered)
+torch.library.custom_op("devcomm::sendrecv_registered", sendrecv_registered, mutates_args=("token", "recv")).register_fake(_fake_sendrecv_registered)

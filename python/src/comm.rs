@@ -7,6 +7,7 @@
 //! `Comm::rebind_stream`, which orders the new stream after the old one's work (see its doc
 //! for why that keeps the namespace's kernels in call order, and for CUDA graph capture).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -19,6 +20,7 @@ use pyo3::prelude::*;
 use crate::errors::{invalid, IntoPy};
 use crate::hooks::PyHooks;
 use crate::reduce::{gather_dtype, placement, reduce_dtype, reduce_op, same_dtype};
+use crate::registered::Table;
 use crate::tensor::{describe, DType, TensorDesc};
 
 /// Whether this build has the reductions (`all_reduce`, `reduce_scatter`, `all_gather`).
@@ -37,6 +39,11 @@ pub struct PyComm {
     stream: Mutex<Option<Arc<CudaStream>>>,
     /// Copy hooks by element size (1, 2, 4, 8, 16 bytes), made once.
     copy: [devcomm::Hooks; 5],
+    /// Registered buffers (after `comm`: the crate releases the registrations before what
+    /// they keep alive goes).
+    regs: Table,
+    /// Agreements made through the store (`registered::agree`), for their tags.
+    agreements: AtomicU64,
 }
 
 fn copy_index(size: usize) -> usize {
@@ -44,9 +51,25 @@ fn copy_index(size: usize) -> usize {
 }
 
 impl PyComm {
+    pub(crate) fn comm(&self) -> &Comm {
+        &self.comm
+    }
+
+    pub(crate) fn ordinal(&self) -> i64 {
+        self.ordinal
+    }
+
+    pub(crate) fn registrations(&self) -> &Table {
+        &self.regs
+    }
+
+    pub(crate) fn next_agreement(&self) -> u64 {
+        self.agreements.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// The borrowed stream for `raw`, moving the send/recv namespace to it if it is not the
     /// last one used.
-    fn stream(&self, raw: u64) -> PyResult<Arc<CudaStream>> {
+    pub(crate) fn stream(&self, raw: u64) -> PyResult<Arc<CudaStream>> {
         let mut cur = self
             .stream
             .lock()
@@ -74,7 +97,7 @@ impl PyComm {
         Ok(new)
     }
 
-    fn tensor(
+    pub(crate) fn tensor(
         &self,
         op: &str,
         what: &str,
@@ -221,6 +244,8 @@ impl PyComm {
             comm,
             stream: Mutex::new(None),
             copy,
+            regs: Table::default(),
+            agreements: AtomicU64::new(0),
         })
     }
 
@@ -254,7 +279,9 @@ impl PyComm {
     /// All-to-all of equal chunks: `inp` holds `world_size` chunks, chunk `p` for rank `p`;
     /// `out` gets rank `p`'s chunk for this rank at chunk `p`. With `hooks`, `produce` and
     /// `consume` run on every tile; `user` is the device address the hooks see as `ctx.user`;
-    /// `row_len` the elements per row (`ctx.cols`, 0: a chunk is one row).
+    /// `row_len` the elements per row (`ctx.cols`, 0: a chunk is one row). Without hooks, an
+    /// `out` that lies inside a registration takes the registered route
+    /// (`Comm::all_to_all_registered`, docs/PYTHON.md, "Registered buffers").
     #[pyo3(signature = (out, inp, stream, hooks = None, user = 0, row_len = 0))]
     #[allow(clippy::too_many_arguments)]
     fn all_to_all(
@@ -269,6 +296,17 @@ impl PyComm {
     ) -> PyResult<()> {
         let (i, o, args, h, s) =
             self.all_to_all_prepare(out, inp, stream, hooks.as_deref(), user, row_len)?;
+        if hooks.is_none() && user == 0 {
+            let out_bytes = o.elems * o.elem_size as u64;
+            if let Some((_, handle, offset)) = self.regs.find(o.ptr, out_bytes) {
+                let recv = devcomm::RegisteredRange::new(handle, offset);
+                // SAFETY: `inp` was checked as below; `out` lies inside the registration
+                // `handle` (found above), which the crate bounds-checks on every rank.
+                return py
+                    .detach(|| unsafe { self.comm.all_to_all_registered_raw(i, recv, &s) })
+                    .py();
+            }
+        }
         // SAFETY: both tensors were checked (contiguous, on this device, aligned) and span
         // their `elems`; their owner keeps them alive for the stream's work (PyTorch's
         // allocator frees memory in stream order).

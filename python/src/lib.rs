@@ -6,7 +6,9 @@
 mod comm;
 mod errors;
 mod hooks;
+mod memory;
 mod reduce;
+mod registered;
 mod tensor;
 
 use pyo3::prelude::*;
@@ -58,6 +60,18 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hooks::PyHooks>()?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(check_tensor, m)?)?;
+    for f in [
+        wrap_pyfunction!(registered::register, m)?,
+        wrap_pyfunction!(registered::alloc_registered, m)?,
+        wrap_pyfunction!(registered::deregister, m)?,
+        wrap_pyfunction!(registered::send_registered, m)?,
+        wrap_pyfunction!(registered::recv_registered, m)?,
+        wrap_pyfunction!(registered::sendrecv_registered, m)?,
+        wrap_pyfunction!(registered::locate_in, m)?,
+        wrap_pyfunction!(registered::check_send_offset, m)?,
+    ] {
+        m.add_function(f)?;
+    }
     m.add("REDUCTIONS_BUILT", comm::REDUCTIONS_BUILT)?;
     Ok(())
 }

@@ -111,6 +111,22 @@ impl DType {
         })
     }
 
+    /// The DLPack `(code, bits)` of this dtype (the inverse of [`DType::from_dlpack`]).
+    pub fn to_dlpack(self) -> (u8, u8) {
+        let bits = (self.size() * 8) as u8;
+        let code = match self {
+            DType::I8 | DType::I16 | DType::I32 | DType::I64 => 0,
+            DType::U8 | DType::U16 | DType::U32 | DType::U64 => 1,
+            DType::F16 | DType::F32 | DType::F64 => 2,
+            DType::BF16 => 4,
+            DType::C64 | DType::C128 => 5,
+            DType::Bool => 6,
+            DType::F8E4M3 => 8,
+            DType::F8E5M2 => 10,
+        };
+        (code, bits)
+    }
+
     /// From a DLPack `DLDataType` (one lane only).
     pub fn from_dlpack(code: u8, bits: u8, lanes: u16) -> Option<Self> {
         if lanes != 1 {
@@ -371,27 +387,27 @@ fn from_cai(op: &str, what: &str, cai: &Bound<'_, PyAny>) -> PyResult<TensorDesc
 
 /// DLPack's C structs (dlpack.h), as far as they are read here.
 #[repr(C)]
-struct DLDevice {
-    device_type: i32,
-    device_id: i32,
+pub(crate) struct DLDevice {
+    pub device_type: i32,
+    pub device_id: i32,
 }
 
 #[repr(C)]
-struct DLDataType {
-    code: u8,
-    bits: u8,
-    lanes: u16,
+pub(crate) struct DLDataType {
+    pub code: u8,
+    pub bits: u8,
+    pub lanes: u16,
 }
 
 #[repr(C)]
-struct DLTensor {
-    data: *mut c_void,
-    device: DLDevice,
-    ndim: i32,
-    dtype: DLDataType,
-    shape: *const i64,
-    strides: *const i64,
-    byte_offset: u64,
+pub(crate) struct DLTensor {
+    pub data: *mut c_void,
+    pub device: DLDevice,
+    pub ndim: i32,
+    pub dtype: DLDataType,
+    pub shape: *const i64,
+    pub strides: *const i64,
+    pub byte_offset: u64,
 }
 
 /// `DLManagedTensor`: the tensor first.
@@ -412,7 +428,7 @@ struct DLManagedTensorVersioned {
 }
 
 const KDL_CPU: i32 = 1;
-const KDL_CUDA: i32 = 2;
+pub(crate) const KDL_CUDA: i32 = 2;
 const KDL_CUDA_HOST: i32 = 3;
 const KDL_CUDA_MANAGED: i32 = 13;
 

@@ -5,6 +5,7 @@ mod builder;
 mod collectives;
 mod p2p;
 pub mod raw;
+mod raw_registered;
 mod reduce_ops;
 mod registration;
 mod setup;
