@@ -299,7 +299,9 @@ impl PyComm {
         if hooks.is_none() && user == 0 {
             let out_bytes = o.elems * o.elem_size as u64;
             if let Some((_, handle, offset)) = self.regs.find(o.ptr, out_bytes) {
-                let recv = devcomm::RegisteredRange::new(handle, offset);
+                // SAFETY: `handle` is live (found among the registrations); deregistering it is
+                // a collective call on this thread after this one.
+                let recv = unsafe { devcomm::RegisteredRange::from_raw(handle, offset, out_bytes) };
                 // SAFETY: `inp` was checked as below; `out` lies inside the registration
                 // `handle` (found above), which the crate bounds-checks on every rank.
                 return py

@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use devcomm::comm::raw::RawBuffer;
+use devcomm::raw::RawBuffer;
 use devcomm::RegisteredRange;
 use pyo3::prelude::*;
 
@@ -194,7 +194,10 @@ pub fn register(
     let d = agree(py, c, OP, local)?;
     let bytes = usize::try_from(d.bytes())
         .map_err(|_| invalid(OP, format!("{} bytes do not fit this host", d.bytes())))?;
-    let handle = py.detach(|| c.comm().register(d.ptr, bytes)).py()?;
+    // SAFETY: `keep` (the tensor) is held with the registration until it is deregistered.
+    let handle = py
+        .detach(|| unsafe { c.comm().register_raw(d.ptr, bytes) })
+        .py()?;
     let id = c.registrations().insert(
         handle,
         d.ptr,
@@ -231,7 +234,10 @@ pub fn alloc_registered<'py>(
     })();
     let (memory, cap) = agree(py, c, OP, local)?;
     let (ptr, bytes) = (memory.ptr, memory.bytes);
-    let handle = py.detach(|| cc.register(ptr, bytes as usize)).py()?;
+    // SAFETY: `memory` is kept with the registration until it is deregistered.
+    let handle = py
+        .detach(|| unsafe { cc.register_raw(ptr, bytes as usize) })
+        .py()?;
     let id = c
         .registrations()
         .insert(handle, ptr, bytes, Keep::Memory(memory));
@@ -250,9 +256,9 @@ pub fn deregister(py: Python<'_>, comm: &Bound<'_, PyComm>, id: u64) -> PyResult
         .get(id)
         .ok_or_else(|| dead(OP, id, cc.rank()));
     let (handle, _, _) = agree(py, c, OP, local)?;
-    let result = py.detach(|| cc.deregister(handle));
+    let result = py.detach(|| cc.deregister_raw(handle));
     // The crate forgets the handle once every rank agreed, even if the release then failed.
-    if result.is_ok() || cc.registered_nvlink_address(handle, cc.rank()).is_none() {
+    if result.is_ok() || cc.registered_address_raw(handle, cc.rank()).is_none() {
         drop(c.registrations().remove(id));
     }
     result.py()
@@ -278,7 +284,9 @@ pub fn send_registered(
         .get(id)
         .ok_or_else(|| dead(OP, id, c.comm().rank()))?;
     let s = c.stream(stream)?;
-    let dst = RegisteredRange::new(handle, offset);
+    // SAFETY: `handle` is live (found among the registrations), and deregistering it is a
+    // collective call on this thread after this one.
+    let dst = unsafe { RegisteredRange::from_raw(handle, offset, d.bytes()) };
     // SAFETY: the tensor was checked (this device, contiguous) and spans its bytes; it is only
     // read, and its owner keeps it alive for the stream's work.
     py.detach(|| unsafe { c.comm().send_registered_raw(buffer(&d), peer, dst, &s) })
@@ -286,7 +294,12 @@ pub fn send_registered(
 }
 
 /// This rank's range of `t` in registration `id` (or the oldest that holds it, for None).
-fn recv_range(c: &PyComm, op: &str, d: &TensorDesc, id: Option<u64>) -> PyResult<RegisteredRange> {
+fn recv_range(
+    c: &PyComm,
+    op: &str,
+    d: &TensorDesc,
+    id: Option<u64>,
+) -> PyResult<RegisteredRange<'static>> {
     let rank = c.comm().rank();
     match id {
         Some(id) => {
@@ -295,12 +308,16 @@ fn recv_range(c: &PyComm, op: &str, d: &TensorDesc, id: Option<u64>) -> PyResult
                 .get(id)
                 .ok_or_else(|| dead(op, id, rank))?;
             let offset = locate(op, "recv", base, size, d.ptr, d.bytes())?;
-            Ok(RegisteredRange::new(handle, offset))
+            // SAFETY: as in `send_registered`.
+            Ok(unsafe { RegisteredRange::from_raw(handle, offset, d.bytes()) })
         }
         None => c
             .registrations()
             .find(d.ptr, d.bytes())
-            .map(|(_, handle, offset)| RegisteredRange::new(handle, offset))
+            // SAFETY: as in `send_registered`.
+            .map(|(_, handle, offset)| unsafe {
+                RegisteredRange::from_raw(handle, offset, d.bytes())
+            })
             .ok_or_else(|| {
                 invalid(
                     op,
@@ -331,8 +348,7 @@ pub fn recv_registered(
     let d = c.tensor(OP, "recv", t, stream)?;
     let dst = recv_range(c, OP, &d, id)?;
     let s = c.stream(stream)?;
-    py.detach(|| c.comm().recv_registered(dst, d.bytes(), peer, &s))
-        .py()
+    py.detach(|| c.comm().recv_registered(dst, peer, &s)).py()
 }
 
 /// Both in one kernel: `send` into `send_peer`'s buffer of registration `send_id` at
@@ -363,18 +379,12 @@ pub fn sendrecv_registered(
         .ok_or_else(|| dead(OP, send_id, c.comm().rank()))?;
     let recv_dst = recv_range(c, OP, &b, recv_id)?;
     let s = c.stream(stream)?;
-    let send_dst = RegisteredRange::new(handle, offset);
+    // SAFETY: as in `send_registered`.
+    let send_dst = unsafe { RegisteredRange::from_raw(handle, offset, a.bytes()) };
     // SAFETY: as in `send_registered`; `recv` is written by the peer through the registration.
     py.detach(|| unsafe {
-        c.comm().sendrecv_registered_raw(
-            buffer(&a),
-            send_peer,
-            send_dst,
-            recv_dst,
-            b.bytes(),
-            recv_peer,
-            &s,
-        )
+        c.comm()
+            .sendrecv_registered_raw(buffer(&a), send_peer, send_dst, recv_dst, recv_peer, &s)
     })
     .py()
 }

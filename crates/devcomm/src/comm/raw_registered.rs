@@ -59,6 +59,29 @@ fn slice<'a, T>(ptr: u64, len: usize, stream: &'a Arc<CudaStream>) -> RawSlice<'
 }
 
 impl Comm {
+    /// Collective: [`Comm::register`] for bindings that keep registrations by handle (a
+    /// `u64` that [`RegisteredRange::from_raw`] takes) instead of by [`crate::Registration`].
+    ///
+    /// # Safety
+    ///
+    /// As [`Comm::register`]: `[ptr, ptr + bytes)` must stay allocated until
+    /// [`Comm::deregister_raw`] of the handle has returned on this rank.
+    pub unsafe fn register_raw(&self, ptr: u64, bytes: usize) -> Result<u64> {
+        self.registry.register(&self.group, ptr, bytes)
+    }
+
+    /// Collective: releases a registration of [`Comm::register_raw`] (every rank, in the same
+    /// order). After it returns the memory may be freed.
+    pub fn deregister_raw(&self, handle: u64) -> Result<()> {
+        self.registry.deregister(&self.group, handle)
+    }
+
+    /// The address of `peer`'s buffer of a registration of [`Comm::register_raw`] as mapped
+    /// here, or `None` (an unknown handle, or a peer without an NVLink path).
+    pub fn registered_address_raw(&self, handle: u64, peer: usize) -> Option<u64> {
+        self.registry.get_nvlink_address(handle, peer)
+    }
+
     /// [`Comm::send_registered`] of the bytes of `send`.
     ///
     /// # Safety
@@ -69,7 +92,7 @@ impl Comm {
         &self,
         send: RawBuffer,
         peer: usize,
-        dst: RegisteredRange,
+        dst: RegisteredRange<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let bytes = bytes_of(send, "send_registered")?;
@@ -86,17 +109,14 @@ impl Comm {
         &self,
         send: RawBuffer,
         send_peer: usize,
-        send_dst: RegisteredRange,
-        recv_dst: RegisteredRange,
-        recv_bytes: u64,
+        send_dst: RegisteredRange<'_>,
+        recv_dst: RegisteredRange<'_>,
         recv_peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let bytes = bytes_of(send, "sendrecv_registered")?;
         let buf = slice::<u8>(send.ptr, bytes, stream);
-        self.sendrecv_registered(
-            &buf, send_peer, send_dst, recv_dst, recv_bytes, recv_peer, stream,
-        )
+        self.sendrecv_registered(&buf, send_peer, send_dst, recv_dst, recv_peer, stream)
     }
 
     /// [`Comm::all_to_all_registered`] of `send`, whose elements are `send.elem_size` bytes
@@ -108,7 +128,7 @@ impl Comm {
     pub unsafe fn all_to_all_registered_raw(
         &self,
         send: RawBuffer,
-        recv: RegisteredRange,
+        recv: RegisteredRange<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let len = usize::try_from(send.elems).map_err(|_| Error::InvalidArgument {
@@ -119,7 +139,7 @@ impl Comm {
             c: &Comm,
             ptr: u64,
             len: usize,
-            recv: RegisteredRange,
+            recv: RegisteredRange<'_>,
             s: &Arc<CudaStream>,
         ) -> Result<()> {
             c.all_to_all_registered(&slice::<T>(ptr, len, s), recv, s)

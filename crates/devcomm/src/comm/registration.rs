@@ -112,6 +112,25 @@ pub struct RegisteredRange<'r> {
     _registration: PhantomData<&'r ()>,
 }
 
+impl RegisteredRange<'static> {
+    /// A range of a registration made with [`Comm::register_raw`] (for bindings that keep
+    /// registrations by handle).
+    ///
+    /// # Safety
+    ///
+    /// `handle` must come from [`Comm::register_raw`] of the communicator the range is used
+    /// with and must not have been released ([`Comm::deregister_raw`]) before every call that
+    /// uses the range has been enqueued and its work has finished.
+    pub unsafe fn from_raw(handle: u64, offset: u64, bytes: u64) -> Self {
+        Self {
+            handle,
+            offset,
+            bytes,
+            _registration: PhantomData,
+        }
+    }
+}
+
 impl RegisteredRange<'_> {
     /// The range `bytes` further on, of the same length (`at(p)` of a chunked buffer).
     pub(crate) fn shifted(self, by: u64, bytes: u64) -> Self {
