@@ -8,6 +8,7 @@ use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 
 use crate::selftest::Ctx;
 
+mod agree_latency;
 mod alltoall;
 mod ce;
 mod launch;
@@ -27,7 +28,9 @@ pub struct BenchArgs {
     /// streams, with and without stream memory operations, against one whole copy),
     /// `all_to_all` (every rank, equal chunks, against NCCL grouped send/recv),
     /// `all_to_allv` (MoE token dispatch with counts on the GPU, against NCCL's count
-    /// exchange, host sync and grouped send/recv).
+    /// exchange, host sync and grouped send/recv), `agree_latency` (host-launched 8-byte
+    /// sendrecv between ranks 0 and 1, also on one shared GPU: compare with a run under
+    /// DEVCOMM_P2P_OPTIONS="-DDC_AGREE=0", the call agreement compiled out).
     #[arg(long, default_value = "sendrecv")]
     op: String,
     /// Timed repetitions per point (the median is reported).
@@ -339,7 +342,9 @@ pub(crate) fn refuse_shared_gpu(what: &str) -> Result<(), String> {
 
 /// Runs the chosen benchmark on every rank; rank 0 prints and writes the results.
 pub fn run(args: &BenchArgs) -> Result<i32, String> {
-    refuse_shared_gpu("benchmarks")?;
+    if args.op != "agree_latency" {
+        refuse_shared_gpu("benchmarks")?; // agree_latency compares two runs on one machine
+    }
     let cx = Ctx::new()?;
     if cx.comm.world_size() < 2 {
         return Err("benchmarks need at least 2 ranks".into());
@@ -352,6 +357,7 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
     }
     let records = match args.op.as_str() {
         "latency" => bench_latency(&cx, args)?,
+        "agree_latency" => agree_latency::run(&cx, args)?,
         "launch" => launch::run(&cx, args)?,
         "put" => bench_put(&cx, args)?,
         "ce" => ce::run(&cx, args)?,
@@ -361,7 +367,8 @@ pub fn run(args: &BenchArgs) -> Result<i32, String> {
         "all_to_allv" => alltoall::run_v(&cx, args)?,
         other => {
             return Err(format!(
-            "unknown --op {other:?} (latency, launch, put, ce, sendrecv, all_to_all, all_to_allv)"
+            "unknown --op {other:?} (latency, agree_latency, launch, put, ce, sendrecv, all_to_all, \
+             all_to_allv)"
         ))
         }
     };
