@@ -23,6 +23,22 @@ impl std::fmt::Debug for NcclPair {
 impl NcclPair {
     /// Collective: rank 0 makes the unique id and shares it through devcomm's store.
     pub(crate) fn new(cx: &Ctx) -> Result<Self, String> {
+        // cudarc loads libnccl lazily and panics inside its loader when it is missing.
+        // SAFETY: loading libnccl runs only its own initialisers; a missing one is `false`.
+        if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+            let mut names: Vec<String> = Vec::new();
+            for name in cudarc::get_lib_name_candidates("nccl") {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            return Err(format!(
+                "NCCL (libnccl) could not be loaded: searched for {names:?} through dlopen \
+                 (LD_LIBRARY_PATH: {}, then the system's library path); the benchmarks time \
+                 it as their reference",
+                std::env::var("LD_LIBRARY_PATH").unwrap_or_else(|_| "not set".into())
+            ));
+        }
         let store = cx.comm.store();
         let id = if cx.comm.rank() == 0 {
             let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
