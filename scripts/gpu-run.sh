@@ -4,7 +4,10 @@
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
 #   what: info selftest selftest2 p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
-#         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph ...
+#         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph
+#         all_reduce reduce_scatter all_gather reduce-smoke ...
+#   The reductions take REDUCE_ARGS (e.g. "--dtype f32 --redop max" or "--max-bytes 67108864";
+#   reduce-smoke sets its own --max-bytes: SMOKE_MAX, 16 MiB).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_CACHE_DIR=${DEVCOMM_CACHE_DIR:-/tmp/devcomm-cache}
@@ -133,6 +136,17 @@ for w in $what; do
         step a2a-$name env DEVCOMM_COLL_OPTIONS="$opts" $bin launch -n "$n" -- $bin bench --op all_to_all --min-bytes "${A2A_MIN:-0}" --max-bytes "${A2A_MAX:-268435456}" ${A2A_ARGS:-} --device-kind "$kind" --json "$out/a2a-$name.json"
       done ;;
     a2av) step a2av $bin launch -n "$n" -- $bin bench --op all_to_allv --device-kind "$kind" --json "$out/a2av.json" --plot "$out/a2av.svg" ;;
+    all_reduce|reduce_scatter|all_gather)
+      # devcomm against NCCL on the same buffers and on NCCL's symmetric window buffers, every
+      # GPU, bf16 sum unless REDUCE_ARGS says otherwise.
+      step "$w" $bin launch -n "$n" -- $bin bench --op "$w" --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/$w.json" --plot "$out/$w.svg" ;;
+    reduce-smoke)
+      # SMOKE_RANKS ranks sharing one GPU under MPS (scripts/shared-gpu.sh): devcomm alone,
+      # checked against the host reference, up to SMOKE_MAX bytes; the timings are marked
+      # meaningless.
+      for op in all_reduce reduce_scatter all_gather; do
+        step "reduce-smoke-$op" scripts/shared-gpu.sh "${SMOKE_RANKS:-4}" $bin bench --op "$op" --reference none --max-bytes "${SMOKE_MAX:-16777216}" --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/reduce-smoke-$op.json"
+      done ;;
     graph) step sendrecv-graph $bin launch -n 2 -- $bin bench --op sendrecv --graph --device-kind "$kind" --json "$out/sendrecv-graph.json" ;;
     both-fused)
       step sendrecv-both-fused env DEVCOMM_P2P_SPLIT=0 $bin launch -n 2 -- $bin bench --op sendrecv --both-directions --device-kind "$kind" --json "$out/sendrecv-both-fused.json" ;;

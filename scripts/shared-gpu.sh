@@ -38,6 +38,7 @@ if [ "$use_mps" = 1 ]; then
   # blocks that never started (docs/TESTING.md). Eight blocks per direction leave room.
   if [ "$ranks" -gt 2 ]; then
     export DEVCOMM_P2P_MAX_BLOCKS=${DEVCOMM_P2P_MAX_BLOCKS:-8}
+    export DEVCOMM_REDUCE_MAX_BLOCKS=${DEVCOMM_REDUCE_MAX_BLOCKS:-8}
   fi
   if ! echo get_server_list | "$mps_control" >/dev/null 2>&1; then
     "$mps_control" -d || { echo "shared-gpu: cannot start the MPS server" >&2; exit 2; }

@@ -9,5 +9,27 @@ mkdir -p dist
 cp target/release/devcomm dist/devcomm
 cp target/release/examples/transpose_all_to_all target/release/examples/fp8_all_to_all dist/
 cp scripts/gpu-run.sh dist/gpu-run.sh
+cp scripts/gpu-check.sh dist/gpu-check.sh
+for ex in all_reduce_rmsnorm; do
+  if [ -x "target/release/examples/$ex" ]; then cp "target/release/examples/$ex" dist/; fi
+done
 strip dist/devcomm dist/transpose_all_to_all dist/fp8_all_to_all
+# The kernels for Hopper (sm_90: H100 and H200), compiled here with the NVRTC wheel, so that the
+# GPU machine starts with a warm cache (dist/kernel-cache; the GPU's NVRTC must be 13.0 too,
+# which is part of the cache key: another version just compiles again).
+nvrtc_lib="$(pwd)/.tools/nvrtc/nvidia/cu13/lib"
+if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target .tools/nvrtc 'nvidia-cuda-nvrtc==13.0.*'
+fi
+LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" \
+  dist/devcomm precompile --arch 9.0
+# The Python wheel (maturin as scripts/test-python.sh installs it into .tools/py), for
+# gpu-check.sh's python steps.
+if [ ! -x .tools/py/bin/maturin ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target .tools/py 'maturin>=1.5,<2' 'pytest>=7'
+fi
+(cd python && PYTHONPATH="$(pwd)/../.tools/py" CARGO_TARGET_DIR="$(pwd)/../target" \
+  ../.tools/py/bin/maturin build --release --quiet --out ../dist)
 ls -la dist

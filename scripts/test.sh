@@ -17,6 +17,10 @@ if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ]; then
     --target "$nvrtc_dir" 'nvidia-cuda-nvrtc==13.0.*'
 fi
 export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# UCX for the network transport tests (the libucx-cu13 1.22 wheel in .tools/ucx, with the
+# headers its ABI test compiles against); the tests fail instead of skipping without it.
+ucx_lib=$(DEVCOMM_UCX_FORCE_WHEEL=1 scripts/install-ucx.sh | tail -n 1)
+export DEVCOMM_UCX_LIB="$ucx_lib" DEVCOMM_REQUIRE_UCX=1
 # Kernel cache of the test run stays inside the checkout.
 export DEVCOMM_CACHE_DIR="$root/target/devcomm-kernel-cache"
 # Tests that need NVRTC or a host C++ compiler fail instead of skipping.
@@ -42,6 +46,18 @@ if ! grep -Eq '^test result: ok\. [1-9]' "$log"; then
   echo "no test ran" >&2
   exit 1
 fi
-# One closing line for the whole suite (cargo's last lines are the empty doc-test runs).
+# The Python package: built with maturin, its tests that need neither a GPU nor torch.
+pylog=$(mktemp)
+trap 'rm -f "$log" "$pylog"' EXIT
+scripts/test-python.sh 2>&1 | tee "$pylog"
+# One closing line for the whole suite: cargo's test results and pytest's summary line.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
-     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
+     END { printf "%d %d %d\n", p, f, s }' "$log" > "$log.sum"
+read -r p f s < "$log.sum"
+py=$(grep -E '^[0-9]+ passed' "$pylog" | tail -n 1)
+pp=$(echo "$py" | grep -Eo '[0-9]+ passed' | grep -Eo '[0-9]+' || echo 0)
+pf=$(echo "$py" | grep -Eo '[0-9]+ failed' | grep -Eo '[0-9]+' || echo 0)
+ps=$(echo "$py" | grep -Eo '[0-9]+ skipped' | grep -Eo '[0-9]+' || echo 0)
+rm -f "$log.sum"
+echo "tests: $((p + pp)) passed, $((f + pf)) failed, $((s + ps)) skipped"
+

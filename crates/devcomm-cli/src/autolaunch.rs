@@ -16,7 +16,7 @@ pub fn or_run(what: &str, body: impl FnOnce() -> Result<i32, String>) -> Result<
         Ok(n) => n
             .parse::<usize>()
             .map_err(|_| format!("{NPROCS_ENV}={n:?} is not a number"))?,
-        Err(_) => devcomm::cuda::ensure_driver()
+        Err(_) => devcomm::ensure_driver()
             .map_err(|e| e.to_string())
             .and_then(|()| cudarc::driver::CudaContext::device_count().map_err(|e| e.to_string()))
             .map_err(|e| format!("cannot count GPUs for `devcomm {what}`: {e}"))?

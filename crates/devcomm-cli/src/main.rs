@@ -91,7 +91,7 @@ fn main() -> ExitCode {
         Command::Info(args) => autolaunch::or_run("info", || info::run(&args)),
         Command::Selftest(args) => selftest::check_args(&args)
             .and_then(|()| autolaunch::or_run("selftest", || selftest::run(&args))),
-        Command::Bench(args) => autolaunch::or_run("bench", || bench::run(&args)),
+        Command::Bench(args) => bench::command(&args),
         Command::Tune(args) => autolaunch::or_run("tune", || bench::tune::run(&args)),
         Command::Precompile(args) => precompile::run(&args),
         Command::KillTest(args) => autolaunch::or_run("kill-test", || kill::run(&args)),

@@ -22,10 +22,11 @@ pub struct PrecompileArgs {
     hooks: Vec<String>,
     /// The built-in kernels to compile: `sendrecv`, `copy1`, `copy2`, `copy4`, `copy8`,
     /// `copy16` (the collective with the copy hooks of that element size), `examples` (the
-    /// transpose and fp8 hooks). Comma-separated; default: all; `none` for only `--hooks`.
+    /// transpose and fp8 hooks), `reduce` (the reductions for every type, and the RMSNorm
+    /// example's epilogue). Comma-separated; default: all; `none` for only `--hooks`.
     #[arg(
         long,
-        default_value = "sendrecv,copy1,copy2,copy4,copy8,copy16,examples"
+        default_value = "sendrecv,copy1,copy2,copy4,copy8,copy16,examples,reduce"
     )]
     builtin: String,
     /// Compiles at once.
@@ -53,6 +54,33 @@ pub(crate) fn example_hooks() -> [Hooks; 2] {
     ]
 }
 
+/// The reduction kernels: every element type, and the RMSNorm and accumulate epilogues (f32
+/// sum).
+fn reduce_specs() -> Vec<(String, KernelSpec)> {
+    use devcomm::{DataType, ReduceOp};
+    let mut v: Vec<_> = DataType::ALL
+        .into_iter()
+        .map(|t| (format!("reduce {t}"), devcomm::reduce::kernel_spec(t)))
+        .collect();
+    let hooks = Hooks::new::<f32, f32>(
+        "RmsNorm",
+        include_str!("../../devcomm/examples/hooks/rmsnorm.cu"),
+    );
+    v.push((
+        "reduce RmsNorm".into(),
+        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks),
+    ));
+    let hooks = Hooks::new::<f32, f32>(
+        "Accumulate",
+        include_str!("../../devcomm/examples/hooks/accumulate.cu"),
+    );
+    v.push((
+        "reduce Accumulate".into(),
+        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks),
+    ));
+    v
+}
+
 /// f32 hooks from a `--hooks FILE:STRUCT` argument: the struct `STRUCT` of the CUDA C++ file.
 pub(crate) fn f32_hooks(arg: &str) -> Result<Hooks, String> {
     let (file, name) = arg
@@ -64,13 +92,22 @@ pub(crate) fn f32_hooks(arg: &str) -> Result<Hooks, String> {
 
 pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
     let arch = parse_arch(&args.arch)?;
+    // The settings that enter the kernels' cache keys (their experiment options).
+    let config = devcomm::Config::from_env().map_err(|e| e.to_string())?;
     let mut specs: Vec<(String, KernelSpec)> = Vec::new();
-    let copy =
-        |h: devcomm::Result<Hooks>| h.map(|h| (format!("collective {}", h.name()), h.spec()));
+    let copy = |h: Hooks| -> Result<(String, KernelSpec), String> {
+        Ok((
+            format!("collective {}", h.name()),
+            h.spec_with_options(&config.coll_options),
+        ))
+    };
     for what in args.builtin.split(',').map(str::trim) {
         let spec = match what {
             "none" => continue,
-            "sendrecv" => Ok(("sendrecv".into(), devcomm::p2p::sendrecv_spec())),
+            "sendrecv" => Ok((
+                "sendrecv".into(),
+                devcomm::p2p::sendrecv_spec(&config.p2p_options),
+            )),
             "copy1" => copy(Hooks::copy::<u8>()),
             "copy2" => copy(Hooks::copy::<u16>()),
             "copy4" => copy(Hooks::copy::<f32>()),
@@ -78,8 +115,15 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
             "copy16" => copy(Hooks::copy::<[u32; 4]>()),
             "examples" => {
                 for h in example_hooks() {
-                    specs.push((format!("collective {}", h.name()), h.spec()));
+                    specs.push((
+                        format!("collective {}", h.name()),
+                        h.spec_with_options(&config.coll_options),
+                    ));
                 }
+                continue;
+            }
+            "reduce" => {
+                specs.extend(reduce_specs());
                 continue;
             }
             other => return Err(format!("--builtin: unknown kernel set `{other}`")),
@@ -88,9 +132,12 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
     }
     for spec in &args.hooks {
         let hooks = f32_hooks(spec)?;
-        specs.push((format!("collective {}", hooks.name()), hooks.spec()));
+        specs.push((
+            format!("collective {}", hooks.name()),
+            hooks.spec_with_options(&config.coll_options),
+        ));
     }
-    let jit = Jit::new();
+    let jit = Jit::from_config(&config);
     println!(
         "compiling {} kernels for sm_{}{} into {}",
         specs.len(),

@@ -1,7 +1,12 @@
-//! Layer 0: words and bits the host shares with the send/recv kernels
-//! (`cuda/devcomm/p2p.cuh`): the copy-engine slot and pad-word offsets and the
-//! `P2PSide::pull` bits. Plain constants, below every layer: `cuda` decodes error records with
-//! them, `p2p` lays out its window and launches with them (re-exported as `p2p::config::*`).
+//! Layer 0: what the host shares with the kernels, in one place.
+//!
+//! - Words and bits of the send/recv protocol (`cuda/devcomm/p2p.cuh`): the copy-engine slot
+//!   and pad-word offsets and the `P2PSide::pull` bits. Plain constants, below every layer:
+//!   `cuda` decodes error records with them, `p2p` lays out its window and launches with them
+//!   (re-exported as `p2p::config::*`).
+//! - The `#[repr(C)]` twins of the kernels' structs ([`DeviceWindow`], [`RegisteredBuffer`],
+//!   the launch arguments), re-exported from where they are filled, and their [`layout`].
+//!   Only the re-exports name upper modules; no code here depends on them.
 
 /// Copy-engine slots per (sender, receiver) and pad words per peer (`cuda/devcomm/p2p.cuh`).
 pub const CE_SLOTS: u64 = 4;
@@ -14,8 +19,8 @@ pub fn ce_pulled(i: usize) -> bool {
     i % 2 == 1
 }
 /// Offsets in a peer's block of copy-engine words that the host reads or writes (the whole
-/// layout is in `cuda/devcomm/p2p.cuh`, `kCe*`): SIZE[slot] (in an error record), GO[slot] and
-/// DONE[slot] (the copy streams' memory operations).
+/// layout is in `cuda/devcomm/p2p.cuh`, `kCe*`): SIZE\[slot\] (in an error record), GO\[slot\] and
+/// DONE\[slot\] (the copy streams' memory operations).
 pub const CE_SIZE: usize = 8;
 /// See [`CE_SIZE`].
 pub const CE_GO: usize = 20;
@@ -30,7 +35,7 @@ pub const P2P_SIDE_GATED: u32 = 2;
 /// See [`P2P_SIDE_PULL`].
 pub const P2P_SIDE_ANNOUNCE: u32 = 4;
 
-/// GOR[slot] and DONER[slot]: the receiver's copy stream's waits and reports (pulled chunks).
+/// GOR\[slot\] and DONER\[slot\]: the receiver's copy stream's waits and reports (pulled chunks).
 pub const CE_GO_R: usize = 36;
 /// See [`CE_GO_R`].
 pub const CE_DONE_R: usize = 40;
@@ -39,6 +44,27 @@ pub const CE_DONE_R: usize = 40;
 pub const CE_DEC_S: usize = 50;
 /// See [`CE_DEC_S`].
 pub const CE_DEC_R: usize = 51;
+
+/// The `#[repr(C)]` twins of the structs in `cuda/devcomm/*.cuh` that the host hands to the
+/// kernels or reads back, gathered here (each is defined next to the code that fills it).
+pub use crate::collective::handle::{CollLaunch, MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
+pub use crate::handles::{
+    DeviceErrorState, DeviceOp, DevicePeerTable, DeviceWindow, ErrorRecord, RegisteredBuffer,
+};
+pub use crate::p2p::handle::{P2PLaunch, P2PNegotiated, P2PSide, ZcLaunch};
+pub use crate::reduce::handle::ReduceLaunch;
+
+/// `(struct, field, offset, size)` of every shared struct above, in declaration order, for the
+/// test that compiles the C++ headers and compares (`tests/layout.rs`).
+pub fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
+    crate::handles::LAYOUT
+        .iter()
+        .chain(crate::p2p::handle::LAYOUT)
+        .chain(crate::collective::handle::LAYOUT)
+        .chain(crate::reduce::handle::LAYOUT)
+        .copied()
+        .collect()
+}
 
 /// Largest message a send/recv call can describe to its peer: the byte count travels in 40
 /// bits of the call's descriptor (`cuda/devcomm/agree.cuh`, `kAgBytesMask`), 1 TiB - 1.

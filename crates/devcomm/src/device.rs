@@ -3,7 +3,7 @@
 //! The headers live in `cuda/devcomm/` (namespace `devcomm`); kernels include the umbrella
 //! `devcomm/devcomm.cuh`. The JIT ([`crate::jit`]) hands every header to NVRTC in memory, so
 //! nothing needs to be installed on the machine that runs the kernels. `handles.cuh` holds the
-//! structs shared with Rust ([`crate::handles`]).
+//! structs shared with Rust ([`crate::abi`]).
 //!
 //! Rules the headers follow (DESIGN section 3): every operation takes its cooperating group;
 //! signals are monotonic 64-bit values published with release semantics at system scope; every
@@ -42,6 +42,8 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("transfer.cuh"),
     embed!("hooks.cuh"),
     embed!("collective.cuh"),
+    embed!("net.cuh"),
+    embed!("reduce.cuh"),
     embed!("devcomm.cuh"),
 ];
 

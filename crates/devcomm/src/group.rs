@@ -9,6 +9,7 @@ use std::time::Duration;
 use cudarc::driver::CudaContext;
 use devcomm_bootstrap::Store;
 
+use crate::config::Config;
 use crate::cuda::ErrorState;
 use crate::error::{Error, Result};
 use crate::topology::Topology;
@@ -35,6 +36,8 @@ pub(crate) struct Group {
     /// Launch devcomm's kernels with programmatic dependent launch: the GPU supports it
     /// (compute capability 9.0 or newer) and `DEVCOMM_PDL` is not `0` (`cuda::launch_struct`).
     pub(crate) pdl: bool,
+    /// The communicator's settings (docs/CONFIG.md), fixed when it was built.
+    pub(crate) config: Arc<Config>,
     /// Sequence number that makes collective setup tags unique (same order on every rank).
     seq: AtomicU64,
     /// Whether this rank marked its failure in the store ([`Group::teardown_barrier`]).
@@ -42,7 +45,6 @@ pub(crate) struct Group {
 }
 
 impl Group {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         rank: usize,
         world_size: usize,
@@ -50,21 +52,20 @@ impl Group {
         ctx: Arc<CudaContext>,
         topology: Topology,
         errors: ErrorState,
-        device_timeout: Duration,
-        setup_timeout: Duration,
+        config: Arc<Config>,
     ) -> Self {
-        let pdl = crate::cuda::pdl_enabled()
-            && ctx.compute_capability().is_ok_and(|(major, _)| major >= 9);
+        let pdl = config.pdl && ctx.compute_capability().is_ok_and(|(major, _)| major >= 9);
         Self {
             pdl,
+            device_timeout: config.device_timeout,
+            setup_timeout: config.setup_timeout,
+            config,
             rank,
             world_size,
             store,
             ctx,
             topology,
             errors,
-            device_timeout,
-            setup_timeout,
             seq: AtomicU64::new(0),
             marked_failed: false.into(),
         }

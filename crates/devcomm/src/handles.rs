@@ -203,7 +203,7 @@ unsafe impl DeviceRepr for RegisteredBuffer {}
 unsafe impl DeviceRepr for DeviceErrorState {}
 
 /// Field offsets as `(struct, field, offset, size_of struct)`, for the layout test.
-pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
+pub(crate) const LAYOUT: &[(&str, &str, usize, usize)] = &[
     (
         "ErrorRecord",
         "flag",

@@ -93,28 +93,27 @@ impl Topology {
 
 /// Environment variable that forces link kinds, for tests.
 ///
-/// Comma-separated entries, each applied to both ends of a link, later entries winning:
+/// The syntax of `DEVCOMM_TOPOLOGY_OVERRIDE` ([`crate::Config::topology_override`]):
+/// comma-separated entries, each applied to both ends of a link, later entries winning:
 /// `A-B=kind` sets the link between ranks A and B; `A-*=kind` every link of rank A.
 /// Kinds: `nvl`, `shm`, `net`, and `nvl-as-net` (reached over NVLink, tuned like a network
 /// peer: tests per-peer tuning and block masking on one host). Example: `DEVCOMM_TOPOLOGY_OVERRIDE="0-3=net,1-*=shm"`.
 /// Forcing `nvl` where CUDA reports no peer access is refused.
+///
+/// `DEVCOMM_DISABLE_P2P` ([`crate::Config::disable_p2p`]) turns same-host peers into `shm`.
+/// `DEVCOMM_SHARE_GPU` ([`crate::Config::share_gpu`]) lets several ranks share one GPU, for
+/// functional tests on a machine with fewer GPUs than ranks: rank `r` opens device
+/// `LOCAL_RANK % device count` (unless the builder names one) and ranks on the same GPU reach
+/// each other as `nvl` peers (a kernel reaches memory of its own device mapped from another
+/// process with loads and stores, as it would a peer's over NVLink). Without it two ranks on
+/// one GPU are refused. Timings taken so say nothing of NVLink, and NCCL refuses such a group:
+/// `devcomm bench` does not run with it. Kernels of different processes on one GPU take turns
+/// unless an MPS server runs (docs/TESTING.md).
 pub const OVERRIDE_ENV: &str = "DEVCOMM_TOPOLOGY_OVERRIDE";
-/// Environment variable that, when `1`, disables peer access: same-host peers become `shm`.
+/// The variable of [`crate::Config::disable_p2p`] (named in messages).
 pub const DISABLE_P2P_ENV: &str = "DEVCOMM_DISABLE_P2P";
-/// Environment variable that, when `1`, lets several ranks share one GPU, for functional tests
-/// on a machine with fewer GPUs than ranks: rank `r` opens device `LOCAL_RANK % device count`
-/// (unless the builder names one) and ranks on the same GPU reach each other as `nvl` peers
-/// (a kernel reaches memory of its own device mapped from another process with loads and
-/// stores, as it would a peer's over NVLink). Without it two ranks on one GPU are refused.
-/// Timings taken so say nothing of NVLink, and NCCL refuses such a group: `devcomm bench`
-/// does not run with it. Kernels of different processes on one GPU take turns unless an MPS
-/// server runs (docs/TESTING.md).
+/// The variable of [`crate::Config::share_gpu`] (named in messages).
 pub const SHARE_GPU_ENV: &str = "DEVCOMM_SHARE_GPU";
-
-/// Whether [`SHARE_GPU_ENV`] is `1`.
-pub fn share_gpu() -> bool {
-    std::env::var(SHARE_GPU_ENV).is_ok_and(|v| v == "1")
-}
 
 /// One parsed override entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,8 +291,9 @@ impl Topology {
         store: &devcomm_bootstrap::Store,
         ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
         info: &crate::cuda::info::DeviceInfo,
-        timeout: std::time::Duration,
+        config: &crate::Config,
     ) -> crate::Result<Self> {
+        let timeout = config.setup_timeout;
         use crate::Error;
         let me = PeerDevice {
             rank,
@@ -317,7 +317,7 @@ impl Topology {
                 })
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        check_shared_gpus(rank, &devices, share_gpu()).map_err(|reason| {
+        check_shared_gpus(rank, &devices, config.share_gpu).map_err(|reason| {
             Error::InvalidArgument {
                 op: "topology",
                 reason,
@@ -332,16 +332,16 @@ impl Topology {
                     .map_err(|e| crate::cuda::with_rank(e, rank))?;
             }
         }
-        let rules = match std::env::var(OVERRIDE_ENV) {
-            Ok(spec) => {
-                parse_override(&spec, world_size).map_err(|reason| Error::InvalidArgument {
+        let rules = match &config.topology_override {
+            Some(spec) => {
+                parse_override(spec, world_size).map_err(|reason| Error::InvalidArgument {
                     op: "topology",
-                    reason,
+                    reason: format!("DEVCOMM_TOPOLOGY_OVERRIDE: {reason}"),
                 })?
             }
-            Err(_) => Vec::new(),
+            None => Vec::new(),
         };
-        let disable = std::env::var(DISABLE_P2P_ENV).is_ok_and(|v| v == "1");
+        let disable = config.disable_p2p;
         let (kinds, net_tuned) = decide_links(rank, &devices, &peer_access, &rules, disable)
             .map_err(|reason| Error::InvalidArgument {
                 op: "topology",

@@ -29,15 +29,11 @@ fn copy_hooks_compile_for_every_element_size() {
     if !nvrtc_available() {
         return;
     }
-    compiles(&Hooks::copy::<u8>().unwrap());
-    compiles(&Hooks::copy::<u16>().unwrap());
-    compiles(&Hooks::copy::<f32>().unwrap());
-    compiles(&Hooks::copy::<u64>().unwrap());
-    compiles(&Hooks::copy::<[u32; 4]>().unwrap());
-    assert!(matches!(
-        Hooks::copy::<[u8; 3]>(),
-        Err(Error::InvalidArgument { .. })
-    ));
+    compiles(&Hooks::copy::<u8>());
+    compiles(&Hooks::copy::<u16>());
+    compiles(&Hooks::copy::<f32>());
+    compiles(&Hooks::copy::<u64>());
+    compiles(&Hooks::copy::<[u32; 4]>());
 }
 
 #[test]

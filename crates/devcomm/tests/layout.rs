@@ -1,5 +1,5 @@
 //! Checks that `cuda/devcomm/handles.cuh`, compiled by the host C++ compiler, lays out every
-//! struct exactly as Rust does (`devcomm::handles::LAYOUT`). Needs `c++` (or `$CXX`) on PATH.
+//! struct exactly as Rust does (`devcomm::abi::layout()`). Needs `c++` (or `$CXX`) on PATH.
 
 #[path = "common/cxx.rs"]
 mod cxx;
@@ -11,18 +11,13 @@ use std::process::Command;
 
 /// Every shared struct's layout: the handles and the send/recv launch arguments.
 fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
-    devcomm::handles::LAYOUT
-        .iter()
-        .chain(devcomm::p2p::handle::LAYOUT)
-        .chain(devcomm::collective::handle::LAYOUT)
-        .copied()
-        .collect()
+    devcomm::abi::layout()
 }
 
 /// A C++ program that prints `struct field offset size` for every entry of LAYOUT, in order.
 fn probe_source() -> String {
     let mut src = String::from(
-        "#include <cstddef>\n#include <cstdio>\n#include \"devcomm/handles.cuh\"\n#include \"devcomm/p2p.cuh\"\n#include \"devcomm/collective.cuh\"\n\nint main() {\n",
+        "#include <cstddef>\n#include <cstdio>\n#include \"devcomm/handles.cuh\"\n#include \"devcomm/p2p.cuh\"\n#include \"devcomm/collective.cuh\"\n#include \"devcomm/reduce.cuh\"\n\nint main() {\n",
     );
     for (strukt, field, _, _) in layout() {
         writeln!(
@@ -78,6 +73,7 @@ fn layout_covers_every_shared_struct() {
         "P2PSide",
         "P2PLaunch",
         "CollLaunch",
+        "red::ReduceLaunch",
     ] {
         assert!(
             layout().iter().any(|(s, ..)| *s == strukt),
@@ -154,7 +150,7 @@ fn copy_bytes_is_exact_for_every_size_and_alignment() {
 /// waits and writes, the pad's size, the flags it sets) are the kernels' (`devcomm/p2p.cuh`).
 #[test]
 fn copy_engine_constants_equal_the_kernels() {
-    use devcomm::p2p::{
+    use devcomm::abi::{
         CE_DEC_R, CE_DEC_S, CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS, CE_WORDS,
         P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL,
     };

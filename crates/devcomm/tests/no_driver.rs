@@ -6,7 +6,7 @@ use devcomm_bootstrap::RankInfo;
 
 #[test]
 fn a_missing_driver_is_an_error_not_a_panic() {
-    let present = devcomm::cuda::ensure_driver().is_ok();
+    let present = devcomm::ensure_driver().is_ok();
     if present {
         eprintln!("SKIPPED: this machine has a CUDA driver");
         return;
@@ -23,6 +23,6 @@ fn a_missing_driver_is_an_error_not_a_panic() {
     for part in ["libcuda", "could not be loaded", "LD_LIBRARY_PATH"] {
         assert!(msg.contains(part), "{part} missing in {msg}");
     }
-    let direct = devcomm::cuda::ensure_driver().unwrap_err();
+    let direct = devcomm::ensure_driver().unwrap_err();
     assert!(matches!(direct, Error::LibraryNotLoaded { .. }), "{direct}");
 }

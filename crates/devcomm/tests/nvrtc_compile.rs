@@ -107,7 +107,7 @@ fn sendrecv_kernels_compile() {
     if !nvrtc_available() {
         return;
     }
-    let spec = devcomm::p2p::sendrecv_spec();
+    let spec = devcomm::p2p::sendrecv_spec(&[]);
     let module = compile_timed(&spec);
     assert_eq!(module.lowered_names.len(), spec.name_expressions.len());
     for expr in &spec.name_expressions {

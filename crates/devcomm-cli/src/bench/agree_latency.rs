@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use super::{device_label, today, BenchArgs, Record};
+use super::{BenchArgs, Record};
 use crate::selftest::Ctx;
 
 pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
@@ -45,30 +45,21 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     samples.sort_by(f64::total_cmp);
     let median = samples[samples.len() / 2];
     let p10 = samples[samples.len() / 10];
-    let options = std::env::var(devcomm::p2p::P2P_OPTIONS_ENV).unwrap_or_default();
+    let options = comm.config().p2p_options.join(" ");
     let agreement = if options.contains("DC_AGREE=0") {
         "agreement compiled out"
     } else {
         "agreement on"
     };
     Ok(vec![Record {
-        op: "agree_latency".into(),
-        world_size: comm.world_size(),
-        bytes: bytes as u64,
         both_directions: true,
         devcomm_us: median,
         nccl_us: p10,
-        ratio: f64::NAN,
         sms: 1,
-        device: device_label(cx, args),
-        date: today(),
         reference: format!(
             "ref_us = 10th percentile; host-launched sendrecv + synchronise per call ({agreement})"
         ),
-        devcomm_gbps: 0.0,
-        nccl_gbps: 0.0,
         config: options,
-        tokens: None,
-        event_tracking: args.event_tracking,
+        ..Record::new(cx, args, "agree_latency", bytes as u64)
     }])
 }

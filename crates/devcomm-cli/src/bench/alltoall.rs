@@ -4,14 +4,15 @@
 use std::ops::Range;
 
 use cudarc::driver::CudaSlice;
-use devcomm::p2p::{zero_copy_route, ZcRoute};
-use devcomm::AllToAllVCounts;
+use devcomm::p2p::ZcRoute;
+use devcomm::{AllToAllVCounts, Registration};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::bench::nccl::{max_over_ranks, NcclPair};
-use crate::bench::sendrecv::calls_per_sample;
-use crate::bench::{device_label, time_ranks_each, time_wall_each, today, BenchArgs, Record};
+use crate::bench::nccl::NcclPair;
+use crate::bench::{
+    calls_per_sample, min_free_bytes, time_ranks_each, time_wall_each, BenchArgs, Record,
+};
 use crate::selftest::Ctx;
 use crate::selftest_zc::BenchDst;
 
@@ -44,7 +45,7 @@ const TOKENS: &[usize] = &[128, 512, 2048, 8192];
 pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let world = cx.comm.world_size();
     let nccl = NcclPair::new(cx)?;
-    let free = min_free_bytes(cx)?;
+    let free = min_free_bytes(cx, HEADROOM)?;
     let max = args.max_bytes.min(256 << 20);
     let sizes: Vec<usize> = SIZES
         .iter()
@@ -59,8 +60,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     // --zero-copy: the output is a registered cuMemAlloc buffer (NCCL receives into the same
     // one) and devcomm calls all_to_all_registered.
     let mut dest = BenchDst::new(cx, world * largest, args.zero_copy)?;
-    let handle = dest.handle();
-    let recv = dest.slice();
+    let (handle, recv) = dest.parts();
     let mut out = Vec::new();
     for &bytes in &sizes {
         let r = a2a_point(cx, args, &nccl, &mut send, recv, handle, bytes)?;
@@ -106,7 +106,7 @@ fn hooked_points(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     };
     let user = user_args.device_ptr(&cx.stream).0;
     let [transpose, fp8] = crate::precompile::example_hooks();
-    let copy = Hooks::copy::<f32>().map_err(e)?;
+    let copy = Hooks::copy::<f32>();
     cx.sync()?;
     // The plain all-to-all, the examples and any extra hooks, timed in turn.
     let mut cases = vec![
@@ -175,7 +175,7 @@ fn a2a_point(
     nccl: &NcclPair,
     send: &mut CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
-    registered: Option<u64>,
+    registered: Option<&Registration<'_>>,
     bytes: usize,
 ) -> Result<Option<Record>, String> {
     let (world, rank) = (cx.comm.world_size(), cx.comm.rank());
@@ -197,7 +197,7 @@ fn a2a_point(
         _ => nccl.all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &chunks, &chunks),
     })?;
     let r = record(cx, args, "all_to_all", bytes as u64, (us[0], us[1]));
-    let copy_engine = zero_copy_route(bytes as u64, cx.comm.p2p_limits()) == ZcRoute::CopyEngine;
+    let copy_engine = cx.comm.zero_copy_route(bytes as u64) == ZcRoute::CopyEngine;
     Ok((rank == 0).then(|| match registered {
         None => Record {
             reference: "NCCL grouped send/recv".into(),
@@ -222,18 +222,17 @@ fn a2a_call(
     cx: &Ctx,
     send: &CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
-    registered: Option<u64>,
+    registered: Option<&Registration<'_>>,
     n: usize,
 ) -> Result<(), String> {
     match registered {
         None => cx
             .comm
             .all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &cx.stream),
-        Some(h) => cx.comm.all_to_all_registered(
-            &send.slice(..n),
-            devcomm::RegisteredRange::new(h, 0),
-            &cx.stream,
-        ),
+        Some(r) => {
+            cx.comm
+                .all_to_all_registered(&send.slice(..n), r.range(0, n as u64), &cx.stream)
+        }
     }
     .map_err(|e| e.to_string())
 }
@@ -249,7 +248,7 @@ fn verify_a2a(
     cx: &Ctx,
     send: &CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
-    registered: Option<u64>,
+    registered: Option<&Registration<'_>>,
     bytes: usize,
 ) -> Result<(), String> {
     let (world, rank) = (cx.comm.world_size(), cx.comm.rank());
@@ -533,25 +532,11 @@ fn record(cx: &Ctx, args: &BenchArgs, op: &str, bytes: u64, (d_us, n_us): (f64, 
     let world = cx.comm.world_size();
     let to_peers = ((world as u64 - 1) * bytes) as f64;
     Record {
-        op: op.into(),
-        world_size: world,
-        bytes,
-        both_directions: false,
-        devcomm_us: d_us,
-        nccl_us: n_us,
-        ratio: n_us / d_us,
         sms: cx
             .comm
             .collective_shape((op != "all_to_allv").then_some(bytes))
             .grid(world),
-        device: device_label(cx, args),
-        date: today(),
-        reference: String::new(),
-        devcomm_gbps: to_peers / d_us / 1e3,
-        nccl_gbps: to_peers / n_us / 1e3,
-        config: String::new(),
-        tokens: None,
-        event_tracking: args.event_tracking,
+        ..Record::new(cx, args, op, bytes).timed(d_us, n_us, to_peers)
     }
 }
 
@@ -574,16 +559,4 @@ fn first_diff<T: PartialEq>(got: &[T], want: &[T]) -> Option<usize> {
         .zip(want)
         .position(|(a, b)| a != b)
         .or((got.len() != want.len()).then(|| got.len().min(want.len())))
-}
-
-/// The smallest free device memory over the ranks, less [`HEADROOM`].
-fn min_free_bytes(cx: &Ctx) -> Result<usize, String> {
-    let (free, _) = cx
-        .comm
-        .context()
-        .mem_get_info()
-        .map_err(|e| e.to_string())?;
-    // The minimum is the negated maximum of the negated values.
-    let min = -max_over_ranks(cx, "a2a-free", -(free as f64))?;
-    Ok((min as usize).saturating_sub(HEADROOM))
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr};
 
-use super::{device_label, time_us, today, BenchArgs, Record};
+use super::{time_us, BenchArgs, Record};
 use crate::selftest::Ctx;
 
 /// Where the chunks go.
@@ -100,19 +100,26 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
                         let on = all[k % s.streams];
                         let off = k * s.chunk;
                         let len = (total - off).min(s.chunk);
-                        if s.ops {
-                            devcomm::cuda::stream_wait_geq(on, wp, 0).map_err(d)?;
-                        }
-                        devcomm::cuda::memcpy_dtod_async(
-                            to + off as u64,
-                            from + off as u64,
-                            len,
-                            on,
-                        )
-                        .map_err(d)?;
-                        if s.ops {
-                            let word = wp + 8 * (1 + (k % 7) as u64);
-                            devcomm::cuda::stream_write(on, word, k as u64 + 2).map_err(d)?;
+                        // SAFETY: `wp` is the window's signal words (8 of them, alive with
+                        // `win`), the wait is for >= 0 so it passes at once; `to`/`from` are
+                        // this rank's buffers or the peer's window mapped here, each of
+                        // `total` bytes and alive until the timing synchronises.
+                        unsafe {
+                            if s.ops {
+                                devcomm::testing::stream_wait_geq(on, wp, 0).map_err(d)?;
+                            }
+                            devcomm::testing::memcpy_dtod_async(
+                                to + off as u64,
+                                from + off as u64,
+                                len,
+                                on,
+                            )
+                            .map_err(d)?;
+                            if s.ops {
+                                let word = wp + 8 * (1 + (k % 7) as u64);
+                                devcomm::testing::stream_write(on, word, k as u64 + 2)
+                                    .map_err(d)?;
+                            }
                         }
                     }
                     for x in &all[1..] {
@@ -158,7 +165,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
 fn two_gpus(
     cx: &Ctx,
     args: &BenchArgs,
-    win: &devcomm::window::Window<u8>,
+    win: &devcomm::Window<u8>,
     total: usize,
 ) -> Result<Vec<Record>, String> {
     let rank = cx.comm.rank();
@@ -217,14 +224,19 @@ fn two_gpus(
                 // Pulls on a stream of their own, so that a rank that also pushes runs both.
                 (dp, peer_ptr, &pull_stream) // pull the peer's chunk k
             };
-            if c.ops {
-                devcomm::cuda::stream_wait_geq(on, wp, 0).map_err(d)?;
-            }
-            devcomm::cuda::memcpy_dtod_async(to + off as u64, from + off as u64, len, on)
-                .map_err(d)?;
-            if c.ops {
-                let word = wp + 8 * (1 + (k % 7) as u64);
-                devcomm::cuda::stream_write(on, word, k as u64 + 2).map_err(d)?;
+            // SAFETY: `wp` is the window's signal words (8 of them, alive with `win`), the wait
+            // is for >= 0 so it passes at once; `to`/`from` are this rank's buffers or the
+            // peer's mapped here, each of `total` bytes and alive until the timing synchronises.
+            unsafe {
+                if c.ops {
+                    devcomm::testing::stream_wait_geq(on, wp, 0).map_err(d)?;
+                }
+                devcomm::testing::memcpy_dtod_async(to + off as u64, from + off as u64, len, on)
+                    .map_err(d)?;
+                if c.ops {
+                    let word = wp + 8 * (1 + (k % 7) as u64);
+                    devcomm::testing::stream_write(on, word, k as u64 + 2).map_err(d)?;
+                }
             }
         }
         cx.stream.join(&pull_stream).map_err(e)?;
@@ -291,21 +303,9 @@ fn ce_record(
     (ref_us, reference): (f64, &str),
 ) -> Record {
     Record {
-        op: "ce".into(),
-        world_size: cx.comm.world_size(),
-        bytes: total as u64,
         both_directions: both,
-        devcomm_us: us,
-        nccl_us: ref_us,
-        ratio: ref_us / us,
-        sms: 0,
-        device: device_label(cx, args),
-        date: today(),
         reference: reference.into(),
-        devcomm_gbps: total as f64 / us / 1e3,
-        nccl_gbps: total as f64 / ref_us / 1e3,
         config,
-        tokens: None,
-        event_tracking: args.event_tracking,
+        ..Record::new(cx, args, "ce", total as u64).timed(us, ref_us, total as f64)
     }
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use crate::bench::nccl::NcclPair;
-use crate::bench::{device_label, in_turn, slowest_medians, today, BenchArgs, EventTimer, Record};
+use crate::bench::{in_turn, slowest_medians, BenchArgs, EventTimer, Record};
 use crate::selftest::Ctx;
 
 /// Calls per sample: few enough that no launch queue fills (a full queue would make the host
@@ -134,25 +134,15 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         )?;
         let (h, g) = (slowest[0], slowest[1]);
         out.push(Record {
-            op: format!("launch: {name}"),
             world_size: *ranks,
-            bytes: 0,
-            both_directions: false,
             devcomm_us: h,
             nccl_us: g,
             ratio: g / h,
-            sms: 0,
-            device: device_label(cx, args),
-            date: today(),
             reference: format!(
                 "devcomm_us: host wall time per call while enqueueing {CALLS} calls back to \
                  back; nccl_us: CUDA-event time per call around them (slowest rank's medians)"
             ),
-            devcomm_gbps: 0.0,
-            nccl_gbps: 0.0,
-            config: String::new(),
-            tokens: None,
-            event_tracking: args.event_tracking,
+            ..Record::new(cx, args, &format!("launch: {name}"), 0)
         });
     }
     cx.sync()?;

@@ -23,40 +23,7 @@ impl std::fmt::Debug for NcclPair {
 impl NcclPair {
     /// Collective: rank 0 makes the unique id and shares it through devcomm's store.
     pub(crate) fn new(cx: &Ctx) -> Result<Self, String> {
-        // cudarc loads libnccl lazily and panics inside its loader when it is missing.
-        // SAFETY: loading libnccl runs only its own initialisers; a missing one is `false`.
-        if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-            let mut names: Vec<String> = Vec::new();
-            for name in cudarc::get_lib_name_candidates("nccl") {
-                if !names.contains(&name) {
-                    names.push(name);
-                }
-            }
-            return Err(format!(
-                "NCCL (libnccl) could not be loaded: searched for {names:?} through dlopen \
-                 (LD_LIBRARY_PATH: {}, then the system's library path); the benchmarks time \
-                 it as their reference",
-                std::env::var("LD_LIBRARY_PATH").unwrap_or_else(|_| "not set".into())
-            ));
-        }
-        let store = cx.comm.store();
-        let id = if cx.comm.rank() == 0 {
-            let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
-            let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
-            store
-                .set("__devcomm_cli/nccl_id", &bytes)
-                .map_err(|e| e.to_string())?;
-            id
-        } else {
-            let bytes = store
-                .get("__devcomm_cli/nccl_id", cx.comm.setup_timeout())
-                .map_err(|e| e.to_string())?;
-            let mut internal = [0 as std::ffi::c_char; 128];
-            for (d, s) in internal.iter_mut().zip(&bytes) {
-                *d = *s as std::ffi::c_char;
-            }
-            Id::uninit(internal)
-        };
+        let id = shared_id(cx)?;
         let comm = NcclComm::from_rank(cx.stream.clone(), cx.comm.rank(), cx.comm.world_size(), id)
             .map_err(|e| format!("ncclCommInitRank: {e:?}"))?;
         Ok(Self { comm })
@@ -117,6 +84,29 @@ impl NcclPair {
     }
 }
 
+/// Collective: a fresh NCCL unique id, made by rank 0 and shared through devcomm's store
+/// (each call its own key, so several communicators can be made in one run).
+pub(crate) fn shared_id(cx: &Ctx) -> Result<Id, String> {
+    ensure_nccl()?;
+    let store = cx.comm.store();
+    let key = format!("__devcomm_cli/nccl_id/{}", rand_tag(cx));
+    if cx.comm.rank() == 0 {
+        let id = Id::new().map_err(|e| format!("ncclGetUniqueId: {:?}", e.0))?;
+        let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
+        store.set(&key, &bytes).map_err(|e| e.to_string())?;
+        Ok(id)
+    } else {
+        let bytes = store
+            .get(&key, cx.comm.setup_timeout())
+            .map_err(|e| e.to_string())?;
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (d, s) in internal.iter_mut().zip(&bytes) {
+            *d = *s as std::ffi::c_char;
+        }
+        Ok(Id::uninit(internal))
+    }
+}
+
 /// All ranks contribute a value; every rank gets the maximum.
 pub(crate) fn max_over_ranks(cx: &Ctx, what: &str, value: f64) -> Result<f64, String> {
     let tag = format!("__devcomm_cli/max/{what}/{}", rand_tag(cx));
@@ -140,4 +130,25 @@ fn rand_tag(cx: &Ctx) -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
     let _ = cx;
     N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `Ok` when libnccl loads: cudarc loads it lazily and panics inside its loader when it is
+/// missing, so every use of NCCL starts here (through [`shared_id`]).
+fn ensure_nccl() -> Result<(), String> {
+    // SAFETY: loading libnccl runs only its own initialisers; a missing one is `false`.
+    if unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Ok(());
+    }
+    let mut names: Vec<String> = Vec::new();
+    for name in cudarc::get_lib_name_candidates("nccl") {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    Err(format!(
+        "NCCL (libnccl) could not be loaded: searched for {names:?} through dlopen \
+         (LD_LIBRARY_PATH: {}, then the system's library path); the benchmarks time it as \
+         their reference",
+        std::env::var("LD_LIBRARY_PATH").unwrap_or_else(|_| "not set".into())
+    ))
 }

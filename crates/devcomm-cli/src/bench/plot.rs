@@ -6,7 +6,12 @@ use std::path::Path;
 use crate::bench::Record;
 
 /// Writes one line per (series, sms) of devcomm and one per reference, log2 bytes on x, GB/s on y.
+/// Records without a devcomm time (a reference that was not available) are left out.
 pub(crate) fn write_svg(path: &Path, records: &[Record]) -> std::io::Result<()> {
+    let records: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.devcomm_us.is_finite())
+        .collect();
     let (w, h, left, bottom, top, right) = (900.0, 520.0, 70.0, 60.0, 40.0, 260.0);
     let pw = w - left - right;
     let ph = h - top - bottom;
@@ -59,12 +64,30 @@ pub(crate) fn write_svg(path: &Path, records: &[Record]) -> std::io::Result<()> 
     let title = records
         .first()
         .map(|r| {
+            let dtype = r
+                .dtype
+                .as_deref()
+                .map_or(String::new(), |t| format!(" {t}"));
+            let redop = r
+                .redop
+                .as_deref()
+                .map_or(String::new(), |o| format!(" {o}"));
+            let meaningless = if r.meaningful {
+                ""
+            } else {
+                " (NOT MEANINGFUL: shared GPU)"
+            };
             format!(
-                "{} ({} ranks) on {}, {}",
+                "{}{dtype}{redop} ({} ranks) on {}, {}{meaningless}",
                 r.op, r.world_size, r.device, r.date
             )
         })
         .unwrap_or_default();
+    let y_label = if records.iter().any(|r| r.devcomm_busbw_gbps.is_some()) {
+        "GB/s (algorithm bandwidth, as nccl-tests)"
+    } else {
+        "GB/s (one direction)"
+    };
     let _ = write!(
         s,
         r#"<text x="{left}" y="22" font-size="14">{}</text>"#,
@@ -95,7 +118,7 @@ pub(crate) fn write_svg(path: &Path, records: &[Record]) -> std::io::Result<()> 
     }
     let _ = write!(
         s,
-        r#"<text x="{}" y="{}" text-anchor="middle">message size</text><text x="18" y="{}" transform="rotate(-90 18 {})" text-anchor="middle">GB/s (one direction)</text>"#,
+        r#"<text x="{}" y="{}" text-anchor="middle">message size</text><text x="18" y="{}" transform="rotate(-90 18 {})" text-anchor="middle">{y_label}</text>"#,
         left + pw / 2.0,
         h - 12.0,
         top + ph / 2.0,

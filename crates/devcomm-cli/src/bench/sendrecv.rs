@@ -4,13 +4,12 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result as nccl_result;
 use devcomm::p2p::{
-    auto_pull, staged_config, sweep_configs, zero_copy_route, P2PConfig, Protocol, Transfer,
-    ZcRoute,
+    pull_by_default, staged_config, sweep_configs, P2PConfig, Protocol, Transfer, ZcRoute,
 };
-use devcomm::RegisteredRange;
+use devcomm::Registration;
 
 use crate::bench::nccl::NcclPair;
-use crate::bench::{device_label, time_pair, time_ranks_each, today, BenchArgs, Record};
+use crate::bench::{calls_per_sample, time_pair, time_ranks_each, BenchArgs, Record};
 use crate::selftest::Ctx;
 use crate::selftest_zc::BenchDst;
 
@@ -34,11 +33,6 @@ pub(crate) const SIZES: &[usize] = &[
     1 << 30,
 ];
 
-/// Back-to-back calls per timed sample: enough that one sample lasts well over the launch gap.
-pub(crate) fn calls_per_sample(bytes: usize) -> usize {
-    ((64usize << 20) / bytes.max(1)).clamp(1, 50)
-}
-
 pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>, String> {
     let comm = &cx.comm;
     let rank = comm.rank();
@@ -56,8 +50,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     // Zero-copy: the destination is a registered cuMemAlloc buffer (NCCL receives into the
     // same one); otherwise an ordinary allocation.
     let mut dest = BenchDst::new(cx, max, args.zero_copy)?;
-    let registered = dest.handle();
-    let dst = dest.slice();
+    let (registered, dst) = dest.parts();
     let expect = if active {
         cx.data_of(peer, 1234, max)
     } else {
@@ -86,7 +79,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             // Poison, one call, verify every byte (large sizes only for the default in sweeps,
             // to bound the run's length).
             if active && (!args.sweep || bytes <= 64 << 20 || cfg == default) {
-                let what = describe(&cfg, bytes, both);
+                let what = describe(&cfg, bytes, both, cx.comm.p2p_switches().pull);
                 verify_call(
                     cx,
                     dst,
@@ -120,7 +113,10 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
         let n_us = us[candidates.len()];
         if args.sweep && rank == 0 {
             for (cfg, t) in candidates.iter().zip(&us) {
-                eprintln!("  {bytes} B {}: {t:.2} us", describe(cfg, bytes, both));
+                eprintln!(
+                    "  {bytes} B {}: {t:.2} us",
+                    describe(cfg, bytes, both, cx.comm.p2p_switches().pull)
+                );
             }
         }
         let Some((d_us, cfg)) = candidates
@@ -136,7 +132,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
         // whose sender runs one pacing warp (one block).
         let zc_route = registered
             .is_some()
-            .then(|| zero_copy_route(bytes as u64, comm.p2p_limits()));
+            .then(|| comm.zero_copy_route(bytes as u64));
         // Both ways in one launch on both ranks, the defaults' copy-engine layout gives way to
         // the staged protocol in the negotiation.
         let negotiated_staged =
@@ -150,15 +146,8 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             (cfg, "")
         };
         if rank == 0 {
-            let gbps = |us: f64| bytes as f64 / us / 1e3;
             out.push(Record {
-                op: "sendrecv".into(),
-                world_size: comm.world_size(),
-                bytes: bytes as u64,
                 both_directions: both,
-                devcomm_us: d_us,
-                nccl_us: n_us,
-                ratio: n_us / d_us,
                 sms: match zc_route {
                     Some(ZcRoute::Blocks(b)) => b,
                     Some(ZcRoute::CopyEngine) => 1,
@@ -168,23 +157,24 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                     }
                     Some(ZcRoute::Staged) | None => cfg.blocks,
                 },
-                device: device_label(cx, args),
-                date: today(),
                 reference: if registered.is_some() {
                     "NCCL send/recv (into the same registered buffer)".into()
                 } else {
                     "NCCL send/recv".into()
                 },
-                devcomm_gbps: gbps(d_us),
-                nccl_gbps: gbps(n_us),
                 config: match zc_route {
                     Some(ZcRoute::Blocks(b)) => format!("zero-copy/{b}x512"),
                     Some(ZcRoute::CopyEngine) => "zero-copy/copy-engine".into(),
-                    Some(ZcRoute::Staged) => format!("registered/{}", describe(&cfg, bytes, both)),
-                    None => format!("{label_prefix}{}", describe(&cfg, bytes, both)),
+                    Some(ZcRoute::Staged) => format!(
+                        "registered/{}",
+                        describe(&cfg, bytes, both, cx.comm.p2p_switches().pull)
+                    ),
+                    None => format!(
+                        "{label_prefix}{}",
+                        describe(&cfg, bytes, both, cx.comm.p2p_switches().pull)
+                    ),
                 },
-                tokens: None,
-                event_tracking: args.event_tracking,
+                ..Record::new(cx, args, "sendrecv", bytes as u64).timed(d_us, n_us, bytes as f64)
             });
         }
         cx.host_barrier()?;
@@ -231,20 +221,19 @@ pub(crate) fn verify_call(
 fn zero_copy_call(
     cx: &Ctx,
     src: &CudaSlice<u8>,
-    handle: u64,
+    reg: &Registration<'_>,
     bytes: usize,
     peer: usize,
     both: bool,
 ) -> Result<(), String> {
-    let at = RegisteredRange::new(handle, 0);
-    let n = bytes as u64;
+    let at = reg.range(0, bytes as u64);
     let src = src.slice(..bytes);
     let r = match (both, cx.comm.rank()) {
         (true, _) => cx
             .comm
-            .sendrecv_registered(&src, peer, at, at, n, peer, &cx.stream),
+            .sendrecv_registered(&src, peer, at, at, peer, &cx.stream),
         (false, 0) => cx.comm.send_registered(&src, peer, at, &cx.stream),
-        (false, _) => cx.comm.recv_registered(at, n, peer, &cx.stream),
+        (false, _) => cx.comm.recv_registered(at, peer, &cx.stream),
     };
     r.map_err(|e| e.to_string())
 }
@@ -335,22 +324,14 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
         let n_us = replay(&ngraph, "graph-nccl")?;
         if rank == 0 {
             out.push(Record {
-                op: "sendrecv_graph".into(),
-                world_size: comm.world_size(),
-                bytes: bytes as u64,
-                both_directions: false,
-                devcomm_us: d_us,
-                nccl_us: n_us,
-                ratio: n_us / d_us,
                 sms: cfg.blocks,
-                device: device_label(cx, args),
-                date: today(),
                 reference: "NCCL send/recv, graph-replayed".into(),
-                devcomm_gbps: bytes as f64 / d_us / 1e3,
-                nccl_gbps: bytes as f64 / n_us / 1e3,
-                config: describe(&cfg, bytes, false),
-                tokens: None,
-                event_tracking: args.event_tracking,
+                config: describe(&cfg, bytes, false, cx.comm.p2p_switches().pull),
+                ..Record::new(cx, args, "sendrecv_graph", bytes as u64).timed(
+                    d_us,
+                    n_us,
+                    bytes as f64,
+                )
             });
         }
         drop(dgraph);
@@ -363,14 +344,14 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
 
 /// A configuration as the records name it: `ll`, `ll128`, `push`, `pull` or `ce`, then blocks x
 /// threads and the chunk. For [`Protocol::Bulk`], the staging the sender picks for this call.
-pub(crate) fn describe(c: &P2PConfig, bytes: usize, both: bool) -> String {
+pub(crate) fn describe(c: &P2PConfig, bytes: usize, both: bool, pull: Option<bool>) -> String {
     let staged = |what: &str| format!("{what}/{}x{}/{}K", c.blocks, c.threads, c.chunk_bytes >> 10);
     match c.protocol {
         Protocol::LowLatency => format!("ll/{}x{}", c.blocks, c.threads),
         Protocol::LowLatency128 => format!("ll128/{}x{}", c.blocks, c.threads),
         Protocol::Push => staged("push"),
         Protocol::Pull => staged("pull"),
-        Protocol::Bulk if auto_pull(bytes as u64, both) => staged("pull"),
+        Protocol::Bulk if pull_by_default(bytes as u64, both, pull) => staged("pull"),
         Protocol::Bulk => staged("push"),
         // Each side's copy engine, blocks x threads (filling the outbox at the sender, copying
         // out of the inbox at the receiver) and a pacing block.

@@ -17,10 +17,8 @@ use devcomm::p2p::tune::{TunedLimits, OP_SENDRECV, TUNE_VERSION};
 use devcomm::p2p::{sweep_configs, P2PConfig, Protocol, TuneEntry, TuneTable};
 
 use crate::bench::nccl::NcclPair;
-use crate::bench::sendrecv::{
-    calls_per_sample, describe, devcomm_call, nccl_call, verify_call, SIZES,
-};
-use crate::bench::{time_pair, today};
+use crate::bench::sendrecv::{describe, devcomm_call, nccl_call, verify_call, SIZES};
+use crate::bench::{calls_per_sample, time_pair, today};
 use crate::selftest::Ctx;
 
 /// Arguments of `devcomm tune`.
@@ -59,7 +57,7 @@ fn verify(
     both: bool,
     config: P2PConfig,
 ) -> Result<(), String> {
-    let what = describe(&config, bytes, both);
+    let what = describe(&config, bytes, both, cx.comm.p2p_switches().pull);
     verify_call(cx, dst, expect, bytes, both, &what, &mut |dst| {
         devcomm_call(cx, src, dst, bytes, peer, both, Some(config))
     })
@@ -88,7 +86,7 @@ fn choose(scored: &[Scored]) -> Option<&Scored> {
 }
 
 /// Adds a `Bulk` candidate for every staged shape measured as both push and pull: one way it
-/// pulls, both ways it pushes (`devcomm::p2p::auto_pull`).
+/// pulls, both ways it pushes (`devcomm::p2p::pull_by_default`).
 fn with_bulk(mut scored: Vec<Scored>) -> Vec<Scored> {
     let shape = |c: &P2PConfig| (c.blocks, c.threads, c.chunk_bytes);
     let mut bulk = Vec::new();
@@ -194,7 +192,7 @@ pub fn run(args: &TuneArgs) -> Result<i32, String> {
                  ways {:.2} us ({:.2}x NCCL)",
                 i + 1,
                 sizes.len(),
-                describe(&pick.config, bytes, false),
+                describe(&pick.config, bytes, false, cx.comm.p2p_switches().pull),
                 scored.len(),
                 pick.one_way_us,
                 nccl_us[0] / pick.one_way_us,

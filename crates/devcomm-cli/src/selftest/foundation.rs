@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use devcomm::cuda::DeviceBuffer;
+use devcomm::testing::DeviceBuffer;
 
 use super::harness::{verified, Check, Checked, Ctx, Outcome, Ranks, Skip};
 
@@ -17,6 +17,18 @@ pub(super) const CHECKS: &[Check] = &[
         ranks: Ranks::AtLeast(1),
         about: "making the communicator leaves cudarc's single-stream mode",
         run: |cx, _| verified(context_mode(cx)),
+    },
+    Check {
+        name: "capture_tracked",
+        ranks: Ranks::AtLeast(1),
+        about: "a call on cudarc slices in a graph capture with event tracking on is refused",
+        run: |cx, _| capture_tracked(cx),
+    },
+    Check {
+        name: "stream_binding",
+        ranks: Ranks::AtLeast(1),
+        about: "a call on a stream other than the bound one is refused, nothing enqueued",
+        run: |cx, _| verified(stream_binding(cx)),
     },
     Check {
         name: "put_signal",
@@ -49,6 +61,69 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, p| verified(window_churn(cx, p.churn)),
     },
 ];
+
+/// With cudarc's event tracking on in multi-stream mode, a call on cudarc slices made while the
+/// stream captures a graph is refused with an error that says why, before anything is
+/// enqueued (cudarc would wait on the slices' events inside the capture, which CUDA refuses);
+/// the stream stays usable.
+fn capture_tracked(cx: &Ctx) -> Checked {
+    let comm = &cx.comm;
+    if !comm.context().is_managing_stream_synchronization() {
+        return Ok(Outcome::Skip(Skip::Unavailable(
+            "cudarc does not track events on this context (single-stream mode or tracking \
+             off): there is nothing to refuse"
+                .into(),
+        )));
+    }
+    let buf = cx
+        .stream
+        .alloc_zeros::<u8>(64)
+        .map_err(|e| e.to_string())?;
+    cx.sync()?;
+    let peer = (comm.rank() + 1) % comm.world_size();
+    devcomm::testing::begin_capture(&cx.stream).map_err(|e| e.to_string())?;
+    let sent = comm.send(&buf, peer, &cx.stream);
+    // Nothing was captured: the empty graph (or its absence) is of no interest.
+    let _ = devcomm::testing::end_capture(&cx.stream);
+    cx.sync()?;
+    match sent {
+        Err(devcomm::Error::InvalidArgument { reason, .. }) if reason.contains("event tracking") => {
+            verified(Ok(format!("refused: {reason}")))
+        }
+        other => Err(format!(
+            "send in a capture with event tracking on: expected a refusal, got {other:?}"
+        )),
+    }
+}
+
+/// The harness binds its stream at start (`Comm::bind_stream`); binding it again is a no-op,
+/// and a send on another stream is refused before anything is enqueued.
+fn stream_binding(cx: &Ctx) -> Detail {
+    let comm = &cx.comm;
+    comm.bind_stream(&cx.stream)
+        .map_err(|e| format!("binding the bound stream again: {e}"))?;
+    let other = comm.context().new_stream().map_err(|e| e.to_string())?;
+    let buf = other.alloc_zeros::<u8>(64).map_err(|e| e.to_string())?;
+    other.synchronize().map_err(|e| e.to_string())?;
+    let peer = (comm.rank() + 1) % comm.world_size();
+    let refusals = [
+        ("bind_stream", comm.bind_stream(&other)),
+        ("send", comm.send(&buf, peer, &other)),
+    ];
+    for (what, r) in refusals {
+        match r {
+            Err(devcomm::Error::InvalidArgument { reason, .. }) if reason.contains("bound") => {}
+            other => {
+                return Err(format!(
+                    "{what} on a second stream: expected a refusal naming the bound stream, got \
+                     {other:?}"
+                ))
+            }
+        }
+    }
+    other.synchronize().map_err(|e| e.to_string())?;
+    Ok("the bound stream binds again; bind_stream and send on a second stream refused".into())
+}
 
 /// devcomm's own streams (copy engine) stay out of cudarc's stream count: a user on one stream
 /// keeps single-stream mode, without per-buffer event calls (cuda::InternalStream).
@@ -225,13 +300,13 @@ fn registered_kind(cx: &Ctx, kind: UserAlloc) -> Detail {
             // A plain cuMemAlloc allocation, freed when `_raw` drops, after deregistration.
             let ctx = comm.context();
             let b = DeviceBuffer::zeroed(ctx, bytes).map_err(|e| e.to_string())?;
-            devcomm::cuda::synchronize(ctx).map_err(|e| e.to_string())?;
+            devcomm::testing::synchronize(ctx).map_err(|e| e.to_string())?;
             let p = b.ptr();
             _raw = Some(b);
             p
         }
         UserAlloc::Vmm => {
-            use devcomm::cuda::vmm::{Mapping, PhysicalMemory};
+            use devcomm::testing::{Mapping, PhysicalMemory};
             let phys = PhysicalMemory::create(comm.context(), bytes).map_err(|e| e.to_string())?;
             let map =
                 Mapping::new(comm.context(), &phys, phys.bytes()).map_err(|e| e.to_string())?;
@@ -250,9 +325,11 @@ fn registered_kind(cx: &Ctx, kind: UserAlloc) -> Detail {
         }
     };
     cx.copy_to_ptr(ptr, &mine)?;
-    let registered = comm.register(ptr, bytes);
+    // SAFETY: whichever allocation backs `ptr` (`_raw`, `_vmm`, `_pool`) holds `bytes` and
+    // is dropped after the registration (released below, or dropped inside the closure).
+    let registered = unsafe { comm.register(ptr, bytes) };
     let result = (|| -> Detail {
-        let handle = match (kind, registered) {
+        let registration = match (kind, registered) {
             (UserAlloc::Pool, Err(e)) if e.to_string().contains("pool") => {
                 return Ok("pool memory refused on every rank with a clear error".into());
             }
@@ -276,6 +353,7 @@ fn registered_kind(cx: &Ctx, kind: UserAlloc) -> Detail {
             let mut l = cx.stream.launch_builder(&f);
             let peer_i = peer as i32;
             let n = bytes as u64;
+            let handle = registration.device_handle();
             l.arg(&handle).arg(&peer_i).arg(&mut dst).arg(&n);
             // SAFETY: read_registered(const RegisteredBuffer*, int, void*, u64); dst holds bytes.
             unsafe { l.launch(cfg(8, 256)) }.map_err(|e| e.to_string())?;
@@ -283,7 +361,7 @@ fn registered_kind(cx: &Ctx, kind: UserAlloc) -> Detail {
         cx.sync()?;
         let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
         cx.host_barrier()?;
-        comm.deregister(handle).map_err(|e| e.to_string())?;
+        registration.release().map_err(|e| e.to_string())?;
         if !reachable {
             return Ok(format!(
                 "{kind:?}: peer {peer} not on NVLink; registration only"

@@ -58,7 +58,15 @@ macro_rules! groups {
 }
 
 // Keep `timeout` last: a timed-out wait leaves the communicator aborted.
-groups!(foundation, p2p, zero_copy, collectives, mismatch, timeout);
+groups!(
+    foundation,
+    p2p,
+    zero_copy,
+    collectives,
+    reduce,
+    mismatch,
+    timeout
+);
 
 /// Arguments of `devcomm selftest`.
 #[derive(Debug, clap::Args)]

@@ -3,8 +3,8 @@
 //! regenerated on the host.
 
 use cudarc::driver::CudaSlice;
-use devcomm::p2p::{zero_copy_ce_min, zero_copy_route, ZcRoute};
-use devcomm::{Error, RegisteredRange};
+use devcomm::p2p::ZcRoute;
+use devcomm::Error;
 
 use super::harness::{
     compare, partner, roles, verified, Check, Checked, Ctx, Outcome, Ranks, RegBuf, Skip, POISON,
@@ -57,11 +57,11 @@ pub(super) const CHECKS: &[Check] = &[
 /// 64 MiB on whatever route it takes then).
 fn large_size(cx: &Ctx) -> usize {
     let ll = cx.comm.p2p_limits().ll_max_bytes;
-    zero_copy_ce_min().clamp(ll + 1, 64 << 20) as usize
+    cx.comm.p2p_switches().zc_ce_min.clamp(ll + 1, 64 << 20) as usize
 }
 
 fn route_name(cx: &Ctx, bytes: usize) -> &'static str {
-    match zero_copy_route(bytes as u64, cx.comm.p2p_limits()) {
+    match cx.comm.zero_copy_route(bytes as u64) {
         ZcRoute::Staged => "staged",
         ZcRoute::Blocks(_) => "SM blocks",
         ZcRoute::CopyEngine => "copy engine",
@@ -117,14 +117,13 @@ fn exchange(
     dst.poison(&cx.stream)?;
     cx.sync()?;
     cx.host_barrier()?;
-    let at = dst.at(dst_off);
+    let at = dst.at(dst_off, bytes);
     let r = match (sends, receives) {
-        (true, true) => {
-            cx.comm
-                .sendrecv_registered(&view, peer, at, at, bytes as u64, peer, &cx.stream)
-        }
+        (true, true) => cx
+            .comm
+            .sendrecv_registered(&view, peer, at, at, peer, &cx.stream),
         (true, false) => cx.comm.send_registered(&view, peer, at, &cx.stream),
-        _ => cx.comm.recv_registered(at, bytes as u64, peer, &cx.stream),
+        _ => cx.comm.recv_registered(at, peer, &cx.stream),
     };
     r.map_err(|e| e.to_string())?;
     cx.sync()?;
@@ -186,30 +185,25 @@ fn check_errors(cx: &Ctx) -> Checked {
             comm.send_registered(
                 &src.slice(..4096),
                 peer,
-                dst.at(dst.bytes - 100),
+                dst.at(dst.bytes - 100, 4096),
                 &cx.stream,
             ),
         ),
         (
             "range past this rank's buffer",
-            comm.recv_registered(dst.at(16), dst.bytes as u64, peer, &cx.stream),
+            comm.recv_registered(dst.at(16, dst.bytes), peer, &cx.stream),
         ),
         (
-            "unknown handle",
-            comm.send_registered(
-                &src.slice(..16),
-                peer,
-                RegisteredRange::new(dst.handle + 8, 0),
-                &cx.stream,
-            ),
+            "range of another size than the message",
+            comm.send_registered(&src.slice(..16), peer, dst.at(0, 8), &cx.stream),
         ),
         (
             "peer is this rank",
-            comm.send_registered(&src.slice(..16), rank, dst.at(0), &cx.stream),
+            comm.send_registered(&src.slice(..16), rank, dst.at(0, 16), &cx.stream),
         ),
         (
             "peer out of range",
-            comm.recv_registered(dst.at(0), 16, comm.world_size(), &cx.stream),
+            comm.recv_registered(dst.at(0, 16), comm.world_size(), &cx.stream),
         ),
     ];
     for (what, r) in before {
@@ -233,8 +227,8 @@ fn check_errors(cx: &Ctx) -> Checked {
     ];
     let mut checked = Vec::new();
     for (what, send_off, send_n, recv_off, recv_n) in cases {
-        let route = zero_copy_route(send_n as u64, comm.p2p_limits());
-        if route == ZcRoute::Staged || zero_copy_route(recv_n as u64, comm.p2p_limits()) != route {
+        let route = comm.zero_copy_route(send_n as u64);
+        if route == ZcRoute::Staged || comm.zero_copy_route(recv_n as u64) != route {
             continue;
         }
         checked.push(format!("{what} on {}", route_name(cx, send_n)));
@@ -242,9 +236,10 @@ fn check_errors(cx: &Ctx) -> Checked {
         cx.sync()?;
         cx.host_barrier()?;
         let r = if rank % 2 == 0 {
-            comm.send_registered(&src.slice(..send_n), peer, dst.at(send_off), &cx.stream)
+            let at = dst.at(send_off, send_n);
+            comm.send_registered(&src.slice(..send_n), peer, at, &cx.stream)
         } else {
-            comm.recv_registered(dst.at(recv_off), recv_n as u64, peer, &cx.stream)
+            comm.recv_registered(dst.at(recv_off, recv_n), peer, &cx.stream)
         };
         r.map_err(|e| e.to_string())?;
         let sync = cx.sync();
@@ -310,16 +305,9 @@ fn check_ring(cx: &Ctx) -> Detail {
         dst.poison(&cx.stream)?;
         cx.sync()?;
         cx.host_barrier()?;
-        comm.sendrecv_registered(
-            &src,
-            next,
-            dst.at(7),
-            dst.at(7),
-            bytes as u64,
-            prev,
-            &cx.stream,
-        )
-        .map_err(|e| e.to_string())?;
+        let at = dst.at(7, bytes);
+        comm.sendrecv_registered(&src, next, at, at, prev, &cx.stream)
+            .map_err(|e| e.to_string())?;
         cx.sync()?;
         let expect = cx.data_of(prev, tag, bytes);
         verify(
@@ -370,17 +358,9 @@ fn check_back_to_back(cx: &Ctx, calls: usize) -> Detail {
     };
     for i in 0..calls {
         let (bytes, so, s) = plan(i);
-        let at = dst.at(s * slice);
+        let at = dst.at(s * slice, bytes);
         cx.comm
-            .sendrecv_registered(
-                &src.slice(so..so + bytes),
-                peer,
-                at,
-                at,
-                bytes as u64,
-                peer,
-                &cx.stream,
-            )
+            .sendrecv_registered(&src.slice(so..so + bytes), peer, at, at, peer, &cx.stream)
             .map_err(|e| e.to_string())?;
     }
     cx.sync()?;
@@ -462,9 +442,9 @@ fn graph_replays(
     cx.host_barrier()?;
     let graph = cx.capture(|| -> Result<(), String> {
         dst.poison(&cx.stream)?;
-        let at = dst.at(32);
+        let at = dst.at(32, bytes);
         cx.comm
-            .sendrecv_registered(&src, peer, at, at, bytes as u64, peer, &cx.stream)
+            .sendrecv_registered(&src, peer, at, at, peer, &cx.stream)
             .map_err(|e| e.to_string())
     })?;
     let expects: Vec<Vec<u8>> = (0..variants)
@@ -517,7 +497,7 @@ fn check_all_to_all(cx: &Ctx) -> Detail {
             cx.sync()?;
             cx.host_barrier()?;
             for _ in 0..calls {
-                comm.all_to_all_registered(&src, dst.at(off), &cx.stream)
+                comm.all_to_all_registered(&src, dst.at(off, world * chunk), &cx.stream)
                     .map_err(|e| e.to_string())?;
             }
             cx.sync()?;
@@ -532,7 +512,7 @@ fn check_all_to_all(cx: &Ctx) -> Detail {
         .stream
         .alloc_zeros::<u8>(world * big)
         .map_err(|e| e.to_string())?;
-    match comm.all_to_all_registered(&src, dst.at(off + 128), &cx.stream) {
+    match comm.all_to_all_registered(&src, dst.at(off + 128, world * big), &cx.stream) {
         Err(Error::CapacityExceeded { .. }) => {}
         other => {
             return Err(format!(

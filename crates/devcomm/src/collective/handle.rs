@@ -67,7 +67,7 @@ unsafe impl DeviceRepr for CollLaunch {}
 
 /// Field offsets for the layout test, as in [`crate::handles::LAYOUT`]. The C++ names of
 /// `input`/`output` are `in`/`out`.
-pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
+pub(crate) const LAYOUT: &[(&str, &str, usize, usize)] = &[
     (
         "CollLaunch",
         "p",

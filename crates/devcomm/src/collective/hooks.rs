@@ -1,7 +1,6 @@
 //! [`Hooks`]: the user's `produce`/`consume` CUDA C++ pair, the built-in copy hooks, and the
 //! collective kernel's spec for a pair.
 
-use super::env::options_from_env;
 use std::borrow::Cow;
 
 use super::THREADS;
@@ -64,19 +63,23 @@ impl Hooks {
         }
     }
 
-    /// The default hooks: copy elements of `T` (whose size must divide 16).
-    pub fn copy<T>() -> Result<Self> {
+    /// The default hooks: copy elements of `T`, whose size must be 1, 2, 4, 8 or 16 bytes.
+    /// The size is checked when the call is compiled:
+    ///
+    /// ```compile_fail
+    /// let hooks = devcomm::Hooks::copy::<[u8; 3]>(); // 3 bytes: a compile error
+    /// ```
+    pub fn copy<T>() -> Self {
+        const {
+            assert!(
+                matches!(std::mem::size_of::<T>(), 1 | 2 | 4 | 8 | 16),
+                "Hooks::copy: the element size must be 1, 2, 4, 8 or 16 bytes (use a byte view \
+                 of the buffer)"
+            )
+        };
         let size = std::mem::size_of::<T>();
-        if !matches!(size, 1 | 2 | 4 | 8 | 16) {
-            return Err(Error::InvalidArgument {
-                op: "Hooks::copy",
-                reason: format!(
-                    "element size {size} does not divide 16; use a byte view of the buffer"
-                ),
-            });
-        }
         let name = COPY_HOOKS[size.trailing_zeros() as usize];
-        Ok(Self::build(name.into(), "".into(), size, size))
+        Self::build(name.into(), "".into(), size, size)
     }
 
     /// Whether these are the built-in copy hooks ([`Hooks::copy`]): the wire carries the
@@ -123,6 +126,16 @@ impl Hooks {
         &self.name
     }
 
+    /// The hooks' CUDA C++ source (empty for the built-in copy hooks).
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Hash of name, source and sizes: the key of loaded-kernel caches.
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+
     pub(super) fn expression(&self, mixed: bool) -> String {
         format!(
             "devcomm::coll::coll_kernel<{}, {THREADS}, {mixed}>",
@@ -133,6 +146,12 @@ impl Hooks {
     /// The kernel spec: the collective header, the user's source, checks of the element sizes,
     /// and both instantiations (uniform and mixed peer tuning).
     pub fn spec(&self) -> KernelSpec {
+        self.spec_with_options(&[])
+    }
+
+    /// [`Hooks::spec`] with extra NVRTC options (`DEVCOMM_COLL_OPTIONS`, experiments; part of
+    /// the kernel cache's key, so a communicator and `devcomm precompile` must pass the same).
+    pub fn spec_with_options(&self, options: &[String]) -> KernelSpec {
         let source = format!(
             "#include \"devcomm/collective.cuh\"\n#line 1 \"hooks.cu\"\n{src}\n#line 1 \"devcomm-checks\"\n\
              static_assert(sizeof({name}::In) == {i}, \"the hooks' In type is not the size of the \
@@ -147,7 +166,7 @@ impl Hooks {
         let mut spec = KernelSpec::new("collective", source)
             .name_expression(self.expression(false))
             .name_expression(self.expression(true));
-        spec.options.extend(options_from_env().iter().cloned());
+        spec.options.extend(options.iter().cloned());
         spec
     }
 }

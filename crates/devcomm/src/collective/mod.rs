@@ -4,7 +4,6 @@
 
 pub mod handle;
 
-mod env;
 mod hooks;
 mod shape;
 
@@ -22,14 +21,11 @@ use crate::topology::LinkKind;
 use handle::CollLaunch;
 pub use handle::{MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
 
-pub use env::{FIT_GRID_ENV, OPTIONS_ENV, SELF_BLOCK_ENV};
 pub use hooks::Hooks;
 pub use shape::{
     coll_shape, fit_low_latency, CollShape, LL_BLOCK_BYTES, LL_MAX_BYTES, MAX_BLOCKS_PER_PEER,
     SELF_BLOCK_BYTES, THREADS,
 };
-
-use env::{fit_grid, self_block_bytes};
 
 /// A loaded collective kernel: the function, its resident blocks per SM, its load gate.
 type LoadedKernel = (CudaFunction, u32, Arc<KernelGate>);
@@ -103,6 +99,13 @@ pub(crate) struct Collective {
     sm_count: u32,
     /// Loaded kernels by (hooks key, mixed tuning), with their resident blocks per SM.
     functions: Mutex<HashMap<(u64, bool), LoadedKernel>>,
+    /// Small plain all-to-alls launch only the blocks their LL plan uses
+    /// (`DEVCOMM_COLL_FIT_GRID`).
+    fit_grid: bool,
+    /// Own-chunk bytes per block of the own chunk's role (`DEVCOMM_COLL_SELF_BLOCK_KIB`).
+    self_block_bytes: u64,
+    /// Extra NVRTC options of the collective kernel (`DEVCOMM_COLL_OPTIONS`).
+    options: Vec<String>,
 }
 
 impl Collective {
@@ -133,6 +136,9 @@ impl Collective {
             state_ptr,
             sm_count: sm_min,
             functions: Mutex::new(HashMap::new()),
+            fit_grid: group.config.coll_fit_grid,
+            self_block_bytes: group.config.coll_self_block_kib << 10,
+            options: group.config.coll_options.clone(),
         })
     }
 
@@ -149,14 +155,14 @@ impl Collective {
         uniform_copy: bool,
     ) -> CollShape {
         let peer_wire = self_bytes
-            .filter(|_| uniform_copy && fit_grid())
+            .filter(|_| uniform_copy && self.fit_grid)
             .map(|b| b.div_ceil(16) * 16);
         let shape = coll_shape(
             self.sm_count,
             world,
             max_blocks,
             self_bytes,
-            self_block_bytes(),
+            self.self_block_bytes,
         );
         fit_low_latency(shape, peer_wire)
     }
@@ -177,7 +183,7 @@ impl Collective {
             return Ok(f.clone());
         }
         let f = group.loading(|| {
-            let module = jit.load(&group.ctx, &hooks.spec())?;
+            let module = jit.load(&group.ctx, &hooks.spec_with_options(&self.options))?;
             module.function(&hooks.expression(mixed))
         })?;
         let per_sm = f

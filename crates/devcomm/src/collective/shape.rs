@@ -1,9 +1,6 @@
 //! The collective kernel's grid: blocks per peer role and for the own chunk, fitted to the GPU,
 //! the p2p window and small (LL) transfers. Pure functions, the same on every rank.
 
-#[allow(unused_imports)]
-use super::env::SELF_BLOCK_ENV;
-
 /// Threads per block of the collective kernel (16 warps: 16 bulk channels per block).
 pub const THREADS: u32 = 512;
 

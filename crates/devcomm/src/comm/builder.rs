@@ -3,22 +3,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaStream};
 use devcomm_bootstrap::{RankInfo, Store};
 
-use super::env::{
-    duration_env, p2p_limits_env, DEFAULT_DEVICE_TIMEOUT, DEFAULT_SETUP_TIMEOUT, P2P_MAX_BLOCKS_ENV,
-};
-use super::setup::{agree_on_store, default_ordinal, same_table_everywhere};
-use super::{Comm, SETUP_TIMEOUT_ENV, TIMEOUT_ENV};
+use super::setup::{agree_on_config, agree_on_store, default_ordinal, same_table_everywhere};
+use super::Comm;
 use crate::collective::Collective;
+use crate::config::Config;
 use crate::cuda::info::DeviceInfo;
 use crate::cuda::ErrorState;
 use crate::error::{CudaResultExt, Result};
 use crate::group::Group;
 use crate::jit::Jit;
 use crate::memory::Registry;
-use crate::p2p::{P2PLimits, TuneTable, P2P, TUNE_FILE_ENV};
+use crate::p2p::{P2PLimits, TuneTable, P2P};
 use crate::topology::Topology;
 
 /// Builds a [`Comm`] with explicit settings. [`Comm::from_env`] is the usual way in.
@@ -26,30 +24,47 @@ use crate::topology::Topology;
 pub struct CommBuilder {
     info: RankInfo,
     device: Option<usize>,
-    device_timeout: Duration,
-    setup_timeout: Duration,
-    p2p_limits: P2PLimits,
-    /// Whether `p2p_limits.max_blocks` was asked for (builder or environment) rather than the
-    /// default, which is lowered to fit a GPU with few SMs (`p2p::fit_to_sms`).
-    p2p_max_blocks_explicit: bool,
-    tune: Option<TuneTable>,
+    config: Config,
+    /// A window given in code ([`CommBuilder::p2p_limits`]); otherwise the configuration's.
+    p2p_limits: Option<P2PLimits>,
+    /// A table given in code ([`CommBuilder::tune_table`]); otherwise the configuration's file.
+    tune: Option<Option<TuneTable>>,
+    stream: Option<Arc<CudaStream>>,
 }
 
 impl CommBuilder {
-    /// Starts from an explicit rank description; timeouts come from the environment or defaults.
+    /// Starts from an explicit rank description and the settings of the environment
+    /// ([`Config::from_env`]; a bad value is an error naming the variable).
     pub fn new(info: RankInfo) -> Result<Self> {
-        Ok(Self {
+        Ok(Self::with_config(info, Config::from_env()?))
+    }
+
+    /// Starts from an explicit rank description and settings made in code.
+    pub fn with_config(info: RankInfo, config: Config) -> Self {
+        Self {
             info,
             device: None,
-            device_timeout: duration_env(TIMEOUT_ENV, DEFAULT_DEVICE_TIMEOUT)?,
-            setup_timeout: duration_env(SETUP_TIMEOUT_ENV, DEFAULT_SETUP_TIMEOUT)?,
-            p2p_limits: p2p_limits_env()?,
-            p2p_max_blocks_explicit: std::env::var_os(P2P_MAX_BLOCKS_ENV).is_some(),
-            tune: match std::env::var_os(TUNE_FILE_ENV) {
-                Some(path) => Some(TuneTable::load(std::path::Path::new(&path))?),
-                None => None,
-            },
-        })
+            config,
+            p2p_limits: None,
+            tune: None,
+            stream: None,
+        }
+    }
+
+    /// Replaces every setting (docs/CONFIG.md); `build` validates them and compares the ones
+    /// that must agree across ranks.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The stream the communicator's send/recv and collectives run on, bound at `build`
+    /// (see [`Comm::stream`]). It must be a stream of the device's primary context (made from
+    /// `CudaContext::new(ordinal)`); `build` refuses another. Without it, the first stream a
+    /// call uses is bound.
+    pub fn stream(mut self, stream: Arc<CudaStream>) -> Self {
+        self.stream = Some(stream);
+        self
     }
 
     /// The CUDA device ordinal to use (default: the local rank).
@@ -59,23 +74,23 @@ impl CommBuilder {
     }
 
     /// Bound of every device wait. A wait that expires makes the host call return
-    /// [`Error::PeerTimeout`] naming the peer, and the communicator must be rebuilt.
+    /// [`Error::PeerTimeout`](crate::Error::PeerTimeout) naming the peer, and the communicator must be rebuilt.
     pub fn device_timeout(mut self, timeout: Duration) -> Self {
-        self.device_timeout = timeout;
+        self.config.device_timeout = timeout;
         self
     }
 
     /// Bound of every host setup step (joining, exchanging handles, agreements).
     pub fn setup_timeout(mut self, timeout: Duration) -> Self {
-        self.setup_timeout = timeout;
+        self.config.setup_timeout = timeout;
         self
     }
 
     /// The send/recv tuning table (as `devcomm tune` writes it; default: the file named by
-    /// [`TUNE_FILE_ENV`], if set). Every rank must pass the same table: `build` checks it
+    /// `DEVCOMM_TUNE_FILE`, if set). Every rank must pass the same table: `build` checks it
     /// against the GPU and the window, and compares it across ranks.
     pub fn tune_table(mut self, table: Option<TuneTable>) -> Self {
-        self.tune = table;
+        self.tune = Some(table);
         self
     }
 
@@ -83,16 +98,38 @@ impl CommBuilder {
     /// same values. A `max_blocks` whose launches cannot all be resident on the smallest GPU
     /// of the group makes `build` fail (the default is lowered to fit instead).
     pub fn p2p_limits(mut self, limits: P2PLimits) -> Self {
-        self.p2p_limits = limits;
-        self.p2p_max_blocks_explicit = true;
+        self.p2p_limits = Some(limits);
         self
+    }
+
+    /// The send/recv window: given in code, or from the configuration; and whether its
+    /// `max_blocks` was asked for rather than the default, which is lowered to fit a GPU with
+    /// few SMs (`p2p::fit_to_sms`).
+    fn window(&self) -> (P2PLimits, bool) {
+        if let Some(limits) = self.p2p_limits {
+            return (limits, true);
+        }
+        let c = &self.config;
+        let default = P2PLimits::default();
+        let limits = P2PLimits {
+            slot_bytes: u64::from(c.p2p_slot_kib) << 10,
+            depth: c.p2p_depth,
+            max_blocks: c.p2p_max_blocks.unwrap_or(default.max_blocks),
+            ..default
+        };
+        (limits, c.p2p_max_blocks.is_some())
     }
 
     /// Collective: joins the group, opens the GPU, discovers the topology and creates the
     /// communicator's send/recv window. Every rank gets the communicator or an error.
     pub fn build(self) -> Result<Comm> {
+        self.config.validate()?;
         let rank = self.info.rank;
-        let store = Store::connect(&self.info, self.setup_timeout)?;
+        let setup_timeout = self.config.setup_timeout;
+        let store = Store::connect(&self.info, setup_timeout)?;
+        // Before any CUDA call: ranks whose must-agree settings differ fail here, all alike.
+        agree_on_config(&store, rank, &self.config)?;
+        let (window, max_blocks_explicit) = self.window();
         // cudarc panics in its loader without a driver: ask first (the error goes through the
         // agreement below like any other failure to open the device).
         let ordinal = crate::cuda::ensure_driver().and_then(|()| match self.device {
@@ -100,26 +137,37 @@ impl CommBuilder {
             None => CudaContext::device_count()
                 .cuda(rank as i32, "cuDeviceGetCount")
                 .and_then(|count| {
-                    default_ordinal(self.info.local_rank, count, crate::topology::share_gpu())
+                    default_ordinal(self.info.local_rank, count, self.config.share_gpu)
                 }),
         });
         // Every rank's outcome goes through the agreement, so a rank that cannot open its GPU
         // fails the others at once instead of leaving them to time out.
         let opened = ordinal
             .and_then(|o| CudaContext::new(o).cuda(rank as i32, "cuCtxCreate (CudaContext::new)"));
-        let ctx = agree_on_store(&store, "open device", rank, opened, self.setup_timeout)?;
+        let opened = opened.and_then(|ctx| match &self.stream {
+            Some(s) if s.context().cu_ctx() != ctx.cu_ctx() => Err(crate::Error::InvalidArgument {
+                op: "CommBuilder::stream",
+                reason: format!(
+                    "rank {rank}: the stream belongs to another context than device {}'s \
+                     primary context",
+                    ctx.ordinal()
+                ),
+            }),
+            _ => Ok(ctx),
+        });
+        let ctx = agree_on_store(&store, "open device", rank, opened, setup_timeout)?;
         let device = agree_on_store(
             &store,
             "query device",
             rank,
             DeviceInfo::query(&ctx).map_err(|e| crate::cuda::with_rank(e, rank)),
-            self.setup_timeout,
+            setup_timeout,
         )?;
         // The send/recv window is sized for the GPU with the fewest SMs (an MPS share, say).
         let sms = store.all_gather(
             "__devcomm/p2p/sm_count",
             &device.sm_count.to_le_bytes(),
-            self.setup_timeout,
+            setup_timeout,
         )?;
         let fewest_sms = sms
             .iter()
@@ -131,10 +179,10 @@ impl CommBuilder {
             &store,
             "send/recv window",
             rank,
-            crate::p2p::fit_to_sms(self.p2p_limits, self.p2p_max_blocks_explicit, fewest_sms),
-            self.setup_timeout,
+            crate::p2p::fit_to_sms(window, max_blocks_explicit, fewest_sms),
+            setup_timeout,
         )?;
-        if p2p_limits != self.p2p_limits {
+        if p2p_limits != window {
             log::info!(
                 "rank {rank}: send/recv uses at most {} blocks per direction ({} SMs on the \
                  smallest GPU of the group)",
@@ -146,29 +194,27 @@ impl CommBuilder {
             &store,
             "tuning table",
             rank,
-            match &self.tune {
-                Some(t) => t
-                    .validate(&p2p_limits, &device.name)
-                    .map(|()| Some(t.clone())),
+            self.tune_table_to_use().and_then(|table| match table {
+                Some(t) => t.validate(&p2p_limits, &device.name).map(|()| Some(t)),
                 None => Ok(None),
-            },
-            self.setup_timeout,
+            }),
+            setup_timeout,
         )?;
-        same_table_everywhere(&store, rank, tune.as_ref(), self.setup_timeout)?;
+        same_table_everywhere(&store, rank, tune.as_ref(), setup_timeout)?;
         let topology = Topology::discover(
             rank,
             self.info.world_size,
             &store,
             &ctx,
             &device,
-            self.setup_timeout,
+            &self.config,
         )?;
         let errors = agree_on_store(
             &store,
             "error state",
             rank,
             ErrorState::new(&ctx, rank),
-            self.setup_timeout,
+            setup_timeout,
         )?;
         let group = Arc::new(Group::new(
             rank,
@@ -177,21 +223,35 @@ impl CommBuilder {
             ctx,
             topology,
             errors,
-            self.device_timeout,
-            self.setup_timeout,
+            Arc::new(self.config.clone()),
         ));
         let p2p = P2P::new(&group, p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
+        let reduce = crate::reduce::launch::Reduce::new(&group, device.sm_count)?;
         let comm = Comm {
             p2p,
             coll,
+            reduce,
             local_rank: self.info.local_rank,
             device,
-            jit: Jit::new(),
+            jit: Jit::from_config(&self.config),
             registry: Registry::new(),
+            stream: self.stream,
             group,
         };
+        if let Some(stream) = &comm.stream {
+            comm.p2p.bind(&comm.group, stream)?;
+        }
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);
         Ok(comm)
+    }
+
+    /// The tuning table: the one given in code, else the configuration's file, if any.
+    fn tune_table_to_use(&self) -> Result<Option<TuneTable>> {
+        match (&self.tune, &self.config.tune_file) {
+            (Some(table), _) => Ok(table.clone()),
+            (None, Some(path)) => TuneTable::load(path).map(Some),
+            (None, None) => Ok(None),
+        }
     }
 }

@@ -21,6 +21,7 @@ impl Comm {
         recv: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_gather_ring", stream)?;
         let world = self.world_size();
         let rank = self.rank();
         let bytes = send.num_bytes() as u64;
@@ -70,7 +71,7 @@ pub struct HookArgs {
     /// valid until the collective's work on the stream has finished.
     pub user: u64,
     /// Elements per row (`ctx.cols`). All-to-all: 0 makes each peer's chunk one row.
-    /// All-to-all-v and the `*_tiles` calls: counts are in rows of this many elements; 0
+    /// All-to-all-v and the `send_hooked` family: counts are in rows of this many elements; 0
     /// means 1.
     pub row_len: usize,
 }
@@ -96,7 +97,7 @@ impl Comm {
         recv: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let hooks = Hooks::copy::<T>()?;
+        let hooks = Hooks::copy::<T>();
         self.all_to_all_hooked(&hooks, send, recv, HookArgs::default(), stream)
     }
 
@@ -111,6 +112,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_to_all_hooked", stream)?;
         let (i, o) = sizes::<I, O>();
         hooks.check_sizes("all_to_all", i, o)?;
         let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
@@ -190,7 +192,7 @@ impl Comm {
         row_len: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let hooks = Hooks::copy::<T>()?;
+        let hooks = Hooks::copy::<T>();
         let args = HookArgs { user: 0, row_len };
         self.all_to_allv_hooked(&hooks, send, recv, counts, args, stream)
     }
@@ -205,6 +207,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_to_allv_hooked", stream)?;
         const OP: &str = "all_to_allv";
         let (i, o) = sizes::<I, O>();
         hooks.check_sizes(OP, i, o)?;

@@ -3,8 +3,9 @@
 
 mod builder;
 mod collectives;
-mod env;
 mod p2p;
+pub mod raw;
+mod reduce_ops;
 mod registration;
 mod setup;
 mod tiles;
@@ -27,10 +28,7 @@ use crate::topology::Topology;
 
 pub use builder::CommBuilder;
 pub use collectives::HookArgs;
-pub use env::{
-    P2P_DEPTH_ENV, P2P_MAX_BLOCKS_ENV, P2P_SLOT_KIB_ENV, SETUP_TIMEOUT_ENV, TIMEOUT_ENV,
-};
-pub use zero_copy::RegisteredRange;
+pub use registration::{RegisteredRange, Registration};
 
 /// A communicator: one per process, one GPU per process.
 #[derive(Debug)]
@@ -41,6 +39,10 @@ pub struct Comm {
     registry: Registry,
     p2p: P2P,
     coll: Collective,
+    /// The stream given to the builder, bound at build.
+    stream: Option<Arc<CudaStream>>,
+    /// The reductions' window, counters and kernels (`reduce::launch`).
+    reduce: crate::reduce::launch::Reduce,
     // Dropped last: windows and registrations above release their mappings first.
     group: Arc<Group>,
 }
@@ -92,6 +94,21 @@ impl Comm {
         &self.jit
     }
 
+    /// The stream this communicator was built with ([`CommBuilder::stream`]), to which its
+    /// send/recv and collectives are bound: a call on another stream is refused, since two
+    /// streams on one set of send/recv counters would race. `None` when the builder was given
+    /// none; then the first stream a call uses is bound ([`Comm::bind_stream`] binds one
+    /// explicitly).
+    pub fn stream(&self) -> Option<&Arc<CudaStream>> {
+        self.stream.as_ref()
+    }
+
+    /// Binds the communicator's send/recv and collectives to `stream` now (what the first call
+    /// would do); refused when another stream is bound already.
+    pub fn bind_stream(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.p2p.bind(&self.group, stream)
+    }
+
     /// The bound of device waits.
     pub fn device_timeout(&self) -> Duration {
         self.group.device_timeout
@@ -101,7 +118,7 @@ impl Comm {
     /// once every rank's work before it has finished. Bounded like every device wait. It is a
     /// call like send/recv and the collectives (docs/PROTOCOL.md, "Agreement"): every rank must
     /// make it at the same point of its calls (a rank in another call is named by
-    /// [`Error::CallMismatch`]), on the stream of the communicator's send/recv calls.
+    /// [`crate::Error::CallMismatch`]), on the stream of the communicator's send/recv calls.
     pub fn barrier(&self, stream: &Arc<CudaStream>) -> Result<()> {
         self.p2p.launch_barrier(&self.group, &self.jit, stream)
     }
@@ -113,7 +130,8 @@ impl Comm {
     }
 
     /// Returns the first device error recorded by this communicator's kernels, if any
-    /// ([`Error::PeerTimeout`] the first time, [`Error::Aborted`] after).
+    /// ([`Error::PeerTimeout`](crate::Error::PeerTimeout) the first time,
+    /// [`Error::Aborted`](crate::Error::Aborted) after).
     pub fn check(&self) -> Result<()> {
         self.group.errors.check()
     }
@@ -141,5 +159,60 @@ impl Comm {
     /// The bound of host setup steps.
     pub fn setup_timeout(&self) -> Duration {
         self.group.setup_timeout
+    }
+
+    /// Graph-capture readiness of a call that takes cudarc slices: refused while `stream` is
+    /// capturing and cudarc manages cross-stream synchronisation for the context (event
+    /// tracking on and more than one stream), since cudarc would then wait on the slices'
+    /// events inside the capture, which CUDA refuses, and the capture would fail later with
+    /// a driver error far from its cause.
+    pub(crate) fn capture_ready(&self, op: &'static str, stream: &CudaStream) -> Result<()> {
+        let managing = stream.context().is_managing_stream_synchronization();
+        if !managing {
+            return Ok(());
+        }
+        let capturing = crate::cuda::graph::is_capturing(stream)
+            .map_err(|e| crate::cuda::with_rank(e, self.rank()))?;
+        match capture_refusal(op, self.rank(), managing, capturing) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The error of a call on cudarc slices made on a capturing stream while cudarc tracks the
+/// slices' uses with events (see [`Comm::capture_ready`]), or `None` when the call may go on.
+fn capture_refusal(
+    op: &'static str,
+    rank: usize,
+    managing: bool,
+    capturing: bool,
+) -> Option<crate::Error> {
+    (managing && capturing).then(|| crate::Error::InvalidArgument {
+        op,
+        reason: format!(
+            "rank {rank}: the stream is capturing a CUDA graph while cudarc's event tracking is \
+             on for this context; cudarc would wait on the buffers' events inside the capture, \
+             which CUDA refuses. Allocate the buffers of a captured call after \
+             `CudaContext::disable_event_tracking` (see its safety rules), or use the `_raw` \
+             forms"
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::capture_refusal;
+
+    #[test]
+    fn capture_is_refused_only_when_cudarc_tracks_events() {
+        assert!(capture_refusal("send", 0, false, false).is_none());
+        assert!(capture_refusal("send", 0, true, false).is_none());
+        assert!(capture_refusal("send", 0, false, true).is_none());
+        let e = capture_refusal("all_to_all", 3, true, true)
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("all_to_all") && e.contains("rank 3"), "{e}");
+        assert!(e.contains("event tracking"), "{e}");
     }
 }

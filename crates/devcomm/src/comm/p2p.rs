@@ -21,6 +21,7 @@ impl Comm {
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("send", stream)?;
         let (ptr, _sync) = buf.device_ptr(stream);
         let t = Transfer {
             ptr,
@@ -39,6 +40,7 @@ impl Comm {
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("recv", stream)?;
         let bytes = buf.num_bytes() as u64;
         let (ptr, _sync) = buf.device_ptr_mut(stream);
         let t = Transfer {
@@ -61,6 +63,7 @@ impl Comm {
         recv_peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("sendrecv", stream)?;
         let (sp, _s) = send_buf.device_ptr(stream);
         let bytes = recv_buf.num_bytes() as u64;
         let (rp, _r) = recv_buf.device_ptr_mut(stream);
@@ -112,6 +115,22 @@ impl Comm {
     /// Sizes of this communicator's send/recv window.
     pub fn p2p_limits(&self) -> &P2PLimits {
         self.p2p.limits()
+    }
+
+    /// The send/recv switches of this communicator's configuration.
+    pub fn p2p_switches(&self) -> &crate::p2p::Switches {
+        self.p2p.switches()
+    }
+
+    /// The settings this communicator was built with (docs/CONFIG.md).
+    pub fn config(&self) -> &crate::Config {
+        &self.group.config
+    }
+
+    /// The route a message of `bytes` into a registered destination takes (the same on both
+    /// ends: it depends on the size and the must-agree settings only).
+    pub fn zero_copy_route(&self, bytes: u64) -> crate::p2p::ZcRoute {
+        crate::p2p::zero_copy_route(bytes, self.p2p_limits(), self.p2p_switches())
     }
 
     /// The configuration a send/recv of `bytes` uses when the call names none: the tuning

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use devcomm_bootstrap::Store;
 
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::p2p::{TuneTable, TUNE_FILE_ENV};
 
@@ -72,6 +73,32 @@ pub(super) fn same_table_everywhere(
     }
 }
 
+/// Compares the settings that must agree across ranks (docs/CONFIG.md, "ranks must agree"):
+/// a difference is [`Error::Setup`] on every rank, naming each setting and which ranks hold
+/// which value, before anything acts on it (a transfer planned differently on two ends would
+/// otherwise show up as a device timeout, or not at all).
+pub(super) fn agree_on_config(store: &Store, rank: usize, config: &Config) -> Result<()> {
+    let views = store.all_gather(
+        "__devcomm/config",
+        crate::config::agree::view(config).as_bytes(),
+        config.setup_timeout,
+    )?;
+    let views: Vec<String> = views
+        .iter()
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    match crate::config::agree::disagreements(&views) {
+        None => Ok(()),
+        Some(failures) => {
+            log::debug!("rank {rank}: settings differ across ranks: {failures:?}");
+            Err(Error::Setup {
+                step: "configuration (settings that must agree, docs/CONFIG.md)".into(),
+                failures,
+            })
+        }
+    }
+}
+
 /// Agreement before the `Group` exists (same protocol as `Group::agree`).
 pub(super) fn agree_on_store<T>(
     store: &Store,
@@ -130,6 +157,44 @@ mod tests {
         });
         let r0 = same_table_everywhere(&s0, 0, mine.as_ref(), T);
         [r0, rank1.join().expect("rank 1 thread")]
+    }
+
+    /// Two ranks in this process compare their settings; returns each rank's outcome.
+    fn compare_configs(mine: Config, theirs: Config) -> [Result<()>; 2] {
+        let info0 = RankInfo::new(0, 2).with_master("127.0.0.1", 0);
+        let s0 = Store::connect(&info0, T).expect("rank 0 store");
+        let info1 = RankInfo::new(1, 2).with_master("127.0.0.1", s0.master_port());
+        let rank1 = std::thread::spawn(move || {
+            let s1 = Store::connect(&info1, T).expect("rank 1 store");
+            agree_on_config(&s1, 1, &theirs)
+        });
+        let r0 = agree_on_config(&s0, 0, &mine);
+        [r0, rank1.join().expect("rank 1 thread")]
+    }
+
+    #[test]
+    #[allow(clippy::field_reassign_with_default)] // one setting changed on purpose
+    fn settings_that_must_agree_are_compared_across_ranks() {
+        for r in compare_configs(Config::default(), Config::default()) {
+            r.unwrap();
+        }
+        // A local setting may differ.
+        let mut local = Config::default();
+        local.device_timeout = Duration::from_secs(3);
+        for r in compare_configs(Config::default(), local) {
+            r.unwrap();
+        }
+        let mut other = Config::default();
+        other.p2p_ll128 = false;
+        for r in compare_configs(Config::default(), other) {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("DEVCOMM_P2P_LL128")
+                    && e.contains("\"1\" on rank(s) [0]")
+                    && e.contains("\"0\" on rank(s) [1]"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

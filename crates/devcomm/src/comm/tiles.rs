@@ -1,4 +1,4 @@
-//! Hooked send/recv of [`Comm`] (`send_tiles`, `recv_tiles`, `sendrecv_tiles`).
+//! Hooked send/recv of [`Comm`] (`send_hooked`, `recv_hooked`, `sendrecv_hooked`).
 
 use std::sync::Arc;
 
@@ -12,13 +12,13 @@ use crate::error::{Error, Result};
 /// One side of a hooked point-to-point transfer: device address, elements, peer.
 type TileSide = Option<(u64, u64, usize)>;
 
-/// Hooked send/recv (`send_tiles`, `recv_tiles`): level 2 of the framework, for users who
+/// Hooked send/recv (`send_hooked`, `recv_hooked`): level 2 of the framework, for users who
 /// keep their own schedule. The same kernel and hooks as the collectives; a step of the
 /// user's schedule is one call, and calls on one stream run in order.
 impl Comm {
     /// Sends `buf` to `peer` through `hooks.produce`; the peer posts a matching
-    /// [`Comm::recv_tiles`] (or [`Comm::sendrecv_tiles`]) of the same element count.
-    pub fn send_tiles<I: DeviceRepr, S: DevicePtr<I>>(
+    /// [`Comm::recv_hooked`] (or [`Comm::sendrecv_hooked`]) of the same element count.
+    pub fn send_hooked<I: DeviceRepr, S: DevicePtr<I>>(
         &self,
         hooks: &Hooks,
         buf: &S,
@@ -26,14 +26,15 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        hooks.check_sizes("send_tiles", Some(std::mem::size_of::<I>()), None)?;
+        self.capture_ready("send_hooked", stream)?;
+        hooks.check_sizes("send_hooked", Some(std::mem::size_of::<I>()), None)?;
         let n = elems::<I>(buf.num_bytes());
         let (ptr, _s) = buf.device_ptr(stream);
         self.tiles(hooks, Some((ptr, n, peer)), None, args, stream)
     }
 
     /// Receives from `peer` into `buf` through `hooks.consume`.
-    pub fn recv_tiles<O: DeviceRepr, R: DevicePtrMut<O>>(
+    pub fn recv_hooked<O: DeviceRepr, R: DevicePtrMut<O>>(
         &self,
         hooks: &Hooks,
         buf: &mut R,
@@ -41,7 +42,8 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        hooks.check_sizes("recv_tiles", None, Some(std::mem::size_of::<O>()))?;
+        self.capture_ready("recv_hooked", stream)?;
+        hooks.check_sizes("recv_hooked", None, Some(std::mem::size_of::<O>()))?;
         let n = elems::<O>(buf.num_bytes());
         let (ptr, _r) = buf.device_ptr_mut(stream);
         self.tiles(hooks, None, Some((ptr, n, peer)), args, stream)
@@ -50,7 +52,7 @@ impl Comm {
     /// Sends `send` to `send_peer` and receives `recv` from `recv_peer` in one kernel, through
     /// the hooks (the peers may differ: rings and other schedules).
     #[allow(clippy::too_many_arguments)]
-    pub fn sendrecv_tiles<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
+    pub fn sendrecv_hooked<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
         &self,
         hooks: &Hooks,
         send: &S,
@@ -60,8 +62,9 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("sendrecv_hooked", stream)?;
         let (i, o) = sizes::<I, O>();
-        hooks.check_sizes("sendrecv_tiles", i, o)?;
+        hooks.check_sizes("sendrecv_hooked", i, o)?;
         let (ns, nr) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
         let (sp, _s) = send.device_ptr(stream);
         let (rp, _r) = recv.device_ptr_mut(stream);
@@ -82,7 +85,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        const OP: &str = "sendrecv_tiles";
+        const OP: &str = "sendrecv_hooked";
         let world = self.world_size();
         let mut peer_rows = [[0u64; 32]; 2];
         let mut call = CollCall {

@@ -5,29 +5,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr};
 
-use super::Comm;
+use super::{Comm, RegisteredRange};
 use crate::error::{Error, Result};
 use crate::p2p::{zero_copy_route, ZcRole, ZcRoute};
-
-/// A place inside a registered buffer: where a zero-copy message lands.
-///
-/// `handle` is what [`Comm::register`] returned on *this* rank. Registration is collective, so
-/// the same registration names one buffer on every rank: a sender's range addresses the
-/// receiver's buffer of that registration, a receiver's range its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RegisteredRange {
-    /// This rank's handle of the registration.
-    pub handle: u64,
-    /// Byte offset into the registered buffer.
-    pub offset: u64,
-}
-
-impl RegisteredRange {
-    /// The range starting at `offset` bytes into registration `handle`.
-    pub fn new(handle: u64, offset: u64) -> Self {
-        Self { handle, offset }
-    }
-}
 
 /// Zero-copy send/recv into registered buffers.
 ///
@@ -45,61 +25,62 @@ impl RegisteredRange {
 /// NVLink round trip would cost more than the receiver's copy saves. There the two sides'
 /// ranges are not compared; a size mismatch shows as a timeout naming the peer.
 impl Comm {
-    /// Sends `buf` to `peer`, straight into `peer`'s buffer of the registration `dst.handle`
-    /// at `dst.offset`. The peer must post a matching [`Comm::recv_registered`] (or
-    /// [`Comm::sendrecv_registered`]). A range beyond the peer's registered size is refused
-    /// before launch.
+    /// Sends `buf` to `peer`, straight into `peer`'s buffer of `dst`'s registration at
+    /// `dst.offset` (`dst.bytes` must be `buf`'s size). The peer must post a matching
+    /// [`Comm::recv_registered`] (or [`Comm::sendrecv_registered`]). A range beyond the peer's
+    /// registered size is refused before launch.
     pub fn send_registered<T: DeviceRepr, S: DevicePtr<T>>(
         &self,
         buf: &S,
         peer: usize,
-        dst: RegisteredRange,
+        dst: RegisteredRange<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("send_registered", stream)?;
         let (ptr, _sync) = buf.device_ptr(stream);
         let send = self.zc_send(ptr, buf.num_bytes() as u64, peer, dst)?;
         self.p2p
             .launch_zero_copy(&self.group, &self.jit, Some(send), None, stream)
     }
 
-    /// Receives `bytes` from `peer` into this rank's registered buffer `dst.handle` at
+    /// Receives `dst.bytes` from `peer` into this rank's buffer of `dst`'s registration at
     /// `dst.offset`. When the call's work on `stream` completes, the data is there.
     pub fn recv_registered(
         &self,
-        dst: RegisteredRange,
-        bytes: u64,
+        dst: RegisteredRange<'_>,
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let recv = self.zc_recv(dst, bytes, peer)?;
+        let recv = self.zc_recv(dst, peer)?;
         self.p2p
             .launch_zero_copy(&self.group, &self.jit, None, Some(recv), stream)
     }
 
-    /// Both at once, in one kernel: sends `buf` into `send_peer`'s registered `send_dst` and
-    /// receives `recv_bytes` from `recv_peer` into this rank's `recv_dst`. The peers may be the
-    /// same (an exchange) or differ (a ring step).
-    #[allow(clippy::too_many_arguments)]
+    /// Both at once, in one kernel: sends `send_buf` into `send_peer`'s buffer of `send_dst`'s
+    /// registration and receives `recv_dst.bytes` from `recv_peer` into this rank's `recv_dst`.
+    /// The peers may be the same (an exchange) or differ (a ring step). The order is that of
+    /// [`Comm::sendrecv`], with the send's destination after its peer.
     pub fn sendrecv_registered<T: DeviceRepr, S: DevicePtr<T>>(
         &self,
-        buf: &S,
+        send_buf: &S,
         send_peer: usize,
-        send_dst: RegisteredRange,
-        recv_dst: RegisteredRange,
-        recv_bytes: u64,
+        send_dst: RegisteredRange<'_>,
+        recv_dst: RegisteredRange<'_>,
         recv_peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let (ptr, _sync) = buf.device_ptr(stream);
-        let send = self.zc_send(ptr, buf.num_bytes() as u64, send_peer, send_dst)?;
-        let recv = self.zc_recv(recv_dst, recv_bytes, recv_peer)?;
+        self.capture_ready("sendrecv_registered", stream)?;
+        let (ptr, _sync) = send_buf.device_ptr(stream);
+        let send = self.zc_send(ptr, send_buf.num_bytes() as u64, send_peer, send_dst)?;
+        let recv = self.zc_recv(recv_dst, recv_peer)?;
         self.p2p
             .launch_zero_copy(&self.group, &self.jit, Some(send), Some(recv), stream)
     }
 
     /// All-to-all into a registered output: `send` holds `world_size` equal chunks, chunk `p`
-    /// for rank `p`; this rank's registered buffer `recv.handle` gets rank `p`'s chunk for it
-    /// at `recv.offset + p x chunk`. Every rank names the same registration and offset.
+    /// for rank `p`; this rank's buffer of `recv`'s registration gets rank `p`'s chunk for it
+    /// at `recv.offset + p x chunk` (`recv.bytes` must be `send`'s size). Every rank names the
+    /// same registration and offset.
     ///
     /// The schedule goes by the chunk's zero-copy route
     /// ([`zero_copy_route`](crate::p2p::zero_copy_route)): below the copy-engine size it is
@@ -113,9 +94,10 @@ impl Comm {
     pub fn all_to_all_registered<T: DeviceRepr, S: DevicePtr<T>>(
         &self,
         send: &S,
-        recv: RegisteredRange,
+        recv: RegisteredRange<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.capture_ready("all_to_all_registered", stream)?;
         const OP: &str = "all_to_all_registered";
         let (world, rank) = (self.world_size(), self.rank());
         let total = send.num_bytes() as u64;
@@ -129,9 +111,18 @@ impl Comm {
                 ),
             });
         }
+        if recv.bytes != total {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "rank {rank}: the registered range holds {} bytes, send {total}",
+                    recv.bytes
+                ),
+            });
+        }
         let chunk = total / world as u64;
         // This rank's output range (and the registration) first.
-        let (own, _) = self.zc_target(OP, recv, total, rank)?;
+        let (own, _) = self.zc_target(OP, recv, rank)?;
         // Then every rank's, from the sizes all ranks registered: each refuses the same call,
         // on either route, before any launches (a fused launch would wait for a refuser).
         let sizes = self.registry.sizes(recv.handle).unwrap_or_default();
@@ -160,9 +151,9 @@ impl Comm {
             return Ok(());
         }
         let (src, _sync) = send.device_ptr(stream);
-        let at = |p: usize| RegisteredRange::new(recv.handle, recv.offset + p as u64 * chunk);
-        if zero_copy_route(chunk, self.p2p_limits()) != ZcRoute::CopyEngine {
-            let hooks = crate::collective::Hooks::copy::<T>()?;
+        let at = |p: usize| recv.shifted(p as u64 * chunk, chunk);
+        if zero_copy_route(chunk, self.p2p_limits(), self.p2p_switches()) != ZcRoute::CopyEngine {
+            let hooks = crate::collective::Hooks::copy::<T>();
             let elems = total / elem;
             return self.all_to_all_at(
                 &hooks,
@@ -177,7 +168,7 @@ impl Comm {
             .map(|k| {
                 let (to, from) = ((rank + k) % world, (rank + world - k) % world);
                 let send = self.zc_send(src + to as u64 * chunk, chunk, to, at(rank))?;
-                let recv = self.zc_recv(at(from), chunk, from)?;
+                let recv = self.zc_recv(at(from), from)?;
                 Ok((send, recv))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -196,8 +187,25 @@ impl Comm {
     }
 
     /// Resolves and bounds-checks the send role.
-    fn zc_send(&self, src: u64, bytes: u64, peer: usize, dst: RegisteredRange) -> Result<ZcRole> {
-        let (remote, reg) = self.zc_target("send_registered", dst, bytes, peer)?;
+    fn zc_send(
+        &self,
+        src: u64,
+        bytes: u64,
+        peer: usize,
+        dst: RegisteredRange<'_>,
+    ) -> Result<ZcRole> {
+        const OP: &str = "send_registered";
+        if dst.bytes != bytes {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "rank {}: the message to peer {peer} is {bytes} bytes, its registered range                      {} bytes",
+                    self.rank(),
+                    dst.bytes
+                ),
+            });
+        }
+        let (remote, reg) = self.zc_target(OP, dst, peer)?;
         Ok(ZcRole {
             buf: src,
             bytes,
@@ -209,11 +217,11 @@ impl Comm {
     }
 
     /// Resolves and bounds-checks the receive role (the peer is checked at launch).
-    fn zc_recv(&self, dst: RegisteredRange, bytes: u64, peer: usize) -> Result<ZcRole> {
-        let (buf, reg) = self.zc_target("recv_registered", dst, bytes, self.rank())?;
+    fn zc_recv(&self, dst: RegisteredRange<'_>, peer: usize) -> Result<ZcRole> {
+        let (buf, reg) = self.zc_target("recv_registered", dst, self.rank())?;
         Ok(ZcRole {
             buf,
-            bytes,
+            bytes: dst.bytes,
             peer,
             reg,
             offset: dst.offset,
@@ -222,14 +230,14 @@ impl Comm {
     }
 
     /// `owner`'s buffer of `dst`'s registration as mapped here, plus `dst.offset`, and the
-    /// registration id, after checking that `bytes` fit.
+    /// registration id, after checking that `dst.bytes` fit.
     fn zc_target(
         &self,
         op: &'static str,
-        dst: RegisteredRange,
-        bytes: u64,
+        dst: RegisteredRange<'_>,
         owner: usize,
     ) -> Result<(u64, u64)> {
+        let bytes = dst.bytes;
         if owner >= self.world_size() {
             return Err(Error::InvalidArgument {
                 op,

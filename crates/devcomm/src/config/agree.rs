@@ -14,9 +14,10 @@ pub(crate) fn view(config: &Config) -> String {
         .collect()
 }
 
-/// Compares every rank's [`view`] (index = rank): `None` when all agree, else one message per
-/// differing knob, naming it and grouping the ranks by the value they hold.
-pub(crate) fn disagreements(views: &[String]) -> Option<Vec<String>> {
+/// Compares every rank's [`view`] (index = rank): `None` when all agree, else one entry per
+/// differing knob: the first rank whose value differs from rank 0's, and a message naming the
+/// knob and grouping the ranks by the value they hold.
+pub(crate) fn disagreements(views: &[String]) -> Option<Vec<(usize, String)>> {
     let parsed: Vec<Vec<(&str, &str)>> = views
         .iter()
         .map(|v| v.lines().filter_map(|l| l.split_once('=')).collect())
@@ -33,7 +34,7 @@ pub(crate) fn disagreements(views: &[String]) -> Option<Vec<String>> {
                 None => groups.push((value, vec![rank])),
             }
         }
-        if groups.len() > 1 {
+        if let Some((_, ranks)) = groups.get(1) {
             let held: Vec<String> = groups
                 .iter()
                 .map(|(v, ranks)| {
@@ -41,15 +42,22 @@ pub(crate) fn disagreements(views: &[String]) -> Option<Vec<String>> {
                     format!("{v:?} on rank(s) {ranks:?}")
                 })
                 .collect();
-            out.push(format!(
-                "{name} must be the same on every rank: {}",
-                held.join(", ")
+            out.push((
+                ranks[0],
+                format!("{name} must be the same on every rank: {}", held.join(", ")),
             ));
         }
     }
     // A view with another set of knobs (another build) differs as a whole.
     if parsed.iter().any(|p| p.len() != first.len()) {
-        out.push("the ranks run builds with different settings tables".to_owned());
+        let odd = parsed
+            .iter()
+            .position(|p| p.len() != first.len())
+            .unwrap_or(0);
+        out.push((
+            odd,
+            "the ranks run builds with different settings tables".to_owned(),
+        ));
     }
     (!out.is_empty()).then_some(out)
 }
@@ -73,10 +81,11 @@ mod tests {
         b.zc_blocks = 8;
         let msgs = disagreements(&[view(&a), view(&b), view(&a)]).unwrap();
         assert_eq!(msgs.len(), 2, "{msgs:?}");
-        assert!(msgs[0].contains("DEVCOMM_P2P_CE"), "{msgs:?}");
-        assert!(msgs[0].contains("\"1\" on rank(s) [0, 2]"), "{msgs:?}");
-        assert!(msgs[0].contains("\"0\" on rank(s) [1]"), "{msgs:?}");
-        assert!(msgs[1].contains("DEVCOMM_ZC_BLOCKS"), "{msgs:?}");
+        assert_eq!(msgs[0].0, 1, "{msgs:?}");
+        assert!(msgs[0].1.contains("DEVCOMM_P2P_CE"), "{msgs:?}");
+        assert!(msgs[0].1.contains("\"1\" on rank(s) [0, 2]"), "{msgs:?}");
+        assert!(msgs[0].1.contains("\"0\" on rank(s) [1]"), "{msgs:?}");
+        assert!(msgs[1].1.contains("DEVCOMM_ZC_BLOCKS"), "{msgs:?}");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! to the communicator ([`crate::CommBuilder::config`]); nothing else in the library reads the
 //! environment (the torchrun-style rank variables stay in `devcomm_bootstrap`). A bad value is
 //! an error naming the variable and what it allows. At setup the ranks compare the knobs that
-//! must agree ([`agree`]): a difference is [`crate::Error::Setup`] naming the knob and the
+//! must agree (`agree`): a difference is [`crate::Error::Setup`] naming the knob and the
 //! ranks. docs/CONFIG.md is generated from the table here ([`Config::markdown`]); a test fails
 //! when the two differ.
 
@@ -192,6 +192,15 @@ knobs! {
     coll_fit_grid: bool = true, "1",
         env "DEVCOMM_COLL_FIT_GRID", group "collectives", range None, Must, experimental;
 
+    /// Most blocks of a two-shot reduction; unset: 32, at most half the smallest GPU's SMs.
+    reduce_max_blocks: Option<u32> = None, "32 (fitted)",
+        env "DEVCOMM_REDUCE_MAX_BLOCKS", group "reductions", range range(1, 32), Must;
+    /// Largest one-shot reduction payload in KiB (`0`: never); unset: 128/64/32 by ranks.
+    reduce_one_shot_kib: Option<u32> = None, "by ranks",
+        env "DEVCOMM_REDUCE_ONE_SHOT_KIB", group "reductions", range range(0, 1024), Must, experimental;
+    /// MiB one two-shot reduction round stages per rank (the window holds two rounds).
+    reduce_chunk_mib: u32 = 8, "8",
+        env "DEVCOMM_REDUCE_CHUNK_MIB", group "reductions", range range(1, 256), Must, experimental;
     /// `0` launches kernels without programmatic dependent launch.
     pdl: bool = true, "1",
         env "DEVCOMM_PDL", group "launch", range None, Local;
@@ -206,6 +215,10 @@ knobs! {
     /// Dumps each compiled kernel's source, PTX and cubin here.
     dump_dir: Option<PathBuf> = None, "",
         env "DEVCOMM_DUMP_DIR", group "kernels", range None, Local;
+
+    /// Where libucp is (a file, or the directory holding it); unset: the loader's search.
+    ucx_lib: Option<PathBuf> = None, "",
+        env "DEVCOMM_UCX_LIB", group "network", range None, Local;
 
     /// Extra NVRTC options of the collective kernel (its `DC_COLL_*` constants).
     coll_options: Vec<String> = Vec::new(), "",
@@ -223,7 +236,8 @@ const OTHER_VARIABLES: &[&str] = &[
     "DEVCOMM_REQUIRE_NVRTC",
     "DEVCOMM_REQUIRE_CXX",
     "DEVCOMM_REQUIRE_UCX",
-    "DEVCOMM_UCX_LIB",
+    "DEVCOMM_UCX_INCLUDE",
+    "DEVCOMM_UCX_FORCE_WHEEL",
 ];
 
 impl Config {
@@ -329,6 +343,26 @@ impl Config {
         }
         out
     }
+}
+
+/// Whether tests must find NVRTC (`DEVCOMM_REQUIRE_NVRTC`, set by scripts/test.sh) instead of
+/// skipping the checks that need it.
+#[cfg(test)]
+pub(crate) fn nvrtc_required() -> bool {
+    test_variable("DEVCOMM_REQUIRE_NVRTC").is_some()
+}
+
+/// A variable of the test environment (`DEVCOMM_REQUIRE_*`, `DEVCOMM_UCX_INCLUDE`, `CC`): the
+/// unit tests read their environment here, so the library reads it in this module only.
+#[cfg(test)]
+pub(crate) fn test_variable(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// The dynamic loader's search path (`LD_LIBRARY_PATH`), named in errors about a library that
+/// could not be loaded.
+pub(crate) fn loader_path() -> Option<String> {
+    std::env::var("LD_LIBRARY_PATH").ok()
 }
 
 fn invalid(knob: &Knob, reason: String) -> Error {

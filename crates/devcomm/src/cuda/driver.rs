@@ -18,7 +18,7 @@ pub fn ensure_driver() -> Result<()> {
     if present {
         Ok(())
     } else {
-        Err(missing_driver(std::env::var("LD_LIBRARY_PATH").ok()))
+        Err(missing_driver(crate::config::loader_path()))
     }
 }
 

@@ -13,9 +13,11 @@
 
 mod buffer;
 mod driver;
+mod error_record;
 mod error_state;
 #[cfg(test)]
 mod gpu_tests;
+pub mod graph;
 pub mod info;
 pub mod ipc;
 pub(crate) mod nvrtc;
@@ -54,19 +56,9 @@ pub(crate) fn linear_launch(blocks: u32, threads: u32) -> cudarc::driver::Launch
     }
 }
 
-/// Environment variable: `0` launches devcomm's kernels the ordinary way instead of with
-/// programmatic stream serialization (see [`launch_struct`]).
-pub const PDL_ENV: &str = "DEVCOMM_PDL";
-
-/// Whether kernels are launched with programmatic stream serialization (read once).
-pub(crate) fn pdl_enabled() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var(PDL_ENV).map_or(true, |v| v.trim() != "0"))
-}
-
 /// Launches `func(args)` on `stream` with the shape of `cfg`, through `cuLaunchKernelEx`, with
 /// programmatic stream serialization when `pdl` (the group's choice: compute capability 9.0 or
-/// newer and [`PDL_ENV`] not `0`; docs/PROTOCOL.md, "Back-to-back launches"): the kernel may
+/// newer and `DEVCOMM_PDL` not `0`; docs/PROTOCOL.md, "Back-to-back launches"): the kernel may
 /// be scheduled while the kernel before it on the stream still runs, and its first act (`enter_after_previous_kernel` in
 /// `cuda/devcomm/ordering.cuh`) waits until that kernel has finished and its writes are
 /// visible. What the launch saves is the scheduling gap between back-to-back kernels.
@@ -134,7 +126,12 @@ pub fn synchronize(ctx: &Arc<CudaContext>) -> Result<()> {
 
 /// Enqueues a device-to-device copy of `bytes` on `stream` (either address may be a peer's
 /// mapping: the copy engine then moves the data over NVLink).
-pub fn memcpy_dtod_async(dst: u64, src: u64, bytes: usize, stream: &CudaStream) -> Result<()> {
+pub(crate) fn memcpy_dtod_async(
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: &CudaStream,
+) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
@@ -147,7 +144,7 @@ pub fn memcpy_dtod_async(dst: u64, src: u64, bytes: usize, stream: &CudaStream) 
 
 /// Makes `stream` wait until the 64-bit word at `addr` is at least `value` (a stream memory
 /// operation: no kernel, no deadline of its own; the writer must be bounded).
-pub fn stream_wait_geq(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
+pub(crate) fn stream_wait_geq(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
     use cudarc::driver::sys;
     let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
     // SAFETY: `addr` is device memory of (or mapped into) the stream's context that lives as
@@ -159,7 +156,7 @@ pub fn stream_wait_geq(stream: &CudaStream, addr: u64, value: u64) -> Result<()>
 
 /// Writes `value` to the 64-bit word at `addr` once the stream's earlier work is done, after a
 /// memory barrier (the default flags), so what that work wrote is visible first.
-pub fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
+pub(crate) fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
     use cudarc::driver::sys;
     let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
     // SAFETY: as stream_wait_geq.

@@ -103,7 +103,7 @@ impl std::fmt::Debug for PhysicalMemory {
 
 impl PhysicalMemory {
     /// Creates pinned memory of at least `bytes` bytes on `ctx`'s device, rounded up to the
-    /// recommended [`granularity`]; [`bytes`](Self::bytes) gives the rounded size. Shareable
+    /// recommended `granularity`; [`bytes`](Self::bytes) gives the rounded size. Shareable
     /// as a POSIX file descriptor.
     pub fn create(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
         let granularity = granularity(ctx)?;
@@ -145,7 +145,7 @@ impl PhysicalMemory {
 
     /// The allocation that backs the VMM-mapped address `ptr` (cuMemRetainAllocationHandle),
     /// or `None` when `ptr` is not VMM memory (e.g. `cuMemAlloc`). `bytes` is the size of the
-    /// mapping containing `ptr` (see [`super::pointer::mapping_range`]). Releasing the value
+    /// mapping containing `ptr` (see `pointer::mapping_range`). Releasing the value
     /// drops the reference it took; the owner's mapping is not affected.
     pub fn retain(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Result<Option<Self>> {
         bind(ctx)?;

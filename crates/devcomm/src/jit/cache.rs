@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 
-use super::dump::dump_dir;
-use super::{cache_key, compile, CacheOutcome, CompiledModule, KernelSpec};
+use super::{cache_key, compile_dumped, CacheOutcome, CompiledModule, KernelSpec};
+use crate::config::Config;
 use crate::error::{CudaResultExt, Error, Result};
 
 /// The JIT: compiles through a disk cache and memoises loaded modules per device.
@@ -19,37 +19,28 @@ use crate::error::{CudaResultExt, Error, Result};
 #[derive(Debug)]
 pub struct Jit {
     cache_dir: PathBuf,
+    /// Where every compile is dumped (`DEVCOMM_DUMP_DIR`); the cache is bypassed then.
+    dump_dir: Option<PathBuf>,
     memo: Mutex<HashMap<(usize, String), Arc<LoadedModule>>>,
 }
 
-impl Default for Jit {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Jit {
-    /// A JIT caching in `DEVCOMM_CACHE_DIR`, else `$HOME/.cache/devcomm/kernels`, else a
-    /// `devcomm-kernels` directory in the system's temporary directory. The directory is
-    /// created on the first store.
-    pub fn new() -> Self {
-        let cache_dir = match (
-            std::env::var_os("DEVCOMM_CACHE_DIR"),
-            std::env::var_os("HOME"),
-        ) {
-            (Some(dir), _) if !dir.is_empty() => PathBuf::from(dir),
-            (_, Some(home)) if !home.is_empty() => {
-                PathBuf::from(home).join(".cache/devcomm/kernels")
-            }
-            _ => std::env::temp_dir().join("devcomm-kernels"),
-        };
-        Self::with_cache_dir(cache_dir)
+    /// A JIT caching where the configuration says ([`Config::kernel_cache_dir`]: the
+    /// `DEVCOMM_CACHE_DIR`, else `$HOME/.cache/devcomm/kernels`, else a `devcomm-kernels`
+    /// directory in the system's temporary directory) and dumping into its `dump_dir`. The
+    /// directory is created on the first store.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            dump_dir: config.dump_dir.clone(),
+            ..Self::with_cache_dir(config.kernel_cache_dir())
+        }
     }
 
-    /// A JIT caching in `dir`.
+    /// A JIT caching in `dir`, dumping nothing.
     pub fn with_cache_dir(dir: impl Into<PathBuf>) -> Self {
         Self {
             cache_dir: dir.into(),
+            dump_dir: None,
             memo: Mutex::new(HashMap::new()),
         }
     }
@@ -67,12 +58,12 @@ impl Jit {
         arch: (u32, u32),
     ) -> Result<(CompiledModule, CacheOutcome)> {
         let key = cache_key(spec, arch)?;
-        if dump_dir().is_none() {
+        if self.dump_dir.is_none() {
             if let Some(module) = self.read_cache(&key, spec) {
                 return Ok((module, CacheOutcome::Hit));
             }
         }
-        let module = compile(spec, arch)?;
+        let module = compile_dumped(spec, arch, self.dump_dir.as_deref())?;
         if let Err(err) = self.write_cache(&key, &module) {
             log::warn!(
                 "kernel `{}`: not cached in {}: {err}",

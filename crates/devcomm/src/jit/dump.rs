@@ -1,16 +1,11 @@
-//! `DEVCOMM_DUMP_DIR`: the source, PTX, cubin, lowered names and log of every compile.
+//! `DEVCOMM_DUMP_DIR` ([`crate::Config::dump_dir`]): the source, PTX, cubin, lowered names
+//! and log of every compile.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::{CompiledModule, KernelSpec};
 use crate::cuda::nvrtc::Program;
 use crate::error::{Error, Result};
-
-pub(super) fn dump_dir() -> Option<PathBuf> {
-    std::env::var_os("DEVCOMM_DUMP_DIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-}
 
 /// Writes the source, PTX, cubin, lowered names and log of a successful compile.
 pub(super) fn dump(
@@ -44,12 +39,12 @@ pub(super) fn dump(
 }
 
 /// On a compile error, dumps the source and log (if dumping is on) so the failure can be replayed.
-pub(super) fn dump_failed(spec: &KernelSpec, log: &str) -> Result<()> {
-    let Some(dir) = dump_dir() else {
+pub(super) fn dump_failed(dir: Option<&Path>, spec: &KernelSpec, log: &str) -> Result<()> {
+    let Some(dir) = dir else {
         return Ok(());
     };
     let io = |context: String| move |source| Error::Io { context, source };
-    std::fs::create_dir_all(&dir).map_err(io(format!("creating dump dir {}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(io(format!("creating dump dir {}", dir.display())))?;
     for (ext, bytes) in [("cu", spec.source.as_bytes()), ("log", log.as_bytes())] {
         let path = dir.join(format!("{}.{ext}", spec.name));
         std::fs::write(&path, bytes).map_err(io(format!("dumping {}", path.display())))?;

@@ -28,7 +28,7 @@ pub use crate::cuda::nvrtc::nvrtc_version;
 use crate::cuda::nvrtc::{ensure_nvrtc, nvrtc_error, CompileFailure, Program};
 use crate::error::{Error, Result};
 pub use cache::{Jit, LoadedModule};
-use dump::{dump, dump_dir, dump_failed};
+use dump::{dump, dump_failed};
 
 /// Options every compile gets, before the spec's own.
 const DEFAULT_OPTIONS: &[&str] = &["-std=c++17", "-default-device"];
@@ -111,6 +111,16 @@ pub enum CacheOutcome {
 /// Needs NVRTC but no GPU. Returns [`Error::Compile`] with NVRTC's log if the source does not
 /// compile, [`Error::Nvrtc`] if NVRTC is missing or fails otherwise.
 pub fn compile(spec: &KernelSpec, arch: (u32, u32)) -> Result<CompiledModule> {
+    compile_dumped(spec, arch, None)
+}
+
+/// [`compile`], writing the source, PTX, cubin and log into `dump` when given
+/// (`DEVCOMM_DUMP_DIR`).
+pub(crate) fn compile_dumped(
+    spec: &KernelSpec,
+    arch: (u32, u32),
+    dump_to: Option<&std::path::Path>,
+) -> Result<CompiledModule> {
     ensure_nvrtc()?;
     let options = all_options(spec, arch);
     let program = Program::create(
@@ -126,7 +136,7 @@ pub fn compile(spec: &KernelSpec, arch: (u32, u32)) -> Result<CompiledModule> {
     match compiled {
         Ok(()) => {}
         Err(CompileFailure::Source) => {
-            dump_failed(spec, &log)?;
+            dump_failed(dump_to, spec, &log)?;
             return Err(Error::Compile {
                 kernel: spec.name.clone(),
                 log,
@@ -150,8 +160,8 @@ pub fn compile(spec: &KernelSpec, arch: (u32, u32)) -> Result<CompiledModule> {
         lowered_names,
         log,
     };
-    if let Some(dir) = dump_dir() {
-        dump(&dir, spec, &program, &module)?;
+    if let Some(dir) = dump_to {
+        dump(dir, spec, &program, &module)?;
     }
     Ok(module)
 }
@@ -206,14 +216,6 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Extra NVRTC options from the environment variable `var`, split at whitespace (none when it
-/// is unset): the per-module `DEVCOMM_*_OPTIONS` knobs for experiments (docs/TUNING.md).
-pub(crate) fn env_options(var: &str) -> Vec<String> {
-    std::env::var(var)
-        .map(|v| v.split_whitespace().map(str::to_string).collect())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,7 +228,7 @@ mod tests {
             return true;
         }
         assert!(
-            std::env::var_os("DEVCOMM_REQUIRE_NVRTC").is_none(),
+            !crate::config::nvrtc_required(),
             "DEVCOMM_REQUIRE_NVRTC is set but libnvrtc cannot be loaded"
         );
         eprintln!("SKIPPED: libnvrtc not found (set LD_LIBRARY_PATH)");

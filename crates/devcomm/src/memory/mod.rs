@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::topology::Topology;
 
-pub use registration::{Registration, Registry};
+pub(crate) use registration::Registry;
 
 /// Physical memory and its mapping in this process. Fields drop in order: the mapping
 /// (unmap, free the range) before the physical memory (release).
@@ -46,7 +46,7 @@ impl MappedMemory {
 }
 
 /// One allocation of the same size on every rank, mapped into every NVLink peer.
-pub struct SymmetricMemory {
+pub(crate) struct SymmetricMemory {
     /// Unique tag of this allocation (its creation call); tear-down derives its barrier's tag
     /// from it. Dropping waits for every rank, so ranks must drop collective objects in the
     /// same order (a mismatch costs a setup timeout per object, logged, never a hang).
@@ -149,30 +149,25 @@ impl SymmetricMemory {
     }
 
     /// This rank's memory.
-    pub fn local_ptr(&self) -> u64 {
+    pub(crate) fn local_ptr(&self) -> u64 {
         self.local.ptr()
     }
 
     /// `peer`'s memory as mapped here; `Some(local_ptr)` for this rank, `None` for a peer
     /// without an NVLink path (or out of range).
-    pub fn peer_ptr(&self, peer: usize) -> Option<u64> {
+    pub(crate) fn peer_ptr(&self, peer: usize) -> Option<u64> {
         self.peer_ptrs.get(peer).copied().filter(|&p| p != 0)
     }
 
     /// Device address of the `u64[world_size]` table of [`peer_ptr`](Self::peer_ptr)s
     /// (0 where there is no NVLink path).
-    pub fn peer_table(&self) -> u64 {
+    pub(crate) fn peer_table(&self) -> u64 {
         self.table.ptr()
     }
 
     /// Bytes asked for.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
-    }
-
-    /// Bytes allocated on every rank (at least [`bytes`](Self::bytes)).
-    pub fn capacity(&self) -> usize {
-        self.capacity
     }
 }
 

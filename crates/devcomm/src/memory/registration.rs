@@ -92,7 +92,7 @@ impl PeerMapping {
 /// `backend_window` points to a [`DevicePeerTable`]. Dropping it (or
 /// [`Registry::deregister`]) is collective: it waits until every rank has closed its mappings
 /// of this rank's buffer, after which the user may free the buffer.
-pub struct Registration {
+pub(crate) struct Registration {
     tag: String,
     ptr: u64,
     bytes: usize,
@@ -194,28 +194,18 @@ impl Registration {
 
     /// Device address of the [`RegisteredBuffer`]: the value kernels receive and
     /// [`Registry::deregister`] takes back.
-    pub fn handle(&self) -> u64 {
+    pub(crate) fn handle(&self) -> u64 {
         self.handle.ptr()
-    }
-
-    /// The buffer on this rank.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    /// Size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.bytes
     }
 
     /// `peer`'s buffer as mapped here (this rank's own for `peer == rank`), or `None` without
     /// an NVLink path.
-    pub fn get_nvlink_address(&self, peer: usize) -> Option<u64> {
+    pub(crate) fn get_nvlink_address(&self, peer: usize) -> Option<u64> {
         self.peer_ptrs.get(peer).copied().filter(|&p| p != 0)
     }
 
     /// Bytes `peer` registered in this registration.
-    pub fn peer_bytes(&self, peer: usize) -> Option<u64> {
+    pub(crate) fn peer_bytes(&self, peer: usize) -> Option<u64> {
         self.peer_bytes.get(peer).copied()
     }
 
@@ -413,7 +403,7 @@ fn publish(
 /// Dropping it releases the remaining registrations in creation order, which is the same on
 /// every rank (each release waits for all ranks).
 #[derive(Debug, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     entries: Mutex<Entries>,
 }
 
@@ -437,7 +427,7 @@ struct Entries {
 
 impl Registry {
     /// An empty registry.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -484,7 +474,7 @@ impl Registry {
     }
 
     /// `peer`'s buffer of registration `handle`, as mapped here.
-    pub fn get_nvlink_address(&self, handle: u64, peer: usize) -> Option<u64> {
+    pub(crate) fn get_nvlink_address(&self, handle: u64, peer: usize) -> Option<u64> {
         let entries = self.lock();
         entries
             .by_handle
@@ -511,16 +501,6 @@ impl Registry {
         let entries = self.lock();
         let (_, r) = entries.by_handle.get(&handle)?;
         Some(r.peer_bytes.clone())
-    }
-
-    /// Number of live registrations.
-    pub fn len(&self) -> usize {
-        self.lock().by_handle.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.lock().by_handle.is_empty()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {

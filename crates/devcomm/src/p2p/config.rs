@@ -6,16 +6,13 @@
 //!
 //! The items live in the files of one concern each and are re-exported here: [`Protocol`] and
 //! the guard (`protocol.rs`), the window geometry (`window.rs`), the kernels' shared words
-//! (`crate::abi`), the environment switches (`env.rs`), the size policy (`defaults.rs`) and the
+//! (`crate::abi`), the configuration's switches (`switches.rs`), the size policy (`defaults.rs`) and the
 //! sweep candidates (`sweep.rs`).
 
 pub use super::defaults::*;
-pub use super::env::{
-    ce_enabled, ll128_enabled, zero_copy_ce_min, CE_ENV, LL128_ENV, PULL_ENV, ZC_BLOCKS_ENV,
-    ZC_CE_MIN_ENV, ZC_STAGED_ENV,
-};
 pub use super::protocol::{P2PConfig, Protocol};
 pub use super::sweep::sweep_configs;
+pub use super::switches::Switches;
 pub use super::window::{fit_to_sms, P2PLimits, MAX_ROLE_THREADS};
 pub use crate::abi::*;
 
@@ -23,7 +20,6 @@ pub use crate::abi::*;
 mod tests {
     use super::*;
     use crate::error::Error;
-    use crate::p2p::env::parse_ce_min;
     use crate::p2p::window::{max_blocks_for_sms, resident_blocks};
 
     #[test]
@@ -31,7 +27,7 @@ mod tests {
         let limits = P2PLimits::default();
         for shift in 0..=31 {
             for bytes in [(1u64 << shift) - 1, 1 << shift, (1 << shift) + 1] {
-                let c = default_config(bytes, &limits);
+                let c = default_config(bytes, &limits, &Switches::default());
                 c.check("test", bytes, &limits).unwrap();
             }
         }
@@ -40,19 +36,29 @@ mod tests {
     #[test]
     fn small_messages_use_low_latency_and_large_ones_bulk() {
         let limits = P2PLimits::default();
-        assert_eq!(default_config(8, &limits).protocol, Protocol::LowLatency);
-        assert_eq!(default_config(8, &limits).blocks, 1);
-        assert!(default_config(64 << 20, &limits).protocol.is_staged());
+        assert_eq!(
+            default_config(8, &limits, &Switches::default()).protocol,
+            Protocol::LowLatency
+        );
+        assert_eq!(default_config(8, &limits, &Switches::default()).blocks, 1);
+        assert!(default_config(64 << 20, &limits, &Switches::default())
+            .protocol
+            .is_staged());
         // From CE_DEFAULT_MIN the copy-engine layout (negotiated per launch), unless turned off.
-        let large = default_config(CE_DEFAULT_MIN, &limits).protocol;
-        if ce_enabled() {
-            assert_eq!(large, Protocol::CopyEngine);
-            assert!(default_config(CE_DEFAULT_MIN - 1, &limits)
+        let large = default_config(CE_DEFAULT_MIN, &limits, &Switches::default()).protocol;
+        assert_eq!(large, Protocol::CopyEngine);
+        assert!(
+            default_config(CE_DEFAULT_MIN - 1, &limits, &Switches::default())
                 .protocol
-                .is_staged());
-        } else {
-            assert!(large.is_staged());
-        }
+                .is_staged()
+        );
+        let no_ce = Switches {
+            ce: false,
+            ..Switches::default()
+        };
+        assert!(default_config(CE_DEFAULT_MIN, &limits, &no_ce)
+            .protocol
+            .is_staged());
         // The protocol only moves forward as the size grows: LL, then LL128, then staged.
         let rank = |p: Protocol| match p {
             Protocol::LowLatency => 0,
@@ -61,16 +67,21 @@ mod tests {
         };
         let mut last = 0;
         for b in (1u64..=(64 << 20)).step_by(4099) {
-            let r = rank(default_config(b, &limits).protocol);
+            let r = rank(default_config(b, &limits, &Switches::default()).protocol);
             assert!(r >= last, "{b} bytes goes back to an earlier protocol");
             last = r;
         }
         assert_eq!(last, 2);
-        if ll128_enabled() {
-            let c = default_config(1 << 20, &limits);
-            assert_eq!(c.protocol, Protocol::LowLatency128);
-            assert!(c.blocks >= 1 && c.blocks <= limits.max_blocks);
-        }
+        let c = default_config(1 << 20, &limits, &Switches::default());
+        assert_eq!(c.protocol, Protocol::LowLatency128);
+        assert!(c.blocks >= 1 && c.blocks <= limits.max_blocks);
+        let no_ll128 = Switches {
+            ll128: false,
+            ..Switches::default()
+        };
+        assert!(default_config(1 << 20, &limits, &no_ll128)
+            .protocol
+            .is_staged());
     }
 
     #[test]
@@ -93,7 +104,7 @@ mod tests {
         assert!(resident_blocks(quarter.max_blocks) <= 33);
         // Every default configuration then fits the smaller window.
         for shift in 0..=30 {
-            let c = default_config(1u64 << shift, &quarter);
+            let c = default_config(1u64 << shift, &quarter, &Switches::default());
             c.check("send", 1u64 << shift, &quarter).unwrap();
         }
         // Asked for explicitly, too many blocks are refused with the numbers to use.
@@ -121,7 +132,7 @@ mod tests {
     #[test]
     fn guard_refuses_what_the_window_cannot_hold() {
         let limits = P2PLimits::default();
-        let mut c = default_config(1 << 30, &limits);
+        let mut c = default_config(1 << 30, &limits, &Switches::default());
         c.blocks = limits.max_blocks + 1;
         assert!(c
             .check("send", 1 << 30, &limits)
@@ -134,7 +145,7 @@ mod tests {
             c.check("send", 1 << 30, &limits),
             Err(Error::CapacityExceeded { .. })
         ));
-        let mut c = default_config(8, &limits);
+        let mut c = default_config(8, &limits, &Switches::default());
         c.protocol = Protocol::LowLatency;
         assert!(matches!(
             c.check("send", limits.ll_max_bytes + 1, &limits),
@@ -218,50 +229,52 @@ mod tests {
 
     #[test]
     fn bulk_pulls_one_way_from_the_threshold_and_pushes_both_ways() {
-        if std::env::var(PULL_ENV).is_ok() {
-            return; // forced by the user then
-        }
-        assert!(!auto_pull(PULL_MIN_BYTES - 1, false));
-        assert!(auto_pull(PULL_MIN_BYTES, false));
-        assert!(auto_pull(1 << 30, false));
-        assert!(!auto_pull(1 << 30, true));
+        assert!(!pull_by_default(PULL_MIN_BYTES - 1, false, None));
+        assert!(pull_by_default(PULL_MIN_BYTES, false, None));
+        assert!(pull_by_default(1 << 30, false, None));
+        assert!(!pull_by_default(1 << 30, true, None));
+        assert!(pull_by_default(8, true, Some(true)));
+        assert!(!pull_by_default(1 << 30, false, Some(false)));
     }
 
     #[test]
     fn zero_copy_blocks_grow_with_the_size_within_the_signal_slots() {
         let limits = P2PLimits::default();
-        if std::env::var(ZC_BLOCKS_ENV).is_ok() {
-            return; // the cap is the user's then
-        }
-        assert_eq!(zero_copy_blocks(0, &limits), 1);
-        assert_eq!(zero_copy_blocks(64 << 10, &limits), 1);
-        assert_eq!(zero_copy_blocks((64 << 10) + 1, &limits), 2);
-        assert_eq!(zero_copy_blocks(1 << 20, &limits), 16);
-        assert_eq!(zero_copy_blocks(1 << 30, &limits), 16);
+        assert_eq!(zero_copy_blocks(0, &limits, &Switches::default()), 1);
+        assert_eq!(zero_copy_blocks(64 << 10, &limits, &Switches::default()), 1);
+        assert_eq!(
+            zero_copy_blocks((64 << 10) + 1, &limits, &Switches::default()),
+            2
+        );
+        assert_eq!(zero_copy_blocks(1 << 20, &limits, &Switches::default()), 16);
+        assert_eq!(zero_copy_blocks(1 << 30, &limits, &Switches::default()), 16);
         let small = P2PLimits {
             max_blocks: 4,
             ..limits
         };
-        assert_eq!(zero_copy_blocks(1 << 30, &small), 4);
+        assert_eq!(zero_copy_blocks(1 << 30, &small, &Switches::default()), 4);
     }
 
     #[test]
     fn zero_copy_route_by_size() {
-        assert_eq!(parse_ce_min(Some(" off")), Some(u64::MAX));
-        assert_eq!(parse_ce_min(Some("1048576")), Some(1 << 20));
-        assert_eq!(parse_ce_min(Some("lots")), None);
-        assert_eq!(parse_ce_min(None), None);
-        if std::env::var(ZC_CE_MIN_ENV).is_ok() || std::env::var(ZC_STAGED_ENV).is_ok() {
-            return; // the routes are the user's then
-        }
         let limits = P2PLimits::default();
-        let route = |b| zero_copy_route(b, &limits);
+        let sw = Switches::default();
+        let route = |b| zero_copy_route(b, &limits, &sw);
         assert_eq!(route(0), ZcRoute::Staged);
         assert_eq!(route(limits.ll_max_bytes), ZcRoute::Staged);
         assert_eq!(route(limits.ll_max_bytes + 1), ZcRoute::Staged);
         assert_eq!(route(ZC_CE_MIN_BYTES - 1), ZcRoute::Staged);
         assert_eq!(route(ZC_CE_MIN_BYTES), ZcRoute::CopyEngine);
         assert_eq!(route(1 << 30), ZcRoute::CopyEngine);
+        let blocks = Switches {
+            zc_staged: false,
+            zc_ce_min: u64::MAX,
+            ..Switches::default()
+        };
+        assert_eq!(
+            zero_copy_route(1 << 30, &limits, &blocks),
+            ZcRoute::Blocks(16)
+        );
     }
 
     #[test]

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream};
 
-use super::env::ce_copy_streams;
 use super::handle::P2PSide;
 use super::P2P;
 use crate::abi::{ce_pulled, CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SLOTS, CE_WORDS};
@@ -31,7 +30,7 @@ impl P2P {
         let remote =
             self.peer_window(group, "send", peer)? + rank as u64 * self.limits.region_bytes();
         let ctx = |e: Error| crate::cuda::with_rank(e, rank);
-        let streams = ce_copy_streams();
+        let streams = self.switches.ce_streams.clamp(1, 2);
         for (k, i, off, len) in self.ce_chunks(s, false) {
             let c = &copy[(i / 2) % streams];
             crate::cuda::stream_wait_geq(c, word(CE_GO + i), k + 1).map_err(ctx)?;

@@ -1,14 +1,9 @@
 //! The size policy: the default configuration of a message by its size ([`default_config`]),
 //! the staged and copy-engine defaults, bulk pull or push, and the route of a zero-copy
-//! message. The environment switches it honours come from [`super::env`].
+//! message. The configuration's switches it honours come in as [`Switches`].
 
 use super::config::{P2PConfig, P2PLimits, Protocol, MAX_ROLE_THREADS};
-use super::env::{
-    ce_enabled, ll128_enabled, pull_forced, zero_copy_blocks_cap, zero_copy_ce_min,
-    zero_copy_staged,
-};
-#[allow(unused_imports)]
-use super::env::{CE_ENV, PULL_ENV, ZC_BLOCKS_ENV, ZC_CE_MIN_ENV, ZC_STAGED_ENV};
+use super::switches::Switches;
 
 /// The smallest message the defaults send by the copy engine (when it is on): one way, the
 /// copy engine was ahead of SM pull from 256 MiB and behind at 64 MiB (docs/PERFORMANCE.md,
@@ -37,12 +32,9 @@ pub const LL128_MIN_PAYLOAD: u64 = 112;
 
 /// The default configuration for a message of `bytes` (measured on H200 NVLink; see
 /// docs/PERFORMANCE.md).
-pub fn default_config(bytes: u64, limits: &P2PLimits) -> P2PConfig {
-    default_config_with(bytes, limits, ll128_enabled(), ce_enabled())
-}
-
-/// [`default_config`] with [`super::env::LL128_ENV`] and [`CE_ENV`] passed in (`ll128`, `ce`).
-pub fn default_config_with(bytes: u64, limits: &P2PLimits, ll128: bool, ce: bool) -> P2PConfig {
+/// `sw.ll128` and `sw.ce` keep LL128 and the copy engine out of them.
+pub fn default_config(bytes: u64, limits: &P2PLimits, sw: &Switches) -> P2PConfig {
+    let (ll128, ce) = (sw.ll128, sw.ce);
     const KIB: u64 = 1 << 10;
     let clamp = |b: u64| (b.max(1) as u32).min(limits.max_blocks);
     if bytes <= (128 * KIB).min(limits.ll_max_bytes) {
@@ -106,11 +98,7 @@ pub const PULL_MIN_BYTES: u64 = 1 << 20;
 /// to pull. `receives_from_peer`: the same launch also receives from that peer, so the link
 /// carries data both ways, where pushing is faster (pulling both ways, or pushing one way and
 /// pulling the other, measured slower: docs/PERFORMANCE.md, v7).
-pub fn auto_pull(bytes: u64, receives_from_peer: bool) -> bool {
-    pull_by_default(bytes, receives_from_peer, pull_forced())
-}
-
-/// [`auto_pull`] with [`PULL_ENV`]'s value passed in (`forced`).
+/// `forced`: the configuration's choice (`DEVCOMM_P2P_PULL`), if any.
 pub fn pull_by_default(bytes: u64, receives_from_peer: bool, forced: Option<bool>) -> bool {
     forced.unwrap_or(bytes >= PULL_MIN_BYTES && !receives_from_peer)
 }
@@ -118,9 +106,9 @@ pub fn pull_by_default(bytes: u64, receives_from_peer: bool, forced: Option<bool
 /// Blocks (of 512 threads) that push a zero-copy message of `bytes` straight into the peer's
 /// registered buffer. Sender and receiver both take it from the size. SM push reaches its
 /// plateau with 8 blocks at 1 GiB and 181 GB/s at 1 MiB (BASELINES.md); a block per 64 KiB
-/// keeps small messages on few SMs. [`ZC_BLOCKS_ENV`] caps it (for sweeps; set it on every rank).
-pub fn zero_copy_blocks(bytes: u64, limits: &P2PLimits) -> u32 {
-    let cap = zero_copy_blocks_cap();
+/// keeps small messages on few SMs. `sw.zc_blocks` caps it (`DEVCOMM_ZC_BLOCKS`).
+pub fn zero_copy_blocks(bytes: u64, limits: &P2PLimits, sw: &Switches) -> u32 {
+    let cap = sw.zc_blocks;
     let blocks = bytes.div_ceil(64 << 10).clamp(1, cap.max(1));
     (blocks as u32).min(limits.max_blocks)
 }
@@ -147,17 +135,16 @@ pub enum ZcRoute {
 }
 
 /// The route of a zero-copy message of `bytes`, the same on both sides (it depends on the
-/// size and the environment only): low-latency up to `ll_max_bytes`, the copy engine from
-/// [`zero_copy_ce_min`], staged (or SM blocks, [`ZC_STAGED_ENV`] = `0`) between.
-pub fn zero_copy_route(bytes: u64, limits: &P2PLimits) -> ZcRoute {
-    let staged = zero_copy_staged();
+/// size and the must-agree switches only): low-latency up to `ll_max_bytes`, the copy engine
+/// from `sw.zc_ce_min`, staged (or SM blocks, `sw.zc_staged` off) between.
+pub fn zero_copy_route(bytes: u64, limits: &P2PLimits, sw: &Switches) -> ZcRoute {
     if bytes <= limits.ll_max_bytes {
         ZcRoute::Staged
-    } else if bytes >= zero_copy_ce_min() {
+    } else if bytes >= sw.zc_ce_min {
         ZcRoute::CopyEngine
-    } else if staged {
+    } else if sw.zc_staged {
         ZcRoute::Staged
     } else {
-        ZcRoute::Blocks(zero_copy_blocks(bytes, limits))
+        ZcRoute::Blocks(zero_copy_blocks(bytes, limits, sw))
     }
 }

@@ -117,7 +117,7 @@ pub struct P2PNegotiated {
 // SAFETY: as for P2PLaunch.
 unsafe impl DeviceRepr for P2PNegotiated {}
 
-/// Field offsets for the layout test, as in [`crate::handles::LAYOUT`].
+/// Field offsets for the layout test, as in `handles::LAYOUT` (all of them: [`crate::abi::layout`]).
 pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
     (
         "P2PSide",

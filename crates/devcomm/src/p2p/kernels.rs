@@ -1,7 +1,6 @@
 //! The send/recv kernels' source, their name expressions and the kernel spec that
 //! instantiates every one of them.
 
-use super::env::p2p_options;
 use super::window::MAX_ROLE_THREADS;
 use crate::jit::KernelSpec;
 
@@ -79,8 +78,9 @@ fn ce_recv_expression(threads: u32) -> String {
     format!("devcomm::p2p::p2p_ce_recv_kernel<{threads}>")
 }
 
-/// The kernel spec with every (send threads, recv threads) instantiation.
-pub fn sendrecv_spec() -> KernelSpec {
+/// The kernel spec with every (send threads, recv threads) instantiation; `options`: extra
+/// NVRTC options (`DEVCOMM_P2P_OPTIONS`, experiments; part of the cache key).
+pub fn sendrecv_spec(options: &[String]) -> KernelSpec {
     let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE)
         .name_expression(zc_expression())
         .name_expression(ce_send_expression())
@@ -101,6 +101,6 @@ pub fn sendrecv_spec() -> KernelSpec {
             }
         }
     }
-    spec.options.extend(p2p_options().iter().cloned());
+    spec.options.extend(options.iter().cloned());
     spec
 }

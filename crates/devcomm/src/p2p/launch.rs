@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::env::Switches;
 use super::handle::{P2PLaunch, P2PNegotiated, P2PSide};
 use super::kernels::KernelKey;
 use super::plan::{plan, Grid, Plan, PlanInputs, PlannedSide};
@@ -22,7 +21,7 @@ impl P2P {
         PlanInputs {
             limits: &self.limits,
             tune: self.tune.as_ref(),
-            switches: Switches::current(self.split),
+            switches: self.switches,
         }
     }
 

@@ -11,13 +11,13 @@ mod barrier;
 pub mod config;
 mod copy_engine;
 pub mod defaults;
-pub mod env;
 pub mod handle;
 mod kernels;
 mod launch;
 pub(crate) mod plan;
 pub mod protocol;
 pub mod sweep;
+pub mod switches;
 pub mod tune;
 pub mod window;
 mod zero_copy;
@@ -28,13 +28,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 
 pub use config::{
-    auto_pull, ce_config, ce_pulled, default_config, fit_to_sms, staged_config, sweep_configs,
-    zero_copy_blocks, zero_copy_ce_min, zero_copy_route, P2PConfig, P2PLimits, Protocol, ZcRoute,
+    ce_config, ce_pulled, default_config, fit_to_sms, pull_by_default, staged_config,
+    sweep_configs, zero_copy_blocks, zero_copy_route, P2PConfig, P2PLimits, Protocol, ZcRoute,
     CE_DEC_R, CE_DEC_S, CE_DEFAULT_MIN, CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS,
     CE_WORDS, P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL,
 };
-pub use env::{CE_BOTH_ENV, CE_STREAMS_ENV, INTERLEAVE_ENV, P2P_OPTIONS_ENV, SPLIT_ENV};
 pub use kernels::{sendrecv_spec, SENDRECV_SOURCE};
+pub use switches::Switches;
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 pub(crate) use zero_copy::ZcRole;
 
@@ -82,13 +82,13 @@ pub(crate) struct P2P {
     /// Owns the memory `counters_base` points into.
     _counters: CudaSlice<u64>,
     counters_base: u64,
-    bound_stream: Mutex<Option<usize>>,
+    pub(crate) bound_stream: Mutex<Option<usize>>,
     module: OnceLock<Arc<LoadedModule>>,
     /// Peers known to have loaded `module` (see [`KernelGate`]).
     gate: KernelGate,
     functions: Mutex<HashMap<KernelKey, CudaFunction>>,
-    /// Both directions in separate blocks (see [`SPLIT_ENV`]).
-    split: bool,
+    /// The configuration's send/recv switches.
+    switches: Switches,
     /// The measured configurations, checked against `limits` and equal on every rank.
     tune: Option<TuneTable>,
     /// Streams of copy-engine messages.
@@ -160,7 +160,7 @@ impl P2P {
             module: OnceLock::new(),
             gate: KernelGate::new("sendrecv", world),
             functions: Mutex::new(HashMap::new()),
-            split: env::split_from_env(),
+            switches: Switches::from_config(&group.config),
             tune,
             ce,
         })
@@ -172,7 +172,12 @@ impl P2P {
         self.tune
             .as_ref()
             .and_then(|t| t.config_for(bytes))
-            .unwrap_or_else(|| default_config(bytes, &self.limits))
+            .unwrap_or_else(|| default_config(bytes, &self.limits, &self.switches))
+    }
+
+    /// The configuration's send/recv switches.
+    pub(crate) fn switches(&self) -> &Switches {
+        &self.switches
     }
 
     /// The loaded tuning table.
@@ -291,7 +296,7 @@ impl P2P {
         // one that waits on the peer (seen on 2 H200s: the first large both-ways call stalled
         // until that wait timed out).
         let m = group.loading(|| {
-            let m = jit.load(&group.ctx, &sendrecv_spec())?;
+            let m = jit.load(&group.ctx, &sendrecv_spec(&group.config.p2p_options))?;
             m.load_every_kernel()?;
             Ok(m)
         })?;

@@ -4,10 +4,10 @@
 //! the tuning table and the environment switches as arguments and reads nothing else; the
 //! launcher (`launch.rs`) only carries the plan out.
 
-use super::defaults::{default_config_with, pull_by_default, staged_config};
-use super::env::Switches;
+use super::defaults::{default_config, pull_by_default, staged_config};
 use super::kernels::{KernelKey, CE_SEND_THREADS};
 use super::protocol::{P2PConfig, Protocol};
+use super::switches::Switches;
 use super::tune::TuneTable;
 use super::window::{P2PLimits, MAX_ROLE_THREADS};
 use super::Transfer;
@@ -31,9 +31,7 @@ impl PlanInputs<'_> {
     pub fn config_for(&self, bytes: u64) -> P2PConfig {
         self.tune
             .and_then(|t| t.config_for(bytes))
-            .unwrap_or_else(|| {
-                default_config_with(bytes, self.limits, self.switches.ll128, self.switches.ce)
-            })
+            .unwrap_or_else(|| default_config(bytes, self.limits, &self.switches))
     }
 }
 

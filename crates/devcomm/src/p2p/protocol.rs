@@ -1,11 +1,10 @@
 //! The protocols of send/recv, the knobs of one direction ([`P2PConfig`]) and the guard
 //! before launch ([`P2PConfig::check`]).
 
-#[allow(unused_imports)]
-use super::defaults::auto_pull;
+#[allow(unused_imports)] // named in docs
+use super::defaults::pull_by_default;
 use super::defaults::CE_MIN_CHUNK;
 #[allow(unused_imports)]
-use super::env::LL128_ENV;
 use super::window::{P2PLimits, MAX_ROLE_THREADS};
 use crate::error::{Error, Result};
 
@@ -18,10 +17,10 @@ pub enum Protocol {
     /// one instruction (mid-size messages: a sixteenth of the wire overhead of
     /// [`Protocol::LowLatency`], and no fence or signal per chunk as in the staged protocols).
     /// Relies on NVLink delivering a warp's aligned 128-byte store whole, as NCCL's LL128 does;
-    /// [`LL128_ENV`] = `0` keeps it out of the defaults.
+    /// `DEVCOMM_P2P_LL128=0` keeps it out of the defaults.
     LowLatency128,
     /// Staged, pipelined chunks with TAIL/HEAD signals (large messages); the sender picks
-    /// where the chunks are staged ([`auto_pull`]): pulled for a one-way message, pushed
+    /// where the chunks are staged ([`pull_by_default`]): pulled for a one-way message, pushed
     /// when the same launch also receives from that peer.
     Bulk,
     /// Staged and pushed: the sender writes each chunk over NVLink into staging in the

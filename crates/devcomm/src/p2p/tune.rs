@@ -191,6 +191,7 @@ impl TuneTable {
 pub(crate) mod tests {
     use super::*;
     use crate::p2p::config::{default_config, Protocol};
+    use crate::p2p::Switches;
 
     /// A valid table of three buckets for `limits` (also used by the communicator's tests).
     pub(crate) fn table(limits: &P2PLimits) -> TuneTable {
@@ -219,8 +220,14 @@ pub(crate) mod tests {
                         chunk_bytes: 0,
                     },
                 ),
-                entry(1 << 20, default_config(1 << 20, limits)),
-                entry(64 << 20, default_config(64 << 20, limits)),
+                entry(
+                    1 << 20,
+                    default_config(1 << 20, limits, &Switches::default()),
+                ),
+                entry(
+                    64 << 20,
+                    default_config(64 << 20, limits, &Switches::default()),
+                ),
             ],
         }
     }
@@ -232,8 +239,14 @@ pub(crate) mod tests {
         t.validate(&l, "NVIDIA H200").unwrap();
         assert_eq!(t.config_for(1).unwrap().blocks, 4);
         assert_eq!(t.config_for(4096).unwrap().blocks, 4);
-        assert_eq!(t.config_for(4097), Some(default_config(1 << 20, &l)));
-        assert_eq!(t.config_for(64 << 20), Some(default_config(64 << 20, &l)));
+        assert_eq!(
+            t.config_for(4097),
+            Some(default_config(1 << 20, &l, &Switches::default()))
+        );
+        assert_eq!(
+            t.config_for(64 << 20),
+            Some(default_config(64 << 20, &l, &Switches::default()))
+        );
         assert_eq!(t.config_for((64 << 20) + 1), None);
     }
 

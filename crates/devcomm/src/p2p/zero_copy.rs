@@ -59,7 +59,7 @@ impl P2P {
         }
         let peer = |t: Option<ZcRole>| t.map_or(-1, |t| t.peer as i32);
         self.ready(group, jit, [peer(send), peer(recv)])?;
-        let route = |t: &ZcRole| zero_copy_route(t.bytes, &self.limits);
+        let route = |t: &ZcRole| zero_copy_route(t.bytes, &self.limits, &self.switches);
         let staged = |t: &ZcRole| route(t) == ZcRoute::Staged;
         let ordinary = |t: ZcRole| Transfer {
             ptr: t.buf,
@@ -93,7 +93,7 @@ impl P2P {
             bytes: t.bytes,
             steps: self.counter_ptr(counter, t.peer, world),
             peer: t.peer as i32,
-            blocks: match zero_copy_route(t.bytes, &self.limits) {
+            blocks: match zero_copy_route(t.bytes, &self.limits, &self.switches) {
                 ZcRoute::Blocks(b) => b,
                 ZcRoute::CopyEngine | ZcRoute::Staged => 1,
             },

@@ -1,5 +1,5 @@
 //! Collectives with the user's hooks: both examples, a kernel loaded late by one rank, and the
-//! user's own schedule (`sendrecv_tiles`, `send_tiles`/`recv_tiles`).
+//! user's own schedule (`sendrecv_hooked`, `send_hooked`/`recv_hooked`).
 
 use std::time::Duration;
 
@@ -65,10 +65,10 @@ pub(super) fn check_late_loader(cx: &Ctx) -> Detail {
     ))
 }
 
-/// Level 2: the user's own schedule with hooks. A ring step through `sendrecv_tiles` with a
-/// `produce` that doubles every value, then a one-way `send_tiles`/`recv_tiles` between
+/// Level 2: the user's own schedule with hooks. A ring step through `sendrecv_hooked` with a
+/// `produce` that doubles every value, then a one-way `send_hooked`/`recv_hooked` between
 /// neighbours.
-pub(super) fn check_tiles(cx: &Ctx) -> Detail {
+pub(super) fn check_hooked_p2p(cx: &Ctx) -> Detail {
     const DOUBLE: &str = "struct Double {\n  using In = float; using Out = float; using Wire = float;\n  \
         static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
         devcomm::Tile<float> t = devcomm::load_tile<float>(c);\n    \
@@ -89,7 +89,7 @@ pub(super) fn check_tiles(cx: &Ctx) -> Detail {
         cx.host_barrier()?;
         let args = devcomm::HookArgs::default();
         cx.comm
-            .sendrecv_tiles(&hooks, &send, next, &mut recv, prev, args, &cx.stream)
+            .sendrecv_hooked(&hooks, &send, next, &mut recv, prev, args, &cx.stream)
             .map_err(err)?;
         cx.sync()?;
         let got = cx.stream.clone_dtoh(&recv).map_err(err)?;
@@ -107,11 +107,11 @@ pub(super) fn check_tiles(cx: &Ctx) -> Detail {
             let mut recv = cx.stream.clone_htod(&vec![f32::NAN; n]).map_err(err)?;
             if rank % 2 == 0 {
                 cx.comm
-                    .send_tiles(&hooks, &send, partner, args, &cx.stream)
+                    .send_hooked(&hooks, &send, partner, args, &cx.stream)
                     .map_err(err)?;
             } else {
                 cx.comm
-                    .recv_tiles(&hooks, &mut recv, partner, args, &cx.stream)
+                    .recv_hooked(&hooks, &mut recv, partner, args, &cx.stream)
                     .map_err(err)?;
             }
             cx.sync()?;
@@ -124,5 +124,5 @@ pub(super) fn check_tiles(cx: &Ctx) -> Detail {
         }
         cx.host_barrier()?;
     }
-    Ok("sendrecv_tiles ring and send_tiles/recv_tiles one way with a doubling produce hook: 3, 4097 and 3M f32, verified".into())
+    Ok("sendrecv_hooked ring and send_hooked/recv_hooked one way with a doubling produce hook: 3, 4097 and 3M f32, verified".into())
 }

@@ -32,10 +32,10 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, _| verified(hooked::check_examples(cx)),
     },
     Check {
-        name: "a2a_tiles",
+        name: "a2a_hooked_p2p",
         ranks: Ranks::AtLeast(2),
-        about: "sendrecv_tiles ring and send_tiles/recv_tiles with a hook",
-        run: |cx, _| verified(hooked::check_tiles(cx)),
+        about: "sendrecv_hooked ring and send_hooked/recv_hooked with a hook",
+        run: |cx, _| verified(hooked::check_hooked_p2p(cx)),
     },
     Check {
         name: "a2a_mixed_kinds",

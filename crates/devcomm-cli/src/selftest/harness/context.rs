@@ -31,6 +31,8 @@ impl Ctx {
         let comm = Comm::from_env().map_err(|e| e.to_string())?;
         let multi_stream_after_init = comm.context().is_in_multi_stream_mode();
         let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
+        // Every check runs on this stream: bound now rather than by the first call.
+        comm.bind_stream(&stream).map_err(|e| e.to_string())?;
         let mine = rand::random::<u64>().to_le_bytes();
         let all = comm
             .store()
@@ -67,7 +69,9 @@ impl Ctx {
     /// Copies a device slice to a raw device address (e.g. a window's data) and waits.
     pub(crate) fn copy_to_ptr(&self, dst: u64, src: &CudaSlice<u8>) -> Result<(), String> {
         let (sp, _g) = src.device_ptr(&self.stream);
-        devcomm::cuda::memcpy_dtod_async(dst, sp, src.len(), &self.stream)
+        // SAFETY: the caller passes a device address with room for `src.len()` bytes (a
+        // window's or registered buffer's data); `src` is live; the copy is waited for below.
+        unsafe { devcomm::testing::memcpy_dtod_async(dst, sp, src.len(), &self.stream) }
             .map_err(|e| e.to_string())?;
         self.sync()
     }
@@ -93,7 +97,9 @@ impl Ctx {
             .map_err(|e| e.to_string())?;
         {
             let (dp, _g) = tmp.device_ptr_mut(&self.stream);
-            devcomm::cuda::memcpy_dtod_async(dp, src, bytes, &self.stream)
+            // SAFETY: `tmp` holds `bytes`; the caller passes a device address readable for
+            // `bytes`; `clone_dtoh` below waits for the copy on the same stream.
+            unsafe { devcomm::testing::memcpy_dtod_async(dp, src, bytes, &self.stream) }
                 .map_err(|e| e.to_string())?;
         }
         self.stream.clone_dtoh(&tmp).map_err(|e| e.to_string())

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use devcomm::cuda::DeviceBuffer;
-use devcomm::{Comm, RegisteredRange};
+use devcomm::testing::DeviceBuffer;
+use devcomm::{RegisteredRange, Registration};
 
 use super::context::Ctx;
 
@@ -73,12 +73,13 @@ pub(crate) fn compare(got: &[u8], expect: &[u8], what: &str) -> Result<(), Strin
 
 /// A `cuMemAlloc` buffer registered with every rank; deregistered and freed on drop.
 pub(crate) struct RegBuf<'a> {
-    comm: &'a Comm,
-    /// Freed when this struct drops, after the deregistration in `drop`.
+    /// Released first (fields drop in order): deregistration is collective and synchronises
+    /// the device.
+    pub(crate) reg: Registration<'a>,
+    /// Freed after the registration above.
     _memory: DeviceBuffer,
     pub(crate) ptr: u64,
     pub(crate) bytes: usize,
-    pub(crate) handle: u64,
 }
 
 impl<'a> RegBuf<'a> {
@@ -87,15 +88,16 @@ impl<'a> RegBuf<'a> {
         let ctx = cx.comm.context();
         let memory = DeviceBuffer::zeroed(ctx, bytes).map_err(|e| e.to_string())?;
         // The zeroing runs on the legacy stream: finish it before anything else touches it.
-        devcomm::cuda::synchronize(ctx).map_err(|e| e.to_string())?;
+        devcomm::testing::synchronize(ctx).map_err(|e| e.to_string())?;
         let ptr = memory.ptr();
-        let handle = cx.comm.register(ptr, bytes).map_err(|e| e.to_string())?;
+        // SAFETY: `memory` is `bytes` bytes and is freed only after `reg` (the field order
+        // above) has been released.
+        let reg = unsafe { cx.comm.register(ptr, bytes) }.map_err(|e| e.to_string())?;
         Ok(Self {
-            comm: &cx.comm,
+            reg,
             _memory: memory,
             ptr,
             bytes,
-            handle,
         })
     }
 
@@ -106,9 +108,9 @@ impl<'a> RegBuf<'a> {
         std::mem::ManuallyDrop::new(unsafe { stream.upgrade_device_ptr(self.ptr, self.bytes) })
     }
 
-    /// The registered range at `offset`.
-    pub(crate) fn at(&self, offset: usize) -> RegisteredRange {
-        RegisteredRange::new(self.handle, offset as u64)
+    /// The registered range of `bytes` at `offset`.
+    pub(crate) fn at(&self, offset: usize, bytes: usize) -> RegisteredRange<'_> {
+        self.reg.range(offset as u64, bytes as u64)
     }
 
     /// Fills the whole buffer with [`POISON`] on `stream` (also inside a capture).
@@ -117,16 +119,6 @@ impl<'a> RegBuf<'a> {
         // deregistration (which synchronises the device); ordered on the rank's stream.
         unsafe { devcomm::testing::memset_d8_async(self.ptr, POISON, self.bytes, stream) }
             .map_err(|e| e.to_string())
-    }
-}
-
-impl Drop for RegBuf<'_> {
-    fn drop(&mut self) {
-        // Deregistration is collective and synchronises the device; the memory is freed after
-        // this body, when `_memory` drops.
-        if let Err(e) = self.comm.deregister(self.handle) {
-            eprintln!("deregister: {e}");
-        }
     }
 }
 
@@ -152,19 +144,11 @@ impl<'a> BenchDst<'a> {
         }
     }
 
-    /// This rank's handle of the registration, if registered.
-    pub(crate) fn handle(&self) -> Option<u64> {
+    /// The registration (if registered) and the destination as a cudarc slice.
+    pub(crate) fn parts(&mut self) -> (Option<&Registration<'a>>, &mut CudaSlice<u8>) {
         match self {
-            Self::Registered(r, _) => Some(r.handle),
-            Self::Owned(_) => None,
-        }
-    }
-
-    /// The destination as a cudarc slice.
-    pub(crate) fn slice(&mut self) -> &mut CudaSlice<u8> {
-        match self {
-            Self::Registered(_, v) => v,
-            Self::Owned(o) => o,
+            Self::Registered(r, v) => (Some(&r.reg), v),
+            Self::Owned(o) => (None, o),
         }
     }
 }

@@ -93,17 +93,17 @@ pub(super) fn registered(cx: &Ctx) -> Result<String, String> {
     cx.sync()?;
     cx.host_barrier()?;
     // Fits rank 0 (2 x total) but not rank 1 (total).
-    match comm.all_to_all_registered(&src, reg.at(total / 2), stream) {
+    match comm.all_to_all_registered(&src, reg.at(total / 2, total), stream) {
         Err(Error::CapacityExceeded { peer: 1, .. }) => {}
         Err(other) => return Err(format!("range past rank 1's registration: {other}")),
         Ok(()) => return Err("a range past rank 1's registration was launched".into()),
     }
-    match comm.all_to_all_registered(&src, reg.at(2), stream) {
+    match comm.all_to_all_registered(&src, reg.at(2, total), stream) {
         Err(Error::InvalidArgument { reason, .. }) if reason.contains("aligned") => {}
         Err(other) => return Err(format!("misaligned offset: {other}")),
         Ok(()) => return Err("an f32 output at offset 2 was launched".into()),
     }
-    comm.all_to_all_registered(&src, reg.at(0), stream)
+    comm.all_to_all_registered(&src, reg.at(0, total), stream)
         .and_then(|()| comm.synchronize(stream))
         .map_err(|e| format!("the correct call after the refusals: {e}"))?;
     let got = cx.read_ptr(reg.ptr, total)?;

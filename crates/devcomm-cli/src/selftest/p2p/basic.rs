@@ -179,7 +179,7 @@ pub(super) fn check_guard(cx: &Ctx) -> Check {
     let (dp, _d) = dst.device_ptr_mut(&cx.stream);
     let base = P2PConfig {
         protocol: Protocol::Bulk,
-        ..default_config(64 << 20, &limits)
+        ..default_config(64 << 20, &limits, comm.p2p_switches())
     };
     let cases: Vec<(&str, Transfer)> = vec![
         (

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys, CudaContext};
 
+#[allow(unused_imports)] // the tests below use them too
+pub(crate) use super::error_record::{call_mismatch_field, record_to_error};
 use super::{bind, check, log_drop_error, with_rank};
 use crate::error::{Error, Result};
 use crate::handles::{DeviceErrorState, DeviceOp, ErrorRecord};
@@ -275,90 +277,6 @@ fn host_abort(rank: usize) -> Error {
     Error::Aborted {
         rank: rank_i32(rank),
         reason: "the host raised the abort flag".to_owned(),
-    }
-}
-
-/// Converts a written record into the error the host reports.
-pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
-    if DeviceOp::from_code(record.op) == DeviceOp::CountOverflow {
-        return Error::CountOverflow {
-            rank: record.rank,
-            side: if record.peer >= 0 { "send" } else { "receive" },
-            peer: record.peer,
-            needed: record.seen,
-            capacity: record.expected,
-        };
-    }
-    if DeviceOp::from_code(record.op) == DeviceOp::ZeroCopyMismatch {
-        return Error::ZeroCopyMismatch {
-            rank: record.rank,
-            peer: record.peer,
-            field: match record.slot {
-                0 => "the registration",
-                1 => "the offset",
-                2 => "the size in bytes",
-                _ => "the call (refused by the sender; receiver's size in bytes)",
-            },
-            local: record.expected,
-            remote: record.seen,
-        };
-    }
-    if DeviceOp::from_code(record.op) == DeviceOp::CopyEngineMismatch {
-        // The kernel records the word of the peer's block: INTENT or SIZE of a slot.
-        use crate::abi::{CE_SIZE, CE_SLOTS};
-        let size_words = CE_SIZE as u64..CE_SIZE as u64 + CE_SLOTS;
-        return Error::CopyEngineMismatch {
-            rank: record.rank,
-            peer: record.peer,
-            field: if size_words.contains(&record.slot) {
-                "the message size"
-            } else {
-                "the chunk id"
-            },
-            expected: record.expected,
-            seen: record.seen,
-        };
-    }
-    if DeviceOp::from_code(record.op) == DeviceOp::CallMismatch {
-        let (what, field) = call_mismatch_field(record.slot);
-        return Error::CallMismatch {
-            rank: record.rank,
-            peer: record.peer,
-            what,
-            field,
-            local: record.expected,
-            remote: record.seen,
-        };
-    }
-    Error::PeerTimeout {
-        op: DeviceOp::from_code(record.op),
-        rank: record.rank,
-        peer: record.peer,
-        slot: record.slot,
-        expected: record.expected,
-        seen: record.seen,
-        elapsed: Duration::from_nanos(record.elapsed_ns),
-    }
-}
-
-/// The call and field a call-agreement record names by its `slot`
-/// (`cuda/devcomm/agree.cuh`, `kAgField*`; collectives, `kCollField*` in `collective.cuh`).
-pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
-    match slot {
-        1 => (
-            "a call",
-            "the kind of call (0: send/recv, 1: zero-copy send/recv, 2: collective, 3: barrier)",
-        ),
-        2 => ("send/recv", "the size in bytes"),
-        3 => (
-            "a collective",
-            "the operation (1: all-to-all, 2: send/recv with hooks, 3: all-to-all-v)",
-        ),
-        4 => (
-            "a collective",
-            "the bytes exchanged with this peer (wire bytes, low 36 bits)",
-        ),
-        _ => ("a call", "an unknown field"),
     }
 }
 

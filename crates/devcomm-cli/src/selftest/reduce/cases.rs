@@ -1,0 +1,445 @@
+//! `devcomm selftest` checks of the reductions (all-reduce, reduce-scatter, all-gather): every
+//! type x operation, in place and out of place, at sizes around every algorithm switch and up
+//! to 256 MiB, on fresh data that every rank can regenerate, outputs poisoned and guarded,
+//! results compared bit for bit with a host reduction in rank order and across ranks; the
+//! argument errors; the RMSNorm example.
+
+use cudarc::driver::CudaSlice;
+use devcomm::reduce::plan::{Algorithm, Collective};
+use devcomm::{DataType, Error, HookArgs, Hooks, ReduceOp};
+use half::{bf16, f16};
+
+use super::reference::{data, first_diff, hash, reduce, HostNum};
+use crate::selftest::harness::Ctx;
+
+#[allow(dead_code)]
+#[path = "../../../../devcomm/examples/all_reduce_rmsnorm.rs"]
+mod rmsnorm_example;
+
+type Check = Result<String, String>;
+/// Guard elements on each side of every output.
+const GUARD: usize = 64;
+
+fn err<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// One call of a case.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Case {
+    pub coll: Collective,
+    /// `None` for all-gather.
+    pub op: Option<ReduceOp>,
+    /// As the methods name it: all-reduce elements, reduce-scatter output, all-gather input.
+    pub count: usize,
+    pub in_place: bool,
+    pub tag: u64,
+}
+
+impl Case {
+    fn what<N: HostNum>(&self) -> String {
+        format!(
+            "{} {} {}{} of {} elements",
+            self.coll.name(),
+            N::DTYPE,
+            self.op.map_or("", |o| o.name()),
+            if self.in_place { " in place" } else { "" },
+            self.count
+        )
+    }
+}
+
+/// Enqueues the case's call on the typed buffers.
+fn call<N: HostNum>(
+    cx: &Ctx,
+    c: &Case,
+    input: &CudaSlice<N>,
+    buf: &mut CudaSlice<N>,
+    len: usize,
+) -> Result<(), Error> {
+    let (comm, s) = (&cx.comm, &cx.stream);
+    let mut out = buf.slice_mut(GUARD..GUARD + len);
+    let op = c.op.unwrap_or(ReduceOp::Sum);
+    match (c.coll, c.in_place) {
+        (Collective::AllReduce, false) => comm.all_reduce(input, &mut out, op, s),
+        (Collective::AllReduce, true) => comm.all_reduce_in_place(&mut out, op, s),
+        (Collective::ReduceScatter, false) => comm.reduce_scatter(input, &mut out, op, s),
+        (Collective::ReduceScatter, true) => comm.reduce_scatter_in_place(&mut out, op, s),
+        (Collective::AllGather, false) => comm.all_gather(input, &mut out, s),
+        (Collective::AllGather, true) => comm.all_gather_in_place(&mut out, s),
+    }
+}
+
+/// The buffer a case's call writes (`GUARD` poison on each side) and what it must hold after.
+struct Expect<N> {
+    initial: Vec<N>,
+    want: Vec<N>,
+    input: Vec<N>,
+}
+
+fn expect<N: HostNum>(cx: &Ctx, c: &Case) -> Expect<N> {
+    let (rank, w, n) = (cx.comm.rank(), cx.comm.world_size(), c.count);
+    let in_len = if c.coll == Collective::ReduceScatter {
+        w * n
+    } else {
+        n
+    };
+    let inputs: Vec<Vec<N>> = (0..w)
+        .map(|p| data::<N>(cx.seed, c.tag, p, in_len))
+        .collect();
+    let op = c.op.unwrap_or(ReduceOp::Sum);
+    let result = match c.coll {
+        Collective::AllReduce => reduce(&inputs, op, 0, n),
+        Collective::ReduceScatter => reduce(&inputs, op, rank * n, n),
+        Collective::AllGather => inputs.concat(),
+    };
+    let mine = inputs[rank].clone();
+    let (initial, want) = match (c.coll, c.in_place) {
+        (_, false) => (vec![N::poison(); result.len()], result),
+        (Collective::AllReduce, true) => (mine.clone(), result),
+        (Collective::ReduceScatter, true) => {
+            let mut after = mine.clone();
+            after[rank * n..(rank + 1) * n].copy_from_slice(&result);
+            (mine.clone(), after)
+        }
+        (Collective::AllGather, true) => {
+            let mut before = vec![N::poison(); w * n];
+            before[rank * n..(rank + 1) * n].copy_from_slice(&mine);
+            (before, result)
+        }
+    };
+    Expect {
+        initial,
+        want,
+        input: mine,
+    }
+}
+
+/// Runs one case and checks the result, the guards and (all-reduce) that every rank holds the
+/// same bits. Returns the output's hash.
+pub(super) fn run_case<N: HostNum>(cx: &Ctx, c: &Case) -> Result<u64, String> {
+    let e = expect::<N>(cx, c);
+    let len = e.want.len();
+    let mut host = vec![N::poison(); GUARD];
+    host.extend_from_slice(&e.initial);
+    host.extend(std::iter::repeat_n(N::poison(), GUARD));
+    let input = cx.stream.clone_htod(&e.input).map_err(err)?;
+    let mut buf = cx.stream.clone_htod(&host).map_err(err)?;
+    call(cx, c, &input, &mut buf, len).map_err(|x| format!("{}: {x}", c.what::<N>()))?;
+    cx.sync().map_err(|x| format!("{}: {x}", c.what::<N>()))?;
+    let got = cx.stream.clone_dtoh(&buf).map_err(err)?;
+    let guard = vec![N::poison(); GUARD];
+    if first_diff(&got[..GUARD], &guard).is_some()
+        || first_diff(&got[GUARD + len..], &guard).is_some()
+    {
+        return Err(format!(
+            "{}: a guard element was overwritten",
+            c.what::<N>()
+        ));
+    }
+    if let Some((i, g, w)) = first_diff(&got[GUARD..GUARD + len], &e.want) {
+        return Err(format!(
+            "{}: element {i} is {g:?}, expected {w:?}",
+            c.what::<N>()
+        ));
+    }
+    let h = hash(&got[GUARD..GUARD + len]);
+    if c.coll == Collective::AllReduce {
+        same_everywhere(cx, h, &format!("case {}", c.tag))
+            .map_err(|x| format!("{}: {x}", c.what::<N>()))?;
+    }
+    Ok(h)
+}
+
+/// Fails unless every rank passed the same `value` under `tag`.
+fn same_everywhere(cx: &Ctx, value: u64, tag: &str) -> Result<(), String> {
+    let all = cx
+        .comm
+        .store()
+        .all_gather(
+            &format!("__devcomm_cli/reduce/{tag}"),
+            &value.to_le_bytes(),
+            cx.comm.setup_timeout(),
+        )
+        .map_err(err)?;
+    match all.iter().position(|v| v[..] != value.to_le_bytes()[..]) {
+        Some(r) => Err(format!(
+            "rank {r}'s result differs from rank {}'s",
+            cx.comm.rank()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Dispatches a generic function on a data type.
+macro_rules! by_type {
+    ($dtype:expr, $f:ident ( $($a:expr),* )) => {
+        match $dtype {
+            DataType::F32 => $f::<f32>($($a),*),
+            DataType::F16 => $f::<f16>($($a),*),
+            DataType::BF16 => $f::<bf16>($($a),*),
+            DataType::F64 => $f::<f64>($($a),*),
+            DataType::I32 => $f::<i32>($($a),*),
+            DataType::I64 => $f::<i64>($($a),*),
+            DataType::U8 => $f::<u8>($($a),*),
+            other => Err(format!("no self-test for {other}")),
+        }
+    };
+}
+
+/// The counts of a collective and type: 0, 1, odd, both sides of the one-shot and of the
+/// single-round two-shot limits (of this communicator's window), each with the algorithm the
+/// plan must take there, so that the sizes really straddle every switch.
+fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algorithm>)> {
+    let (w, es) = (cx.comm.world_size(), dtype.size_bytes());
+    let limits = cx.comm.reduction_limits();
+    let one = limits.one_shot_bytes as usize / es;
+    let vec = 16 / es;
+    let per_shard = limits.chunk_bytes as usize / w / es / vec * vec;
+    let round = if coll == Collective::AllReduce {
+        per_shard * w
+    } else {
+        per_shard
+    };
+    let expect = |n: usize| match n {
+        0 => None,
+        n if n <= one => Some(Algorithm::OneShot),
+        n if n <= round => Some(Algorithm::TwoShot),
+        _ => Some(Algorithm::Pipelined),
+    };
+    let mut counts = vec![0, 1, 3, 1001, one.saturating_sub(1), one, one + 1, round, round + 1];
+    if matches!(dtype, DataType::F32 | DataType::BF16) {
+        counts.push(2 * round + 777);
+    }
+    counts.sort_unstable();
+    counts.dedup();
+    counts.into_iter().map(|n| (n, expect(n))).collect()
+}
+
+/// Every type x operation x place at every size of [`sizes`].
+pub(super) fn check_sizes(cx: &Ctx) -> Check {
+    let mut cases = 0usize;
+    let mut tag = 10_000u64;
+    for dtype in DataType::ALL {
+        for coll in [
+            Collective::AllReduce,
+            Collective::ReduceScatter,
+            Collective::AllGather,
+        ] {
+            let ops: Vec<Option<ReduceOp>> = if coll == Collective::AllGather {
+                vec![None]
+            } else {
+                ReduceOp::ALL.into_iter().map(Some).collect()
+            };
+            for (count, algo) in sizes(cx, coll, dtype) {
+                let plan = cx
+                    .comm
+                    .reduction_plan(coll, dtype, count as u64)
+                    .map_err(err)?;
+                if let (Some(want), Some(p)) = (algo, plan) {
+                    if p.algorithm != want {
+                        return Err(format!(
+                            "{} {dtype} of {count}: planned {:?}, the test expects {want:?}",
+                            coll.name(),
+                            p.algorithm
+                        ));
+                    }
+                }
+                for &op in &ops {
+                    for in_place in [false, true] {
+                        tag += 1;
+                        let c = Case {
+                            coll,
+                            op,
+                            count,
+                            in_place,
+                            tag,
+                        };
+                        by_type!(dtype, run_case(cx, &c))?;
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    Ok(format!(
+        "{cases} cases: 7 types x (all-reduce, reduce-scatter x 4 ops, all-gather) x in/out of \
+         place, 0 to 2 rounds past the two-shot limit; bitwise equal to the host reference"
+    ))
+}
+
+/// Large calls (256 MiB buffers on 2 ranks, 64 MiB on more) and batch invariance: the prefix
+/// of a large all-reduce equals the all-reduce of the prefix alone.
+pub(super) fn check_large(cx: &Ctx) -> Check {
+    let w = cx.comm.world_size();
+    let bytes: usize = if w <= 2 { 256 << 20 } else { 64 << 20 };
+    let mut t = 20_000u64;
+    let mut next = || {
+        t += 1;
+        t
+    };
+    let big = |es: usize| bytes / es;
+    let ar = Collective::AllReduce;
+    let sum = Some(ReduceOp::Sum);
+    let h_big = run_case::<f32>(
+        cx,
+        &Case {
+            coll: ar,
+            op: sum,
+            count: big(4),
+            in_place: false,
+            tag: 1,
+        },
+    )?;
+    run_case::<bf16>(
+        cx,
+        &Case {
+            coll: ar,
+            op: Some(ReduceOp::Avg),
+            count: big(2) + 3,
+            in_place: true,
+            tag: next(),
+        },
+    )?;
+    run_case::<f32>(
+        cx,
+        &Case {
+            coll: Collective::ReduceScatter,
+            op: Some(ReduceOp::Max),
+            count: big(4) / w,
+            in_place: false,
+            tag: next(),
+        },
+    )?;
+    run_case::<u8>(
+        cx,
+        &Case {
+            coll: Collective::AllGather,
+            op: None,
+            count: big(1) / w + 1,
+            in_place: true,
+            tag: next(),
+        },
+    )?;
+    // Batch invariance: prefixes of case 1's inputs (the same data) alone, on every algorithm,
+    // against the prefix of the reference that the large call matched bit for bit.
+    for k in [1usize, 1000, 300_001, 3 << 20] {
+        let (input, mut out) = (
+            cx.stream
+                .clone_htod(&data::<f32>(cx.seed, 1, cx.comm.rank(), k))
+                .map_err(err)?,
+            cx.stream.alloc_zeros::<f32>(k).map_err(err)?,
+        );
+        cx.comm
+            .all_reduce(&input, &mut out, ReduceOp::Sum, &cx.stream)
+            .map_err(err)?;
+        cx.sync()?;
+        let got = cx.stream.clone_dtoh(&out).map_err(err)?;
+        let inputs: Vec<Vec<f32>> = (0..w).map(|p| data::<f32>(cx.seed, 1, p, k)).collect();
+        if let Some((i, g, x)) = first_diff(&got, &reduce(&inputs, ReduceOp::Sum, 0, k)) {
+            return Err(format!(
+                "prefix of {k}: element {i} is {g}, the large call's is {x}"
+            ));
+        }
+    }
+    Ok(format!(
+        "{} MiB: f32 sum, bf16 avg in place, reduce-scatter max, all-gather in place; prefixes of \
+         1 to 3M elements equal the large call's (hash {h_big:016x}, same on {w} ranks)",
+        bytes >> 20
+    ))
+}
+
+/// Bad arguments give `InvalidArgument` on every rank, and the communicator stays usable.
+pub(super) fn check_args(cx: &Ctx) -> Check {
+    let (comm, s, w) = (&cx.comm, &cx.stream, cx.comm.world_size());
+    let a = s.alloc_zeros::<f32>(12 * w).map_err(err)?;
+    let mut b = s.alloc_zeros::<f32>(12 * w + 1).map_err(err)?;
+    let (pa, pb) = {
+        use cudarc::driver::DevicePtr;
+        (a.device_ptr(s).0, b.device_ptr(s).0)
+    };
+    let hooks = Hooks::new::<f64, f64>("Wrong", "struct Wrong { using T = double; };");
+    let sum = ReduceOp::Sum;
+    let mut refused = Vec::new();
+    let mut expect_invalid = |what: &str, r: Result<(), Error>| -> Result<(), String> {
+        match r {
+            Err(Error::InvalidArgument { .. }) => {
+                refused.push(what.to_owned());
+                Ok(())
+            }
+            other => Err(format!("{what}: expected InvalidArgument, got {other:?}")),
+        }
+    };
+    expect_invalid("all_reduce lengths", comm.all_reduce(&a, &mut b, sum, s))?;
+    expect_invalid(
+        "reduce_scatter lengths",
+        comm.reduce_scatter(&a, &mut b.slice_mut(..13), sum, s),
+    )?;
+    expect_invalid(
+        "all_gather lengths",
+        comm.all_gather(&a.slice(..12), &mut b, s),
+    )?;
+    if w > 1 {
+        expect_invalid(
+            "reduce_scatter_in_place length",
+            comm.reduce_scatter_in_place(&mut b, sum, s),
+        )?;
+    }
+    // SAFETY: pa and pb address live buffers of 12 w and 12 w + 1 f32 on this stream; every
+    // call below is refused before anything is launched.
+    unsafe {
+        expect_invalid(
+            "overlap",
+            comm.all_reduce_raw(pa, pa + 4, 8, DataType::F32, sum, s),
+        )?;
+        expect_invalid(
+            "misaligned",
+            comm.all_reduce_raw(pa + 2, pb, 8, DataType::F32, sum, s),
+        )?;
+        expect_invalid("null", comm.all_reduce_raw(0, pb, 8, DataType::F32, sum, s))?;
+        expect_invalid(
+            "reduce_scatter overlap",
+            comm.reduce_scatter_raw(pa, pa + 4, 8, DataType::F32, sum, s),
+        )?;
+    }
+    let mut out = s.alloc_zeros::<f32>(12 * w).map_err(err)?;
+    let args = HookArgs {
+        user: 0,
+        row_len: 0,
+    };
+    expect_invalid(
+        "row_len 0",
+        comm.all_reduce_hooked(&hooks, &a, &mut out, sum, &args, s),
+    )?;
+    let args = HookArgs {
+        user: 0,
+        row_len: 5,
+    };
+    expect_invalid(
+        "hook element size",
+        comm.all_reduce_hooked(&hooks, &a, &mut out, sum, &args, s),
+    )?;
+    // Still usable.
+    let c = Case {
+        coll: Collective::AllReduce,
+        op: Some(sum),
+        count: 777,
+        in_place: false,
+        tag: 30_001,
+    };
+    run_case::<f32>(cx, &c)?;
+    Ok(format!(
+        "refused: {}; then a call succeeds",
+        refused.join(", ")
+    ))
+}
+
+/// The RMSNorm example against its host reference.
+pub(super) fn check_rmsnorm(cx: &Ctx) -> Check {
+    let a = rmsnorm_example::run_rmsnorm(&cx.comm, &cx.stream, 257, 4096, cx.seed)?;
+    let w = cx.comm.world_size();
+    // Fewer rows than ranks: some ranks reduce no row.
+    let b = rmsnorm_example::run_rmsnorm(&cx.comm, &cx.stream, w.max(2) - 1, 1000, cx.seed ^ 1)?;
+    Ok(format!("{a}; {b}"))
+}
+

@@ -1,0 +1,82 @@
+//! The reduce-scatter with an accumulate epilogue (`examples/hooks/accumulate.cu`):
+//! `out += reduce_scatter(in)`, out of place and in place, one round and several, bit for bit
+//! against the host (the reduction in rank order, then one f32 addition).
+
+use cudarc::driver::DevicePtr;
+use devcomm::{DataType, HookArgs, Hooks, ReduceOp};
+
+use super::reference::{data, first_diff, reduce};
+use crate::selftest::harness::Ctx;
+
+type Check = Result<String, String>;
+
+fn err<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// One accumulate reduce-scatter of `rows x row_len` output elements per rank.
+fn accumulate_once(
+    cx: &Ctx,
+    hooks: &Hooks,
+    (rows, row_len): (usize, usize),
+    op: ReduceOp,
+    in_place: bool,
+    tag: u64,
+) -> Result<(), String> {
+    let (rank, w) = (cx.comm.rank(), cx.comm.world_size());
+    let n = rows * row_len;
+    let inputs: Vec<Vec<f32>> = (0..w).map(|p| data::<f32>(cx.seed, tag, p, w * n)).collect();
+    let reduced = reduce(&inputs, op, rank * n, n);
+    let s = &cx.stream;
+    let args = HookArgs { user: 0, row_len };
+    let what = format!("accumulate {op} of {rows} x {row_len}{}", if in_place { " in place" } else { "" });
+    let (got, want) = if in_place {
+        let buf = s.clone_htod(&inputs[rank]).map_err(err)?;
+        let p = buf.device_ptr(s).0;
+        // SAFETY: `buf` holds w x n f32 on this stream and lives until after the sync below.
+        unsafe {
+            cx.comm
+                .reduce_scatter_hooked_raw(hooks, p, p, n, DataType::F32, op, &args, s)
+        }
+        .map_err(|e| format!("{what}: {e}"))?;
+        cx.sync()?;
+        let mut want = inputs[rank].clone();
+        for (i, r) in reduced.iter().enumerate() {
+            want[rank * n + i] += r;
+        }
+        (s.clone_dtoh(&buf).map_err(err)?, want)
+    } else {
+        let before = data::<f32>(cx.seed, tag + 1, rank, n);
+        let input = s.clone_htod(&inputs[rank]).map_err(err)?;
+        let mut out = s.clone_htod(&before).map_err(err)?;
+        cx.comm
+            .reduce_scatter_hooked(hooks, &input, &mut out, op, &args, s)
+            .map_err(|e| format!("{what}: {e}"))?;
+        cx.sync()?;
+        let want: Vec<f32> = before.iter().zip(&reduced).map(|(b, r)| r + b).collect();
+        (s.clone_dtoh(&out).map_err(err)?, want)
+    };
+    match first_diff(&got, &want) {
+        Some((i, g, x)) => Err(format!("{what}: element {i} is {g}, expected {x}")),
+        None => Ok(()),
+    }
+}
+
+pub(super) fn check_accumulate(cx: &Ctx) -> Check {
+    let hooks = Hooks::new::<f32, f32>(
+        "Accumulate",
+        include_str!("../../../../devcomm/examples/hooks/accumulate.cu"),
+    );
+    let mut tag = 60_000;
+    for shape in [(37usize, 1000usize), (1, 7), (1000, 4096)] {
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            for in_place in [false, true] {
+                tag += 2;
+                accumulate_once(cx, &hooks, shape, op, in_place, tag)?;
+            }
+        }
+    }
+    Ok("reduce-scatter + accumulate hook: 37 x 1000, 1 x 7, 1000 x 4096 (several rounds), sum \
+        and max, in and out of place, bit for bit"
+        .into())
+}

@@ -1,0 +1,60 @@
+//! Checks of the reductions (all-reduce, reduce-scatter, all-gather): every type x operation
+//! in and out of place around every algorithm switch and up to 256 MiB, bit for bit against a
+//! host reduction in rank order and across ranks, the argument errors, the RMSNorm example,
+//! graph replays and back-to-back calls mixed with send/recv and all-to-all.
+//!
+//! `reference` is the host side (data and the reduction in rank order); `cases`, `hooked` and
+//! `stress` import it; nothing imports them but this list.
+
+mod cases;
+mod hooked;
+mod reference;
+mod stress;
+
+use super::harness::{verified, Check, Ranks};
+
+/// The group's checks, in run order.
+pub(super) const CHECKS: &[Check] = &[
+    Check {
+        name: "reduce_sizes",
+        ranks: Ranks::AtLeast(2),
+        about: "7 types x ops, in/out of place, 0 to past each algorithm switch, bitwise",
+        run: |cx, _| verified(cases::check_sizes(cx)),
+    },
+    Check {
+        name: "reduce_large",
+        ranks: Ranks::AtLeast(2),
+        about: "256 MiB (64 MiB on 3+ ranks) calls; prefixes equal the large call",
+        run: |cx, _| verified(cases::check_large(cx)),
+    },
+    Check {
+        name: "reduce_args",
+        ranks: Ranks::AtLeast(2),
+        about: "bad lengths, overlap, alignment, hooks: InvalidArgument, then a call works",
+        run: |cx, _| verified(cases::check_args(cx)),
+    },
+    Check {
+        name: "reduce_rmsnorm",
+        ranks: Ranks::AtLeast(2),
+        about: "the all-reduce + residual + RMSNorm example against its host reference",
+        run: |cx, _| verified(cases::check_rmsnorm(cx)),
+    },
+    Check {
+        name: "reduce_accumulate",
+        ranks: Ranks::AtLeast(2),
+        about: "reduce-scatter with an accumulate epilogue, in/out of place, bitwise",
+        run: |cx, _| verified(hooked::check_accumulate(cx)),
+    },
+    Check {
+        name: "reduce_graph",
+        ranks: Ranks::AtLeast(2),
+        about: "--replays replays of a graph of 4 reductions, fresh data, each verified",
+        run: |cx, p| verified(stress::check_graph(cx, p.replays)),
+    },
+    Check {
+        name: "reduce_back_to_back",
+        ranks: Ranks::AtLeast(2),
+        about: "--calls calls mixing the reductions with send/recv and all-to-all",
+        run: |cx, p| verified(stress::check_back_to_back(cx, p.calls)),
+    },
+];

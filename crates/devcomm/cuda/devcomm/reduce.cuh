@@ -1,0 +1,383 @@
+// devcomm/reduce.cuh: the device side of the reductions (all-reduce, reduce-scatter,
+// all-gather; docs/COLLECTIVES.md, "Reductions"): element types, the fixed-order reduction,
+// flag-in-data lines, bounded waits on the reduce window's slots, and the launch arguments.
+//
+// FIXED ORDER. Element i of a result is ((x0 op x1) op x2) ... op x(n-1) over the ranks'
+// element i in rank order, in the accumulation type Acc (float for F16 and BF16, the element
+// type otherwise), converted to the element type once at the end. Every function here that
+// reduces takes the ranks' values in rank order and nothing else decides the order, so the
+// result does not depend on the algorithm, the block count or the message size.
+#pragma once
+
+#include "devcomm/handles.cuh"
+#include "devcomm/ordering.cuh"
+#include "devcomm/group.cuh"
+#include "devcomm/wait.cuh"
+#include "devcomm/window.cuh"
+
+namespace devcomm {
+namespace red {
+
+// Launch arguments of both reduction kernels (twin of reduce::handle::ReduceLaunch in Rust).
+struct ReduceLaunch {
+  DeviceWindow w;         // @0   the reduce window: lines at ll_offset, two-shot halves after
+  dc_u64 in;              // @80  input buffer
+  dc_u64 out;             // @88  output buffer
+  dc_u64 count;           // @96  all-reduce: elements; reduce-scatter / all-gather: per shard
+  dc_u64 total;           // @104 elements of the whole buffer (AR: count, RS / AG: W x count)
+  dc_u64 shard;           // @112 elements per shard (two-shot); one-shot: elements per sender
+  dc_u64 chunk;           // @120 elements of each shard per round (two-shot)
+  dc_u64 rounds;          // @128 rounds (two-shot)
+  dc_u64 unit;            // @136 block pieces are whole units (elements)
+  dc_u64 counters;        // @144 device u64[2 kMaxBlocks]: one-shot, then two-shot sequences
+  dc_u64 user;            // @152 hook arguments (device memory) or 0
+  dc_u64 row_len;         // @160 hooked: elements per row
+  dc_u64 ll_offset;       // @168 bytes: first line of the one-shot area in the window
+  dc_u64 ll_sender_bytes; // @176 bytes of lines per sender per parity
+  dc_u64 pipe_offset;     // @184 bytes: first byte of the two-shot area
+  dc_u64 half_bytes;      // @192 bytes of one half of the two-shot area
+  dc_u32 blocks;          // @200 blocks of this launch
+  dc_u32 mode;            // @204 Mode
+  dc_u32 op;              // @208 Op (informative: the kernel is instantiated for it)
+  dc_u32 reserved;        // @212
+};
+
+static_assert(sizeof(ReduceLaunch) == 216, "ReduceLaunch size");
+static_assert(DC_OFFSETOF(ReduceLaunch, in) == 80, "ReduceLaunch.in");
+static_assert(DC_OFFSETOF(ReduceLaunch, counters) == 144, "ReduceLaunch.counters");
+static_assert(DC_OFFSETOF(ReduceLaunch, blocks) == 200, "ReduceLaunch.blocks");
+
+enum Mode : dc_u32 { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
+enum Op : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
+
+constexpr dc_u32 kMaxBlocks = 32;
+constexpr dc_u32 kThreads = 512;
+
+// Signal slots of the reduce window (user slots), kMaxBlocks per (kind, rank):
+//   kFree    [receiver q][block i], in a sender's pad: q has read the sender's lines of seq
+//   kReady   [rank p][block b]: p staged round seq of block b's piece in its window
+//   kReduced [rank p][block b]: p wrote its reduced shard piece of round seq
+//   kDone    [rank p][block i]: p's block i finished reading every window for round seq
+enum Slot : dc_u32 { kFree = 0, kReady = 1, kReduced = 2, kDone = 3 };
+
+DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 block) {
+  return ((dc_u64)kind * (dc_u64)world + (dc_u64)rank) * kMaxBlocks + block;
+}
+
+// Block b's piece [lo, hi) of m elements cut into `blocks` pieces of whole units (the Rust
+// planner's block_piece).
+DC_HOST_DEVICE inline void block_piece(dc_u64 m, dc_u32 blocks, dc_u64 unit, dc_u32 b,
+                                       dc_u64& lo, dc_u64& hi) {
+  const dc_u64 units = (m + unit - 1) / unit;
+  const dc_u64 per = (units + blocks - 1) / blocks * unit;
+  lo = (dc_u64)b * per < m ? (dc_u64)b * per : m;
+  hi = lo + per < m ? lo + per : m;
+}
+
+// ---- Element types -------------------------------------------------------------------------
+
+struct alignas(2) F16 { unsigned short bits; };
+struct alignas(2) BF16 { unsigned short bits; };
+
+#if defined(__CUDACC__)
+
+// Acc and the conversions of each element type. Integer sums wrap: i32 and i64 add as
+// unsigned; u8 accumulates in unsigned char.
+template <class T> struct Num {
+  using Acc = T;
+  static __device__ __forceinline__ Acc load(T x) { return x; }
+  static __device__ __forceinline__ T store(Acc a) { return a; }
+  static constexpr bool kFloat = false;
+};
+template <> struct Num<float> {
+  using Acc = float;
+  static __device__ __forceinline__ Acc load(float x) { return x; }
+  static __device__ __forceinline__ float store(Acc a) { return a; }
+  static constexpr bool kFloat = true;
+};
+template <> struct Num<double> {
+  using Acc = double;
+  static __device__ __forceinline__ Acc load(double x) { return x; }
+  static __device__ __forceinline__ double store(Acc a) { return a; }
+  static constexpr bool kFloat = true;
+};
+template <> struct Num<F16> {
+  using Acc = float;
+  static __device__ __forceinline__ float load(F16 x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+  }
+  static __device__ __forceinline__ F16 store(float a) {  // round to nearest even
+    F16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(a));
+    return h;
+  }
+  static constexpr bool kFloat = true;
+};
+template <> struct Num<BF16> {
+  using Acc = float;
+  static __device__ __forceinline__ float load(BF16 x) {
+    return __uint_as_float((unsigned)x.bits << 16);
+  }
+  static __device__ __forceinline__ BF16 store(float a) {  // round to nearest even
+    BF16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(a));
+    return h;
+  }
+  static constexpr bool kFloat = true;
+};
+
+template <class A> __device__ __forceinline__ A wrap_add(A a, A b) { return a + b; }
+template <> __device__ __forceinline__ dc_i32 wrap_add(dc_i32 a, dc_i32 b) {
+  return (dc_i32)((unsigned)a + (unsigned)b);
+}
+template <> __device__ __forceinline__ long long wrap_add(long long a, long long b) {
+  return (long long)((unsigned long long)a + (unsigned long long)b);
+}
+template <> __device__ __forceinline__ unsigned char wrap_add(unsigned char a, unsigned char b) {
+  return (unsigned char)(a + b);
+}
+
+template <class A> __device__ __forceinline__ bool is_nan(A a) { return a != a; }
+
+// acc op x, where acc holds ranks 0..p-1 and x is rank p's value.
+template <int OP, class T>
+__device__ __forceinline__ typename Num<T>::Acc combine(typename Num<T>::Acc acc,
+                                                        typename Num<T>::Acc x) {
+  if (OP == kSum || OP == kAvg) return wrap_add(acc, x);
+  // Max / Min: a NaN already in acc stays; a NaN in x replaces acc; between equal values
+  // (-0.0 and 0.0 too) acc, the earlier rank's, stays.
+  if (Num<T>::kFloat && is_nan(acc)) return acc;
+  if (Num<T>::kFloat && is_nan(x)) return x;
+  if (OP == kMax) return x > acc ? x : acc;
+  return x < acc ? x : acc;
+}
+
+// The final value of an accumulation over `n` ranks: avg divides (floats: by n in Acc;
+// integers: the wrapped sum divided by n, truncated toward zero).
+template <int OP, class T>
+__device__ __forceinline__ T finish(typename Num<T>::Acc acc, int n) {
+  using A = typename Num<T>::Acc;
+  if (OP == kAvg) acc = (A)(acc / (A)n);
+  return Num<T>::store(acc);
+}
+
+// ---- Bounded waits on the reduce window ----------------------------------------------------
+
+// One thread waits until its own slot `slot` >= expected (acquire); false on timeout or abort
+// (recorded; see wait.cuh's CALLER CONTRACT).
+__device__ __forceinline__ bool wait_slot(const DeviceWindow& w, dc_u64 slot, dc_u64 expected,
+                                          int peer) {
+  return wait_until(error_state(w), w.timeout_ns, w.rank, own_user_slot(w, slot), expected,
+                    Cmp::Ge, WaitSite{kOpWaitSignal, peer, slot});
+}
+
+// ---- Flag-in-data lines --------------------------------------------------------------------
+//
+// A line is 16 bytes {payload lo u32, flag u32, payload hi u32, flag u32} written by one
+// 16-byte store; the flag is the call's sequence number (low 32 bits), in both halves, so a
+// reader that sees both flags sees the whole payload, however the store is split in 8-byte
+// halves on the way.
+
+__device__ __forceinline__ void line_store(dc_u32* line, dc_u64 v, dc_u32 flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line),
+               "r"((dc_u32)v), "r"(flag), "r"((dc_u32)(v >> 32)), "r"(flag)
+               : "memory");
+}
+
+// Polls one line until both flags carry `flag`; false on timeout or abort (recorded).
+__device__ inline bool line_poll(const DeviceWindow& w, const dc_u32* line, dc_u32 flag,
+                                 int peer, dc_u64 index, dc_u64& v) {
+  dc_u32 lo, f0, hi, f1;
+  dc_u64 start = 0, next_abort = 0;
+  DeviceErrorState* err = error_state(w);
+  // Lane 0 of a warp checks the abort flag every kAbortCheckNs, the others 8 times less often
+  // (host reads over PCIe from thousands of pollers slow everything: wait.cuh).
+  const dc_u64 abort_ns = (linear_thread_index() & 31u) ? 8 * kAbortCheckNs : kAbortCheckNs;
+  for (dc_u32 polls = 1;; ++polls) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(lo), "=r"(f0), "=r"(hi), "=r"(f1)
+                 : "l"(line)
+                 : "memory");
+    if (f0 == flag && f1 == flag) break;
+    if (polls % kAbortCheckPolls != 0) continue;
+    const dc_u64 now = globaltimer_ns();
+    if (start == 0) {
+      start = now;
+      next_abort = now + abort_ns;
+    }
+    if (now >= next_abort) {
+      if (abort_raised(err)) return false;
+      next_abort = now + abort_ns;
+    }
+    if (now - start >= w.timeout_ns) {
+      record_wait_failure(err, w.rank, WaitSite{kOpRecvSlotFull, peer, index}, flag,
+                          (dc_u64)(f0 == flag ? f1 : f0), now - start);
+      return false;
+    }
+  }
+  v = ((dc_u64)hi << 32) | lo;
+  return true;
+}
+
+// Up to 8 bytes at p (n < 8 at a buffer's end: the rest is 0), any alignment.
+__device__ __forceinline__ dc_u64 load8(const unsigned char* p, dc_u64 n) {
+  if (n >= 8 && (reinterpret_cast<dc_u64>(p) & 7) == 0) return *reinterpret_cast<const dc_u64*>(p);
+  dc_u64 v = 0;
+  for (dc_u64 k = 0; k < n && k < 8; ++k) v |= (dc_u64)p[k] << (8 * k);
+  return v;
+}
+
+// Writes the first n (<= 8) bytes of v at p, any alignment.
+__device__ __forceinline__ void store8(unsigned char* p, dc_u64 v, dc_u64 n) {
+  if (n >= 8 && (reinterpret_cast<dc_u64>(p) & 7) == 0) {
+    *reinterpret_cast<dc_u64*>(p) = v;
+    return;
+  }
+  for (dc_u64 k = 0; k < n && k < 8; ++k) p[k] = (unsigned char)(v >> (8 * k));
+}
+
+// 8 bytes as elements of T (8 / sizeof(T) of them; T of 1, 2, 4 or 8 bytes).
+template <class T> union Word {
+  dc_u64 u;
+  T v[8 / sizeof(T)];
+};
+
+// ---- Piece loops ---------------------------------------------------------------------------
+//
+// A thread handles the 16-byte groups t, t + G, t + 2G, ... (G = the group's size), kBatch of
+// them at a time: it issues the loads of all kBatch groups before using any, so that kBatch
+// loads per thread are in flight over NVLink at once (one at a time, a block of 512 threads
+// keeps only 8 KiB in flight). Each group belongs to one thread, which reads all of its inputs
+// before writing it, so a destination may be one of the sources (the own window slot).
+
+constexpr int kBatch = 4;
+
+// Copies n elements of T from src to dst by the threads of block g: 16-byte accesses when
+// both are 16-byte aligned, element accesses otherwise.
+template <class T, class G>
+__device__ __forceinline__ void copy_elems(const G& g, T* dst, const T* src, dc_u64 n) {
+  constexpr dc_u64 kV = 16 / sizeof(T);
+  dc_u64 i0 = 0;
+  if (((reinterpret_cast<dc_u64>(dst) | reinterpret_cast<dc_u64>(src)) & 15) == 0) {
+    const dc_u64 nv = n / kV, stride = g.size();
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (dc_u64 j0 = g.thread_rank(); j0 < nv; j0 += kBatch * stride) {
+      uint4 v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const dc_u64 j = j0 + u * stride;
+        v[u] = j < nv ? s[j] : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const dc_u64 j = j0 + u * stride;
+        if (j < nv) d[j] = v[u];
+      }
+    }
+    i0 = nv * kV;
+  }
+  for (dc_u64 i = i0 + g.thread_rank(); i < n; i += g.size()) dst[i] = src[i];
+}
+
+// dst[i] = reduction over ranks p = 0..world-1 (in order) of src(p)[i], for i < n; src(p) is
+// `base_of(p) + offset` elements. 16-byte accesses when every pointer is 16-byte aligned.
+template <class T, int OP, class G, class Src>
+__device__ __forceinline__ void reduce_elems(const G& g, T* dst, Src src, int world, dc_u64 n) {
+  using N = Num<T>;
+  using A = typename N::Acc;
+  constexpr int kV = (int)(16 / sizeof(T));
+  bool aligned = (reinterpret_cast<dc_u64>(dst) & 15) == 0;
+  for (int p = 0; p < world; ++p) aligned = aligned && (reinterpret_cast<dc_u64>(src(p)) & 15) == 0;
+  dc_u64 i0 = 0;
+  if (aligned) {
+    union V {
+      uint4 u;
+      T v[kV];
+    };
+    const dc_u64 nv = n / kV, stride = g.size();
+    for (dc_u64 j0 = g.thread_rank(); j0 < nv; j0 += kBatch * stride) {
+      A acc[kBatch][kV];
+      V x[kBatch];
+      for (int p = 0; p < world; ++p) {  // rank order: the fixed order of every element
+        const uint4* s = reinterpret_cast<const uint4*>(src(p));
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const dc_u64 j = j0 + u * stride;
+          x[u].u = j < nv ? s[j] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+          for (int k = 0; k < kV; ++k) {
+            const A v = N::load(x[u].v[k]);
+            acc[u][k] = p == 0 ? v : combine<OP, T>(acc[u][k], v);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const dc_u64 j = j0 + u * stride;
+        if (j >= nv) continue;
+#pragma unroll
+        for (int k = 0; k < kV; ++k) x[u].v[k] = finish<OP, T>(acc[u][k], world);
+        reinterpret_cast<uint4*>(dst)[j] = x[u].u;
+      }
+    }
+    i0 = nv * kV;
+  }
+  for (dc_u64 i = i0 + g.thread_rank(); i < n; i += g.size()) {
+    A acc = N::load(src(0)[i]);
+    for (int p = 1; p < world; ++p) acc = combine<OP, T>(acc, N::load(src(p)[i]));
+    dst[i] = finish<OP, T>(acc, world);
+  }
+}
+
+// ---- Epilogue hooks ------------------------------------------------------------------------
+//
+// A hooked all-reduce or reduce-scatter calls H::epilogue(ctx, row) for every row of this
+// rank's reduced shard, one warp per row (every lane calls it), before the row is written
+// anywhere: `row` holds the row's cols reduced elements (of H::T, rounded) in this rank's
+// window and the hook rewrites them in place (reading ctx.user for its own arguments). What it
+// leaves there is what the output receives: every rank's (all-reduce) or this rank's
+// (reduce-scatter). A hook must not touch other rows.
+struct RowCtx {
+  const void* user;  // the user arguments (device memory) or null
+  dc_u64 row;        // the row's index in this rank's output (all-reduce: the whole buffer;
+                     // reduce-scatter: this rank's shard)
+  dc_u64 cols;       // elements per row
+  dc_i32 rank;
+  dc_i32 world_size;
+  dc_u32 lane;       // this thread's lane (0..31)
+  const void* dest;  // the row's place in this rank's output, still as it was before the
+                     // call (an accumulate hook adds it; in place it is this rank's input)
+};
+
+// No hook.
+struct NoEpilogue {};
+
+// Whether H is a user's hook (anything but NoEpilogue).
+template <class H> struct HasEpilogue { static constexpr bool value = true; };
+template <> struct HasEpilogue<NoEpilogue> { static constexpr bool value = false; };
+
+// The sum of v over the 32 lanes of a warp, on every lane (a helper for hooks).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Element conversions for hooks: to float and back (rounding to nearest even).
+template <class T> __device__ __forceinline__ float to_float(T x) { return (float)x; }
+template <> __device__ __forceinline__ float to_float(F16 x) { return Num<F16>::load(x); }
+template <> __device__ __forceinline__ float to_float(BF16 x) { return Num<BF16>::load(x); }
+template <class T> __device__ __forceinline__ T from_float(float x) { return (T)x; }
+template <> __device__ __forceinline__ F16 from_float(float x) { return Num<F16>::store(x); }
+template <> __device__ __forceinline__ BF16 from_float(float x) { return Num<BF16>::store(x); }
+
+#endif  // __CUDACC__
+
+}  // namespace red
+}  // namespace devcomm

@@ -1,0 +1,258 @@
+// The reduction kernels (docs/COLLECTIVES.md, "Reductions"): one-shot over flag-in-data lines
+// and the two-shot (pipelined in rounds) through the reduce window. The JIT appends the
+// instantiations (element type, operation, epilogue hook) after this text.
+#include "devcomm/reduce.cuh"
+
+namespace devcomm {
+namespace red {
+
+// ---- One-shot ------------------------------------------------------------------------------
+//
+// Call seq (per-block counters, equal in every block) uses line parity seq & 1. Block b owns
+// the 8-byte units [u0, u1) of each sender's payload: it writes its units as lines into every
+// peer (into the region of this sender), then reads every rank's units in rank order (its
+// own from its input) and reduces them. Before writing parity seq & 1 it waits until every
+// receiver block has released call seq - 2 (kFree, any block may have read any line then);
+// after reading it releases the lines of call seq in every sender.
+template <class T, int OP>
+__global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
+  enter_after_previous_kernel();
+  const Block g;
+  const dc_u32 b = blockIdx.x;
+  const int world = a.w.world_size, me = a.w.rank;
+  dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters);
+  const dc_u64 seq = counters[b] + 1;
+  const dc_u64 payload = a.shard * sizeof(T);  // bytes each rank sends each peer
+  dc_u64 u0, u1;
+  block_piece((payload + 7) / 8, a.blocks, 1, b, u0, u1);
+  bool ok = true;
+  if (seq > 2) {
+    for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
+      const int q = (int)(k / kMaxBlocks);
+      if (q != me) ok = ok && wait_slot(a.w, slot_of(kFree, world, q, k % kMaxBlocks), seq - 2, q);
+    }
+  }
+  if (g.any(!ok)) return;
+  const unsigned char* in = reinterpret_cast<const unsigned char*>(a.in);
+  const dc_u64 parity = (seq & 1) * a.ll_sender_bytes;
+  for (int q = 0; q < world; ++q) {
+    if (q == me) continue;
+    const unsigned char* src = in + (a.mode == kReduceScatter ? (dc_u64)q * payload : 0);
+    char* peer = static_cast<char*>(get_nvlink_address(a.w, q));
+    dc_u32* lines = reinterpret_cast<dc_u32*>(peer + a.ll_offset +
+                                              (dc_u64)me * 2 * a.ll_sender_bytes + parity);
+    for (dc_u64 j = u0 + g.thread_rank(); j < u1; j += g.size()) {
+      const dc_u64 n = payload - 8 * j;
+      line_store(lines + 4 * j, load8(src + 8 * j, n), (dc_u32)seq);
+    }
+  }
+  const char* own = reinterpret_cast<const char*>(a.w.data) + a.ll_offset + parity;
+  unsigned char* out = reinterpret_cast<unsigned char*>(a.out);
+  const unsigned char* mine = in + (a.mode == kReduceScatter ? (dc_u64)me * payload : 0);
+  using N = Num<T>;
+  constexpr int kE = (int)(8 / sizeof(T));
+  for (dc_u64 j = u0 + g.thread_rank(); ok && j < u1; j += g.size()) {
+    const dc_u64 n = payload - 8 * j < 8 ? payload - 8 * j : 8;
+    typename N::Acc acc[kE];
+    for (int p = 0; ok && p < world; ++p) {
+      Word<T> x;
+      if (p == me) {
+        x.u = load8(mine + 8 * j, n);
+      } else {
+        const dc_u32* line = reinterpret_cast<const dc_u32*>(own + (dc_u64)p * 2 * a.ll_sender_bytes) + 4 * j;
+        ok = line_poll(a.w, line, (dc_u32)seq, p, j, x.u);
+      }
+      if (a.mode == kAllGather) {
+        if (ok) store8(out + (dc_u64)p * payload + 8 * j, x.u, n);
+        continue;
+      }
+#pragma unroll
+      for (int k = 0; k < kE; ++k) {
+        acc[k] = p == 0 ? N::load(x.v[k]) : combine<OP, T>(acc[k], N::load(x.v[k]));
+      }
+    }
+    if (ok && a.mode != kAllGather) {
+      Word<T> r;
+#pragma unroll
+      for (int k = 0; k < kE; ++k) r.v[k] = finish<OP, T>(acc[k], world);
+      store8(out + 8 * j, r.u, n);
+    }
+  }
+  if (g.any(!ok)) return;  // barrier: every line of this block has been read
+  for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
+    const int p = (int)(k / kMaxBlocks);
+    const dc_u32 i = k % kMaxBlocks;
+    if (i == b || (b == 0 && i >= a.blocks)) {
+      if (p != me) st_release_sys(peer_user_slot(a.w, p, slot_of(kFree, world, me, i)), seq);
+      if (p == 0) counters[i] = seq;
+    }
+  }
+}
+
+// ---- Two-shot, in rounds -------------------------------------------------------------------
+//
+// Round k (sequence s = first + k, the same in every block) uses half s & 1 of the two-shot
+// area, which holds `world` shard slots of `chunk` elements. Element j of shard q's round lies
+// at index q * shard + k * chunk + j of the whole buffer. Block b owns piece [lo, hi) of the
+// round (the same in every shard and on every rank):
+//   1. wait until every rank's every block is done with round s - 2 (kDone; the half is then
+//      free), stage this rank's data of the piece into its window (all-gather: its own shard
+//      only), publish kReady (all-gather: kReduced);
+//   2. (all-reduce, reduce-scatter) wait for kReady of block b of every rank, reduce shard
+//      `me` reading every rank's window in rank order; all-reduce: write the result into the
+//      own window (then the epilogue hook, one warp per row) and publish kReduced;
+//      reduce-scatter: write the output and publish kDone;
+//   3. (all-reduce, all-gather) wait for kReduced of block b of every rank, copy every rank's
+//      reduced shard piece into the output, publish kDone.
+// Blocks beyond this launch's count read nothing: block 0 advances their counters and kDone
+// slots at the end, and waits on them only ask for what a previous call left.
+
+// Waits (block) until every rank's every block has published kDone >= target, where blocks
+// not in this launch only need to have reached `before` (what the previous call left).
+template <class G>
+__device__ __forceinline__ bool wait_all_done(const G& g, const ReduceLaunch& a, dc_u64 target,
+                                              dc_u64 before) {
+  bool ok = true;
+  const int world = a.w.world_size;
+  for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
+    const dc_u32 i = k % kMaxBlocks;
+    const dc_u64 t = i < a.blocks ? target : (target < before ? target : before);
+    if (t > 0) ok = ok && wait_slot(a.w, slot_of(kDone, world, (int)(k / kMaxBlocks), i), t, (int)(k / kMaxBlocks));
+  }
+  return !g.any(!ok);
+}
+
+// Publishes `value` in slot (kind, me, b) of every rank's pad (itself included), after the
+// block's writes: g.sync, then each publishing thread fences and releases.
+template <class G>
+__device__ __forceinline__ void publish(const G& g, const ReduceLaunch& a, Slot kind, dc_u32 b,
+                                        dc_u64 value) {
+  g.sync();
+  const int world = a.w.world_size;
+  for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
+    fence_acq_rel_sys();
+    st_release_sys(peer_user_slot(a.w, (int)p, slot_of(kind, world, a.w.rank, b)), value);
+  }
+}
+
+// Waits (block) for slot (kind, p, b) >= value of every rank p.
+template <class G>
+__device__ __forceinline__ bool wait_every_rank(const G& g, const ReduceLaunch& a, Slot kind,
+                                                dc_u32 b, dc_u64 value) {
+  bool ok = true;
+  const int world = a.w.world_size;
+  for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
+    ok = ok && wait_slot(a.w, slot_of(kind, world, (int)p, b), value, (int)p);
+  }
+  return !g.any(!ok);
+}
+
+// Elements of shard q that exist (all-reduce: the last shards may be short or empty).
+__device__ __forceinline__ dc_u64 shard_len(const ReduceLaunch& a, int q) {
+  const dc_u64 first = (dc_u64)q * a.shard;
+  if (first >= a.total) return 0;
+  return a.total - first < a.shard ? a.total - first : a.shard;
+}
+
+// [lo, hi) clipped to shard q's elements of round k: the count from lo (0 if none).
+__device__ __forceinline__ dc_u64 clip(const ReduceLaunch& a, int q, dc_u64 k, dc_u64 lo,
+                                       dc_u64 hi) {
+  const dc_u64 len = shard_len(a, q), at = k * a.chunk;
+  if (at + lo >= len) return 0;
+  const dc_u64 end = at + hi < len ? at + hi : len;
+  return end - (at + lo);
+}
+
+// Calls the hook on the n / row_len rows at `rows` (in the window), one warp per row; `dest`
+// is where the first of them will be written in this rank's output, `row0` its row index there.
+template <class H, class G, class T>
+__device__ __forceinline__ void epilogue_rows(const G& g, const ReduceLaunch& a, T* rows,
+                                              T* dest, dc_u64 row0, dc_u64 n) {
+  const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
+  for (dc_u64 r = warp; r < n / a.row_len; r += warps) {
+    RowCtx c{reinterpret_cast<const void*>(a.user), row0 + r, a.row_len, a.w.rank,
+             a.w.world_size, g.thread_rank() & 31u, dest + r * a.row_len};
+    H::epilogue(c, reinterpret_cast<typename H::T*>(rows + r * a.row_len));
+  }
+}
+
+template <class T, int OP, class H>
+__global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
+  enter_after_previous_kernel();
+  const Block g;
+  const dc_u32 b = blockIdx.x;
+  const int world = a.w.world_size, me = a.w.rank;
+  dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters) + kMaxBlocks;
+  const dc_u64 before = counters[b];
+  const T* in = reinterpret_cast<const T*>(a.in);
+  T* out = reinterpret_cast<T*>(a.out);
+  for (dc_u64 k = 0; k < a.rounds; ++k) {
+    const dc_u64 s = before + k + 1;
+    const dc_u64 m = a.shard - k * a.chunk < a.chunk ? a.shard - k * a.chunk : a.chunk;
+    dc_u64 lo, hi;
+    block_piece(m, a.blocks, a.unit, b, lo, hi);
+    const dc_u64 half = a.pipe_offset + (s & 1) * a.half_bytes;
+    // The window of rank p: shard slot q of this round's half.
+    auto slot = [&](int p, int q) {
+      return reinterpret_cast<T*>(static_cast<char*>(get_nvlink_address(a.w, p)) + half) +
+             (dc_u64)q * a.chunk;
+    };
+    if (!wait_all_done(g, a, s >= 2 ? s - 2 : 0, before)) return;
+    // 1. Stage.
+    for (int q = 0; q < world; ++q) {
+      if (a.mode == kAllGather && q != me) continue;
+      const dc_u64 n = clip(a, q, k, lo, hi);
+      const T* src = a.mode == kAllGather ? in + k * a.chunk + lo
+                                          : in + (dc_u64)q * a.shard + k * a.chunk + lo;
+      if (n > 0) copy_elems<T>(g, slot(me, q) + lo, src, n);
+    }
+    publish(g, a, a.mode == kAllGather ? kReduced : kReady, b, s);
+    // 2. Reduce this rank's shard.
+    if (a.mode != kAllGather) {
+      if (!wait_every_rank(g, a, kReady, b, s)) return;
+      const dc_u64 n = clip(a, me, k, lo, hi);
+      // Where the reduced piece goes first: the own window (all-reduce: peers read it there;
+      // hooked reduce-scatter: the hook rewrites it there), or straight to the output.
+      constexpr bool kHooked = HasEpilogue<H>::value;
+      T* const to_out = out + (a.mode == kAllReduce ? (dc_u64)me * a.shard : 0) + k * a.chunk + lo;
+      T* dst = a.mode == kAllReduce || kHooked ? slot(me, me) + lo : to_out;
+      if (n > 0) reduce_elems<T, OP>(g, dst, [&](int p) -> const T* { return slot(p, me) + lo; }, world, n);
+      if constexpr (kHooked) {
+        static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
+        g.sync();
+        epilogue_rows<H>(g, a, dst, to_out, (to_out - out) / a.row_len, n);
+        if (a.mode == kReduceScatter) {
+          g.sync();
+          if (n > 0) copy_elems<T>(g, to_out, dst, n);
+        }
+      }
+      publish(g, a, a.mode == kAllReduce ? kReduced : kDone, b, s);
+    }
+    // 3. Gather every rank's reduced shard.
+    if (a.mode != kReduceScatter) {
+      if (!wait_every_rank(g, a, kReduced, b, s)) return;
+      for (int q = 0; q < world; ++q) {
+        const dc_u64 n = clip(a, q, k, lo, hi);
+        if (n > 0) copy_elems<T>(g, out + (dc_u64)q * a.shard + k * a.chunk + lo, slot(q, q) + lo, n);
+      }
+      publish(g, a, kDone, b, s);
+    }
+  }
+  // Every thread read counters[b] before the first barrier above; blocks not in this launch
+  // read nothing, so their counters and kDone slots may jump to the end of this call.
+  g.sync();
+  const dc_u64 last = before + a.rounds;
+  for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
+    const int p = (int)(k / kMaxBlocks);
+    const dc_u32 i = k % kMaxBlocks;
+    if (i == b) {
+      if (p == 0) counters[i] = last;
+    } else if (b == 0 && i >= a.blocks) {
+      st_release_sys(peer_user_slot(a.w, p, slot_of(kDone, world, me, i)), last);
+      if (p == 0) counters[i] = last;
+    }
+  }
+}
+
+}  // namespace red
+}  // namespace devcomm

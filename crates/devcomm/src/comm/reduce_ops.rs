@@ -1,0 +1,430 @@
+//! The reductions on [`Comm`]: all-reduce, reduce-scatter, all-gather, in a fixed order
+//! (docs/COLLECTIVES.md, "Reductions"). Every call is enqueued on the caller's stream (the
+//! communicator's one stream: the same binding as send/recv), never synchronises the host,
+//! and can be captured in a CUDA graph: the sequence numbers live in device counters.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+
+use super::{Comm, HookArgs};
+use crate::collective::Hooks;
+use crate::error::{Error, Result};
+use crate::reduce::args::{count_of, in_place_count, resolve};
+use crate::reduce::launch::ReduceCall;
+use crate::reduce::{Collective, DataType, Plan, ReduceOp, Reducible};
+
+/// `InvalidArgument` for operation `c` on `rank`, with `reason`.
+fn invalid(c: Collective, rank: usize) -> impl Fn(String) -> Error {
+    move |reason| Error::InvalidArgument {
+        op: c.name(),
+        reason: format!("rank {rank}: {reason}"),
+    }
+}
+
+impl Comm {
+    /// Out-of-place all-reduce: `output[i]` = `input[i]` of rank 0 `op` rank 1 ... in rank
+    /// order, on every rank. Both buffers hold the same number of elements and must not
+    /// overlap.
+    pub fn all_reduce<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        input: &S,
+        output: &mut R,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.capture_ready("all_reduce", stream)?;
+        let c = Collective::AllReduce;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
+        let (i, _s) = input.device_ptr(stream);
+        let (o, _r) = output.device_ptr_mut(stream);
+        self.reduction(c, T::DTYPE, Some(op), (i, o, count), None, stream)
+    }
+
+    /// In-place all-reduce of `buf`.
+    pub fn all_reduce_in_place<T: Reducible, R: DevicePtrMut<T>>(
+        &self,
+        buf: &mut R,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.capture_ready("all_reduce_in_place", stream)?;
+        let count = buf.len() as u64;
+        let (p, _r) = buf.device_ptr_mut(stream);
+        self.reduction(
+            Collective::AllReduce,
+            T::DTYPE,
+            Some(op),
+            (p, p, count),
+            None,
+            stream,
+        )
+    }
+
+    /// Out-of-place reduce-scatter: `input` holds `world_size` shards of `output`'s length;
+    /// rank r's `output` gets the reduction of every rank's shard r, in rank order.
+    pub fn reduce_scatter<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        input: &S,
+        output: &mut R,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.capture_ready("reduce_scatter", stream)?;
+        let c = Collective::ReduceScatter;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
+        let (i, _s) = input.device_ptr(stream);
+        let (o, _r) = output.device_ptr_mut(stream);
+        self.reduction(c, T::DTYPE, Some(op), (i, o, count), None, stream)
+    }
+
+    /// In-place reduce-scatter: `buf` holds `world_size` shards; the result lands in this
+    /// rank's shard of `buf` (the other shards are left as they were).
+    pub fn reduce_scatter_in_place<T: Reducible, R: DevicePtrMut<T>>(
+        &self,
+        buf: &mut R,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.capture_ready("reduce_scatter_in_place", stream)?;
+        let c = Collective::ReduceScatter;
+        let count =
+            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
+        let (p, _r) = buf.device_ptr_mut(stream);
+        self.reduction(c, T::DTYPE, Some(op), (p, p, count), None, stream)
+    }
+
+    /// Out-of-place all-gather: `output` (`world_size` x `input`'s length) gets every rank's
+    /// `input` in rank order.
+    pub fn all_gather<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        input: &S,
+        output: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.capture_ready("all_gather", stream)?;
+        let c = Collective::AllGather;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
+        let (i, _s) = input.device_ptr(stream);
+        let (o, _r) = output.device_ptr_mut(stream);
+        self.reduction(c, T::DTYPE, None, (i, o, count), None, stream)
+    }
+
+    /// In-place all-gather: this rank's shard of `buf` is its input.
+    pub fn all_gather_in_place<T: Reducible, R: DevicePtrMut<T>>(
+        &self,
+        buf: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.capture_ready("all_gather_in_place", stream)?;
+        let c = Collective::AllGather;
+        let count =
+            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
+        let (p, _r) = buf.device_ptr_mut(stream);
+        self.reduction(c, T::DTYPE, None, (p, p, count), None, stream)
+    }
+
+    /// All-reduce on raw device addresses: `count` elements of `dtype`; in place when
+    /// `input == output`.
+    ///
+    /// # Safety
+    ///
+    /// `input` and `output` must be device addresses of this rank's context, valid for
+    /// `count` elements (readable, and writable for `output`) until the work on `stream` is
+    /// done, and nothing else may write them meanwhile.
+    pub unsafe fn all_reduce_raw(
+        &self,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = Collective::AllReduce;
+        self.reduction(
+            c,
+            dtype,
+            Some(op),
+            (input, output, count as u64),
+            None,
+            stream,
+        )
+    }
+
+    /// Reduce-scatter on raw device addresses: `input` holds `world_size x out_count`
+    /// elements, `output` gets `out_count`. In place when `input == output`: the result goes
+    /// to this rank's shard of that buffer.
+    ///
+    /// # Safety
+    ///
+    /// As [`Comm::all_reduce_raw`], for `world_size x out_count` input elements and
+    /// `out_count` output elements (in place: the one buffer of `world_size x out_count`).
+    pub unsafe fn reduce_scatter_raw(
+        &self,
+        input: u64,
+        output: u64,
+        out_count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = Collective::ReduceScatter;
+        self.reduction(
+            c,
+            dtype,
+            Some(op),
+            (input, output, out_count as u64),
+            None,
+            stream,
+        )
+    }
+
+    /// All-gather on raw device addresses: `output` (`world_size x in_count` elements) gets
+    /// every rank's `in_count` elements. In place when `input == output`: this rank's shard of
+    /// that buffer is the input.
+    ///
+    /// # Safety
+    ///
+    /// As [`Comm::all_reduce_raw`], for `in_count` input elements and `world_size x in_count`
+    /// output elements (in place: the one buffer of `world_size x in_count`).
+    pub unsafe fn all_gather_raw(
+        &self,
+        input: u64,
+        output: u64,
+        in_count: usize,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = Collective::AllGather;
+        self.reduction(
+            c,
+            dtype,
+            None,
+            (input, output, in_count as u64),
+            None,
+            stream,
+        )
+    }
+
+    /// All-reduce with an epilogue hook (docs/COLLECTIVES.md, "Epilogue hooks"): `hooks` names
+    /// a struct of CUDA C++ source with
+    /// `using T = <element type>;` and
+    /// `static __device__ void epilogue(const devcomm::red::RowCtx& c, T* row)`, called by
+    /// one warp for every row of `args.row_len` elements after the row is reduced and before it
+    /// is written anywhere; what it leaves in `row` is what every rank receives
+    /// (`cuda/devcomm/reduce.cuh`, "Epilogue hooks"). `args.user` is handed to it as
+    /// `c.user`. The buffers hold whole rows; each rank reduces whole rows, so the hook sees
+    /// whole rows. Built as the two-shot (never one-shot), out of place or in place
+    /// (`input == output` through [`Comm::all_reduce_hooked_raw`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce_hooked<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        hooks: &Hooks,
+        input: &S,
+        output: &mut R,
+        op: ReduceOp,
+        args: &HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.capture_ready("all_reduce_hooked", stream)?;
+        let c = Collective::AllReduce;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
+        let (i, _s) = input.device_ptr(stream);
+        let (o, _r) = output.device_ptr_mut(stream);
+        // SAFETY: both addresses come from cudarc slices of `count` elements of T, which the
+        // guards above keep alive and ordered on `stream`.
+        unsafe {
+            self.all_reduce_hooked_raw(hooks, i, o, count as usize, T::DTYPE, op, args, stream)
+        }
+    }
+
+    /// [`Comm::all_reduce_hooked`] in place: `buf` is reduced, hooked and overwritten (the
+    /// hook's `RowCtx::dest` is then this rank's own input row).
+    pub fn all_reduce_hooked_in_place<T: Reducible, R: DevicePtrMut<T>>(
+        &self,
+        hooks: &Hooks,
+        buf: &mut R,
+        op: ReduceOp,
+        args: &HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let count = buf.len() as u64;
+        let (p, _r) = buf.device_ptr_mut(stream);
+        let c = Collective::AllReduce;
+        self.hooked(c, T::DTYPE, op, (p, p, count), (hooks, args), stream)
+    }
+
+    /// [`Comm::all_reduce_hooked`] on raw device addresses; in place when `input == output`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Comm::all_reduce_raw`]; `args.user` must stay valid until the work is done.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_reduce_hooked_raw(
+        &self,
+        hooks: &Hooks,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        args: &HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = Collective::AllReduce;
+        self.hooked(
+            c,
+            dtype,
+            op,
+            (input, output, count as u64),
+            (hooks, args),
+            stream,
+        )
+    }
+
+    /// Reduce-scatter with an epilogue hook (as [`Comm::all_reduce_hooked`]): the hook sees
+    /// each row of this rank's reduced shard before it is written to `output`, and
+    /// `RowCtx::dest` points to that row of `output` as it was before the call, so an
+    /// accumulate hook (`row[j] += dest[j]`, `examples/hooks/accumulate.cu`) adds the result
+    /// to what `output` held. `output`'s length must be a multiple of `args.row_len`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter_hooked<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        hooks: &Hooks,
+        input: &S,
+        output: &mut R,
+        op: ReduceOp,
+        args: &HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = Collective::ReduceScatter;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
+        let (i, _s) = input.device_ptr(stream);
+        let (o, _r) = output.device_ptr_mut(stream);
+        self.hooked(c, T::DTYPE, op, (i, o, count), (hooks, args), stream)
+    }
+
+    /// [`Comm::reduce_scatter_hooked`] on raw device addresses (`input`: `world_size x
+    /// out_count` elements); in place when `input == output`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Comm::reduce_scatter_raw`]; `args.user` must stay valid until the work is done.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_scatter_hooked_raw(
+        &self,
+        hooks: &Hooks,
+        input: u64,
+        output: u64,
+        out_count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        args: &HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = Collective::ReduceScatter;
+        self.hooked(
+            c,
+            dtype,
+            op,
+            (input, output, out_count as u64),
+            (hooks, args),
+            stream,
+        )
+    }
+
+    /// Checks a hooked call's hooks and row length, then runs it.
+    fn hooked(
+        &self,
+        c: Collective,
+        dtype: DataType,
+        op: ReduceOp,
+        buffers: (u64, u64, u64),
+        (hooks, args): (&Hooks, &HookArgs),
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let size = Some(dtype.size_bytes());
+        hooks.check_sizes(c.name(), size, size)?;
+        if args.row_len == 0 {
+            return Err(invalid(c, self.rank())(
+                "HookArgs::row_len is 0: the epilogue works on rows of that many elements".into(),
+            ));
+        }
+        let hook = Some((hooks, args.user, args.row_len as u64));
+        self.reduction(c, dtype, Some(op), buffers, hook, stream)
+    }
+
+    /// The plan a reduction of `count` elements of `dtype` takes on this communicator (as the
+    /// methods name the count: all-reduce elements, reduce-scatter output elements,
+    /// all-gather input elements); `None` for 0 elements (nothing runs).
+    pub fn reduction_plan(
+        &self,
+        collective: Collective,
+        dtype: DataType,
+        count: u64,
+    ) -> Result<Option<Plan>> {
+        if count == 0 {
+            return Ok(None);
+        }
+        self.reduce
+            .plan(
+                collective,
+                dtype,
+                count,
+                (self.rank(), self.world_size()),
+                None,
+            )
+            .map(Some)
+    }
+
+    /// The window sizes the reductions' plans are made for.
+    pub fn reduction_limits(&self) -> crate::reduce::ReduceLimits {
+        *self.reduce.limits()
+    }
+
+    /// Checks and launches one reduction. `(input, output, count)` as the raw forms take them.
+    fn reduction(
+        &self,
+        collective: Collective,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        (input, output, count): (u64, u64, u64),
+        hooks: Option<(&Hooks, u64, u64)>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.check()?;
+        let es = dtype.size_bytes() as u64;
+        let r = resolve(
+            collective,
+            self.rank(),
+            self.world_size(),
+            input,
+            output,
+            count,
+            es,
+        )
+        .map_err(invalid(collective, self.rank()))?;
+        if r.count == 0 {
+            // Every rank passes the same count, so every rank skips alike: counters and
+            // signals are untouched and the ranks stay in step.
+            return Ok(());
+        }
+        self.p2p.bind(&self.group, stream)?;
+        let call = ReduceCall {
+            collective,
+            dtype,
+            op,
+            input: r.input,
+            output: r.output,
+            count: r.count,
+            hooks,
+        };
+        self.reduce.launch(&self.group, &self.jit, call, stream)
+    }
+}

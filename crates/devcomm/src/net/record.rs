@@ -1,0 +1,241 @@
+//! The abort record as the network layer writes and reads it.
+//!
+//! The proxy (and the host stand-in for a device producer) report a failure exactly as a
+//! device wait does (`cuda/devcomm/wait.cuh`, `record_wait_failure`): claim the record with a
+//! CAS on `flag`, fill it in, fence, raise `abort`. So every wait of the communicator, on the
+//! device or the host, gives up at once, and the host call that checks the record returns an
+//! error naming the peer.
+
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::time::Duration;
+
+use super::error::NetError;
+use crate::handles::{DeviceErrorState, DeviceOp, ErrorRecord};
+
+/// `ErrorRecord::op` codes of the network layer (`NetDeviceOp` in `net.cuh`). `slot` holds the
+/// channel.
+pub mod op {
+    /// A producer waited for a free queue entry (a credit) and gave up; `expected` = entries
+    /// the proxy had to have consumed, `seen` = entries it had consumed.
+    pub const QUEUE_FULL: u32 = 11;
+    /// The proxy found the peer failed; `expected` = the descriptor's seq, `seen` = the UCX
+    /// status (as `i8`, sign-extended).
+    pub const PEER_FAILED: u32 = 12;
+    /// A producer's flush waited too long; `expected` = the flush's seq, `seen` = the last
+    /// completed flush.
+    pub const FLUSH_TIMEOUT: u32 = 13;
+    /// The proxy refused a descriptor (unknown registration, range outside it, unknown op);
+    /// `expected` = its seq, `seen` = its op and signal-op words.
+    pub const BAD_DESCRIPTOR: u32 = 14;
+}
+
+/// The UCX status the proxy stores in `seen` for an operation that did not complete within
+/// its timeout (`UCS_ERR_TIMED_OUT`).
+pub const STATUS_TIMED_OUT: i8 = -20;
+
+/// A writer and reader of one `DeviceErrorState` that lives elsewhere (host-mapped pinned
+/// memory owned by the communicator's `ErrorState`, or host memory in tests).
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorSink {
+    state: *mut DeviceErrorState,
+}
+
+// SAFETY: the pointee is only accessed through atomics and volatile accesses (the device
+// writes it concurrently anyway); the owner keeps it alive while any sink exists (see `new`).
+unsafe impl Send for ErrorSink {}
+// SAFETY: as above.
+unsafe impl Sync for ErrorSink {}
+
+impl ErrorSink {
+    /// A sink for the state at `state`.
+    ///
+    /// # Safety
+    /// `state` must be valid, 8-byte aligned and outlive every copy of the sink (and every
+    /// proxy or producer given one).
+    pub unsafe fn new(state: *mut DeviceErrorState) -> Self {
+        Self { state }
+    }
+
+    fn abort_word(&self) -> &AtomicU32 {
+        // SAFETY: `state` is valid and aligned (contract of `new`); `abort` is a u32 that the
+        // host only touches atomically.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.state).abort)) }
+    }
+
+    /// True once anything raised the abort flag.
+    pub fn aborted(&self) -> bool {
+        self.abort_word().load(Ordering::Acquire) != 0
+    }
+
+    /// Records a failure (the first one of the process wins) and raises abort.
+    pub fn record(&self, record: ErrorRecord) {
+        // SAFETY: as in `abort_word`; `flag` is the record's first u32.
+        let flag =
+            unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.state).record.flag)) };
+        if flag
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let rec = ErrorRecord { flag: 1, ..record };
+            // SAFETY: this thread claimed the record; volatile because the device may read
+            // it behind the compiler's back. `flag` is rewritten with the value it has.
+            unsafe { std::ptr::write_volatile(std::ptr::addr_of_mut!((*self.state).record), rec) };
+            fence(Ordering::SeqCst);
+        }
+        self.abort_word().store(1, Ordering::Release);
+        fence(Ordering::SeqCst);
+    }
+
+    /// A snapshot of the state.
+    pub fn read(&self) -> DeviceErrorState {
+        let abort = self.abort_word().load(Ordering::Acquire);
+        // SAFETY: valid and aligned (contract of `new`); any bit pattern is a valid record.
+        let record = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.state).record)) };
+        DeviceErrorState {
+            abort,
+            reserved: 0,
+            record,
+        }
+    }
+
+    /// `Ok(())` while nothing failed; else the recorded failure as an error.
+    pub fn check(&self, rank: usize) -> Result<(), NetError> {
+        let state = self.read();
+        if state.abort == 0 {
+            return Ok(());
+        }
+        // A writer raises abort after the record; give one that is between the two a moment.
+        for _ in 0..1000 {
+            if self.read().record.flag != 0 {
+                return Err(to_error(&self.read().record));
+            }
+            std::thread::yield_now();
+        }
+        Err(NetError::Aborted {
+            rank: i32::try_from(rank).unwrap_or(i32::MAX),
+            reason: "the abort flag was raised without a record".to_owned(),
+        })
+    }
+}
+
+/// Converts a written record into the error the host reports (pure).
+pub fn to_error(r: &ErrorRecord) -> NetError {
+    match r.op {
+        op::QUEUE_FULL => NetError::QueueFull {
+            rank: r.rank,
+            peer: r.peer,
+            channel: r.slot,
+            needed: r.expected,
+            consumed: r.seen,
+            elapsed: Duration::from_nanos(r.elapsed_ns),
+        },
+        op::PEER_FAILED => NetError::PeerFailed {
+            rank: r.rank,
+            peer: r.peer,
+            op: "the network proxy's operations".to_owned(),
+            channel: r.slot,
+            seq: r.expected,
+            reason: status_text(r.seen as i64 as i8),
+        },
+        op::FLUSH_TIMEOUT => NetError::FlushTimeout {
+            rank: r.rank,
+            peer: r.peer,
+            channel: r.slot,
+            expected: r.expected,
+            seen: r.seen,
+            elapsed: Duration::from_nanos(r.elapsed_ns),
+        },
+        op::BAD_DESCRIPTOR => NetError::BadDescriptor {
+            rank: r.rank,
+            peer: r.peer,
+            channel: r.slot,
+            reason: format!(
+                "descriptor {} (op word {:#x}) names memory outside its registration or an \
+                 unknown registration or op",
+                r.expected, r.seen
+            ),
+        },
+        _ => NetError::Device(crate::Error::PeerTimeout {
+            op: DeviceOp::from_code(r.op),
+            rank: r.rank,
+            peer: r.peer,
+            slot: r.slot,
+            expected: r.expected,
+            seen: r.seen,
+            elapsed: Duration::from_nanos(r.elapsed_ns),
+        }),
+    }
+}
+
+/// Text for the UCX statuses the proxy records (kept here so that reading a record needs no
+/// loaded library).
+pub fn status_text(status: i8) -> String {
+    let what = match status {
+        -25 => "connection reset by the remote peer (UCS_ERR_CONNECTION_RESET)",
+        -80 => "endpoint timeout (UCS_ERR_ENDPOINT_TIMEOUT)",
+        -6 => "destination unreachable (UCS_ERR_UNREACHABLE)",
+        -3 => "input/output error (UCS_ERR_IO_ERROR)",
+        -16 => "request canceled (UCS_ERR_CANCELED)",
+        STATUS_TIMED_OUT => "the operation did not complete within the proxy's timeout",
+        _ => return format!("UCX status {status}"),
+    };
+    what.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_record_wins_and_converts() {
+        let mut state = Box::new(DeviceErrorState::default());
+        // SAFETY: the box outlives the sink (both die at the end of the test).
+        let sink = unsafe { ErrorSink::new(&mut *state) };
+        assert!(sink.check(0).is_ok());
+        let rec = |peer| ErrorRecord {
+            op: op::PEER_FAILED,
+            rank: 1,
+            peer,
+            slot: 2,
+            expected: 9,
+            seen: (-25i64) as u64,
+            ..ErrorRecord::default()
+        };
+        sink.record(rec(3));
+        sink.record(rec(4));
+        assert!(sink.aborted());
+        let msg = sink.check(1).unwrap_err().to_string();
+        assert!(
+            msg.contains("network peer 3") && msg.contains("connection reset"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("channel 2") && msg.contains("descriptor 9"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn queue_full_and_foreign_codes() {
+        let full = ErrorRecord {
+            flag: 1,
+            op: op::QUEUE_FULL,
+            rank: 0,
+            peer: 1,
+            slot: 0,
+            expected: 4,
+            seen: 7,
+            elapsed_ns: 2_000_000,
+        };
+        let msg = to_error(&full).to_string();
+        assert!(
+            msg.contains("peer 1") && msg.contains("4 descriptors"),
+            "{msg}"
+        );
+        let wait = ErrorRecord { op: 1, ..full };
+        assert!(matches!(
+            to_error(&wait),
+            NetError::Device(crate::Error::PeerTimeout { peer: 1, .. })
+        ));
+    }
+}

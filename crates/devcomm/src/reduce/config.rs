@@ -1,0 +1,51 @@
+//! The reductions' window sizes: the pure rule that turns the settings (`Config::reduce_*`,
+//! docs/CONFIG.md, "reductions"; every rank holds the same, compared at setup) and the group's
+//! smallest SM count into [`ReduceLimits`].
+
+use super::plan::ReduceLimits;
+
+/// The limits on `world` ranks from the settings (`None`: the default) and the smallest SM
+/// count of the group: at most half its SMs in blocks, so that ranks sharing a GPU for tests
+/// and the next kernel's early blocks still find room.
+pub(crate) fn limits(
+    world: usize,
+    max_blocks: Option<u32>,
+    one_shot_kib: Option<u32>,
+    chunk_mib: u32,
+    fewest_sms: u32,
+) -> ReduceLimits {
+    let d = ReduceLimits::for_world(world);
+    ReduceLimits {
+        max_blocks: max_blocks
+            .unwrap_or(d.max_blocks)
+            .min((fewest_sms / 2).max(1)),
+        one_shot_bytes: one_shot_kib.map_or(d.one_shot_bytes, |k| u64::from(k) << 10),
+        chunk_bytes: u64::from(chunk_mib.max(1)) << 20,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fit_the_gpu() {
+        assert_eq!(limits(2, None, None, 8, 132), ReduceLimits::for_world(2));
+        // Half the SMs of the smallest GPU (a 33-SM share: 16 blocks).
+        assert_eq!(limits(4, None, None, 8, 33).max_blocks, 16);
+        assert_eq!(limits(4, None, None, 8, 1).max_blocks, 1);
+        assert_eq!(limits(4, None, None, 8, 132).one_shot_bytes, 64 << 10);
+    }
+
+    #[test]
+    fn settings_override_the_defaults() {
+        let l = limits(2, Some(8), Some(0), 2, 132);
+        assert_eq!(
+            (l.max_blocks, l.one_shot_bytes, l.chunk_bytes),
+            (8, 0, 2 << 20)
+        );
+        let l = limits(8, None, Some(256), 8, 132);
+        assert_eq!(l.one_shot_bytes, 256 << 10);
+        assert_eq!(l.chunk_bytes, 8 << 20);
+    }
+}

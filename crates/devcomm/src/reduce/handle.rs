@@ -1,0 +1,78 @@
+//! Rust twin of `ReduceLaunch` in `cuda/devcomm/reduce.cuh`.
+
+use std::mem::{offset_of, size_of};
+
+use cudarc::driver::DeviceRepr;
+
+use crate::handles::DeviceWindow;
+
+/// Launch arguments of the reduction kernels (see the header for each field's meaning).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReduceLaunch {
+    /// The reduce window.
+    pub w: DeviceWindow,
+    /// Input buffer.
+    pub input: u64,
+    /// Output buffer.
+    pub output: u64,
+    /// All-reduce: elements; reduce-scatter and all-gather: elements per shard.
+    pub count: u64,
+    /// Elements of the whole buffer.
+    pub total: u64,
+    /// Elements per shard (two-shot) or per sender (one-shot).
+    pub shard: u64,
+    /// Elements of each shard per round.
+    pub chunk: u64,
+    /// Rounds.
+    pub rounds: u64,
+    /// Block pieces are whole units of this many elements.
+    pub unit: u64,
+    /// Device `u64[2 x MAX_BLOCKS]`: the per-block sequence counters.
+    pub counters: u64,
+    /// Hook arguments.
+    pub user: u64,
+    /// Hooked: elements per row.
+    pub row_len: u64,
+    /// Bytes: the one-shot lines' offset in the window.
+    pub ll_offset: u64,
+    /// Bytes of lines per sender per parity.
+    pub ll_sender_bytes: u64,
+    /// Bytes: the two-shot area's offset in the window.
+    pub pipe_offset: u64,
+    /// Bytes of one half of the two-shot area.
+    pub half_bytes: u64,
+    /// Blocks of the launch.
+    pub blocks: u32,
+    /// `Collective::code`.
+    pub mode: u32,
+    /// `ReduceOp::code`.
+    pub op: u32,
+    /// 0.
+    pub reserved: u32,
+}
+
+const _: () = assert!(size_of::<ReduceLaunch>() == 216);
+const _: () = assert!(offset_of!(ReduceLaunch, input) == 80);
+const _: () = assert!(offset_of!(ReduceLaunch, counters) == 144);
+const _: () = assert!(offset_of!(ReduceLaunch, blocks) == 200);
+
+// SAFETY: plain #[repr(C)] integers whose layout equals the C++ struct (asserted above, in the
+// header, and in tests/layout.rs).
+unsafe impl DeviceRepr for ReduceLaunch {}
+
+macro_rules! fields {
+    ($($rust:ident => $cpp:literal),* $(,)?) => {
+        &[$(("red::ReduceLaunch", $cpp, offset_of!(ReduceLaunch, $rust), size_of::<ReduceLaunch>())),*]
+    };
+}
+
+/// Field offsets for the layout test, as in `handles::LAYOUT` (C++ names `in`, `out`; all: [`crate::abi::layout`]).
+pub const LAYOUT: &[(&str, &str, usize, usize)] = fields!(
+    w => "w", input => "in", output => "out", count => "count", total => "total",
+    shard => "shard", chunk => "chunk", rounds => "rounds", unit => "unit",
+    counters => "counters", user => "user", row_len => "row_len", ll_offset => "ll_offset",
+    ll_sender_bytes => "ll_sender_bytes", pipe_offset => "pipe_offset",
+    half_bytes => "half_bytes", blocks => "blocks", mode => "mode", op => "op",
+    reserved => "reserved",
+);

@@ -1,0 +1,336 @@
+//! The reductions' per-communicator state (window, sequence counters, loaded kernels) and
+//! their launch: checks, plan, kernel, gate, `cuLaunchKernelEx`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaFunction, CudaStream};
+
+use super::config;
+use super::handle::ReduceLaunch;
+use super::plan::{self, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, THREADS};
+use super::types::{DataType, ReduceOp};
+use crate::collective::Hooks;
+use crate::cuda::{linear_launch, DeviceBuffer};
+use crate::error::{CudaResultExt, Error, Result};
+use crate::group::{Group, KernelGate};
+use crate::jit::{Jit, KernelSpec};
+use crate::topology::LinkKind;
+use crate::window::Window;
+
+/// The kernels' source (`cuda/kernels/reduce.cu`); instantiations are appended.
+pub const KERNEL_SOURCE: &str = include_str!("../../cuda/kernels/reduce.cu");
+
+/// One reduction launch, its buffers resolved and checked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReduceCall<'h> {
+    pub collective: Collective,
+    pub dtype: DataType,
+    /// `None` for all-gather.
+    pub op: Option<ReduceOp>,
+    pub input: u64,
+    pub output: u64,
+    /// All-reduce: elements; reduce-scatter: output elements; all-gather: input elements.
+    pub count: u64,
+    pub hooks: Option<(&'h Hooks, u64, u64)>,
+}
+
+/// The name expression of a kernel instantiation.
+pub fn kernel_expression(
+    algorithm: Algorithm,
+    dtype: DataType,
+    op: ReduceOp,
+    hook: Option<&str>,
+) -> String {
+    let t = dtype.device_type();
+    let op = op.code();
+    match algorithm {
+        Algorithm::OneShot => format!("devcomm::red::one_shot_kernel<{t}, {op}>"),
+        _ => format!(
+            "devcomm::red::two_shot_kernel<{t}, {op}, {}>",
+            hook.unwrap_or("devcomm::red::NoEpilogue")
+        ),
+    }
+}
+
+/// The module of `dtype`'s plain kernels: one-shot and two-shot for every operation (the
+/// all-gather runs the sum's instantiations, which it never reduces with).
+pub fn kernel_spec(dtype: DataType) -> KernelSpec {
+    let mut spec = KernelSpec::new(format!("reduce_{}", dtype.name()), KERNEL_SOURCE);
+    for op in ReduceOp::ALL {
+        for a in [Algorithm::OneShot, Algorithm::TwoShot] {
+            spec = spec.name_expression(kernel_expression(a, dtype, op, None));
+        }
+    }
+    spec
+}
+
+/// The module of an all-reduce of `dtype` and `op` with the epilogue of `hooks`: the kernels'
+/// source, then the user's (its own line numbers in errors), then the check of the hook's type.
+pub fn hooked_kernel_spec(dtype: DataType, op: ReduceOp, hooks: &Hooks) -> KernelSpec {
+    let source = format!(
+        "{KERNEL_SOURCE}\n#line 1 \"hooks.cu\"\n{src}\n#line 1 \"devcomm-checks\"\n\
+         static_assert(sizeof({name}::T) == {size}, \"the hook's T is not the size of the \
+         buffer's elements ({size} bytes, {dtype})\");\n",
+        src = hooks.source(),
+        name = hooks.name(),
+        size = dtype.size_bytes(),
+    );
+    KernelSpec::new(format!("reduce_hooked_{}", dtype.name()), source).name_expression(
+        kernel_expression(Algorithm::TwoShot, dtype, op, Some(hooks.name())),
+    )
+}
+
+/// A loaded module's kernels by name expression, and its gate.
+#[derive(Debug, Clone)]
+struct Loaded {
+    functions: Arc<HashMap<String, (CudaFunction, u32)>>,
+    gate: Arc<KernelGate>,
+}
+
+/// A module's key: element type, and for hooked modules the operation and the hooks' key.
+type ModuleKey = (DataType, Option<ReduceOp>, u64);
+
+/// Per-communicator state of the reductions.
+#[derive(Debug)]
+pub(crate) struct Reduce {
+    limits: ReduceLimits,
+    /// One-shot lines (`world` senders x 2 parities), then the two halves of the two-shot area;
+    /// `4 x world x MAX_BLOCKS` signal slots.
+    window: Window<u8>,
+    /// `u64[2 x MAX_BLOCKS]`: one-shot, then two-shot per-block sequence counters.
+    counters: DeviceBuffer,
+    sm_count: u32,
+    /// Loaded modules by (type, operation, hooks key); plain modules use (type, None, 0).
+    modules: Mutex<HashMap<ModuleKey, Loaded>>,
+}
+
+impl Reduce {
+    /// Collective: the reduce window and zeroed counters on every rank, sized by the limits
+    /// every rank derives alike from the settings (compared at setup) and the smallest GPU.
+    pub(crate) fn new(group: &Arc<Group>, sm_count: i32) -> Result<Self> {
+        let tag = group.next_tag("__devcomm/reduce/sm_count");
+        let all =
+            group
+                .store
+                .all_gather(&tag, &sm_count.max(1).to_le_bytes(), group.setup_timeout)?;
+        let sms = all
+            .iter()
+            .filter_map(|b| b.get(..4)?.try_into().ok())
+            .map(i32::from_le_bytes)
+            .min()
+            .unwrap_or(1)
+            .max(1) as u32;
+        let c = &group.config;
+        let limits = config::limits(
+            group.world_size,
+            c.reduce_max_blocks,
+            c.reduce_one_shot_kib,
+            c.reduce_chunk_mib,
+            sms,
+        );
+        let world = group.world_size;
+        let slots = 4 * world.min(plan::MAX_WORLD) * MAX_BLOCKS as usize;
+        let bytes = plan::window_bytes(world, &limits) as usize;
+        let counters = DeviceBuffer::zeroed(&group.ctx, 2 * MAX_BLOCKS as usize * 8)
+            .map_err(|e| crate::cuda::with_rank(e, group.rank));
+        let counters = group.agree("reductions: counters", counters)?;
+        let window = Window::<u8>::new(group, bytes, slots)?;
+        Ok(Self {
+            limits,
+            window,
+            counters,
+            sm_count: sms.max(1),
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The window sizes plans are made for.
+    pub(crate) fn limits(&self) -> &ReduceLimits {
+        &self.limits
+    }
+
+    fn module(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        dtype: DataType,
+        hooked: Option<(ReduceOp, &Hooks)>,
+    ) -> Result<Loaded> {
+        let poisoned = || Error::Aborted {
+            rank: group.rank as i32,
+            reason: "a thread panicked while loading kernels".into(),
+        };
+        let key = match hooked {
+            Some((op, h)) => (dtype, Some(op), h.key()),
+            None => (dtype, None, 0),
+        };
+        if let Some(l) = self.modules.lock().map_err(|_| poisoned())?.get(&key) {
+            return Ok(l.clone());
+        }
+        let spec = match hooked {
+            Some((op, h)) => hooked_kernel_spec(dtype, op, h),
+            None => kernel_spec(dtype),
+        };
+        let module = jit.load(&group.ctx, &spec)?;
+        module.load_every_kernel()?;
+        let mut functions = HashMap::new();
+        for expression in &spec.name_expressions {
+            let f = module.function(expression)?;
+            let per_sm = f
+                .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+                .cuda(
+                    group.rank as i32,
+                    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                )?;
+            functions.insert(expression.clone(), (f, per_sm));
+        }
+        let gate = KernelGate::new(
+            format!("reduce-{}-{:?}-{:016x}", dtype.name(), key.1, key.2),
+            group.world_size,
+        );
+        let loaded = Loaded {
+            functions: Arc::new(functions),
+            gate: Arc::new(gate),
+        };
+        self.modules
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(key, loaded.clone());
+        Ok(loaded)
+    }
+
+    /// The plan of a call (the buffers already resolved).
+    pub(crate) fn plan(
+        &self,
+        collective: Collective,
+        dtype: DataType,
+        count: u64,
+        (rank, world): (usize, usize),
+        row_len: Option<u64>,
+    ) -> Result<Plan> {
+        let shape = Shape {
+            collective,
+            count,
+            elem_bytes: dtype.size_bytes() as u64,
+            world,
+            row_len,
+        };
+        plan::plan(&shape, &self.limits).map_err(|reason| Error::InvalidArgument {
+            op: collective.name(),
+            reason: format!("rank {rank}: {reason}"),
+        })
+    }
+
+    /// Checks, plans and launches one call on `stream`. Nothing is launched on an error.
+    pub(crate) fn launch(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        call: ReduceCall<'_>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let op_name = call.collective.name();
+        let (rank, world) = (group.rank, group.world_size);
+        if world > plan::MAX_WORLD {
+            return Err(Error::InvalidArgument {
+                op: op_name,
+                reason: format!(
+                    "world size {world}: reductions support at most {} ranks",
+                    plan::MAX_WORLD
+                ),
+            });
+        }
+        for p in 0..world {
+            match group.topology.kind(p) {
+                LinkKind::SelfLink | LinkKind::Nvl => {}
+                other => {
+                    return Err(Error::NoPath {
+                        op: op_name,
+                        rank,
+                        peer: p,
+                        kind: other.to_string(),
+                    })
+                }
+            }
+        }
+        let row_len = call.hooks.map(|(_, _, row)| row);
+        let pl = self.plan(
+            call.collective,
+            call.dtype,
+            call.count,
+            (rank, world),
+            row_len,
+        )?;
+        let op = call.op.unwrap_or(ReduceOp::Sum);
+        let hooked = call.hooks.map(|(h, _, _)| (op, h));
+        let loaded = self.module(group, jit, call.dtype, hooked)?;
+        let expression = kernel_expression(
+            pl.algorithm,
+            call.dtype,
+            op,
+            call.hooks.map(|(h, _, _)| h.name()),
+        );
+        let (func, per_sm) =
+            loaded
+                .functions
+                .get(&expression)
+                .cloned()
+                .ok_or(Error::NotImplemented {
+                    feature: "this reduction kernel instantiation",
+                })?;
+        if pl.blocks > per_sm.max(1) * self.sm_count {
+            return Err(Error::InvalidArgument {
+                op: op_name,
+                reason: format!(
+                    "{} blocks of {THREADS} threads cannot all be resident ({per_sm} per SM x {} \
+                     SMs); the blocks wait on each other's peers, so this would deadlock",
+                    pl.blocks, self.sm_count
+                ),
+            });
+        }
+        loaded.gate.pass(group, 0..world)?;
+        let es = call.dtype.size_bytes() as u64;
+        let total = match call.collective {
+            Collective::AllReduce => call.count,
+            _ => call.count * world as u64,
+        };
+        let ll_sender_bytes = plan::ll_sender_bytes(&self.limits);
+        let (user, row) = call.hooks.map_or((0, 0), |(_, user, row)| (user, row));
+        let args = ReduceLaunch {
+            w: self.window.device_handle(),
+            input: call.input,
+            output: call.output,
+            count: call.count,
+            total,
+            shard: pl.shard,
+            chunk: pl.chunk,
+            rounds: pl.rounds,
+            unit: pl.unit,
+            counters: self.counters.ptr(),
+            user,
+            row_len: row,
+            ll_offset: 0,
+            ll_sender_bytes,
+            pipe_offset: world as u64 * 2 * ll_sender_bytes,
+            half_bytes: self.limits.chunk_bytes,
+            blocks: pl.blocks,
+            mode: call.collective.code(),
+            op: op.code(),
+            reserved: 0,
+        };
+        debug_assert!(pl.chunk * world as u64 * es <= self.limits.chunk_bytes);
+        let cfg = linear_launch(pl.blocks, THREADS);
+        // SAFETY: both kernels take one ReduceLaunch by value and enter through
+        // enter_after_previous_kernel. The window and counters live as long as the
+        // communicator (this state is dropped before the group). The caller resolved and
+        // checked the buffers: the kernel reads `total` (all-reduce, reduce-scatter) or `count`
+        // (all-gather) elements of `input` and writes `total` (all-reduce, all-gather) or
+        // `count` (reduce-scatter) elements of `output`, nothing else; the plan keeps every
+        // round inside the window (asserted above), and every block is resident (checked), so
+        // the blocks' waits on their peers cannot deadlock.
+        unsafe { crate::cuda::launch_struct(stream, &func, cfg, &args, group.pdl) }
+            .cuda(rank as i32, "cuLaunchKernelEx (reduction)")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,20 @@
+//! Layer 9: the reductions, all-reduce, reduce-scatter and all-gather, in a fixed order
+//! (docs/COLLECTIVES.md, "Reductions").
+//!
+//! Element `i` of a result is the reduction of the ranks' element `i` in rank order 0, 1, ...,
+//! n-1, whatever the size, the algorithm or the block count: results are bitwise identical on
+//! every rank and from run to run, and a prefix of a large call equals the call on that
+//! prefix. The methods are on [`crate::Comm`] (`all_reduce`, `reduce_scatter`, `all_gather`,
+//! their `_in_place` and `_raw` forms, `all_reduce_hooked`); this module holds the types
+//! ([`types`]), the pure planner ([`plan`]), the host argument checks and the launch.
+
+pub(crate) mod args;
+pub(crate) mod config;
+pub mod handle;
+pub(crate) mod launch;
+pub mod plan;
+pub mod types;
+
+pub use launch::{hooked_kernel_spec, kernel_expression, kernel_spec, KERNEL_SOURCE};
+pub use plan::{Algorithm, Collective, Plan, ReduceLimits};
+pub use types::{DataType, ReduceOp, Reducible};

@@ -1,0 +1,433 @@
+//! The pure choices of the reductions: which algorithm, how many blocks, how the message is
+//! cut into shards, rounds and block pieces. Every rank computes the same plan from the same
+//! arguments, and the kernels derive the same pieces from it (docs/COLLECTIVES.md,
+//! "Reductions").
+
+/// Which collective a plan is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Collective {
+    /// Every rank gets the reduction of every rank's whole buffer.
+    AllReduce,
+    /// Rank r gets the reduction of every rank's shard r.
+    ReduceScatter,
+    /// Every rank gets every rank's buffer, in rank order.
+    AllGather,
+}
+
+impl Collective {
+    /// The kernel's mode code (`devcomm::red::Mode` in `reduce.cuh`).
+    pub(crate) const fn code(self) -> u32 {
+        match self {
+            Collective::AllReduce => 0,
+            Collective::ReduceScatter => 1,
+            Collective::AllGather => 2,
+        }
+    }
+
+    /// The method's name, for errors.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllGather => "all_gather",
+        }
+    }
+}
+
+/// The algorithm of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Every rank pushes its data into every peer as flag-in-data lines; every rank reduces
+    /// all copies in rank order. One kernel, no separate signal.
+    OneShot,
+    /// Staged into the symmetric window, each rank reduces its shard reading every rank's copy
+    /// in rank order, then every rank reads every reduced shard: one round.
+    TwoShot,
+    /// The two-shot in rounds through a bounded window (two halves alternate).
+    Pipelined,
+}
+
+impl Algorithm {
+    /// Short name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::OneShot => "one-shot",
+            Algorithm::TwoShot => "two-shot",
+            Algorithm::Pipelined => "pipelined",
+        }
+    }
+}
+
+/// Most blocks of a reduction kernel; also the signal slots per (rank, kind) and the
+/// per-block sequence counters (`kMaxBlocks` in `reduce.cuh`).
+pub const MAX_BLOCKS: u32 = 32;
+
+/// Threads per block of the reduction kernels (`kThreads` in `reduce.cuh`).
+pub const THREADS: u32 = 512;
+
+/// Bytes one block of the two-shot reduces per round, by which the block count grows.
+pub const BLOCK_BYTES: u64 = 64 << 10;
+
+/// Bytes of flag-in-data lines per 8 bytes of payload.
+pub const LINE_BYTES: u64 = 16;
+
+/// Most ranks of a reduction (the signal pad holds `4 x world x MAX_BLOCKS` slots).
+pub const MAX_WORLD: usize = 32;
+
+/// The window sizes the plans are made for (every rank must use the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReduceLimits {
+    /// Largest one-shot payload (bytes each rank sends each peer); 0: never one-shot. The
+    /// window holds flag-in-data lines for it (twice the bytes, two parities, every sender).
+    pub one_shot_bytes: u64,
+    /// Bytes of one half of the two-shot area: one round stages at most this much per rank.
+    pub chunk_bytes: u64,
+    /// Most blocks of a two-shot launch (1 to [`MAX_BLOCKS`]).
+    pub max_blocks: u32,
+}
+
+impl ReduceLimits {
+    /// The defaults on `world` ranks: one-shot up to [`one_shot_max_bytes`], rounds of 8 MiB,
+    /// 32 blocks.
+    pub const fn for_world(world: usize) -> Self {
+        Self {
+            one_shot_bytes: one_shot_max_bytes(world),
+            chunk_bytes: 8 << 20,
+            max_blocks: MAX_BLOCKS,
+        }
+    }
+}
+
+/// The default largest payload (bytes per sender) of a one-shot call on `world` ranks: each
+/// rank reads `world` copies, so the cut-over comes earlier with more ranks.
+pub const fn one_shot_max_bytes(world: usize) -> u64 {
+    match world {
+        0..=2 => 128 << 10,
+        3..=4 => 64 << 10,
+        _ => 32 << 10,
+    }
+}
+
+/// Bytes of flag-in-data lines one sender owns in a receiver's window, per parity.
+pub const fn ll_sender_bytes(limits: &ReduceLimits) -> u64 {
+    limits.one_shot_bytes.div_ceil(8) * LINE_BYTES
+}
+
+/// Bytes of the reduce window: the one-shot lines (`world` senders x 2 parities), then the
+/// two halves of the two-shot area.
+pub fn window_bytes(world: usize, limits: &ReduceLimits) -> u64 {
+    world as u64 * 2 * ll_sender_bytes(limits) + 2 * limits.chunk_bytes
+}
+
+/// What a call moves, as the planner sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// The collective.
+    pub collective: Collective,
+    /// All-reduce: elements of the buffer; reduce-scatter: output elements; all-gather: input
+    /// elements.
+    pub count: u64,
+    /// Bytes per element.
+    pub elem_bytes: u64,
+    /// Number of ranks.
+    pub world: usize,
+    /// Hooked calls: elements per row (shards and block pieces hold whole rows).
+    pub row_len: Option<u64>,
+}
+
+/// How a call runs. Elements are counted in the buffer's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Blocks of the kernel.
+    pub blocks: u32,
+    /// Elements per shard (two-shot, pipelined): shard q is elements `[q S, (q + 1) S)` of the
+    /// whole buffer (all-reduce buffer, reduce-scatter input, all-gather output). One-shot: the
+    /// elements each rank sends to each peer.
+    pub shard: u64,
+    /// Elements of each shard per round (two-shot, pipelined); 0 for one-shot.
+    pub chunk: u64,
+    /// Rounds (1 for one-shot and two-shot).
+    pub rounds: u64,
+    /// Block pieces are multiples of this many elements (16 bytes, or a row when hooked).
+    pub unit: u64,
+}
+
+/// The plan of a call, or why it cannot run (the caller turns the reason into
+/// `Error::InvalidArgument`). `count == 0` is not planned: such a call does nothing.
+pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
+    let es = s.elem_bytes;
+    if !matches!(es, 1 | 2 | 4 | 8) {
+        return Err(format!("element size {es} bytes is not 1, 2, 4 or 8"));
+    }
+    if s.world == 0 || s.world > MAX_WORLD {
+        return Err(format!(
+            "world size {}: use 1 to {MAX_WORLD} ranks",
+            s.world
+        ));
+    }
+    if s.count == 0 {
+        return Err("nothing to plan for 0 elements".into());
+    }
+    let w = s.world as u64;
+    let payload = s.count.checked_mul(es).ok_or("the size overflows")?;
+    if s.row_len.is_none() && payload <= limits.one_shot_bytes {
+        let units = payload.div_ceil(8);
+        return Ok(Plan {
+            algorithm: Algorithm::OneShot,
+            blocks: units.div_ceil(2 * THREADS as u64).clamp(1, 16) as u32,
+            shard: s.count,
+            chunk: 0,
+            rounds: 1,
+            unit: 8 / es.min(8),
+        });
+    }
+    let vec = 16 / es;
+    let (unit, shard) = match (s.collective, s.row_len) {
+        (_, Some(0)) => return Err("row length 0".into()),
+        (Collective::AllReduce, Some(row)) => {
+            if s.count % row != 0 {
+                return Err(format!(
+                    "row length {row} does not divide the {} elements",
+                    s.count
+                ));
+            }
+            (row, (s.count / row).div_ceil(w) * row)
+        }
+        (Collective::AllReduce, None) => (vec, s.count.div_ceil(w).div_ceil(vec) * vec),
+        (Collective::ReduceScatter, Some(row)) => {
+            if s.count % row != 0 {
+                return Err(format!(
+                    "row length {row} does not divide the output's {} elements",
+                    s.count
+                ));
+            }
+            (row, s.count)
+        }
+        (Collective::AllGather, Some(_)) => {
+            return Err("all-gather takes no epilogue hook (it reduces nothing)".into())
+        }
+        (_, None) => (vec, s.count),
+    };
+    let per_shard = limits.chunk_bytes / w / es;
+    let chunk = per_shard / unit * unit;
+    if chunk == 0 {
+        return Err(format!(
+            "a row of {unit} elements of {es} bytes does not fit the window's round of {} bytes \
+             per shard",
+            limits.chunk_bytes / w
+        ));
+    }
+    let chunk = chunk.min(shard.div_ceil(unit) * unit);
+    let rounds = shard.div_ceil(chunk);
+    let round_bytes = chunk * w * es;
+    Ok(Plan {
+        algorithm: if rounds == 1 {
+            Algorithm::TwoShot
+        } else {
+            Algorithm::Pipelined
+        },
+        blocks: round_bytes
+            .div_ceil(BLOCK_BYTES)
+            .clamp(1, limits.max_blocks.clamp(1, MAX_BLOCKS) as u64) as u32,
+        shard,
+        chunk,
+        rounds,
+        unit,
+    })
+}
+
+/// Block `b`'s piece `[lo, hi)` of `m` elements cut into `blocks` pieces of whole `unit`s
+/// (the kernels' `block_piece`). Pieces are disjoint, in block order, and cover `[0, m)`.
+pub fn block_piece(m: u64, blocks: u32, unit: u64, b: u32) -> (u64, u64) {
+    let units = m.div_ceil(unit);
+    let per = units.div_ceil(blocks.max(1) as u64) * unit;
+    let lo = (b as u64 * per).min(m);
+    (lo, (lo + per).min(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(c: Collective, count: u64, es: u64, world: usize) -> Shape {
+        Shape {
+            collective: c,
+            count,
+            elem_bytes: es,
+            world,
+            row_len: None,
+        }
+    }
+
+    const L: ReduceLimits = ReduceLimits::for_world(2);
+
+    fn lw(world: usize) -> ReduceLimits {
+        ReduceLimits::for_world(world)
+    }
+
+    #[test]
+    fn one_shot_up_to_its_limit_then_two_shot() {
+        for world in [2usize, 3, 4, 8] {
+            let max = one_shot_max_bytes(world);
+            let l = lw(world);
+            for c in [
+                Collective::AllReduce,
+                Collective::ReduceScatter,
+                Collective::AllGather,
+            ] {
+                let at = plan(&shape(c, max / 4, 4, world), &l).unwrap();
+                assert_eq!(at.algorithm, Algorithm::OneShot, "{c:?} {world}");
+                assert_eq!(at.shard, max / 4);
+                let above = plan(&shape(c, max / 4 + 1, 4, world), &l).unwrap();
+                assert_eq!(above.algorithm, Algorithm::TwoShot, "{c:?} {world}");
+            }
+        }
+        // Bytes decide, not elements.
+        assert_eq!(
+            plan(&shape(Collective::AllReduce, 128 << 10, 1, 2), &L)
+                .unwrap()
+                .algorithm,
+            Algorithm::OneShot
+        );
+        assert_eq!(
+            plan(&shape(Collective::AllReduce, (128 << 10) / 8 + 1, 8, 2), &L)
+                .unwrap()
+                .algorithm,
+            Algorithm::TwoShot
+        );
+    }
+
+    #[test]
+    fn two_shot_while_one_round_fits_then_pipelined() {
+        // All-reduce on 2 ranks: a round holds 2 shards of 4 MiB.
+        let fits = plan(&shape(Collective::AllReduce, (8 << 20) / 4, 4, 2), &L).unwrap();
+        assert_eq!((fits.algorithm, fits.rounds), (Algorithm::TwoShot, 1));
+        let more = plan(&shape(Collective::AllReduce, (8 << 20) / 4 + 8, 4, 2), &L).unwrap();
+        assert_eq!((more.algorithm, more.rounds), (Algorithm::Pipelined, 2));
+        // Reduce-scatter: the shard is the output.
+        let rs = plan(&shape(Collective::ReduceScatter, (4 << 20) / 4, 4, 2), &L).unwrap();
+        assert_eq!(
+            (rs.algorithm, rs.shard, rs.rounds),
+            (Algorithm::TwoShot, 1 << 20, 1)
+        );
+        let rs = plan(
+            &shape(Collective::ReduceScatter, (4 << 20) / 4 + 1, 4, 2),
+            &L,
+        )
+        .unwrap();
+        assert_eq!(rs.algorithm, Algorithm::Pipelined);
+        // 1 GiB all-reduce on 3 ranks: bounded rounds, at most 32 blocks.
+        let big = plan(&shape(Collective::AllReduce, 1 << 28, 4, 3), &L).unwrap();
+        assert_eq!(big.algorithm, Algorithm::Pipelined);
+        assert!(big.chunk * 3 * 4 <= L.chunk_bytes);
+        assert!(big.rounds * big.chunk >= big.shard);
+        assert_eq!(big.blocks, MAX_BLOCKS);
+    }
+
+    #[test]
+    fn blocks_grow_with_the_round_and_stay_bounded() {
+        let p = |n: u64| plan(&shape(Collective::AllReduce, n, 4, 2), &L).unwrap();
+        assert_eq!(p(40_000).blocks, 3); // 160 KB round
+        assert_eq!(p(1 << 20).blocks, 32); // 4 MiB: capped
+        assert_eq!(p(64 << 20).blocks, 32); // 256 MiB: 32 blocks, at most 32 SMs
+        let one = plan(&shape(Collective::AllReduce, 1, 4, 2), &L).unwrap();
+        assert_eq!((one.algorithm, one.blocks), (Algorithm::OneShot, 1));
+        let full = plan(&shape(Collective::AllReduce, 32 << 10, 4, 2), &L).unwrap();
+        assert_eq!(full.blocks, 16);
+        let narrow = ReduceLimits { max_blocks: 8, ..L };
+        let pl = plan(&shape(Collective::AllReduce, 64 << 20, 4, 2), &narrow).unwrap();
+        assert_eq!(pl.blocks, 8);
+    }
+
+    #[test]
+    fn shards_are_aligned_and_cover_the_buffer() {
+        for world in 1..=8usize {
+            for n in [1u64, 7, 4097, 100_003, 3 << 20] {
+                for es in [1u64, 2, 4, 8] {
+                    let pl = plan(&shape(Collective::AllReduce, n, es, world), &L).unwrap();
+                    if pl.algorithm == Algorithm::OneShot {
+                        continue;
+                    }
+                    assert_eq!(pl.shard * es % 16, 0);
+                    assert!(pl.shard * world as u64 >= n);
+                    assert!(pl.shard * (world as u64) < n + world as u64 * pl.unit);
+                    assert_eq!(pl.chunk % pl.unit, 0);
+                    assert!(pl.chunk * world as u64 * es <= L.chunk_bytes);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hooked_plans_hold_whole_rows() {
+        let mut s = shape(Collective::AllReduce, 4096 * 7, 4, 3);
+        s.row_len = Some(4096);
+        let pl = plan(&s, &L).unwrap();
+        assert_eq!(pl.algorithm, Algorithm::TwoShot); // never one-shot when hooked
+        assert_eq!((pl.unit, pl.shard), (4096, 3 * 4096));
+        assert_eq!(pl.chunk % 4096, 0);
+        s.row_len = Some(1000);
+        assert!(plan(&s, &L).unwrap_err().contains("does not divide"));
+        s.row_len = Some(4 << 20);
+        s.count = 4 << 20;
+        assert!(plan(&s, &L).unwrap_err().contains("does not fit"));
+        // Reduce-scatter: the output is whole rows.
+        let mut rs = shape(Collective::ReduceScatter, 4096, 4, 2);
+        rs.row_len = Some(64);
+        let pl = plan(&rs, &L).unwrap();
+        assert_eq!(
+            (pl.algorithm, pl.unit, pl.shard),
+            (Algorithm::TwoShot, 64, 4096)
+        );
+        rs.row_len = Some(100);
+        assert!(plan(&rs, &L).unwrap_err().contains("does not divide"));
+        let mut ag = shape(Collective::AllGather, 4096, 4, 2);
+        ag.row_len = Some(64);
+        assert!(plan(&ag, &L).is_err());
+    }
+
+    #[test]
+    fn bad_shapes_are_refused() {
+        assert!(plan(&shape(Collective::AllReduce, 0, 4, 2), &L).is_err());
+        assert!(plan(&shape(Collective::AllReduce, 10, 3, 2), &L).is_err());
+        assert!(plan(&shape(Collective::AllReduce, 10, 4, 0), &L).is_err());
+        assert!(plan(&shape(Collective::AllReduce, 10, 4, 33), &L).is_err());
+        assert!(plan(&shape(Collective::AllReduce, u64::MAX, 8, 2), &L).is_err());
+    }
+
+    #[test]
+    fn block_pieces_partition_in_units() {
+        for m in [0u64, 1, 15, 16, 17, 1000, 65_536] {
+            for blocks in 1..=33u32 {
+                for unit in [1u64, 4, 16, 96] {
+                    let mut next = 0;
+                    for b in 0..blocks {
+                        let (lo, hi) = block_piece(m, blocks, unit, b);
+                        assert_eq!(lo, next.min(m));
+                        assert!(lo <= hi && hi <= m);
+                        assert!(lo % unit == 0 || lo == m);
+                        next = hi;
+                    }
+                    assert_eq!(next, m);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn window_holds_both_areas() {
+        assert_eq!(ll_sender_bytes(&L), 256 << 10);
+        assert_eq!(window_bytes(2, &L), 2 * 2 * (256 << 10) + (16 << 20));
+        assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * (64 << 10) + (16 << 20));
+        // One-shot off: no lines.
+        let off = ReduceLimits {
+            one_shot_bytes: 0,
+            ..L
+        };
+        assert_eq!(window_bytes(4, &off), 16 << 20);
+        let p = plan(&shape(Collective::AllReduce, 1, 4, 4), &off).unwrap();
+        assert_eq!(p.algorithm, Algorithm::TwoShot);
+    }
+}

@@ -1,0 +1,72 @@
+//! Compiles every reduction kernel with NVRTC for sm_90 (no GPU needed): one-shot and two-shot
+//! for every element type and operation, the RMSNorm and accumulate epilogues, and the error a
+//! user gets for a hook of the wrong element size.
+//!
+//! Needs libnvrtc on the loader path; without it the tests print SKIPPED and pass, unless
+//! `DEVCOMM_REQUIRE_NVRTC` is set (CI sets it).
+
+mod common;
+use common::{nvrtc_available, SM90};
+use devcomm::jit;
+use devcomm::reduce::{hooked_kernel_spec, kernel_spec};
+use devcomm::{DataType, Error, Hooks, ReduceOp};
+
+#[test]
+fn every_type_and_operation_compiles() {
+    if !nvrtc_available() {
+        return;
+    }
+    for dtype in DataType::ALL {
+        let spec = kernel_spec(dtype);
+        assert_eq!(spec.name_expressions.len(), 8, "{dtype}");
+        let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{dtype}: {e}"));
+        for expr in &spec.name_expressions {
+            assert!(module.lowered_names[expr].starts_with("_Z"), "{expr}");
+        }
+        assert!(module.log.is_empty(), "{dtype}: warnings:\n{}", module.log);
+    }
+}
+
+#[test]
+fn the_rmsnorm_epilogue_compiles() {
+    if !nvrtc_available() {
+        return;
+    }
+    let hooks = Hooks::new::<f32, f32>("RmsNorm", include_str!("../examples/hooks/rmsnorm.cu"));
+    let spec = hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks);
+    let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(module.lowered_names.len(), 1);
+    assert!(module.log.is_empty(), "warnings:\n{}", module.log);
+}
+
+#[test]
+fn the_accumulate_epilogue_compiles_for_every_operation() {
+    if !nvrtc_available() {
+        return;
+    }
+    let hooks = Hooks::new::<f32, f32>(
+        "Accumulate",
+        include_str!("../examples/hooks/accumulate.cu"),
+    );
+    for op in ReduceOp::ALL {
+        let spec = hooked_kernel_spec(DataType::F32, op, &hooks);
+        let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{op}: {e}"));
+        assert_eq!(module.lowered_names.len(), 1);
+        assert!(module.log.is_empty(), "{op}: warnings:\n{}", module.log);
+    }
+}
+
+#[test]
+fn a_hook_of_the_wrong_size_is_a_compile_error_with_its_reason() {
+    if !nvrtc_available() {
+        return;
+    }
+    let hooks = Hooks::new::<f32, f32>("RmsNorm", include_str!("../examples/hooks/rmsnorm.cu"));
+    let spec = hooked_kernel_spec(DataType::BF16, ReduceOp::Sum, &hooks);
+    match jit::compile(&spec, SM90) {
+        Err(Error::Compile { log, .. }) => {
+            assert!(log.contains("the hook's T is not"), "{log}")
+        }
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+}

@@ -1,0 +1,106 @@
+//! Runs `reduce.cuh`'s piece loops (`copy_elems`, `reduce_elems`) on the host, compiled by
+//! the host C++ compiler with stand-ins for the CUDA built-ins and the threads of a group run
+//! one after another (a piece loop has no communication between threads: every element is
+//! read and written by one thread). For every size up to 300 elements, aligned and misaligned
+//! buffers, groups of 1, 3 and 32 threads and 1 to 4 ranks: the results equal a plain
+//! reduction in rank order, element by element, and nothing outside the destination is
+//! touched. Needs `c++` (or `$CXX`).
+
+#[allow(dead_code)] // run_ok only
+#[path = "common/cxx.rs"]
+mod cxx;
+
+use cxx::{compile_cpp, run_ok, scratch_dir};
+
+const SIMULATION: &str = r#"
+#define __CUDACC__ 1
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __host__
+#define __launch_bounds__(x)
+#include <cstdio>
+#include <cstring>
+#include <cstdint>
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+static Dim3 threadIdx, blockDim, blockIdx;
+inline void __syncwarp(unsigned = 0xffffffffu) {}
+inline int __any_sync(unsigned, int p) { return p; }
+inline void __syncthreads() {}
+inline int __syncthreads_or(int p) { return p; }
+inline void __threadfence_system() {}
+inline void __nanosleep(unsigned) {}
+inline void __trap() {}
+inline unsigned atomicCAS(unsigned* p, unsigned c, unsigned v) { unsigned o = *p; if (o == c) *p = v; return o; }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+inline float rsqrtf(float x) { return x; }
+#include "devcomm/reduce.cuh"
+
+using namespace devcomm;
+using namespace devcomm::red;
+
+struct SimGroup {
+  unsigned rank, n;
+  unsigned thread_rank() const { return rank; }
+  unsigned size() const { return n; }
+};
+
+template <class T, int OP>
+bool check_reduce(const char* name) {
+  constexpr int kPad = 64, kMax = 300;
+  alignas(64) static T src[4][kMax + 2 * kPad], dst[kMax + 2 * kPad], want[kMax + 2 * kPad];
+  for (int p = 0; p < 4; ++p)
+    for (int i = 0; i < kMax + 2 * kPad; ++i) src[p][i] = (T)((i * 37 + p * 101) % 251 - (OP == kMax ? 120 : 0));
+  const unsigned groups[] = {1, 3, 32};
+  for (int world = 1; world <= 4; ++world)
+    for (unsigned n : groups)
+      for (int so = 0; so < 3; ++so)       // source offset (elements): 0 keeps 16-byte alignment
+        for (int dof = 0; dof < 2; ++dof)  // destination offset
+          for (int len = 0; len <= kMax; len += (len < 40 ? 1 : 13)) {
+            for (int i = 0; i < kMax + 2 * kPad; ++i) dst[i] = want[i] = (T)77;
+            for (int i = 0; i < len; ++i) {
+              typename Num<T>::Acc acc = Num<T>::load(src[0][kPad + so + i]);
+              for (int p = 1; p < world; ++p) acc = combine<OP, T>(acc, Num<T>::load(src[p][kPad + so + i]));
+              want[kPad + dof + i] = finish<OP, T>(acc, world);
+            }
+            auto from = [&](int p) -> const T* { return &src[p][kPad + so]; };
+            for (unsigned r = 0; r < n; ++r)
+              reduce_elems<T, OP>(SimGroup{r, n}, &dst[kPad + dof], from, world, (dc_u64)len);
+            if (std::memcmp(dst, want, sizeof dst) != 0) {
+              std::printf("FAIL reduce %s world=%d group=%u so=%d dof=%d len=%d\n", name, world, n, so, dof, len);
+              return false;
+            }
+            // The same data copied.
+            for (int i = 0; i < kMax + 2 * kPad; ++i) dst[i] = want[i] = (T)77;
+            std::memcpy(&want[kPad + dof], &src[0][kPad + so], len * sizeof(T));
+            for (unsigned r = 0; r < n; ++r) copy_elems<T>(SimGroup{r, n}, &dst[kPad + dof], &src[0][kPad + so], (dc_u64)len);
+            if (std::memcmp(dst, want, sizeof dst) != 0) {
+              std::printf("FAIL copy %s group=%u so=%d dof=%d len=%d\n", name, n, so, dof, len);
+              return false;
+            }
+          }
+  return true;
+}
+
+int main() {
+  bool ok = check_reduce<float, kSum>("f32 sum") && check_reduce<float, kAvg>("f32 avg") &&
+            check_reduce<double, kMax>("f64 max") && check_reduce<int, kMin>("i32 min") &&
+            check_reduce<int, kAvg>("i32 avg") && check_reduce<long long, kSum>("i64 sum") &&
+            check_reduce<unsigned char, kSum>("u8 sum");
+  std::printf(ok ? "OK\n" : "FAILED\n");
+  return ok ? 0 : 1;
+}
+"#;
+
+#[test]
+fn piece_loops_reduce_in_rank_order_and_touch_nothing_else() {
+    let dir = scratch_dir("reduce_loops");
+    let Some(binary) = compile_cpp(&dir, "reduce_loops", SIMULATION, &["-O1"]) else {
+        return;
+    };
+    run_ok(&binary);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,198 @@
+"""`devcomm.Comm`: the communicator with torch.distributed-style methods (docs/PYTHON.md).
+
+Every method enqueues on torch's current stream and returns without synchronising the host.
+In eager mode a method calls its op's implementation directly (no dispatcher on the way);
+while torch.compile traces, it calls `torch.ops.devcomm.*`, so the op lands in the graph.
+"""
+
+import torch
+
+from . import _native, _ops
+from ._ops import hooks_id
+
+_REDUCE_OPS = ("sum", "avg", "max", "min")
+
+
+# torch.compile recognises this function itself (an alias is the same object).
+_compiling = torch.compiler.is_compiling
+
+
+def _reduce_op(op):
+    """'sum', 'avg', 'max', 'min', or a torch.distributed.ReduceOp of those (devcomm has no
+    product)."""
+    name = op if isinstance(op, str) else str(op).rsplit(".", 1)[-1]
+    name = name.lower()
+    if name not in _REDUCE_OPS:
+        raise _native.InvalidArgument(f"reduce: invalid argument: op {op!r}; use one of {', '.join(_REDUCE_OPS)}")
+    return name
+
+
+class Comm:
+    """A devcomm communicator (one per process, one GPU per process). Make it with
+    `devcomm.init()`."""
+
+    def __init__(self, native):
+        self._native = native
+        self._id = _ops.register_comm(native)
+        # Plain attributes (not the native object's properties) so that torch.compile can read
+        # them while tracing.
+        self.rank = native.rank
+        self.world_size = native.world_size
+        self.local_rank = native.local_rank
+        self.device = torch.device("cuda", native.device)
+        self._token = torch.zeros(1, dtype=torch.int8, device=self.device)
+
+    @classmethod
+    def _from_env(cls, device=None):
+        native = _native.Comm.from_env(device)
+        torch.cuda.set_device(native.device)
+        return cls(native)
+
+    def __repr__(self):
+        return f"devcomm.Comm(rank={self.rank}, world_size={self.world_size}, device={self.device})"
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _user(self, user):
+        """User arguments for hooks: None, a CUDA tensor (passed by address), or numbers (put
+        into a new float32 tensor, or int64 when all are ints, by a kernel: no host copy)."""
+        if user is None or isinstance(user, torch.Tensor):
+            return user
+        values = list(user) if isinstance(user, (list, tuple)) else [user]
+        if not values or not all(isinstance(v, (int, float, bool)) for v in values):
+            raise _native.InvalidArgument("hooks: invalid argument: user must be a CUDA tensor, a number or a list of numbers")
+        dtype = torch.int64 if all(isinstance(v, (int, bool)) for v in values) else torch.float32
+        return torch.stack([torch.full((), v, dtype=dtype, device=self.device) for v in values])
+
+    @staticmethod
+    def _rows(t):
+        """Elements per index of dimension 0."""
+        return t.numel() // t.shape[0] if t.dim() > 0 and t.shape[0] > 0 else max(t.numel(), 1)
+
+    def _counts(self, splits, what):
+        if isinstance(splits, torch.Tensor):
+            return splits
+        splits = [int(s) for s in splits]
+        if len(splits) != self.world_size or any(s < 0 for s in splits):
+            raise _native.InvalidArgument(
+                f"all_to_all_single: invalid argument: {what} {splits} must be {self.world_size} counts >= 0"
+            )
+        # A host list becomes a device tensor: a host-to-device copy (not capturable in a CUDA
+        # graph; pass splits as a CUDA tensor there).
+        return torch.tensor(splits, dtype=torch.int64, device=self.device)
+
+    # --- all-to-all ---------------------------------------------------------------------
+
+    def all_to_all_single(self, out, inp, out_splits=None, in_splits=None, *, hooks=None, user=None):
+        """torch.distributed.all_to_all_single: with no splits, `inp`'s dimension 0 is cut in
+        world_size equal chunks, chunk p going to rank p, and `out` receives rank p's chunk at
+        chunk p. `in_splits` (rows of dimension 0 for each rank) may be a CUDA int64 tensor that
+        stays on the GPU (no host synchronisation; graph-capturable) or a list (copied to the
+        GPU); data from rank p lands packed in rank order. `out_splits`, when given, must equal
+        what the peers send (checked on the GPU for a tensor, by total on the host for a list).
+        `hooks` / `user`: user hooks fused into the transfer and their arguments."""
+        if in_splits is None and out_splits is None:
+            world = self.world_size
+            if inp.dim() == 0 or inp.shape[0] % world != 0:
+                raise _native.InvalidArgument(
+                    f"all_to_all_single: invalid argument: inp's dimension 0 ({tuple(inp.shape)}) is not a multiple of world size {world}"
+                )
+            if hooks is None and user is None:  # the common case, kept short (docs/PYTHON.md, "Overhead")
+                args = (self._id, self._token, out, inp, 0, None, 0)
+            else:
+                row_len = 0 if hooks is None or inp.dim() == 1 else self._rows(inp)
+                args = (self._id, self._token, out, inp, hooks_id(hooks), self._user(user), row_len)
+            if _compiling():
+                torch.ops.devcomm.all_to_all(*args)
+            else:
+                _ops.all_to_all(*args)
+            return None
+        if in_splits is None:
+            raise _native.InvalidArgument("all_to_all_single: invalid argument: out_splits without in_splits")
+        if isinstance(out_splits, (list, tuple)) and inp.dim() > 0:
+            if sum(out_splits) != out.shape[0]:
+                raise _native.InvalidArgument(
+                    f"all_to_all_single: invalid argument: out_splits sum to {sum(out_splits)} rows, out has {out.shape[0]}"
+                )
+        if isinstance(in_splits, (list, tuple)) and inp.dim() > 0 and sum(in_splits) != inp.shape[0]:
+            raise _native.InvalidArgument(
+                f"all_to_all_single: invalid argument: in_splits sum to {sum(in_splits)} rows, inp has {inp.shape[0]}"
+            )
+        counts, _ = self.all_to_all_v(out, inp, in_splits, hooks=hooks, user=user)
+        if out_splits is not None:
+            want = self._counts(out_splits, "out_splits")
+            torch._assert_async(
+                (counts == want).all(),
+                "devcomm all_to_all_single: the rows received differ from out_splits",
+            )
+        return None
+
+    def all_to_all_v(self, out, inp, in_splits, in_offsets=None, *, hooks=None, user=None):
+        """All-to-all-v with counts on the GPU. `in_splits[p]` rows (of dimension 0) go to rank
+        p, taken from row `in_offsets[p]` (or packed in rank order); `out` is a buffer of
+        enough rows for everything received. Returns `(recv_counts, recv_offsets)`, int64 CUDA
+        tensors of world_size entries written by the kernel (rows from each rank, packed in
+        rank order). Counts that overrun a buffer raise `devcomm.CountOverflow` at the next
+        check (nothing is written out of bounds)."""
+        counts = self._counts(in_splits, "in_splits")
+        offsets = None if in_offsets is None else self._counts(in_offsets, "in_offsets")
+        row_len = self._rows(inp)
+        args = (self._id, self._token, out, inp, counts, offsets, row_len, hooks_id(hooks), self._user(user))
+        if _compiling():
+            return torch.ops.devcomm.all_to_all_v(*args)
+        return _ops.all_to_all_v(*args)
+
+    # --- point to point -----------------------------------------------------------------
+
+    def send(self, t, peer):
+        """Sends `t` to `peer`, which posts a `recv` of the same size. A send and a recv with
+        the same peer in opposite directions must be one `sendrecv`."""
+        (torch.ops.devcomm.send if _compiling() else _ops.send)(self._id, self._token, t, peer)
+
+    def recv(self, t, peer):
+        """Receives from `peer` into `t`."""
+        (torch.ops.devcomm.recv if _compiling() else _ops.recv)(self._id, self._token, t, peer)
+
+    def sendrecv(self, send, send_peer, recv, recv_peer):
+        """Sends `send` to `send_peer` and receives `recv` from `recv_peer` in one kernel."""
+        (torch.ops.devcomm.sendrecv if _compiling() else _ops.sendrecv)(self._id, self._token, send, send_peer, recv, recv_peer)
+
+    def barrier(self):
+        """A barrier on the GPU, in stream order: work after it on any rank starts once every
+        rank's work before it has finished. The host does not wait."""
+        (torch.ops.devcomm.barrier if _compiling() else _ops.barrier)(self._id, self._token)
+
+    # --- reductions ---------------------------------------------------------------------
+
+    def all_reduce(self, t, op="sum"):
+        """In-place all-reduce (reduced in rank order: identical on every rank)."""
+        (torch.ops.devcomm.all_reduce if _compiling() else _ops.all_reduce)(self._id, self._token, t, _reduce_op(op))
+
+    def reduce_scatter_tensor(self, out, inp, op="sum"):
+        """`out` gets this rank's shard of the reduction of every rank's `inp`."""
+        f = torch.ops.devcomm.reduce_scatter_tensor if _compiling() else _ops.reduce_scatter_tensor
+        f(self._id, self._token, out, inp, _reduce_op(op))
+
+    def all_gather_into_tensor(self, out, inp):
+        """`out` gets every rank's `inp`, in rank order."""
+        f = torch.ops.devcomm.all_gather_into_tensor if _compiling() else _ops.all_gather_into_tensor
+        f(self._id, self._token, out, inp)
+
+    # --- state --------------------------------------------------------------------------
+
+    def synchronize(self):
+        """Waits for torch's current stream, then raises the first device error of this
+        communicator (e.g. `devcomm.PeerTimeout`, naming the peer)."""
+        self._native.synchronize(torch.cuda.current_stream(self.device).cuda_stream)
+
+    def check(self):
+        """Raises the first device error recorded so far, without waiting."""
+        self._native.check()
+
+    def abort(self):
+        """Makes every in-flight device wait of this communicator return."""
+        self._native.abort()
+
+    def host_barrier(self):
+        """A barrier of the processes through the store (no GPU work)."""
+        self._native.host_barrier()

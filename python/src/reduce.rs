@@ -1,0 +1,78 @@
+//! The reductions' argument rules: element types, operations, and when an output and an input
+//! that share memory make an in-place call.
+
+use devcomm::{DataType, ReduceOp};
+use pyo3::prelude::*;
+
+use crate::errors::invalid;
+use crate::tensor::{DType, TensorDesc};
+
+/// The reductions' element type of a tensor.
+pub fn reduce_dtype(op: &str, d: &TensorDesc) -> PyResult<DataType> {
+    Ok(match d.dtype {
+        DType::F32 => DataType::F32,
+        DType::F16 => DataType::F16,
+        DType::BF16 => DataType::BF16,
+        DType::F64 => DataType::F64,
+        DType::I32 => DataType::I32,
+        DType::I64 => DataType::I64,
+        DType::U8 => DataType::U8,
+        other => {
+            return Err(invalid(
+                op,
+                format!(
+                    "dtype {} is not reduced by devcomm (float32, float16, bfloat16, float64, \
+                     int32, int64, uint8)",
+                    other.name()
+                ),
+            ))
+        }
+    })
+}
+
+/// All-gather moves bytes: a type the reductions lack goes as one of their types of its size.
+pub fn gather_dtype(op: &str, d: &TensorDesc) -> PyResult<DataType> {
+    reduce_dtype(op, d).or_else(|e| match d.dtype.size() {
+        1 => Ok(DataType::U8),
+        2 => Ok(DataType::F16),
+        4 => Ok(DataType::I32),
+        8 => Ok(DataType::I64),
+        _ => Err(e),
+    })
+}
+
+pub fn reduce_op(op: &str, name: &str) -> PyResult<ReduceOp> {
+    ReduceOp::from_name(name).ok_or_else(|| {
+        invalid(
+            op,
+            format!("reduction {name:?}: devcomm reduces with sum, avg, max or min"),
+        )
+    })
+}
+
+pub fn same_dtype(op: &str, a: &TensorDesc, b: &TensorDesc) -> PyResult<()> {
+    if a.dtype != b.dtype {
+        return Err(invalid(
+            op,
+            format!("out is {} but inp {}", a.dtype.name(), b.dtype.name()),
+        ));
+    }
+    Ok(())
+}
+
+/// The other buffer's address for the raw call when `small` may be this rank's shard of
+/// `big`: `big`'s address (in place) when `small` starts at `shard`, `small`'s when the two
+/// do not overlap; an error for any other overlap.
+pub fn placement(op: &str, big: &TensorDesc, small: &TensorDesc, shard: u64) -> PyResult<u64> {
+    if small.ptr == shard && small.bytes() > 0 {
+        return Ok(big.ptr);
+    }
+    let overlap = small.ptr < big.ptr + big.bytes() && big.ptr < small.ptr + small.bytes();
+    if overlap && small.bytes() > 0 && big.bytes() > 0 {
+        return Err(invalid(
+            op,
+            "out and inp overlap other than as this rank's shard (in place)",
+        ));
+    }
+    Ok(small.ptr)
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Functional GPU checks on a machine with one GPU (a lent single-GPU machine, say): each step
+# runs ranks that share the GPU under scripts/shared-gpu.sh (correctness only: nothing here
+# crosses NVLink or is timed against NCCL). Runs from the repository root with dist/ carried
+# there (scripts/stage.sh). Logs go to $OUT (or ./gpu-out); a summary table is printed last.
+#
+#   usage: scripts/gpu-check.sh STEP...
+#   steps: selftest2 selftest3 selftest4   the full self-test on 2, 3 or 4 ranks
+#          GROUP@N                         one self-test group (--only GROUP) on N ranks
+#          examples@N                      the Rust examples on N ranks
+#          python@N                        the Python GPU tests on N ranks (wheel in dist/)
+#          reduce-smoke@N                  the reduction benchmark as a smoke test on N ranks
+#          kill@N                          a rank dies in a loop of collectives (devcomm kill-test)
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export DEVCOMM_TIMEOUT_MS=${DEVCOMM_TIMEOUT_MS:-10000} DEVCOMM_SETUP_TIMEOUT_MS=${DEVCOMM_SETUP_TIMEOUT_MS:-60000}
+# Kernels precompiled on the build machine (scripts/stage.sh) start the cache warm.
+export DEVCOMM_CACHE_DIR=${DEVCOMM_CACHE_DIR:-$PWD/dist/kernel-cache}
+step_limit=${STEP_LIMIT:-300}
+out=${OUT:-./gpu-out}; mkdir -p "$out"
+summary=()
+step() { # name, command...
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  timeout -k 5 "$step_limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  tail -n 60 "$out/$name.log"
+  summary+=("$(printf '%-24s rc=%-4s %4ss' "$name" "$rc" $((SECONDS - t0)))")
+}
+nvidia-smi -L > "$out/gpu.txt" 2>&1
+for w in "$@"; do
+  case $w in
+    selftest[0-9]) n=${w#selftest}; step "selftest-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest ;;
+    examples@*) n=${w#examples@}
+      step "example-transpose-$n" scripts/shared-gpu.sh "$n" dist/transpose_all_to_all
+      step "example-fp8-$n" scripts/shared-gpu.sh "$n" dist/fp8_all_to_all
+      [ -x dist/all_reduce_rmsnorm ] && step "example-rmsnorm-$n" scripts/shared-gpu.sh "$n" dist/all_reduce_rmsnorm ;;
+    python@*) n=${w#python@}
+      python3 -m pip install -q --no-index --no-deps --target /tmp/devcomm-py dist/*.whl > "$out/pip.log" 2>&1
+      step "python-$n-ranks" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 \
+        scripts/shared-gpu.sh "$n" python3 -m pytest -q -p no:cacheprovider -rf python/tests/gpu
+      for py in python/bench_overhead.py examples/python/moe_layer.py examples/python/tp_mlp.py; do
+        step "python-$(basename "$py" .py)-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 \
+          scripts/shared-gpu.sh "$n" python3 "$py"
+      done ;;
+    reduce-smoke@*) n=${w#reduce-smoke@}
+      for op in all_reduce reduce_scatter all_gather; do
+        step "bench-$op-smoke-$n" scripts/shared-gpu.sh "$n" dist/devcomm bench --op "$op" \
+          --reference none --max-bytes $((16 << 20)) --json "$out/$op-smoke.json"
+      done ;;
+    kill@*) n=${w#kill@}; step "kill-test-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm kill-test ;;
+    *@*) g=${w%@*}; n=${w#*@}; step "selftest-$g-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest --only "$g" ;;
+    *) echo "unknown step $w" >&2 ;;
+  esac
+done
+printf '\n%s\n' "${summary[@]}"
