@@ -5,6 +5,7 @@
 //! One file per benchmark; the shared parts are [`args`] (the command line), [`timing`] (the
 //! harness: events, candidates in turn, medians) and [`record`] (the records and their output).
 
+mod agree_latency;
 mod alltoall;
 mod args;
 mod ce;
@@ -39,6 +40,12 @@ const OPS: &[(&str, &str)] = &[
     (
         "latency",
         "signal ping-pong between ranks 0 and 1 inside one kernel",
+    ),
+    (
+        "agree_latency",
+        "host-launched 8-byte sendrecv between ranks 0 and 1, each call synchronised; runs on \
+         one shared GPU too, for comparing two runs: compare with DEVCOMM_P2P_OPTIONS=\
+         \"-DDC_AGREE=0\" (the call agreement compiled out)",
     ),
     (
         "launch",
@@ -116,6 +123,9 @@ pub(crate) fn shared_gpu_rule(shared: bool, op: &str, reference: &str) -> Result
         return Ok(true);
     }
     let env = devcomm::topology::SHARE_GPU_ENV;
+    if op == "agree_latency" {
+        return Ok(false); // only a comparison of two runs on this machine means anything
+    }
     if reduce::Coll::parse(op).is_some() {
         return match reduce::Reference::parse(reference)? {
             reduce::Reference::None => Ok(false),
@@ -168,6 +178,7 @@ fn run(args: &BenchArgs) -> Result<i32, String> {
     }
     let mut records = match args.op.as_str() {
         "latency" => latency::run(&cx, args)?,
+        "agree_latency" => agree_latency::run(&cx, args)?,
         "launch" => launch::run(&cx, args)?,
         "put" => put::run(&cx, args)?,
         "ce" => ce::run(&cx, args)?,

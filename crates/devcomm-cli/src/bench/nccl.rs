@@ -87,6 +87,7 @@ impl NcclPair {
 /// Collective: a fresh NCCL unique id, made by rank 0 and shared through devcomm's store
 /// (each call its own key, so several communicators can be made in one run).
 pub(crate) fn shared_id(cx: &Ctx) -> Result<Id, String> {
+    ensure_nccl()?;
     let store = cx.comm.store();
     let key = format!("__devcomm_cli/nccl_id/{}", rand_tag(cx));
     if cx.comm.rank() == 0 {
@@ -129,4 +130,25 @@ fn rand_tag(cx: &Ctx) -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
     let _ = cx;
     N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `Ok` when libnccl loads: cudarc loads it lazily and panics inside its loader when it is
+/// missing, so every use of NCCL starts here (through [`shared_id`]).
+fn ensure_nccl() -> Result<(), String> {
+    // SAFETY: loading libnccl runs only its own initialisers; a missing one is `false`.
+    if unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Ok(());
+    }
+    let mut names: Vec<String> = Vec::new();
+    for name in cudarc::get_lib_name_candidates("nccl") {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    Err(format!(
+        "NCCL (libnccl) could not be loaded: searched for {names:?} through dlopen \
+         (LD_LIBRARY_PATH: {}, then the system's library path); the benchmarks time it as \
+         their reference",
+        std::env::var("LD_LIBRARY_PATH").unwrap_or_else(|_| "not set".into())
+    ))
 }

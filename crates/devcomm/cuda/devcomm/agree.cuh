@@ -30,6 +30,13 @@ namespace devcomm {
 namespace p2p {
 
 // Words, descriptor layout and the pure decisions are in devcomm/p2p.cuh (kAg*, agree_*).
+//
+// DC_AGREE=0 compiles the agreement out (DEVCOMM_P2P_OPTIONS="-DDC_AGREE=0", the same on every
+// rank), for latency comparisons only (`devcomm bench --op agree_latency`): mismatches are
+// then silent again.
+#ifndef DC_AGREE
+#define DC_AGREE 1
+#endif
 
 #if defined(__CUDACC__)
 
@@ -52,6 +59,7 @@ struct AgreeSend {
 
 __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int peer) {
   dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
+  if (!DC_AGREE) return AgreeSend{own, 0, 0};
   return AgreeSend{own, own[kAgCallS] + 1, ld_relaxed_sys(own + kAgAck)};
 }
 
@@ -59,6 +67,7 @@ __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int pe
 // the lead of the send role). False when that wait failed (recorded; the caller stops).
 __device__ inline bool agree_send_finish(const P2PLaunch& a, int peer, const AgreeSend& s,
                                          dc_u32 kind, dc_u64 bytes) {
+  if (!DC_AGREE) return true;
   if (s.call > kAgRing && s.ack + kAgRing < s.call) {
     const dc_u64 slot = p2p_ce_word(a, peer, kAgAck);
     if (!wait_until(error_state(a.w), a.w.timeout_ns, a.w.rank, s.own + kAgAck,
@@ -114,7 +123,7 @@ struct AgreeRecv {
 
 __device__ __forceinline__ AgreeRecv agree_recv(const P2PLaunch& a, int peer, dc_u64 call,
                                                 dc_u32 kind, dc_u64 bytes) {
-  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kAgBytesMask, kind, peer, false};
+  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kAgBytesMask, kind, peer, !DC_AGREE};
 }
 
 // No check at all (a role whose caller checked already).
@@ -140,6 +149,7 @@ __device__ inline bool agree_recv_wait(const P2PLaunch& a, AgreeRecv& ag) {
 // The end of a receive call (one thread, once every receiving thread is done): advances CALL_R
 // and hands the ring word back to the sender (ACK).
 __device__ __forceinline__ void agree_recv_end(const P2PLaunch& a, int peer, dc_u64 call) {
+  if (!DC_AGREE) return;
   *own_user_slot(a.w, p2p_ce_word(a, peer, kAgCallR)) = call;
   st_relaxed_sys(peer_user_slot(a.w, peer, p2p_ce_word(a, a.w.rank, kAgAck)), call);
 }
@@ -149,6 +159,7 @@ __device__ __forceinline__ void agree_recv_end(const P2PLaunch& a, int peer, dc_
 // to the sender (ACK).
 __device__ inline void agree_recv_done(const P2PLaunch& a, int peer, dc_u64 call,
                                        dc_u32 nblocks) {
+  if (!DC_AGREE) return;
   dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
   if (nblocks > 1) {
     const unsigned long long out =

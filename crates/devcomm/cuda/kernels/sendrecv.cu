@@ -776,8 +776,24 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_negotiated_kernel(P2PNegotiate
     ce = a;
     ce.send = n.ce_send;
     ce.recv = n.ce_recv;
-    if (b == 0 && send) agree_send(a, st.peer, kKindSendRecv, st.bytes);  // failure: aborted
-    if (b == 0) decide_role(a, st, i);
+    if (b == 0) {
+      // The call is checked before its layout is negotiated: a peer whose call differs (say
+      // a staged send of another size, which negotiates nothing) is a mismatch at once, not
+      // a negotiation that times out. A failed check decides nothing: the role's blocks
+      // find DECISION failed and move nothing.
+      bool agreed = true;
+      if (send) {
+        agree_send(a, st.peer, kKindSendRecv, st.bytes);  // a failure aborts: the waits end
+      } else {
+        AgreeRecv ag = agree_recv(a, st.peer, call, kKindSendRecv, st.bytes);
+        agreed = agree_recv_wait(a, ag);
+      }
+      if (agreed) {
+        decide_role(a, st, i);
+      } else {
+        st_release_sys(own_user_slot(a.w, p2p_ce_word(a, st.peer, kCeDecR)), kDecisionFailed);
+      }
+    }
   }
   __syncthreads();
   const P2PSide& cs = send ? ce.send : ce.recv;

@@ -1,0 +1,250 @@
+//! Tests of the error record's decoding and the checks' decisions (pure: no GPU).
+use super::*;
+
+fn record() -> ErrorRecord {
+    ErrorRecord {
+        flag: 1,
+        op: 2,
+        rank: 3,
+        peer: 1,
+        slot: 7,
+        expected: 5,
+        seen: 4,
+        elapsed_ns: 1_500_000_000,
+    }
+}
+
+#[test]
+fn record_converts_to_peer_timeout() {
+    match record_to_error(&record()) {
+        Error::PeerTimeout {
+            op,
+            rank,
+            peer,
+            slot,
+            expected,
+            seen,
+            elapsed,
+        } => {
+            assert_eq!(op, DeviceOp::Barrier);
+            assert_eq!((rank, peer, slot, expected, seen), (3, 1, 7, 5, 4));
+            assert_eq!(elapsed, Duration::from_millis(1500));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let msg = record_to_error(&record()).to_string();
+    assert!(msg.contains("peer 1") && msg.contains("barrier"), "{msg}");
+}
+
+#[test]
+fn zero_copy_mismatch_is_a_complete_soft_record() {
+    // Written by a kernel without raising abort: complete as soon as `op` is there.
+    let rec = ErrorRecord {
+        op: 9,
+        slot: 1,
+        expected: 64,
+        seen: 128,
+        ..record()
+    };
+    let state = DeviceErrorState {
+        abort: 0,
+        reserved: 0,
+        record: rec,
+    };
+    match evaluate(&state, 3, false) {
+        Verdict::Failed(e) => match *e {
+            Error::ZeroCopyMismatch {
+                rank,
+                peer,
+                field,
+                local,
+                remote,
+            } => {
+                assert_eq!((rank, peer, local, remote), (3, 1, 64, 128));
+                assert_eq!(field, "the offset");
+            }
+            other => panic!("unexpected {other:?}"),
+        },
+        other => panic!("unexpected {other:?}"),
+    }
+    let msg = record_to_error(&rec).to_string();
+    assert!(
+        msg.contains("peer 1") && msg.contains("does not match"),
+        "{msg}"
+    );
+    // The same shape with a wait's op is still in progress (abort not yet raised).
+    let waiting = DeviceErrorState {
+        record: ErrorRecord { op: 7, ..rec },
+        ..state
+    };
+    assert!(matches!(evaluate(&waiting, 3, false), Verdict::Pending));
+}
+
+#[test]
+fn call_mismatch_is_a_hard_error_naming_both_sizes() {
+    let rec = ErrorRecord {
+        op: 11,
+        rank: 1,
+        peer: 0,
+        slot: 2,
+        expected: 524_291,
+        seen: 1_048_581,
+        elapsed_ns: 0,
+        flag: 1,
+    };
+    // Recorded with abort raised: complete only then (never reported as soft).
+    let pending = DeviceErrorState {
+        abort: 0,
+        reserved: 0,
+        record: rec,
+    };
+    assert!(matches!(evaluate(&pending, 1, false), Verdict::Pending));
+    let fired = DeviceErrorState {
+        abort: 1,
+        ..pending
+    };
+    match evaluate(&fired, 1, false) {
+        Verdict::Failed(e) => match *e {
+            Error::CallMismatch {
+                rank,
+                peer,
+                what,
+                local,
+                remote,
+                ..
+            } => {
+                assert_eq!((rank, peer, what), (1, 0, "send/recv"));
+                assert_eq!((local, remote), (524_291, 1_048_581));
+            }
+            other => panic!("unexpected {other:?}"),
+        },
+        other => panic!("unexpected {other:?}"),
+    }
+    let msg = record_to_error(&rec).to_string();
+    for part in [
+        "rank 1",
+        "peer 0",
+        "524291",
+        "1048581",
+        "size in bytes",
+        "rebuilt",
+    ] {
+        assert!(msg.contains(part), "{part} missing in {msg}");
+    }
+    let kind = record_to_error(&ErrorRecord { slot: 1, ..rec }).to_string();
+    assert!(kind.contains("kind of call"), "{kind}");
+    let op = record_to_error(&ErrorRecord {
+        slot: 3,
+        expected: 1,
+        seen: 3,
+        ..rec
+    });
+    assert!(
+        matches!(
+            op,
+            Error::CallMismatch {
+                what: "a collective",
+                local: 1,
+                remote: 3,
+                ..
+            }
+        ),
+        "{op:?}"
+    );
+    assert!(op.to_string().contains("all-to-all-v"), "{op}");
+}
+
+#[test]
+fn a_soft_error_does_not_stop_the_next_launch_but_a_hard_one_does() {
+    let soft = DeviceErrorState {
+        abort: 0,
+        reserved: 0,
+        record: ErrorRecord { op: 6, ..record() },
+    };
+    assert!(soft_pending(&soft));
+    // The same record with abort raised, a wait's record in progress, a hard mismatch:
+    // the launch checks them as `check` does.
+    assert!(!soft_pending(&DeviceErrorState { abort: 1, ..soft }));
+    assert!(!soft_pending(&DeviceErrorState {
+        record: ErrorRecord {
+            op: 3,
+            ..soft.record
+        },
+        ..soft
+    }));
+    assert!(!soft_pending(&DeviceErrorState {
+        record: ErrorRecord {
+            op: 11,
+            ..soft.record
+        },
+        ..soft
+    }));
+    assert!(!soft_pending(&DeviceErrorState::default()));
+}
+
+#[test]
+fn unknown_op_codes_survive() {
+    let rec = ErrorRecord { op: 42, ..record() };
+    assert!(matches!(
+        record_to_error(&rec),
+        Error::PeerTimeout {
+            op: DeviceOp::Unknown(42),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn evaluate_covers_every_state() {
+    let clear = DeviceErrorState::default();
+    assert!(matches!(evaluate(&clear, 0, false), Verdict::Clear));
+
+    let in_progress = DeviceErrorState {
+        abort: 0,
+        reserved: 0,
+        record: record(),
+    };
+    assert!(matches!(evaluate(&in_progress, 0, false), Verdict::Pending));
+
+    let fired = DeviceErrorState {
+        abort: 1,
+        reserved: 0,
+        record: record(),
+    };
+    assert!(matches!(
+        evaluate(&fired, 0, false),
+        Verdict::Failed(e) if matches!(*e, Error::PeerTimeout { peer: 1, .. })
+    ));
+
+    let aborted = DeviceErrorState {
+        abort: 1,
+        ..DeviceErrorState::default()
+    };
+    assert!(matches!(evaluate(&aborted, 2, false), Verdict::Pending));
+    assert!(matches!(
+        evaluate(&aborted, 2, true),
+        Verdict::Failed(e) if matches!(*e, Error::Aborted { rank: 2, .. })
+    ));
+}
+
+#[test]
+fn settle_reports_what_is_there() {
+    let in_progress = DeviceErrorState {
+        abort: 0,
+        reserved: 0,
+        record: record(),
+    };
+    assert!(matches!(
+        settle(&in_progress, 0),
+        Err(Error::PeerTimeout { slot: 7, .. })
+    ));
+    let aborted = DeviceErrorState {
+        abort: 1,
+        ..DeviceErrorState::default()
+    };
+    assert!(matches!(
+        settle(&aborted, 5),
+        Err(Error::Aborted { rank: 5, .. })
+    ));
+    assert!(settle(&DeviceErrorState::default(), 0).is_ok());
+}
