@@ -14,6 +14,7 @@ for ex in all_reduce_rmsnorm; do
   if [ -x "target/release/examples/$ex" ]; then cp "target/release/examples/$ex" dist/; fi
 done
 strip dist/devcomm dist/transpose_all_to_all dist/fp8_all_to_all
+[ -x dist/all_reduce_rmsnorm ] && strip dist/all_reduce_rmsnorm
 # The kernels for Hopper (sm_90: H100 and H200), compiled here with the NVRTC wheel, so that the
 # GPU machine starts with a warm cache (dist/kernel-cache; the GPU's NVRTC must be 13.0 too,
 # which is part of the cache key: another version just compiles again).
