@@ -42,7 +42,7 @@ for w in "$@"; do
         scripts/shared-gpu.sh "$n" python3 -m pytest -q -p no:cacheprovider -rf python/tests/gpu
       for py in python/bench_overhead.py examples/python/moe_layer.py examples/python/tp_mlp.py; do
         step "python-$(basename "$py" .py)-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 \
-          scripts/shared-gpu.sh "$n" python3 "$py"
+          scripts/shared-gpu.sh "$n" python3 -P "$py"
       done ;;
     reduce-smoke@*) n=${w#reduce-smoke@}
       for op in all_reduce reduce_scatter all_gather; do
@@ -50,6 +50,11 @@ for w in "$@"; do
           --reference none --max-bytes $((16 << 20)) --json "$out/$op-smoke.json"
       done ;;
     kill@*) n=${w#kill@}; step "kill-test-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm kill-test ;;
+    overhead@*) n=${w#overhead@}
+      python3 -m pip install -q --no-index --no-deps --target /tmp/devcomm-py dist/*.whl > "$out/pip.log" 2>&1
+      # -P: the installed package, not the source folder beside the script.
+      step "python-overhead-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 \
+        scripts/shared-gpu.sh "$n" python3 -P python/bench_overhead.py ;;
     *@*) g=${w%@*}; n=${w#*@}; step "selftest-$g-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest --only "$g" ;;
     *) echo "unknown step $w" >&2 ;;
   esac
