@@ -33,13 +33,14 @@ impl Comm {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("all_reduce", stream)?;
-        let c = Collective::AllReduce;
-        let count = count_of(c, self.world_size(), input.len(), output.len())
-            .map_err(invalid(c, self.rank()))?;
-        let (i, _s) = input.device_ptr(stream);
-        let (o, _r) = output.device_ptr_mut(stream);
-        self.reduction(c, T::DTYPE, Some(op), (i, o, count), None, stream)
+        self.out_of_place(
+            "all_reduce",
+            Collective::AllReduce,
+            Some(op),
+            input,
+            output,
+            stream,
+        )
     }
 
     /// In-place all-reduce of `buf`.
@@ -71,13 +72,14 @@ impl Comm {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("reduce_scatter", stream)?;
-        let c = Collective::ReduceScatter;
-        let count = count_of(c, self.world_size(), input.len(), output.len())
-            .map_err(invalid(c, self.rank()))?;
-        let (i, _s) = input.device_ptr(stream);
-        let (o, _r) = output.device_ptr_mut(stream);
-        self.reduction(c, T::DTYPE, Some(op), (i, o, count), None, stream)
+        self.out_of_place(
+            "reduce_scatter",
+            Collective::ReduceScatter,
+            Some(op),
+            input,
+            output,
+            stream,
+        )
     }
 
     /// In-place reduce-scatter: `buf` holds `world_size` shards; the result lands in this
@@ -88,12 +90,13 @@ impl Comm {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("reduce_scatter_in_place", stream)?;
-        let c = Collective::ReduceScatter;
-        let count =
-            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
-        let (p, _r) = buf.device_ptr_mut(stream);
-        self.reduction(c, T::DTYPE, Some(op), (p, p, count), None, stream)
+        self.sharded_in_place(
+            "reduce_scatter_in_place",
+            Collective::ReduceScatter,
+            Some(op),
+            buf,
+            stream,
+        )
     }
 
     /// Out-of-place all-gather: `output` (`world_size` x `input`'s length) gets every rank's
@@ -104,13 +107,14 @@ impl Comm {
         output: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("all_gather", stream)?;
-        let c = Collective::AllGather;
-        let count = count_of(c, self.world_size(), input.len(), output.len())
-            .map_err(invalid(c, self.rank()))?;
-        let (i, _s) = input.device_ptr(stream);
-        let (o, _r) = output.device_ptr_mut(stream);
-        self.reduction(c, T::DTYPE, None, (i, o, count), None, stream)
+        self.out_of_place(
+            "all_gather",
+            Collective::AllGather,
+            None,
+            input,
+            output,
+            stream,
+        )
     }
 
     /// In-place all-gather: this rank's shard of `buf` is its input.
@@ -119,12 +123,13 @@ impl Comm {
         buf: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("all_gather_in_place", stream)?;
-        let c = Collective::AllGather;
-        let count =
-            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
-        let (p, _r) = buf.device_ptr_mut(stream);
-        self.reduction(c, T::DTYPE, None, (p, p, count), None, stream)
+        self.sharded_in_place(
+            "all_gather_in_place",
+            Collective::AllGather,
+            None,
+            buf,
+            stream,
+        )
     }
 
     /// All-reduce on raw device addresses: `count` elements of `dtype`; in place when
@@ -426,5 +431,41 @@ impl Comm {
             hooks,
         };
         self.reduce.launch(&self.group, &self.jit, call, stream)
+    }
+}
+
+impl Comm {
+    /// The typed out-of-place forms: capture readiness, the lengths checked, then the call.
+    fn out_of_place<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        name: &'static str,
+        c: Collective,
+        op: Option<ReduceOp>,
+        input: &S,
+        output: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.capture_ready(name, stream)?;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
+        let (i, _s) = input.device_ptr(stream);
+        let (o, _r) = output.device_ptr_mut(stream);
+        self.reduction(c, T::DTYPE, op, (i, o, count), None, stream)
+    }
+
+    /// The typed in-place forms whose input is this rank's shard of `buf`.
+    fn sharded_in_place<T: Reducible, R: DevicePtrMut<T>>(
+        &self,
+        name: &'static str,
+        c: Collective,
+        op: Option<ReduceOp>,
+        buf: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.capture_ready(name, stream)?;
+        let count =
+            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
+        let (p, _r) = buf.device_ptr_mut(stream);
+        self.reduction(c, T::DTYPE, op, (p, p, count), None, stream)
     }
 }
