@@ -4,8 +4,14 @@
 use super::window::MAX_ROLE_THREADS;
 use crate::jit::KernelSpec;
 
-/// The send/recv kernels' source.
-pub const SENDRECV_SOURCE: &str = include_str!("../../cuda/kernels/sendrecv.cu");
+/// The send/recv kernels' source: one translation unit in four files (each under 600 lines),
+/// in this order.
+pub const SENDRECV_SOURCE: &str = concat!(
+    include_str!("../../cuda/kernels/sendrecv.cu"),
+    include_str!("../../cuda/kernels/sendrecv_zc.cu"),
+    include_str!("../../cuda/kernels/sendrecv_ce.cu"),
+    include_str!("../../cuda/kernels/sendrecv_negotiated.cu"),
+);
 
 /// Threads per role that kernels are instantiated for.
 const ROLE_THREADS: [u32; 3] = [0, 256, 512];
