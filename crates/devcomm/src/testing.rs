@@ -61,3 +61,11 @@ pub unsafe fn stream_wait_geq(stream: &CudaStream, addr: u64, value: u64) -> Res
 pub unsafe fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {
     crate::cuda::stream_write(stream, addr, value)
 }
+
+/// Runs `work` with this rank marked as loading a kernel, as a slow compile would: peers
+/// waiting at a kernel gate keep waiting while it runs (up to the setup timeout) instead of
+/// giving up after the device timeout. The self-test uses it to stand in for a slow NVRTC
+/// compile.
+pub fn as_if_loading<T>(comm: &crate::Comm, work: impl FnOnce() -> T) -> crate::Result<T> {
+    comm.group.loading(|| Ok(work()))
+}

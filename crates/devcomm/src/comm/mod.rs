@@ -45,7 +45,7 @@ pub struct Comm {
     /// The reductions' window, counters and kernels (`reduce::launch`).
     reduce: crate::reduce::launch::Reduce,
     // Dropped last: windows and registrations above release their mappings first.
-    group: Arc<Group>,
+    pub(crate) group: Arc<Group>,
 }
 
 impl Comm {
