@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 
 use crate::errors::{invalid, IntoPy};
 use crate::hooks::PyHooks;
-use crate::reduce::{gather_dtype, placement, reduce_dtype, reduce_op, same_dtype};
+use crate::reduce::{gather_dtype, reduce_dtype, reduce_op, same_dtype, sharded};
 use crate::registered::Table;
 use crate::tensor::{describe, DType, TensorDesc};
 
@@ -478,19 +478,8 @@ impl PyComm {
         let i = self.tensor(OP, "inp", inp, stream)?;
         let (dtype, op) = (reduce_dtype(OP, &i)?, reduce_op(OP, op)?);
         same_dtype(OP, &o, &i)?;
-        let world = self.comm.world_size() as u64;
-        if i.numel() != world * o.numel() {
-            return Err(invalid(
-                OP,
-                format!(
-                    "inp holds {} elements; world size {world} x out's {} are needed",
-                    i.numel(),
-                    o.numel()
-                ),
-            ));
-        }
-        let shard = i.ptr + self.comm.rank() as u64 * o.bytes();
-        let output = placement(OP, &i, &o, shard)?;
+        let (rank, world) = (self.comm.rank() as u64, self.comm.world_size() as u64);
+        let output = sharded(OP, (&i, "inp"), (&o, "out"), rank, world)?;
         let s = self.stream(stream)?;
         let count = o.numel() as usize;
         // SAFETY: both checked; `inp` spans world x `count` elements and `out` `count`, or
@@ -516,19 +505,8 @@ impl PyComm {
         let i = self.tensor(OP, "inp", inp, stream)?;
         same_dtype(OP, &o, &i)?;
         let dtype = gather_dtype(OP, &i)?;
-        let world = self.comm.world_size() as u64;
-        if o.numel() != world * i.numel() {
-            return Err(invalid(
-                OP,
-                format!(
-                    "out holds {} elements; world size {world} x inp's {} are needed",
-                    o.numel(),
-                    i.numel()
-                ),
-            ));
-        }
-        let shard = o.ptr + self.comm.rank() as u64 * i.bytes();
-        let input = placement(OP, &o, &i, shard)?;
+        let (rank, world) = (self.comm.rank() as u64, self.comm.world_size() as u64);
+        let input = sharded(OP, (&o, "out"), (&i, "inp"), rank, world)?;
         let s = self.stream(stream)?;
         let count = i.numel() as usize;
         // SAFETY: both checked; `out` spans world x `count` elements and `inp` `count`, or

@@ -63,7 +63,30 @@ pub fn same_dtype(op: &str, a: &TensorDesc, b: &TensorDesc) -> PyResult<()> {
 /// The other buffer's address for the raw call when `small` may be this rank's shard of
 /// `big`: `big`'s address (in place) when `small` starts at `shard`, `small`'s when the two
 /// do not overlap; an error for any other overlap.
-pub fn placement(op: &str, big: &TensorDesc, small: &TensorDesc, shard: u64) -> PyResult<u64> {
+/// The shape both sharded collectives need: `big` (named `big_name`) holds `world` times
+/// `small`'s elements; then where the call reads or writes `small` ([`placement`] of this
+/// `rank`'s shard).
+pub fn sharded(
+    op: &str,
+    (big, big_name): (&TensorDesc, &str),
+    (small, small_name): (&TensorDesc, &str),
+    rank: u64,
+    world: u64,
+) -> PyResult<u64> {
+    if big.numel() != world * small.numel() {
+        return Err(invalid(
+            op,
+            format!(
+                "{big_name} holds {} elements; world size {world} x {small_name}'s {} are needed",
+                big.numel(),
+                small.numel()
+            ),
+        ));
+    }
+    placement(op, big, small, big.ptr + rank * small.bytes())
+}
+
+fn placement(op: &str, big: &TensorDesc, small: &TensorDesc, shard: u64) -> PyResult<u64> {
     if small.ptr == shard && small.bytes() > 0 {
         return Ok(big.ptr);
     }
