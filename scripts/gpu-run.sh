@@ -3,7 +3,7 @@
 # the GPU self-test on every GPU, then the quick benchmarks. Full logs and JSON go to $OUT
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
-#   what: info selftest selftest2 p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
+#   what: info selftest selftest2 agree-ab p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
 #         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph
 #         all_reduce reduce_scatter all_gather reduce-smoke ...
 #   The reductions take REDUCE_ARGS (e.g. "--dtype f32 --redop max" or "--max-bytes 67108864";
@@ -146,6 +146,18 @@ for w in $what; do
       # meaningless.
       for op in all_reduce reduce_scatter all_gather; do
         step "reduce-smoke-$op" scripts/shared-gpu.sh "${SMOKE_RANKS:-4}" $bin bench --op "$op" --reference none --max-bytes "${SMOKE_MAX:-16777216}" --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/reduce-smoke-$op.json"
+      done ;;
+    agree-ab)
+      # The call agreement's cost at small sizes (docs/PROTOCOL.md, "Agreement"): host-launched
+      # 8 B send/recv with the agreement on and compiled out (DEVCOMM_P2P_OPTIONS=-DDC_AGREE=0),
+      # alternating REPS times: bench --op agree_latency (sendrecv + synchronise per call) and
+      # bench --op sendrecv one way up to 4 KiB next to NCCL.
+      for r in $(seq 1 "${REPS:-3}"); do
+        for v in on off; do
+          o=""; [ $v = off ] && o="-DDC_AGREE=0"
+          step agree-$v-$r env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op agree_latency --device-kind "$kind" --json "$out/agree-$v-$r.json"
+          step small-$v-$r env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op sendrecv --max-bytes 4096 --device-kind "$kind" --json "$out/small-$v-$r.json"
+        done
       done ;;
     graph) step sendrecv-graph $bin launch -n 2 -- $bin bench --op sendrecv --graph --device-kind "$kind" --json "$out/sendrecv-graph.json" ;;
     both-fused)
