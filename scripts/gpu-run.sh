@@ -3,7 +3,7 @@
 # the GPU self-test on every GPU, then the quick benchmarks. Full logs and JSON go to $OUT
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
-#   what: info selftest selftest2 agree-ab p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
+#   what: info selftest selftest2 agree-ab agree-parts reduce-var p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
 #         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph
 #         all_reduce reduce_scatter all_gather reduce-smoke ...
 #   The reductions take REDUCE_ARGS (e.g. "--dtype f32 --redop max" or "--max-bytes 67108864";
@@ -146,6 +146,24 @@ for w in $what; do
       # meaningless.
       for op in all_reduce reduce_scatter all_gather; do
         step "reduce-smoke-$op" scripts/shared-gpu.sh "${SMOKE_RANKS:-4}" $bin bench --op "$op" --reference none --max-bytes "${SMOKE_MAX:-16777216}" --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/reduce-smoke-$op.json"
+      done ;;
+    agree-parts)
+      # Which part of the call agreement costs what at 8 B (agree.cuh): VARIANTS of
+      # DEVCOMM_P2P_OPTIONS in turn, REPS rounds of bench --op agree_latency.
+      for r in $(seq 1 "${REPS:-3}"); do
+        for v in on off recv0 ack0 recv0ack0; do
+          case $v in on) o="" ;; off) o="-DDC_AGREE=0" ;; recv0) o="-DDC_AGREE_RECV=0" ;;
+            ack0) o="-DDC_AGREE_ACK=0" ;; recv0ack0) o="-DDC_AGREE_RECV=0 -DDC_AGREE_ACK=0" ;; esac
+          step agree-$v-$r env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op agree_latency --device-kind "$kind" --json "$out/agree-$v-$r.json"
+        done
+      done ;;
+    reduce-var)
+      # Reduction settings (DEVCOMM_REDUCE_*), one bench each: RVARIANTS='name=VAR=V VAR2=V;...'
+      # (name alone: the defaults), ROP the operation, RMIN / RMAX the sizes.
+      IFS=';' read -ra vs <<< "${RVARIANTS:-base}"
+      for v in "${vs[@]}"; do
+        name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
+        step ${ROP:-all_reduce}-$name env $envs $bin launch -n "$n" -- $bin bench --op "${ROP:-all_reduce}" --min-bytes "${RMIN:-0}" --max-bytes "${RMAX:-1073741824}" --device-kind "$kind" --json "$out/${ROP:-all_reduce}-$name.json"
       done ;;
     agree-ab)
       # The call agreement's cost at small sizes (docs/PROTOCOL.md, "Agreement"): host-launched

@@ -14,14 +14,18 @@
 // data (the same thread stores it just before its first line or chunk), and the receiver
 // polls it in the same loop as its data, so both arrive in one flight.
 //
-// Ring credit: the receiver's last block out of call c stores ACK = c into the sender's pad,
-// and the sender waits for ACK >= call - kAgRing before overwriting a ring word. Sends may run
-// ahead of receives by up to kAgRing calls whichever routes they take.
+// Ring credit: once call c has ended on the receiver (its last block out advanced CALL_R),
+// the lead thread of the receiver's NEXT call from that peer raises the sender's ACK to c, at
+// its start (stream order: every reader of call c's ring word has finished by then). The
+// update leaves with the call's first loads, off the path to the kernel's end: an ACK stored
+// as the last act of call c cost about 0.35 us per 8 B call on 2 H200s (docs/PERFORMANCE.md,
+// "Call agreement"). The sender waits for ACK >= call - kAgRing before overwriting a ring word,
+// so it may run up to kAgRing - 1 calls ahead of the receiver's last started call.
 //
 // Words (user slots) of peer p's copy-engine block (p2p.cuh, p2p_ce_word):
-//   +56 CALL_S  calls this rank sent to p              +57 CALL_R  calls received from p
-//   +58 OUT_R   receiving blocks done with this call   +59 ACK     this rank's calls p finished
-//   +60..63 DESC[kAgRing]  p's descriptors of its calls to this rank (written by p)
+//   +54 CALL_S  calls this rank sent to p              +55 CALL_R  calls received from p
+//   +56 OUT_R   receiving blocks done with this call   +57 ACK     this rank's calls p finished
+//   +58..63 DESC[kAgRing]  p's descriptors of its calls to this rank (written by p)
 #pragma once
 
 #include "devcomm/ll.cuh"
@@ -36,6 +40,15 @@ namespace p2p {
 // then silent again.
 #ifndef DC_AGREE
 #define DC_AGREE 1
+#endif
+// Parts of it, for the same comparisons of the 8 B send/recv only (with either, the barrier
+// and the negotiated routes no longer wait for their peers): DC_AGREE_RECV=0 (receivers do not wait for or check
+// the descriptor), DC_AGREE_ACK=0 (receivers hand no ring word back; senders take no credit).
+#ifndef DC_AGREE_RECV
+#define DC_AGREE_RECV DC_AGREE
+#endif
+#ifndef DC_AGREE_ACK
+#define DC_AGREE_ACK DC_AGREE
 #endif
 
 #if defined(__CUDACC__)
@@ -68,7 +81,7 @@ __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int pe
 __device__ inline bool agree_send_finish(const P2PLaunch& a, int peer, const AgreeSend& s,
                                          dc_u32 kind, dc_u64 bytes) {
   if (!DC_AGREE) return true;
-  if (s.call > kAgRing && s.ack + kAgRing < s.call) {
+  if (DC_AGREE_ACK && s.call > kAgRing && s.ack + kAgRing < s.call) {
     const dc_u64 slot = p2p_ce_word(a, peer, kAgAck);
     if (!wait_until(error_state(a.w), a.w.timeout_ns, a.w.rank, s.own + kAgAck,
                     s.call - kAgRing, Cmp::Ge, WaitSite{kOpSendSlotFree, peer, slot})) {
@@ -85,10 +98,15 @@ __device__ inline bool agree_send(const P2PLaunch& a, int peer, dc_u32 kind, dc_
   return agree_send_finish(a, peer, agree_send_begin(a, peer), kind, bytes);
 }
 
-// The call number this receive role has with `peer` (read by every receiving thread at the
-// start; the role's last block out advances it, agree_recv_done).
-__device__ __forceinline__ dc_u64 agree_recv_call(const P2PLaunch& a, int peer) {
-  return *own_user_slot(a.w, p2p_ce_word(a, peer, kAgCallR)) + 1;
+// The call number this receive role has with `peer`, read by every receiving thread at the
+// start (the role's last block out advances it, agree_recv_done). `lead`: exactly one thread
+// of the role, which hands the previous call's ring word back to the sender (ACK, above).
+__device__ __forceinline__ dc_u64 agree_recv_begin(const P2PLaunch& a, int peer, bool lead) {
+  const dc_u64 call = *own_user_slot(a.w, p2p_ce_word(a, peer, kAgCallR)) + 1;
+  if (DC_AGREE_ACK && lead && call > 1) {
+    red_max_relaxed_sys(peer_user_slot(a.w, peer, p2p_ce_word(a, a.w.rank, kAgAck)), call - 1);
+  }
+  return call;
 }
 
 // The ring word that carries the descriptor of call `call` from `peer`.
@@ -123,7 +141,8 @@ struct AgreeRecv {
 
 __device__ __forceinline__ AgreeRecv agree_recv(const P2PLaunch& a, int peer, dc_u64 call,
                                                 dc_u32 kind, dc_u64 bytes) {
-  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kAgBytesMask, kind, peer, !DC_AGREE};
+  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kAgBytesMask, kind, peer,
+                   !DC_AGREE_RECV};
 }
 
 // No check at all (a role whose caller checked already).
@@ -147,16 +166,14 @@ __device__ inline bool agree_recv_wait(const P2PLaunch& a, AgreeRecv& ag) {
 }
 
 // The end of a receive call (one thread, once every receiving thread is done): advances CALL_R
-// and hands the ring word back to the sender (ACK).
+// (the next call's lead hands the ring word back, agree_recv_begin).
 __device__ __forceinline__ void agree_recv_end(const P2PLaunch& a, int peer, dc_u64 call) {
   if (!DC_AGREE) return;
   *own_user_slot(a.w, p2p_ce_word(a, peer, kAgCallR)) = call;
-  st_relaxed_sys(peer_user_slot(a.w, peer, p2p_ce_word(a, a.w.rank, kAgAck)), call);
 }
 
 // The end of a receive role in one block (one thread, after every thread of the role in this
-// block is done): the last of `nblocks` blocks advances CALL_R and hands the ring word back
-// to the sender (ACK).
+// block is done): the last of `nblocks` blocks advances CALL_R.
 __device__ inline void agree_recv_done(const P2PLaunch& a, int peer, dc_u64 call,
                                        dc_u32 nblocks) {
   if (!DC_AGREE) return;

@@ -525,7 +525,7 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
 // other modes operation and wire size in the movers. Its blocks end the call together.
 template <class H, int THREADS, bool MIXED>
 __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
-  const dc_u64 call = p2p::agree_recv_call(a.p, peer);
+  const dc_u64 call = p2p::agree_recv_begin(a.p, peer, b == 0 && threadIdx.x == 0);
   const dc_u32 op = a.mode + 1;
   if (a.mode == kModeDeviceCounts) {
     __shared__ int agreed;

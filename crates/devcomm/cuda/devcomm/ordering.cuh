@@ -53,6 +53,11 @@ __device__ __forceinline__ void red_add_release_sys(dc_u64* addr, dc_u64 v) {
 // thread only at CTA scope, and the fence makes everything this thread has observed (their
 // stores included) visible at system scope before the signal. This is what NCCL and mscclpp do;
 // it costs one fence per message, not per store.
+// Raises *addr to at least v (a word that only grows, whatever order such updates arrive in).
+__device__ __forceinline__ void red_max_relaxed_sys(dc_u64* addr, dc_u64 v) {
+  asm volatile("red.relaxed.sys.global.max.u64 [%0], %1;" ::"l"(addr), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ void fence_acq_rel_sys() {
   asm volatile("fence.acq_rel.sys;" ::: "memory");
 }

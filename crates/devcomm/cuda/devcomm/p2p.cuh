@@ -150,7 +150,7 @@ DC_HOST_DEVICE inline dc_u64 p2p_mode_slot(const P2PLaunch& a, int sender, dc_u3
 //   +48 TYPE_R[2] p's type as the receiver of this rank's message seq (written by p)
 //   +50 DEC_S  decision for this rank's current message to p   +51 DEC_R  from p
 //   +52 OUT_S  blocks of the negotiated send role done with DEC_S   +53 OUT_R  likewise.
-//   +56..63 the agreement words of every send/recv call with p (devcomm/agree.cuh).
+//   +54..63 the agreement words of every send/recv call with p (devcomm/agree.cuh).
 constexpr dc_u32 kCeSlots = 4;
 constexpr dc_u32 kCeWords = 64;
 constexpr dc_u32 kCeTail = 0, kCeSent = 1, kCeRecv = 2, kCeDrained = 3, kCeIntent = 4,
@@ -180,8 +180,8 @@ DC_HOST_DEVICE inline dc_u64 p2p_ce_slot_offset(const P2PLaunch& a, dc_u32 s) {
 // Agreement of the two sides of every send/recv call (devcomm/agree.cuh, docs/PROTOCOL.md,
 // "Agreement"): the words of peer p's copy-engine block from +56, the descriptor a sender
 // stores into the receiver's ring, and the pure decisions (host-compiled by tests/layout.rs).
-constexpr dc_u32 kAgCallS = 56, kAgCallR = 57, kAgOutR = 58, kAgAck = 59, kAgDesc = 60;
-constexpr dc_u32 kAgRing = 4;
+constexpr dc_u32 kAgCallS = 54, kAgCallR = 55, kAgOutR = 56, kAgAck = 57, kAgDesc = 58;
+constexpr dc_u32 kAgRing = 6;
 static_assert(kAgDesc + kAgRing <= kCeWords, "agreement words fit the peer's block");
 
 // What a call is (descriptor `kind`): the staged routes' send/recv (any protocol the size

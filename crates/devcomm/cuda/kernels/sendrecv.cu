@@ -46,12 +46,12 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
     }
   } else if (RECV_THREADS > 0) {
     if (a.recv.peer < 0 || b >= a.recv.blocks) return;
+    const dc_u64 call = agree_recv_begin(a, a.recv.peer, b == 0 && threadIdx.x == SEND_THREADS);
     if (a.recv.low_latency) {
-      ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b,
-              recv_call(a, agree_recv_call(a, a.recv.peer)), true);
+      ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b, recv_call(a, call),
+              true);
     } else {
       constexpr dc_u32 kWarps = RECV_THREADS / 32;
-      const dc_u64 call = agree_recv_call(a, a.recv.peer);
       bulk_recv(Warp{}, a, a.recv, rcv, b * kWarps + (threadIdx.x - SEND_THREADS) / 32,
                 a.recv.blocks * kWarps, recv_call(a, call));
       NamedBarrier(2, SEND_THREADS, RECV_THREADS).sync();
@@ -99,11 +99,11 @@ __device__ __forceinline__ void plain_role(const P2PLaunch& a, bool send, dc_u32
     }
   } else {
     const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
+    // A role whose kernel numbers the call itself (!own_call) is never low-latency.
+    const dc_u64 call = agree_recv_begin(a, a.recv.peer, own_call && b == 0 && threadIdx.x == 0);
     if (a.recv.low_latency) {
-      ll_recv(NamedBarrier(2, 0, threads), a, a.recv, rcv, b,
-              recv_call(a, agree_recv_call(a, a.recv.peer)), true);
+      ll_recv(NamedBarrier(2, 0, threads), a, a.recv, rcv, b, recv_call(a, call), true);
     } else {
-      const dc_u64 call = agree_recv_call(a, a.recv.peer);
       bulk_recv(Warp{}, a, a.recv, rcv, b * warps + threadIdx.x / 32, a.recv.blocks * warps,
                 recv_call(a, call));
       if (!own_call) return;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(32, 1) p2p_barrier_kernel(P2PLaunch a) {
   }
   for (int p = (int)lane; p < w.world_size && ok; p += 32) {
     if (p == w.rank || peer_signal_pad(w, p) == nullptr) continue;
-    const dc_u64 call = agree_recv_call(a, p);
+    const dc_u64 call = agree_recv_begin(a, p, true);
     AgreeRecv ag = agree_recv(a, p, call, kKindBarrier, 0);
     ok = agree_recv_wait(a, ag);
     if (ok) agree_recv_end(a, p, call);

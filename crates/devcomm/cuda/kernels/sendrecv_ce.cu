@@ -402,7 +402,7 @@ __device__ void ce_copy_out(const P2PLaunch& a, dc_u32 b, dc_u64 call) {
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS, 1) p2p_ce_recv_kernel(P2PLaunch a) {
   enter_after_previous_kernel();
-  const dc_u64 call = agree_recv_call(a, a.recv.peer);
+  const dc_u64 call = agree_recv_begin(a, a.recv.peer, blockIdx.x == 0 && threadIdx.x == 0);
   if (blockIdx.x == a.recv.blocks) {
     if (threadIdx.x == 0) ce_pace_recv(a, call);
   } else {

@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_negotiated_kernel(P2PNegotiate
     return;
   }
   // A gated role numbers and ends its call here, around whichever layout it takes.
-  const dc_u64 call = send ? 0 : agree_recv_call(a, st.peer);
+  const dc_u64 call = send ? 0 : agree_recv_begin(a, st.peer, b == 0 && threadIdx.x == 0);
   // The copy-engine sides in place of the staged ones, for the copy-engine code.
   __shared__ P2PLaunch ce;
   if (threadIdx.x == 0) {

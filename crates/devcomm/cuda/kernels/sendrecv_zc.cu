@@ -82,7 +82,7 @@ __device__ inline void zc_recv(const ZcLaunch& z) {
   const dc_u32 lane = threadIdx.x & 31u;
   dc_u64* counter = reinterpret_cast<dc_u64*>(r.steps);
   const dc_u64 seq = *counter + 1;
-  const dc_u64 call = agree_recv_call(z.p, r.peer);
+  const dc_u64 call = agree_recv_begin(z.p, r.peer, lane == 0);
   if (lane == 0) {
     // Stream order: every earlier kernel of this stream, including any reader of the
     // destination, has finished, so the sender may overwrite it from now on.

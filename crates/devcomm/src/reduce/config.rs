@@ -30,7 +30,7 @@ mod tests {
 
     #[test]
     fn defaults_fit_the_gpu() {
-        assert_eq!(limits(2, None, None, 8, 132), ReduceLimits::for_world(2));
+        assert_eq!(limits(2, None, None, 32, 132), ReduceLimits::for_world(2));
         // Half the SMs of the smallest GPU (a 33-SM share: 16 blocks).
         assert_eq!(limits(4, None, None, 8, 33).max_blocks, 16);
         assert_eq!(limits(4, None, None, 8, 1).max_blocks, 1);

@@ -87,12 +87,13 @@ pub struct ReduceLimits {
 }
 
 impl ReduceLimits {
-    /// The defaults on `world` ranks: one-shot up to [`one_shot_max_bytes`], rounds of 8 MiB,
+    /// The defaults on `world` ranks: one-shot up to [`one_shot_max_bytes`], rounds of 32 MiB
+    /// (measured on 2 H200s against 8 and 2 MiB: docs/PERFORMANCE.md, "Reductions"),
     /// 32 blocks.
     pub const fn for_world(world: usize) -> Self {
         Self {
             one_shot_bytes: one_shot_max_bytes(world),
-            chunk_bytes: 8 << 20,
+            chunk_bytes: 32 << 20,
             max_blocks: MAX_BLOCKS,
         }
     }
@@ -102,7 +103,7 @@ impl ReduceLimits {
 /// rank reads `world` copies, so the cut-over comes earlier with more ranks.
 pub const fn one_shot_max_bytes(world: usize) -> u64 {
     match world {
-        0..=2 => 128 << 10,
+        0..=2 => 512 << 10,
         3..=4 => 64 << 10,
         _ => 32 << 10,
     }
@@ -286,13 +287,13 @@ mod tests {
         }
         // Bytes decide, not elements.
         assert_eq!(
-            plan(&shape(Collective::AllReduce, 128 << 10, 1, 2), &L)
+            plan(&shape(Collective::AllReduce, 512 << 10, 1, 2), &L)
                 .unwrap()
                 .algorithm,
             Algorithm::OneShot
         );
         assert_eq!(
-            plan(&shape(Collective::AllReduce, (128 << 10) / 8 + 1, 8, 2), &L)
+            plan(&shape(Collective::AllReduce, (512 << 10) / 8 + 1, 8, 2), &L)
                 .unwrap()
                 .algorithm,
             Algorithm::TwoShot
@@ -301,19 +302,19 @@ mod tests {
 
     #[test]
     fn two_shot_while_one_round_fits_then_pipelined() {
-        // All-reduce on 2 ranks: a round holds 2 shards of 4 MiB.
-        let fits = plan(&shape(Collective::AllReduce, (8 << 20) / 4, 4, 2), &L).unwrap();
+        // All-reduce on 2 ranks: a round holds 2 shards of 16 MiB.
+        let fits = plan(&shape(Collective::AllReduce, (32 << 20) / 4, 4, 2), &L).unwrap();
         assert_eq!((fits.algorithm, fits.rounds), (Algorithm::TwoShot, 1));
-        let more = plan(&shape(Collective::AllReduce, (8 << 20) / 4 + 8, 4, 2), &L).unwrap();
+        let more = plan(&shape(Collective::AllReduce, (32 << 20) / 4 + 8, 4, 2), &L).unwrap();
         assert_eq!((more.algorithm, more.rounds), (Algorithm::Pipelined, 2));
         // Reduce-scatter: the shard is the output.
-        let rs = plan(&shape(Collective::ReduceScatter, (4 << 20) / 4, 4, 2), &L).unwrap();
+        let rs = plan(&shape(Collective::ReduceScatter, (16 << 20) / 4, 4, 2), &L).unwrap();
         assert_eq!(
             (rs.algorithm, rs.shard, rs.rounds),
-            (Algorithm::TwoShot, 1 << 20, 1)
+            (Algorithm::TwoShot, 4 << 20, 1)
         );
         let rs = plan(
-            &shape(Collective::ReduceScatter, (4 << 20) / 4 + 1, 4, 2),
+            &shape(Collective::ReduceScatter, (16 << 20) / 4 + 1, 4, 2),
             &L,
         )
         .unwrap();
@@ -329,7 +330,7 @@ mod tests {
     #[test]
     fn blocks_grow_with_the_round_and_stay_bounded() {
         let p = |n: u64| plan(&shape(Collective::AllReduce, n, 4, 2), &L).unwrap();
-        assert_eq!(p(40_000).blocks, 3); // 160 KB round
+        assert_eq!(p(200_000).blocks, 13); // 800 KB round
         assert_eq!(p(1 << 20).blocks, 32); // 4 MiB: capped
         assert_eq!(p(64 << 20).blocks, 32); // 256 MiB: 32 blocks, at most 32 SMs
         let one = plan(&shape(Collective::AllReduce, 1, 4, 2), &L).unwrap();
@@ -418,15 +419,15 @@ mod tests {
 
     #[test]
     fn window_holds_both_areas() {
-        assert_eq!(ll_sender_bytes(&L), 256 << 10);
-        assert_eq!(window_bytes(2, &L), 2 * 2 * (256 << 10) + (16 << 20));
-        assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * (64 << 10) + (16 << 20));
+        assert_eq!(ll_sender_bytes(&L), 1 << 20);
+        assert_eq!(window_bytes(2, &L), 2 * 2 * (1 << 20) + (64 << 20));
+        assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * (64 << 10) + (64 << 20));
         // One-shot off: no lines.
         let off = ReduceLimits {
             one_shot_bytes: 0,
             ..L
         };
-        assert_eq!(window_bytes(4, &off), 16 << 20);
+        assert_eq!(window_bytes(4, &off), 64 << 20);
         let p = plan(&shape(Collective::AllReduce, 1, 4, 4), &off).unwrap();
         assert_eq!(p.algorithm, Algorithm::TwoShot);
     }
