@@ -9,14 +9,17 @@ use cxx::{compile_cpp, scratch_dir};
 use std::fmt::Write as _;
 use std::process::Command;
 
-use devcomm::net::descriptor::LAYOUT;
+use devcomm::net::descriptor::LAYOUT as QUEUE_LAYOUT;
+use devcomm::net::route::LAYOUT as ROUTE_LAYOUT;
 
 #[test]
 fn net_cuh_layout_equals_rust_layout() {
+    let layout: Vec<_> = QUEUE_LAYOUT.iter().chain(ROUTE_LAYOUT).collect();
     let mut src = String::from(
-        "#include <cstddef>\n#include <cstdio>\n#include \"devcomm/net.cuh\"\n\nint main() {\n",
+        "#include <cstddef>\n#include <cstdio>\n#include \"devcomm/net.cuh\"\n\
+         #include \"devcomm/net_p2p.cuh\"\n\nint main() {\n",
     );
-    for (strukt, field, _, _) in LAYOUT {
+    for (strukt, field, _, _) in &layout {
         writeln!(
             src,
             "  std::printf(\"%s %s %zu %zu\\n\", \"{strukt}\", \"{field}\", \
@@ -38,17 +41,23 @@ fn net_cuh_layout_equals_rust_layout() {
     assert!(output.status.success());
     let stdout = String::from_utf8(output.stdout).unwrap();
     let cpp: Vec<&str> = stdout.lines().collect();
-    assert_eq!(cpp.len(), LAYOUT.len(), "C++ printed:\n{stdout}");
-    for (line, (strukt, field, offset, size)) in cpp.iter().zip(LAYOUT) {
+    assert_eq!(cpp.len(), layout.len(), "C++ printed:\n{stdout}");
+    for (line, (strukt, field, offset, size)) in cpp.iter().zip(&layout) {
         assert_eq!(
             *line,
             format!("{strukt} {field} {offset} {size}"),
             "C++ and Rust disagree (left: C++, right: Rust)"
         );
     }
-    for strukt in ["NetDescriptor", "NetQueueHeader", "NetQueues"] {
+    for strukt in [
+        "NetDescriptor",
+        "NetQueueHeader",
+        "NetQueues",
+        "NetChunkHeader",
+        "NetP2PLaunch",
+    ] {
         assert!(
-            LAYOUT.iter().any(|(s, ..)| *s == strukt),
+            layout.iter().any(|(s, ..)| *s == strukt),
             "{strukt} missing"
         );
     }

@@ -29,8 +29,7 @@ impl Comm {
             peer,
             config: None,
         };
-        self.p2p
-            .launch(&self.group, &self.jit, Some(t), None, stream)
+        self.sendrecv_routed(Some(t), None, stream)
     }
 
     /// Receives from `peer` into `buf` on `stream`; the message must be `buf`'s size.
@@ -49,8 +48,7 @@ impl Comm {
             peer,
             config: None,
         };
-        self.p2p
-            .launch(&self.group, &self.jit, None, Some(t), stream)
+        self.sendrecv_routed(None, Some(t), stream)
     }
 
     /// Sends `send_buf` to `send_peer` and receives `recv_buf` from `recv_peer` in one kernel.
@@ -79,8 +77,7 @@ impl Comm {
             peer: recv_peer,
             config: None,
         };
-        self.p2p
-            .launch(&self.group, &self.jit, Some(send), Some(recv), stream)
+        self.sendrecv_routed(Some(send), Some(recv), stream)
     }
 
     /// Send/recv on raw device addresses with optional explicit launch knobs: either
@@ -97,7 +94,7 @@ impl Comm {
         recv: Option<Transfer>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.p2p.launch(&self.group, &self.jit, send, recv, stream)
+        self.sendrecv_routed(send, recv, stream)
     }
 
     /// The collective kernel's blocks (docs/COLLECTIVES.md, "Grid"): for a plain all-to-all
