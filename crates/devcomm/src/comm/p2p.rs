@@ -9,7 +9,9 @@ use crate::collective::CollShape;
 use crate::error::Result;
 use crate::p2p::{P2PConfig, P2PLimits, Transfer, TuneTable};
 
-/// Send/recv and the collectives composed from them.
+/// Send/recv and the collectives composed from them. A call whose peers are network peers
+/// (link kind `Net`) goes through the network route (docs/NETWORK.md, "Send/recv over the
+/// network"); one launch may not mix an NVLink and a network peer.
 impl Comm {
     /// Sends `buf` to `peer` on `stream`. The peer must post a [`Comm::recv`] (or a
     /// [`Comm::sendrecv`] receiving from this rank) of the same size. A send and a recv between
@@ -81,7 +83,8 @@ impl Comm {
     }
 
     /// Send/recv on raw device addresses with optional explicit launch knobs: either
-    /// direction may be absent.
+    /// direction may be absent. The knobs choose NVLink protocols; a call with network peers
+    /// takes the network route (docs/NETWORK.md) and does not use them.
     ///
     /// # Safety
     ///
