@@ -5,7 +5,8 @@
 //! skipped with the reason (the job's shape gives it nothing to do).
 //!
 //! Files: `calls.rs` (sizes one way and both ways, back-to-back calls, graph replays),
-//! `errors.rs` (a size mismatch, the operations that refuse network peers).
+//! `mesh.rs` (a ring over network links, network and NVLink partners in turn), `errors.rs`
+//! (a size mismatch, the operations that refuse network peers).
 
 use devcomm::LinkKind;
 
@@ -13,6 +14,7 @@ use super::harness::{Check, Ctx, Outcome, Ranks, Skip};
 
 mod calls;
 mod errors;
+mod mesh;
 
 /// The group's checks.
 pub(super) const CHECKS: &[Check] = &[
@@ -38,6 +40,21 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, _| calls::graph(cx, 50),
     },
     Check {
+        name: "net_ring",
+        ranks: Ranks::AtLeast(3),
+        about: "a ring over network links (send to the next rank, receive from the one before, \
+                one launch), 50 calls of mixed sizes, every byte checked",
+        run: |cx, _| mesh::ring(cx, 50),
+    },
+    Check {
+        name: "net_beside_nvlink",
+        ranks: Ranks::AtLeast(4),
+        about: "with network and NVLink peers (a mixed topology): calls with the network \
+                partner and with the NVLink partner in turn on one stream, 40 calls, every \
+                byte checked",
+        run: |cx, _| mesh::beside_nvlink(cx, 20),
+    },
+    Check {
         name: "net_refusals",
         ranks: Ranks::AtLeast(2),
         about: "operations not built for network peers (all-to-all, all-reduce, barrier, a \
@@ -55,9 +72,9 @@ pub(super) const CHECKS: &[Check] = &[
     },
 ];
 
-/// Pairs of ranks joined by a network link, in rank order: each rank is paired with the
-/// lowest unpaired rank above it that both see as a network peer (pure). `links[r][s]`: rank
-/// `r` sees `s` as a network peer. Entry `r` of the result is `r`'s partner.
+/// Pairs of ranks joined by a link of one kind (network, or NVLink), in rank order: each rank
+/// is paired with the lowest unpaired rank above it that both see over that kind of link
+/// (pure). `links[r][s]`: rank `r` sees `s` so. Entry `r` of the result is `r`'s partner.
 pub(crate) fn net_pairs(links: &[Vec<bool>]) -> Vec<Option<usize>> {
     let n = links.len();
     let mut partner = vec![None; n];
@@ -78,8 +95,12 @@ pub(crate) fn net_pairs(links: &[Vec<bool>]) -> Vec<Option<usize>> {
 pub(super) struct NetJob {
     /// This rank's network partner, if it has one.
     pub(super) partner: Option<usize>,
+    /// This rank's NVLink partner (pairs over NVLink links), if it has one.
+    pub(super) nvl_partner: Option<usize>,
     /// Whether every rank has a network peer (collectives refuse on every rank at once).
     pub(super) every_rank_has_one: bool,
+    /// Whether every link of the ring r -> r + 1 is a network link.
+    pub(super) ring_is_net: bool,
 }
 
 /// This job's network pairs (gathered under a key of `check`, unique per check), or the
@@ -89,7 +110,11 @@ pub(super) fn job(cx: &Ctx, check: &str) -> Result<Result<NetJob, Outcome>, Stri
     let mine: Vec<u8> = topo
         .kinds
         .iter()
-        .map(|k| u8::from(*k == LinkKind::Net))
+        .map(|k| match k {
+            LinkKind::Net => 1,
+            LinkKind::Nvl => 2,
+            _ => 0,
+        })
         .collect();
     let all = cx
         .comm
@@ -100,10 +125,12 @@ pub(super) fn job(cx: &Ctx, check: &str) -> Result<Result<NetJob, Outcome>, Stri
             cx.comm.setup_timeout(),
         )
         .map_err(|e| e.to_string())?;
-    let links: Vec<Vec<bool>> = all
-        .iter()
-        .map(|v| v.iter().map(|&b| b == 1).collect())
-        .collect();
+    let matrix = |kind: u8| -> Vec<Vec<bool>> {
+        all.iter()
+            .map(|v| v.iter().map(|&b| b == kind).collect())
+            .collect()
+    };
+    let links = matrix(1);
     if !links.iter().flatten().any(|&b| b) {
         return Ok(Err(Outcome::Skip(Skip::World(
             "no network link in this job: DEVCOMM_TOPOLOGY_OVERRIDE='0-*=net,1-*=net,...' (or a mix such as \
@@ -112,10 +139,13 @@ pub(super) fn job(cx: &Ctx, check: &str) -> Result<Result<NetJob, Outcome>, Stri
                 .into(),
         ))));
     }
-    let pairs = net_pairs(&links);
+    let rank = cx.comm.rank();
+    let world = links.len();
     Ok(Ok(NetJob {
-        partner: pairs[cx.comm.rank()],
+        partner: net_pairs(&links)[rank],
+        nvl_partner: net_pairs(&matrix(2))[rank],
         every_rank_has_one: links.iter().all(|l| l.contains(&true)),
+        ring_is_net: world >= 2 && (0..world).all(|r| links[r][(r + 1) % world]),
     }))
 }
 
