@@ -7,12 +7,14 @@
 //! registered memory, and signals ordered after the data. Failures become the abort record
 //! that device waits write, so the host call returns an error naming the peer.
 //!
-//! This layer stands alone: it is not yet routed from the existing kernels (docs/NETWORK.md,
-//! "Not built yet").
+//! Send/recv with network peers uses it through host staging (`route`, the kernel in
+//! `cuda/kernels/sendrecv_net.cu`, the communicator's `comm/net_p2p.rs`); the collectives do
+//! not yet (docs/NETWORK.md, "Not built yet").
 //!
 //! Files: `ucx_ffi` (the dlopen'd libucp table), `ucx` (safe owners of UCX objects),
 //! `descriptor` (structs shared with `net.cuh`), `queue` (descriptor rings and credits),
-//! `proxy` (the progress thread), `record` (the abort record), `host` (host-side waits).
+//! `proxy` (the progress thread), `record` (the abort record), `host` (host-side waits),
+//! `route` (send/recv's route and staging layout, pure).
 
 pub mod descriptor;
 mod error;
