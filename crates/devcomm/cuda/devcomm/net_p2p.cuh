@@ -69,21 +69,23 @@ static_assert(sizeof(NetP2PLaunch) == 120, "NetP2PLaunch layout");
 static_assert(DC_OFFSETOF(NetP2PLaunch, staging) == 48, "NetP2PLaunch layout");
 static_assert(DC_OFFSETOF(NetP2PLaunch, send_peer) == 112, "NetP2PLaunch layout");
 
-#if defined(__CUDACC__)
-
-// Offsets in the staging (StagingLayout in Rust).
-__device__ __forceinline__ dc_u64 net_words_bytes(const NetP2PLaunch& a) {
+// Offsets in the staging (StagingLayout in Rust; tests/net_layout.rs compares the two on the
+// host, hence host and device).
+DC_HOST_DEVICE inline dc_u64 net_words_bytes(const NetP2PLaunch& a) {
   return (static_cast<dc_u64>(a.q.world_size) * 16 + 4095) / 4096 * 4096;
 }
-__device__ __forceinline__ dc_u64 net_outbox(const NetP2PLaunch& a, int peer, dc_u64 slot) {
+DC_HOST_DEVICE inline dc_u64 net_outbox(const NetP2PLaunch& a, int peer, dc_u64 slot) {
   return net_words_bytes(a) +
          (static_cast<dc_u64>(peer) * a.slots + slot) * (kNetHeaderBytes + a.slot_bytes);
 }
-__device__ __forceinline__ dc_u64 net_inbox(const NetP2PLaunch& a, int sender, dc_u64 slot) {
+DC_HOST_DEVICE inline dc_u64 net_inbox(const NetP2PLaunch& a, int sender, dc_u64 slot) {
   return net_words_bytes(a) +
          ((static_cast<dc_u64>(a.q.world_size) + sender) * a.slots + slot) *
              (kNetHeaderBytes + a.slot_bytes);
 }
+
+#if defined(__CUDACC__)
+
 __device__ __forceinline__ dc_u64* net_word(const NetP2PLaunch& a, dc_u64 index) {
   return reinterpret_cast<dc_u64*>(a.staging) + index;
 }
