@@ -11,6 +11,13 @@
 #          python@N                        the Python GPU tests on N ranks (wheel in dist/)
 #          reduce-smoke@N                  the reduction benchmark as a smoke test on N ranks
 #          kill@N                          a rank dies in a loop of collectives (devcomm kill-test)
+#          net@N                           the `net` group with every link forced to the network
+#                                          (UCX from dist/ucx over loopback TCP)
+#          net-mixed@N                     the `net` group with the lower and upper half of the
+#                                          ranks joined by network links, NVLink within (N >= 4)
+#          net-kill@N                      kill-test with every link forced to the network
+#          net-bench@2                     bench --op sendrecv over the network route, one way and
+#                                          both ways, up to 16 MiB (a smoke test: loopback TCP)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_TIMEOUT_MS=${DEVCOMM_TIMEOUT_MS:-10000} DEVCOMM_SETUP_TIMEOUT_MS=${DEVCOMM_SETUP_TIMEOUT_MS:-60000}
@@ -29,6 +36,20 @@ step() { # name, command...
   summary+=("$(printf '%-24s rc=%-4s %4ss' "$name" "$rc" $((SECONDS - t0)))")
 }
 nvidia-smi -L > "$out/gpu.txt" 2>&1
+# The network route's steps: UCX from dist/ucx (scripts/stage.sh) over loopback TCP.
+net_env=(DEVCOMM_UCX_LIB="$PWD/dist/ucx/lib" UCX_TLS=tcp UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n)
+net_all() { # every link of N ranks forced to the network: 0-*=net,1-*=net,...
+  local n=$1 r spec=""
+  for ((r = 0; r < n; r++)); do spec+="${spec:+,}$r-*=net"; done
+  echo "$spec"
+}
+net_mixed() { # the lower and upper half of N ranks joined by network links, NVLink within
+  local n=$1 a b spec=""
+  for ((a = 0; a < n / 2; a++)); do
+    for ((b = n / 2; b < n; b++)); do spec+="${spec:+,}$a-$b=net"; done
+  done
+  echo "$spec"
+}
 for w in "$@"; do
   case $w in
     selftest[0-9]) n=${w#selftest}; step "selftest-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest ;;
@@ -55,6 +76,22 @@ for w in "$@"; do
       # -P: the installed package, not the source folder beside the script.
       step "python-overhead-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 \
         scripts/shared-gpu.sh "$n" python3 -P python/bench_overhead.py ;;
+    net@*) n=${w#net@}
+      step "net-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
+        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only net ;;
+    net-mixed@*) n=${w#net-mixed@}
+      step "net-mixed-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_mixed "$n")" \
+        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only net ;;
+    net-kill@*) n=${w#net-kill@}
+      step "net-kill-test-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
+        scripts/shared-gpu.sh "$n" dist/devcomm kill-test ;;
+    net-bench@*) n=${w#net-bench@}
+      for dir in one both; do
+        step "net-bench-sendrecv-$dir-$n" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
+          scripts/shared-gpu.sh "$n" dist/devcomm bench --op sendrecv --reference none \
+          --max-bytes $((16 << 20)) $([ "$dir" = both ] && echo --both-directions) \
+          --json "$out/net-sendrecv-$dir.json"
+      done ;;
     *@*) g=${w%@*}; n=${w#*@}; step "selftest-$g-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest --only "$g" ;;
     *) echo "unknown step $w" >&2 ;;
   esac

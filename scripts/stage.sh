@@ -25,6 +25,22 @@ if [ ! -e "$nvrtc_lib/libnvrtc.so.13" ]; then
 fi
 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" \
   dist/devcomm precompile --arch 9.0
+# UCX for the network route's steps (gpu-check.sh net@N, net-mixed@N, net-kill@N, net-bench@2),
+# trimmed to what TCP over host memory needs: libucp, libuct, libucs, libucm and the
+# shared-memory (cma) transport module, debug info stripped (dist/ travels in a 64 MiB limit).
+# The CUDA modules are left out: the route stages through host memory, and libucm_cuda needs
+# the wheel's own libcudart. The loader finds the libraries beside libucp ($ORIGIN) and UCX its
+# modules in dist/ucx/lib/ucx/; gpu-check.sh sets DEVCOMM_UCX_LIB=$PWD/dist/ucx/lib.
+ucx_wheel=$(DEVCOMM_UCX_FORCE_WHEEL=1 scripts/install-ucx.sh | tail -n 1)
+rm -rf dist/ucx
+mkdir -p dist/ucx/lib/ucx
+for lib in libucp libuct libucs libucm; do
+  cp -L "$ucx_wheel/$lib.so.0" "dist/ucx/lib/$lib.so.0"
+done
+cp -L "$ucx_wheel/ucx/libuct_cma.so.0" dist/ucx/lib/ucx/libuct_cma.so.0
+chmod u+w dist/ucx/lib/*.so.0 dist/ucx/lib/ucx/*.so.0
+strip --strip-debug dist/ucx/lib/*.so.0 dist/ucx/lib/ucx/*.so.0
+du -sh dist/ucx
 # The Python wheel (maturin as scripts/test-python.sh installs it into .tools/py), for
 # gpu-check.sh's python steps.
 if [ ! -x .tools/py/bin/maturin ]; then

@@ -17,6 +17,7 @@ mod put;
 mod record;
 mod reduce;
 mod sendrecv;
+pub(crate) mod sendrecv_net;
 mod timing;
 pub(crate) mod tune;
 
@@ -35,7 +36,8 @@ const OPS: &[(&str, &str)] = &[
     (
         "sendrecv",
         "devcomm send/recv against NCCL send/recv between ranks 0 and 1 (--both-directions, \
-         --sweep, --zero-copy, --graph, --blocks)",
+         --sweep, --zero-copy, --graph, --blocks, --reference none); with a network peer \
+         (links forced) it times the network route and labels every record as loopback",
     ),
     (
         "latency",
@@ -125,6 +127,18 @@ pub(crate) fn shared_gpu_rule(shared: bool, op: &str, reference: &str) -> Result
     let env = devcomm::topology::SHARE_GPU_ENV;
     if op == "agree_latency" {
         return Ok(false); // only a comparison of two runs on this machine means anything
+    }
+    if op == "sendrecv" {
+        // NCCL refuses the shared GPU; devcomm alone is a smoke test (of the network route,
+        // say, with links forced), its timings marked meaningless.
+        return match sendrecv_net::wants_nccl(reference)? {
+            false => Ok(false),
+            true => Err(format!(
+                "bench --op sendrecv --reference {reference}: NCCL refuses ranks that share a \
+                 GPU ({env}=1); `--reference none` times devcomm alone as a smoke test (its \
+                 timings are marked meaningless)"
+            )),
+        };
     }
     if reduce::Coll::parse(op).is_some() {
         return match reduce::Reference::parse(reference)? {
@@ -226,7 +240,7 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_gpu_runs_only_reductions_alone_and_marks_them() {
+    fn a_shared_gpu_runs_only_reductions_and_sendrecv_alone_and_marks_them() {
         for op in ["all_reduce", "reduce_scatter", "all_gather"] {
             assert_eq!(shared_gpu_rule(true, op, "none"), Ok(false));
             for reference in ["all", "nccl", "nccl-window"] {
@@ -237,7 +251,11 @@ mod tests {
             // A misspelt reference is an error of its own, not a run.
             assert!(shared_gpu_rule(true, op, "nvidia").is_err());
         }
-        for op in ["sendrecv", "all_to_all", "launch"] {
+        // Send/recv alone is the other smoke test (the network route with forced links).
+        assert_eq!(shared_gpu_rule(true, "sendrecv", "none"), Ok(false));
+        let e = shared_gpu_rule(true, "sendrecv", "nccl").unwrap_err();
+        assert!(e.contains("--reference none"), "{e}");
+        for op in ["all_to_all", "launch"] {
             let e = shared_gpu_rule(true, op, "none").unwrap_err();
             assert!(e.contains("needs one GPU per rank"), "{e}");
             assert!(e.contains("--reference none"), "{e}");

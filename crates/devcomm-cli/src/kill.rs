@@ -6,6 +6,12 @@
 //! crash, which the launcher reports as a failed rank and answers by stopping the others
 //! after its grace period). Each survivor prints one line `kill-test: rank R: PASS ...` or
 //! `... FAIL ...` and exits 0 or 1.
+//!
+//! With network peers (`DEVCOMM_TOPOLOGY_OVERRIDE='0-*=net,1-*=net'` on 2 ranks), where the collectives are not
+//! built, the loop is a ring of send/recv over the network route instead (each rank sends to
+//! the next and receives from the one before), and a survivor passes only if its error names
+//! the victim: the network proxy learns of the dead peer from UCX (its endpoints to the victim
+//! fail) and aborts the communicator with an error naming it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,8 +64,16 @@ pub fn run(args: &KillArgs) -> Result<i32, String> {
     let mut dst = stream
         .alloc_zeros::<u64>(elems)
         .map_err(|e| e.to_string())?;
+    let network = comm.has_network_peers();
+    let step = |dst: &mut CudaSlice<u64>| {
+        if network {
+            ring(&comm, &stream, &src, dst)
+        } else {
+            all_to_all(&comm, &stream, &src, dst)
+        }
+    };
     for call in 0..args.calls {
-        all_to_all(&comm, &stream, &src, &mut dst).map_err(|e| format!("call {call}: {e}"))?;
+        step(&mut dst).map_err(|e| format!("call {call}: {e}"))?;
     }
     if rank == victim {
         eprintln!(
@@ -75,7 +89,7 @@ pub fn run(args: &KillArgs) -> Result<i32, String> {
     let mut failed_at = None;
     let mut error = String::new();
     for call in 0..1_000 {
-        if let Err(e) = all_to_all(&comm, &stream, &src, &mut dst) {
+        if let Err(e) = step(&mut dst) {
             failed_at = Some((call, t.elapsed()));
             error = e;
             break;
@@ -92,6 +106,9 @@ pub fn run(args: &KillArgs) -> Result<i32, String> {
             "the error came after {:.2} s (device timeout {:.2} s + 2 s)",
             waited.as_secs_f64(),
             timeout.as_secs_f64()
+        )),
+        Some(_) if network && !error.contains(&format!("peer {victim}")) => Err(format!(
+            "the error does not name the dead peer {victim} (network route)"
         )),
         Some(_) if dropped > EXIT_BOUND => Err(format!(
             "dropping the communicator took {:.2} s",
@@ -123,6 +140,22 @@ fn all_to_all(
     dst: &mut CudaSlice<u64>,
 ) -> Result<(), String> {
     comm.all_to_all(src, dst, stream)
+        .and_then(|()| comm.synchronize(stream))
+        .map_err(|e| e.to_string())
+}
+
+/// One call of the ring over the network route: send `src` to the next rank, receive the
+/// previous rank's into `dst`, in one launch.
+fn ring(
+    comm: &Comm,
+    stream: &Arc<CudaStream>,
+    src: &CudaSlice<u64>,
+    dst: &mut CudaSlice<u64>,
+) -> Result<(), String> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let next = (rank + 1) % world;
+    let prev = (rank + world - 1) % world;
+    comm.sendrecv(src, next, dst, prev, stream)
         .and_then(|()| comm.synchronize(stream))
         .map_err(|e| e.to_string())
 }

@@ -43,6 +43,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("hooks.cuh"),
     embed!("collective.cuh"),
     embed!("net.cuh"),
+    embed!("net_p2p.cuh"),
     embed!("reduce.cuh"),
     embed!("devcomm.cuh"),
 ];

@@ -165,6 +165,19 @@ pub enum Error {
         /// The peer's value.
         remote: u64,
     },
+    /// The network transport failed (docs/NETWORK.md, "Failures"): a network peer died or
+    /// its link broke, a descriptor queue stayed full, a flush was not completed, or the
+    /// proxy refused a descriptor; or its setup failed. `message` is the network layer's
+    /// text (`net::NetError`), naming the rank, the peer, the channel and the UCX status.
+    #[error("{message}")]
+    Network {
+        /// The rank that reports it.
+        rank: i32,
+        /// The peer concerned (-1 for a setup error of several ranks).
+        peer: i32,
+        /// The network layer's error text.
+        message: String,
+    },
     /// An argument is invalid; nothing was launched or written.
     #[error("{op}: invalid argument: {reason}")]
     InvalidArgument {
@@ -186,7 +199,10 @@ pub enum Error {
         capacity: u64,
     },
     /// A peer has no path this operation can use.
-    #[error("{op}: no NVLink path from rank {rank} to peer {peer} (link kind {kind})")]
+    #[error(
+        "{op}: no NVLink path from rank {rank} to peer {peer} (link kind {kind}){}",
+        no_path_note(kind)
+    )]
     NoPath {
         /// The operation.
         op: &'static str,
@@ -220,6 +236,18 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// What a `NoPath` error adds for a link kind that has no transport for the operation.
+fn no_path_note(kind: &str) -> &'static str {
+    match kind {
+        "net" => {
+            "; network peers are not built yet for this operation (send/recv is: \
+             docs/NETWORK.md, \"Not built yet\")"
+        }
+        "shm" => "; same-host peers without peer access are not built yet",
+        _ => "",
+    }
 }
 
 fn fmt_failures(failures: &[(usize, String)]) -> String {

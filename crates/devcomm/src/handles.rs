@@ -35,6 +35,14 @@ pub enum DeviceOp {
     CopyEngineMismatch,
     /// A call whose two sides differ (no wait involved; `cuda/devcomm/agree.cuh`).
     CallMismatch,
+    /// A producer of the network transport waited for a free queue entry and gave up.
+    NetQueueFull,
+    /// The network proxy found the peer failed (died, link broken, operation timed out).
+    NetPeerFailed,
+    /// A flush of a network queue was not completed in time.
+    NetFlush,
+    /// The network proxy refused a descriptor outside its registration.
+    NetBadDescriptor,
     /// A wait issued by user code through the raw window operations.
     User,
     /// A code this version does not know.
@@ -56,6 +64,10 @@ impl DeviceOp {
             9 => Self::ZeroCopyMismatch,
             10 => Self::CopyEngineMismatch,
             11 => Self::CallMismatch,
+            20 => Self::NetQueueFull,
+            21 => Self::NetPeerFailed,
+            22 => Self::NetFlush,
+            23 => Self::NetBadDescriptor,
             100 => Self::User,
             other => Self::Unknown(other),
         }
@@ -94,6 +106,10 @@ impl std::fmt::Display for DeviceOp {
                  post the matching send, of the same size, on its stream?)",
             ),
             Self::CallMismatch => f.write_str("call agreement check"),
+            Self::NetQueueFull => f.write_str("network queue (waiting for a free entry)"),
+            Self::NetPeerFailed => f.write_str("network proxy (peer failed)"),
+            Self::NetFlush => f.write_str("network queue flush"),
+            Self::NetBadDescriptor => f.write_str("network descriptor check"),
             Self::User => f.write_str("user wait"),
             Self::Unknown(code) => write!(f, "device op {code}"),
         }

@@ -18,7 +18,8 @@ pub enum LinkKind {
     /// Same host without peer access (reserved: host-staged transport, not built yet).
     #[serde(rename = "shm")]
     Shm,
-    /// Another host (reserved: network transport, not built yet).
+    /// Another host: send/recv through the network proxy transport (docs/NETWORK.md); the
+    /// other operations refuse it.
     #[serde(rename = "net")]
     Net,
 }

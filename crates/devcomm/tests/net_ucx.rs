@@ -1,6 +1,7 @@
 //! The network transport over UCX with several processes: puts, put-with-signal, data before
-//! signal, credits under a full queue and a stuck proxy, a peer that is killed, and two
-//! ranks in separate network namespaces (separate hosts to the store and to UCX).
+//! signal, credits under a full queue and a stuck proxy, a peer that is killed, two ranks in
+//! separate network namespaces (separate hosts to the store and to UCX), and the send/recv
+//! route's protocol with host threads as the kernel's roles.
 //!
 //! Ranks are this binary re-executed with `DEVCOMM_NET_ROLE` set (`child_entry` runs the role
 //! from `net_roles`), joined through devcomm_bootstrap's store, with `UCX_TLS=tcp`. UCX is
@@ -181,6 +182,45 @@ fn net_put_signal_ordering_two_ranks() {
 fn net_put_signal_ordering_four_ranks() {
     if ucx_available("net_put_signal_ordering_four_ranks") {
         exchange(4, 6);
+    }
+}
+
+/// The send/recv route's protocol (staging layout, headers, READY/FREE words, refusal) with
+/// host threads as the kernel's roles: a ring both ways, then a refused size mismatch.
+fn route(world: usize) {
+    let sp = Spawn {
+        role: "route",
+        world,
+        addr: "127.0.0.1",
+        port: free_port(),
+        wrapper: Vec::new(),
+        env: Vec::new(),
+    };
+    let outs = finish(
+        (0..world).map(|r| sp.rank(r)).collect(),
+        Duration::from_secs(120),
+    );
+    for (rank, out) in outs.iter().enumerate() {
+        assert!(
+            out.contains(&format!("rank {rank}: route 15 calls verified")),
+            "{out}"
+        );
+    }
+    assert!(outs[0].contains("rank 0: refusal seen"), "{}", outs[0]);
+    assert!(outs[1].contains("rank 1: mismatch seen"), "{}", outs[1]);
+}
+
+#[test]
+fn net_route_host_twin_two_ranks() {
+    if ucx_available("net_route_host_twin_two_ranks") {
+        route(2);
+    }
+}
+
+#[test]
+fn net_route_host_twin_three_ranks() {
+    if ucx_available("net_route_host_twin_three_ranks") {
+        route(3);
     }
 }
 

@@ -72,7 +72,8 @@ pub struct BenchArgs {
     /// Reductions: what devcomm is timed against: `all` (NCCL on the same buffers, and NCCL on
     /// buffers registered as symmetric windows where this NCCL has them), `nccl`,
     /// `nccl-window`, or `none` (devcomm alone; the only choice with DEVCOMM_SHARE_GPU=1, where
-    /// it is a smoke test whose timings mean nothing).
+    /// it is a smoke test whose timings mean nothing). Send/recv: `all` or `nccl` (NCCL
+    /// send/recv), or `none` (devcomm alone, as with DEVCOMM_SHARE_GPU=1).
     #[arg(long, default_value = "all")]
     pub(crate) reference: String,
 }

@@ -149,7 +149,19 @@ pub(crate) fn emit(records: &[Record], args: &BenchArgs) -> Result<(), String> {
 
 /// What the table prints above records whose timings mean nothing.
 pub(crate) const MEANINGLESS: &str = "NOT MEANINGFUL: the ranks share one GPU \
-    (DEVCOMM_SHARE_GPU=1); a smoke test of the code path, its timings say nothing of NVLink";
+    (DEVCOMM_SHARE_GPU=1), or the network route is forced over loopback; a smoke test of the \
+    code path, its timings say nothing of NVLink or of a network";
+
+/// The note after a row whose timings mean nothing.
+fn meaningless_note(r: &Record) -> &'static str {
+    if r.meaningful {
+        ""
+    } else if r.reference.contains(crate::bench::sendrecv_net::NET_NOTE) {
+        " (meaningless: network route over loopback)"
+    } else {
+        " (meaningless: shared GPU)"
+    }
+}
 
 fn print_table(records: &[Record]) {
     if records.iter().any(|r| !r.meaningful) {
@@ -204,11 +216,7 @@ fn print_table(records: &[Record]) {
             r.sms,
             r.reference,
             r.config,
-            if r.meaningful {
-                ""
-            } else {
-                " (meaningless: shared GPU)"
-            }
+            meaningless_note(r)
         );
     }
 }

@@ -9,7 +9,7 @@ use devcomm::p2p::{
 use devcomm::Registration;
 
 use crate::bench::nccl::NcclPair;
-use crate::bench::{calls_per_sample, time_pair, time_ranks_each, BenchArgs, Record};
+use crate::bench::{calls_per_sample, sendrecv_net, time_pair, time_ranks_each, BenchArgs, Record};
 use crate::selftest::Ctx;
 use crate::selftest_zc::BenchDst;
 
@@ -44,7 +44,17 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
         .copied()
         .filter(|&s| s <= max && s >= args.min_bytes)
         .collect();
-    let nccl = NcclPair::new(cx)?;
+    // With a network peer (links forced) the records say it: no one may read a loopback
+    // figure as a network one (bench/sendrecv_net.rs).
+    let net = comm.topology().kind(peer) == devcomm::LinkKind::Net;
+    if net {
+        sendrecv_net::refuse_options(args.sweep, args.zero_copy, args.blocks.is_some())?;
+    }
+    let nccl = if sendrecv_net::wants_nccl(&args.reference)? {
+        Some(NcclPair::new(cx)?)
+    } else {
+        None
+    };
     let src_host = cx.data_of(rank, 1234, max);
     let src: CudaSlice<u8> = cx.stream.clone_htod(&src_host).map_err(|e| e.to_string())?;
     // Zero-copy: the destination is a registered cuMemAlloc buffer (NCCL receives into the
@@ -96,7 +106,9 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
         }
         // Every candidate and NCCL (last) in turn.
         let mut names: Vec<&str> = vec!["devcomm"; candidates.len()];
-        names.push("nccl");
+        if nccl.is_some() {
+            names.push("nccl");
+        }
         let us = time_ranks_each(
             cx,
             2,
@@ -105,12 +117,15 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             calls,
             &names,
             &mut |i| match (candidates.get(i), registered) {
-                (None, _) => nccl_call(&nccl, &src, dst, bytes, peer, both, rank),
+                (None, _) => match &nccl {
+                    Some(n) => nccl_call(n, &src, dst, bytes, peer, both, rank),
+                    None => Err("no NCCL reference in this run".into()),
+                },
                 (Some(_), Some(h)) => zero_copy_call(cx, &src, h, bytes, peer, both),
                 (Some(&cfg), None) => devcomm_call(cx, &src, dst, bytes, peer, both, explicit(cfg)),
             },
         )?;
-        let n_us = us[candidates.len()];
+        let n_us = us.get(candidates.len()).copied().unwrap_or(f64::NAN);
         if args.sweep && rank == 0 {
             for (cfg, t) in candidates.iter().zip(&us) {
                 eprintln!(
@@ -149,6 +164,8 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             out.push(Record {
                 both_directions: both,
                 sms: match zc_route {
+                    // One block per role of the network kernel.
+                    _ if net => 1 + u32::from(both),
                     Some(ZcRoute::Blocks(b)) => b,
                     Some(ZcRoute::CopyEngine) => 1,
                     // A copy-engine side runs a pacing block beside its blocks.
@@ -157,12 +174,20 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                     }
                     Some(ZcRoute::Staged) | None => cfg.blocks,
                 },
-                reference: if registered.is_some() {
+                reference: if net {
+                    sendrecv_net::net_reference(nccl.is_some())
+                } else if nccl.is_none() {
+                    "none (devcomm alone)".into()
+                } else if registered.is_some() {
                     "NCCL send/recv (into the same registered buffer)".into()
                 } else {
                     "NCCL send/recv".into()
                 },
                 config: match zc_route {
+                    _ if net => sendrecv_net::net_config(
+                        comm.config().net_slot_kib,
+                        comm.config().net_slots,
+                    ),
                     Some(ZcRoute::Blocks(b)) => format!("zero-copy/{b}x512"),
                     Some(ZcRoute::CopyEngine) => "zero-copy/copy-engine".into(),
                     Some(ZcRoute::Staged) => format!(
@@ -174,6 +199,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                         describe(&cfg, bytes, both, cx.comm.p2p_switches().pull)
                     ),
                 },
+                meaningful: !net,
                 ..Record::new(cx, args, "sendrecv", bytes as u64).timed(d_us, n_us, bytes as f64)
             });
         }

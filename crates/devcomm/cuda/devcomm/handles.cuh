@@ -51,6 +51,11 @@ enum DeviceOp : dc_u32 {
                          // 8..12; expected = ours, seen = the slot's)
   kOpCallMismatch = 11,  // a call whose two sides differ (no wait: slot = field, expected = this
                          // side's value, seen = the peer's; devcomm/agree.cuh)
+  // The network transport (net.cuh, src/net/record.rs); slot = the queue's channel.
+  kOpNetQueueFull = 20,      // a producer waited for a free queue entry (a credit)
+  kOpNetPeerFailed = 21,     // the proxy found the peer failed (seen = UCX status)
+  kOpNetFlush = 22,          // a producer's flush was not completed in time
+  kOpNetBadDescriptor = 23,  // the proxy refused a descriptor (outside its registration)
   kOpUser = 100,         // waits issued by user code through the raw window ops
 };
 

@@ -33,8 +33,7 @@ namespace devcomm {
 enum NetOp : dc_u32 { kNetPut = 1, kNetPutSignal = 2, kNetSignal = 3, kNetFlush = 4 };
 // How a signal changes the peer's word (SignalOp in Rust).
 enum NetSignalOp : dc_u32 { kNetSignalNone = 0, kNetSignalSet = 1, kNetSignalAdd = 2 };
-// Error-record op codes of the network layer (src/net/record.rs, `op`).
-enum NetDeviceOp : dc_u32 { kOpNetQueueFull = 11, kOpNetPeerFailed = 12, kOpNetFlush = 13 };
+// Error-record op codes of the network layer: kOpNet* in handles.cuh (src/net/record.rs, `op`).
 
 // One queue entry, 64 bytes; `seq` is written last.
 struct NetDescriptor {

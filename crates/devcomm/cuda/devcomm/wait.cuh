@@ -70,7 +70,9 @@ __device__ inline void record_wait_failure(DeviceErrorState* err, dc_i32 rank, W
                                            dc_u64 expected, dc_u64 seen, dc_u64 elapsed_ns) {
   if (err == nullptr) return;
   // Only this process's GPU writes its error state, so a device-scope atomic on the host-mapped
-  // word is atomic enough (mapped-memory atomics are not atomic w.r.t. the host, who only reads).
+  // word is atomic enough (mapped-memory atomics are not atomic w.r.t. the host, who only reads;
+  // the one host writer, the network proxy, claims the record with a host CAS, and a failure of
+  // both at the same instant could mix the two records: docs/NETWORK.md, "Failures").
   if (atomicCAS(&err->record.flag, 0u, 1u) == 0u) {
     volatile ErrorRecord* rec = &err->record;
     rec->op = site.op;

@@ -228,7 +228,9 @@ impl CommBuilder {
         let p2p = P2P::new(&group, p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
         let reduce = crate::reduce::launch::Reduce::new(&group, device.sm_count)?;
+        let net = super::net_p2p::NetPeers::new(&group)?;
         let comm = Comm {
+            net,
             p2p,
             coll,
             reduce,

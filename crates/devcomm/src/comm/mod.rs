@@ -3,6 +3,7 @@
 
 mod builder;
 mod collectives;
+mod net_p2p;
 mod p2p;
 pub mod raw;
 mod raw_registered;
@@ -34,6 +35,8 @@ pub use registration::{RegisteredRange, Registration};
 /// A communicator: one per process, one GPU per process.
 #[derive(Debug)]
 pub struct Comm {
+    /// Network peers (`None` when no link of the job is `Net`); torn down first.
+    net: Option<net_p2p::NetPeers>,
     local_rank: usize,
     device: DeviceInfo,
     jit: Jit,
@@ -121,6 +124,18 @@ impl Comm {
     /// make it at the same point of its calls (a rank in another call is named by
     /// [`crate::Error::CallMismatch`]), on the stream of the communicator's send/recv calls.
     pub fn barrier(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        // The barrier kernel reaches NVLink peers only: with a network peer it would not be a
+        // barrier of every rank.
+        if let Some(peer) = (0..self.world_size())
+            .find(|&p| self.group.topology.kind(p) == crate::topology::LinkKind::Net)
+        {
+            return Err(crate::Error::NoPath {
+                op: "barrier",
+                rank: self.rank(),
+                peer,
+                kind: "net".into(),
+            });
+        }
         self.p2p.launch_barrier(&self.group, &self.jit, stream)
     }
 

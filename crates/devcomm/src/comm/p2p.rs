@@ -9,7 +9,9 @@ use crate::collective::CollShape;
 use crate::error::Result;
 use crate::p2p::{P2PConfig, P2PLimits, Transfer, TuneTable};
 
-/// Send/recv and the collectives composed from them.
+/// Send/recv and the collectives composed from them. A call whose peers are network peers
+/// (link kind `Net`) goes through the network route (docs/NETWORK.md, "Send/recv over the
+/// network"); one launch may not mix an NVLink and a network peer.
 impl Comm {
     /// Sends `buf` to `peer` on `stream`. The peer must post a [`Comm::recv`] (or a
     /// [`Comm::sendrecv`] receiving from this rank) of the same size. A send and a recv between
@@ -29,8 +31,7 @@ impl Comm {
             peer,
             config: None,
         };
-        self.p2p
-            .launch(&self.group, &self.jit, Some(t), None, stream)
+        self.sendrecv_routed(Some(t), None, stream)
     }
 
     /// Receives from `peer` into `buf` on `stream`; the message must be `buf`'s size.
@@ -49,8 +50,7 @@ impl Comm {
             peer,
             config: None,
         };
-        self.p2p
-            .launch(&self.group, &self.jit, None, Some(t), stream)
+        self.sendrecv_routed(None, Some(t), stream)
     }
 
     /// Sends `send_buf` to `send_peer` and receives `recv_buf` from `recv_peer` in one kernel.
@@ -79,12 +79,12 @@ impl Comm {
             peer: recv_peer,
             config: None,
         };
-        self.p2p
-            .launch(&self.group, &self.jit, Some(send), Some(recv), stream)
+        self.sendrecv_routed(Some(send), Some(recv), stream)
     }
 
     /// Send/recv on raw device addresses with optional explicit launch knobs: either
-    /// direction may be absent.
+    /// direction may be absent. The knobs choose NVLink protocols; a call with network peers
+    /// takes the network route (docs/NETWORK.md) and does not use them.
     ///
     /// # Safety
     ///
@@ -97,7 +97,7 @@ impl Comm {
         recv: Option<Transfer>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.p2p.launch(&self.group, &self.jit, send, recv, stream)
+        self.sendrecv_routed(send, recv, stream)
     }
 
     /// The collective kernel's blocks (docs/COLLECTIVES.md, "Grid"): for a plain all-to-all

@@ -219,6 +219,18 @@ knobs! {
     /// Where libucp is (a file, or the directory holding it); unset: the loader's search.
     ucx_lib: Option<PathBuf> = None, "",
         env "DEVCOMM_UCX_LIB", group "network", range None, Local;
+    /// KiB of payload per network staging slot (the chunk one descriptor moves).
+    net_slot_kib: u32 = 1024, "1024",
+        env "DEVCOMM_NET_SLOT_KIB", group "network", range range(1, 65536), Must;
+    /// Staging slots per network peer and direction (chunks in flight).
+    net_slots: u32 = 4, "4",
+        env "DEVCOMM_NET_SLOTS", group "network", range range(2, 64), Must;
+    /// Descriptors per network queue (two queues per network peer: data and credits).
+    net_queue_capacity: u32 = 64, "64",
+        env "DEVCOMM_NET_QUEUE_CAPACITY", group "network", range range(4, 65536), Local;
+    /// How long the proxy lets one UCX operation run before it declares the peer failed.
+    net_op_timeout: Duration = Duration::from_millis(10_000), "10000",
+        env "DEVCOMM_NET_OP_TIMEOUT_MS", group "network", range range(1, 86_400_000), Local;
 
     /// Extra NVRTC options of the collective kernel (its `DC_COLL_*` constants).
     coll_options: Vec<String> = Vec::new(), "",

@@ -58,6 +58,21 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
             remote: record.seen,
         };
     }
+    if matches!(
+        DeviceOp::from_code(record.op),
+        DeviceOp::NetQueueFull
+            | DeviceOp::NetPeerFailed
+            | DeviceOp::NetFlush
+            | DeviceOp::NetBadDescriptor
+    ) {
+        // Written by the network proxy (or a network producer's wait): the network layer
+        // words it (its codes and UCX statuses are its own; a pure decoder, no UCX needed).
+        return Error::Network {
+            rank: record.rank,
+            peer: record.peer,
+            message: crate::net::record::to_error(record).to_string(),
+        };
+    }
     Error::PeerTimeout {
         op: DeviceOp::from_code(record.op),
         rank: record.rank,
@@ -85,6 +100,10 @@ pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
         4 => (
             "a collective",
             "the bytes exchanged with this peer (wire bytes, low 36 bits)",
+        ),
+        5 => (
+            "send/recv over the network",
+            "the call number with this peer (calls made since the communicator was built)",
         ),
         _ => ("a call", "an unknown field"),
     }

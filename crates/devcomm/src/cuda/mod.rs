@@ -3,7 +3,7 @@
 //! The only module that calls `cudarc::driver::sys` and `cudarc::nvrtc::sys`. It wraps, once
 //! each, the driver calls that cudarc's safe API lacks: virtual memory (`cuMem*`, [`vmm`]),
 //! legacy CUDA IPC ([`ipc`]), NVRTC programs (`nvrtc`),
-//! host-mapped pinned memory ([`ErrorState`]), pointer queries ([`pointer`]), device queries
+//! host-mapped pinned memory ([`ErrorState`], [`HostMapped`]), pointer queries ([`pointer`]), device queries
 //! ([`info`]) and plain device allocations for small tables ([`DeviceBuffer`]).
 //!
 //! Every function binds the given context to the calling thread before its driver calls, so
@@ -18,6 +18,7 @@ mod error_state;
 #[cfg(test)]
 mod gpu_tests;
 pub mod graph;
+mod host_mapped;
 pub mod info;
 pub mod ipc;
 pub(crate) mod nvrtc;
@@ -34,6 +35,7 @@ use crate::error::{CudaResultExt, Error, Result};
 pub use buffer::{memset_zero, DeviceBuffer};
 pub use driver::ensure_driver;
 pub use error_state::ErrorState;
+pub(crate) use host_mapped::HostMapped;
 
 /// Loads the code of kernel `f` now rather than at its first launch (the driver's lazy
 /// loading), which can wait for kernels already running on the device.

@@ -160,3 +160,37 @@ fn peer_suffix(peer: i32) -> String {
 
 /// The network layer's result type.
 pub type Result<T, E = NetError> = std::result::Result<T, E>;
+
+impl NetError {
+    /// The rank and peer the error names (-1 where it names none).
+    pub fn rank_and_peer(&self) -> (i32, i32) {
+        match self {
+            Self::Ucx { rank, peer, .. }
+            | Self::PeerFailed { rank, peer, .. }
+            | Self::QueueFull { rank, peer, .. }
+            | Self::FlushTimeout { rank, peer, .. }
+            | Self::BadDescriptor { rank, peer, .. } => (*rank, *peer),
+            Self::Aborted { rank, .. } => (*rank, -1),
+            _ => (-1, -1),
+        }
+    }
+}
+
+/// The library's error for a network failure: a wrapped device or store error is returned as
+/// itself, every other one as [`crate::Error::Network`] with its text.
+impl From<NetError> for crate::Error {
+    fn from(e: NetError) -> Self {
+        match e {
+            NetError::Device(inner) => inner,
+            NetError::Bootstrap(b) => crate::Error::Bootstrap(b),
+            other => {
+                let (rank, peer) = other.rank_and_peer();
+                crate::Error::Network {
+                    rank,
+                    peer,
+                    message: other.to_string(),
+                }
+            }
+        }
+    }
+}

@@ -7,12 +7,14 @@
 //! registered memory, and signals ordered after the data. Failures become the abort record
 //! that device waits write, so the host call returns an error naming the peer.
 //!
-//! This layer stands alone: it is not yet routed from the existing kernels (docs/NETWORK.md,
-//! "Not built yet").
+//! Send/recv with network peers uses it through host staging (`route`, the kernel in
+//! `cuda/kernels/sendrecv_net.cu`, the communicator's `comm/net_p2p.rs`); the collectives do
+//! not yet (docs/NETWORK.md, "Not built yet").
 //!
 //! Files: `ucx_ffi` (the dlopen'd libucp table), `ucx` (safe owners of UCX objects),
 //! `descriptor` (structs shared with `net.cuh`), `queue` (descriptor rings and credits),
-//! `proxy` (the progress thread), `record` (the abort record), `host` (host-side waits).
+//! `proxy` (the progress thread), `record` (the abort record), `host` (host-side waits),
+//! `route` (send/recv's route and staging layout, pure).
 
 pub mod descriptor;
 mod error;
@@ -20,6 +22,7 @@ pub mod host;
 mod proxy;
 pub mod queue;
 pub mod record;
+pub mod route;
 mod ucx;
 #[cfg(test)]
 mod ucx_abi_test;
@@ -69,12 +72,14 @@ pub struct NetConfig {
 }
 
 impl NetConfig {
-    /// The defaults, with the library the configuration names (`DEVCOMM_UCX_LIB`) and its
-    /// setup timeout.
+    /// The defaults, with the library the configuration names (`DEVCOMM_UCX_LIB`), its setup
+    /// timeout, queue capacity and operation timeout.
     pub fn from_config(config: &crate::Config) -> Self {
         Self {
             library: config.ucx_lib.as_ref().map(|p| p.display().to_string()),
             setup_timeout: config.setup_timeout,
+            capacity: config.net_queue_capacity,
+            op_timeout: config.net_op_timeout,
             ..Self::default()
         }
     }
@@ -393,11 +398,18 @@ impl NetTransport {
     /// Collective shutdown: a barrier (every rank's operations done), stops the proxy, a second
     /// barrier (every proxy stopped, so closing raises no failure), closes the endpoints.
     /// Without a clean shutdown (drop), endpoints are closed by force.
-    pub fn shutdown(mut self, store: &Store) -> Result<()> {
+    pub fn shutdown(self, store: &Store) -> Result<()> {
         let t = self.config.setup_timeout;
-        store.barrier(&format!("{}/fini/1", self.config.tag), t)?;
+        self.shutdown_by(|tag| Ok(store.barrier(tag, t)?))
+    }
+
+    /// [`shutdown`](Self::shutdown) with the caller's barrier (given each barrier's tag): a
+    /// communicator passes its tear-down barrier, which stops waiting for a failed peer.
+    /// A failed barrier leaves the endpoints to be closed by force (drop).
+    pub fn shutdown_by(mut self, mut barrier: impl FnMut(&str) -> Result<()>) -> Result<()> {
+        barrier(&format!("{}/fini/1", self.config.tag))?;
         self.stop_proxy();
-        store.barrier(&format!("{}/fini/2", self.config.tag), t)?;
+        barrier(&format!("{}/fini/2", self.config.tag))?;
         self.close(false);
         Ok(())
     }

@@ -12,21 +12,21 @@ use std::time::Duration;
 use super::error::NetError;
 use crate::handles::{DeviceErrorState, DeviceOp, ErrorRecord};
 
-/// `ErrorRecord::op` codes of the network layer (`NetDeviceOp` in `net.cuh`). `slot` holds the
+/// `ErrorRecord::op` codes of the network layer (`kOpNet*` in `handles.cuh`, `DeviceOp::Net*`). `slot` holds the
 /// channel.
 pub mod op {
     /// A producer waited for a free queue entry (a credit) and gave up; `expected` = entries
     /// the proxy had to have consumed, `seen` = entries it had consumed.
-    pub const QUEUE_FULL: u32 = 11;
+    pub const QUEUE_FULL: u32 = 20;
     /// The proxy found the peer failed; `expected` = the descriptor's seq, `seen` = the UCX
     /// status (as `i8`, sign-extended).
-    pub const PEER_FAILED: u32 = 12;
+    pub const PEER_FAILED: u32 = 21;
     /// A producer's flush waited too long; `expected` = the flush's seq, `seen` = the last
     /// completed flush.
-    pub const FLUSH_TIMEOUT: u32 = 13;
+    pub const FLUSH_TIMEOUT: u32 = 22;
     /// The proxy refused a descriptor (unknown registration, range outside it, unknown op);
     /// `expected` = its seq, `seen` = its op and signal-op words.
-    pub const BAD_DESCRIPTOR: u32 = 14;
+    pub const BAD_DESCRIPTOR: u32 = 23;
 }
 
 /// The UCX status the proxy stores in `seen` for an operation that did not complete within

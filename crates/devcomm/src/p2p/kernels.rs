@@ -4,13 +4,14 @@
 use super::window::MAX_ROLE_THREADS;
 use crate::jit::KernelSpec;
 
-/// The send/recv kernels' source: one translation unit in four files (each under 600 lines),
+/// The send/recv kernels' source: one translation unit in five files (each under 600 lines),
 /// in this order.
 pub const SENDRECV_SOURCE: &str = concat!(
     include_str!("../../cuda/kernels/sendrecv.cu"),
     include_str!("../../cuda/kernels/sendrecv_zc.cu"),
     include_str!("../../cuda/kernels/sendrecv_ce.cu"),
     include_str!("../../cuda/kernels/sendrecv_negotiated.cu"),
+    include_str!("../../cuda/kernels/sendrecv_net.cu"),
 );
 
 /// Threads per role that kernels are instantiated for.
@@ -44,6 +45,8 @@ pub(crate) enum KernelKey {
     Negotiated(bool),
     /// `p2p_barrier_kernel` (`Comm::barrier` on the agreement ring).
     Barrier,
+    /// `p2p_net_kernel<NET_THREADS>` (send/recv with network peers, `net_p2p.cuh`).
+    Net,
 }
 
 impl KernelKey {
@@ -57,8 +60,16 @@ impl KernelKey {
             Self::ZeroCopyCe => ZC_CE_EXPRESSION.to_owned(),
             Self::Negotiated(i) => negotiated_expression(i),
             Self::Barrier => BARRIER_EXPRESSION.to_owned(),
+            Self::Net => net_expression(),
         }
     }
+}
+
+/// Threads per block of the network send/recv kernel (one block per role).
+pub(crate) const NET_THREADS: u32 = 512;
+
+fn net_expression() -> String {
+    format!("devcomm::p2p::p2p_net_kernel<{NET_THREADS}>")
 }
 
 /// Threads per block of the zero-copy kernel.
@@ -92,6 +103,7 @@ pub fn sendrecv_spec(options: &[String]) -> KernelSpec {
         .name_expression(ce_send_expression())
         .name_expression(ZC_CE_EXPRESSION.to_owned())
         .name_expression(BARRIER_EXPRESSION.to_owned())
+        .name_expression(net_expression())
         .name_expression(negotiated_expression(true))
         .name_expression(negotiated_expression(false));
     for t in [256, 512] {

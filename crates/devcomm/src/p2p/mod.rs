@@ -34,12 +34,12 @@ pub use config::{
     CE_WORDS, P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL,
 };
 pub use kernels::{sendrecv_spec, SENDRECV_SOURCE};
+pub(crate) use kernels::{KernelKey, NET_THREADS};
 pub use switches::Switches;
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 pub(crate) use zero_copy::ZcRole;
 
 use handle::{P2PLaunch, P2PSide};
-use kernels::KernelKey;
 
 use crate::cuda::InternalStream;
 use crate::error::{CudaResultExt, Error, Result};
@@ -280,7 +280,7 @@ impl P2P {
 
     /// Loads the send/recv module (once) and waits until `peers` (-1: none) have loaded it
     /// too, so that no kernel of this call waits on the device for a rank still compiling.
-    pub(super) fn ready(&self, group: &Group, jit: &Jit, peers: [i32; 2]) -> Result<()> {
+    pub(crate) fn ready(&self, group: &Group, jit: &Jit, peers: [i32; 2]) -> Result<()> {
         self.module(group, jit)?;
         let peers = peers.into_iter().filter_map(|p| usize::try_from(p).ok());
         self.gate.pass(group, peers)
@@ -303,7 +303,7 @@ impl P2P {
         Ok(self.module.get_or_init(|| m))
     }
 
-    pub(super) fn function(
+    pub(crate) fn function(
         &self,
         group: &Group,
         jit: &Jit,

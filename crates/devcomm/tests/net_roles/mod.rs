@@ -12,6 +12,8 @@ use devcomm::net::{
 };
 use devcomm_bootstrap::{RankInfo, Store};
 
+mod route;
+
 pub const ROLE: &str = "DEVCOMM_NET_ROLE";
 pub const T: Duration = Duration::from_secs(30);
 /// Bytes each rank sends each peer per round.
@@ -165,6 +167,7 @@ pub fn run_role(role: &str, info: RankInfo) -> R {
         "death" => death(info),
         "setup_failure" => setup_failure(info),
         "bad_descriptor" => bad_descriptor(info),
+        "route" => route::route(info),
         other => Err(format!("unknown role {other}")),
     }
 }

@@ -93,6 +93,12 @@ impl ErrorState {
         self.device
     }
 
+    /// Host address of the `DeviceErrorState`, for a host writer of the record (the network
+    /// proxy's `ErrorSink`); valid as long as `self`.
+    pub fn host_ptr(&self) -> *mut DeviceErrorState {
+        self.host
+    }
+
     /// A snapshot of the state as it is now.
     pub fn read(&self) -> DeviceErrorState {
         // SAFETY: `host` is valid, aligned and lives as long as `self`; `abort` is a u32 at

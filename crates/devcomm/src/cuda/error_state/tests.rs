@@ -248,3 +248,59 @@ fn settle_reports_what_is_there() {
     ));
     assert!(settle(&DeviceErrorState::default(), 0).is_ok());
 }
+
+#[test]
+fn network_records_name_the_peer_in_the_network_layers_words() {
+    // What the proxy writes for a dead peer (record::op::PEER_FAILED, UCS_ERR_CONNECTION_RESET).
+    let dead = ErrorRecord {
+        flag: 1,
+        op: crate::net::record::op::PEER_FAILED,
+        rank: 0,
+        peer: 2,
+        slot: 1,
+        expected: 7,
+        seen: (-25i64) as u64,
+        elapsed_ns: 0,
+    };
+    assert_eq!(DeviceOp::from_code(dead.op), DeviceOp::NetPeerFailed);
+    match record_to_error(&dead) {
+        Error::Network {
+            rank: 0,
+            peer: 2,
+            message,
+        } => assert!(
+            message.contains("network peer 2") && message.contains("connection reset"),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Every network code decodes to a named op, none to the call agreement's 11.
+    for (code, op) in [
+        (20, DeviceOp::NetQueueFull),
+        (21, DeviceOp::NetPeerFailed),
+        (22, DeviceOp::NetFlush),
+        (23, DeviceOp::NetBadDescriptor),
+        (11, DeviceOp::CallMismatch),
+    ] {
+        assert_eq!(DeviceOp::from_code(code), op);
+    }
+    let full = ErrorRecord {
+        op: crate::net::record::op::QUEUE_FULL,
+        ..dead
+    };
+    assert!(matches!(
+        record_to_error(&full),
+        Error::Network { peer: 2, .. }
+    ));
+    // The network route's call-number field.
+    let call = ErrorRecord {
+        op: 11,
+        slot: 5,
+        ..dead
+    };
+    let msg = record_to_error(&call).to_string();
+    assert!(
+        msg.contains("call number") && msg.contains("peer 2"),
+        "{msg}"
+    );
+}

@@ -1,0 +1,256 @@
+//! Errors with network peers: a call whose two sides differ in size, and the operations that
+//! are not built for network peers, which must refuse at once (not hang).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::CudaStream;
+use devcomm::{Comm, Error, LinkKind, ReduceOp};
+use devcomm_bootstrap::RankInfo;
+
+use super::super::harness::{compare, Checked, Ctx, Outcome, POISON};
+use super::{job, no_partner};
+
+/// What a refusal of an operation with network peers says (`Error::NoPath`).
+const NOT_BUILT: &str = "network peers are not built yet";
+
+/// The operations that refuse network peers, each expected to return an error saying so at
+/// once; then one verified call with the partner on the same communicator.
+pub(super) fn refusals(cx: &Ctx) -> Checked {
+    let net = match job(cx, "net_refusals")? {
+        Ok(j) => j,
+        Err(skip) => return Ok(skip),
+    };
+    cx.host_barrier()?;
+    let (comm, stream) = (&cx.comm, &cx.stream);
+    let world = comm.world_size();
+    let mut seen = Vec::new();
+    let mut expect_refusal = |what: &str, r: devcomm::Result<()>, text: &str| {
+        let t = Instant::now();
+        match r {
+            Err(e) if e.to_string().contains(text) && t.elapsed() < Duration::from_secs(1) => {
+                seen.push(what.to_owned());
+                Ok(())
+            }
+            Err(e) => Err(format!("{what}: expected an error saying {text:?}, got: {e}")),
+            Ok(()) => Err(format!("{what}: accepted with a network peer")),
+        }
+    };
+    // Collectives refuse on a rank with a network peer before launching; a rank without one
+    // would launch and wait for the others, so they are tried only when every rank has one.
+    if net.every_rank_has_one {
+        let src = stream.alloc_zeros::<u64>(64 * world).map_err(|e| e.to_string())?;
+        let mut dst = stream.alloc_zeros::<u64>(64 * world).map_err(|e| e.to_string())?;
+        expect_refusal("all_to_all", comm.all_to_all(&src, &mut dst, stream), NOT_BUILT)?;
+        let x = stream.alloc_zeros::<f32>(1024).map_err(|e| e.to_string())?;
+        let mut y = stream.alloc_zeros::<f32>(1024).map_err(|e| e.to_string())?;
+        expect_refusal(
+            "all_reduce",
+            comm.all_reduce(&x, &mut y, ReduceOp::Sum, stream),
+            NOT_BUILT,
+        )?;
+        expect_refusal("barrier", comm.barrier(stream), NOT_BUILT)?;
+    }
+    // One launch that sends to a network peer and receives from an NVLink peer (a mixed job).
+    let topo = comm.topology();
+    let nvl = (0..world).find(|&p| topo.kind(p) == LinkKind::Nvl);
+    if let (Some(peer), Some(other)) = (net.partner, nvl) {
+        let a = stream.alloc_zeros::<u8>(4096).map_err(|e| e.to_string())?;
+        let mut b = stream.alloc_zeros::<u8>(4096).map_err(|e| e.to_string())?;
+        expect_refusal(
+            "sendrecv to a network peer and from an NVLink peer",
+            comm.sendrecv(&a, peer, &mut b, other, stream),
+            "not built yet",
+        )?;
+    }
+    cx.host_barrier()?;
+    let Some(peer) = net.partner else {
+        cx.host_barrier()?;
+        return Ok(no_partner(cx));
+    };
+    // The communicator is still usable: one call both ways, checked.
+    let n = (1 << 20) + 9;
+    let src = stream
+        .clone_htod(&cx.data_of(comm.rank(), 31, n))
+        .map_err(|e| e.to_string())?;
+    let mut dst = stream.alloc_zeros::<u8>(n).map_err(|e| e.to_string())?;
+    comm.sendrecv(&src, peer, &mut dst, peer, stream)
+        .and_then(|()| comm.synchronize(stream))
+        .map_err(|e| format!("the call after the refusals: {e}"))?;
+    let got = stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
+    compare(&got, &cx.data_of(peer, 31, n), "the call after the refusals")?;
+    cx.host_barrier()?;
+    if seen.is_empty() {
+        return Err("no operation was tried (no rank set has both a network peer and another \
+                    refusal to try)"
+            .into());
+    }
+    Ok(Outcome::Pass(format!(
+        "refused at once: {}; then a verified {n} B call both ways with network peer {peer}",
+        seen.join(", ")
+    )))
+}
+
+/// (sender's bytes, receiver's bytes) of the mismatch cases.
+const CASES: &[(usize, usize)] = &[(4096, 8192), ((3 << 20) + 1, 1 << 20), (8, 9)];
+/// Poison bytes before and after the receiver's destination.
+const GUARD: usize = 4096;
+/// Verified calls on each rebuilt communicator.
+const AFTER: usize = 50;
+
+/// Each case on a communicator of its own: the lower rank of each pair sends, the higher
+/// receives another size; both must fail with CallMismatch naming the peer and both sizes
+/// within the device timeout (+2 s), the receiver's destination and guards untouched; then
+/// the ranks rebuild the communicator and make AFTER verified calls.
+pub(super) fn mismatch(cx: &Ctx, timeout: Duration) -> Checked {
+    let net = match job(cx, "net_mismatch")? {
+        Ok(j) => j,
+        Err(skip) => return Ok(skip),
+    };
+    let mut fresh = 0u64;
+    let mut examples = Vec::new();
+    for &(s_bytes, r_bytes) in CASES {
+        let (comm, stream) = fresh_comm(cx, &mut fresh, timeout)?;
+        cx.host_barrier()?;
+        if let Some(peer) = net.partner {
+            let e = one_case(cx, &comm, &stream, peer, s_bytes, r_bytes, timeout)
+                .map_err(|e| format!("{s_bytes} B sent against {r_bytes} B received: {e}"))?;
+            examples.push(e);
+        } else {
+            cx.host_barrier()?; // the one barrier of one_case
+        }
+        cx.host_barrier()?;
+        // Aborted on both sides of each pair: every rank drops its own and builds the next.
+        drop(comm);
+        let (comm, stream) = fresh_comm(cx, &mut fresh, timeout)?;
+        cx.host_barrier()?;
+        if let Some(peer) = net.partner {
+            after(cx, &comm, &stream, peer)
+                .map_err(|e| format!("after {s_bytes} B against {r_bytes} B: {e}"))?;
+        }
+        cx.host_barrier()?;
+    }
+    match net.partner {
+        Some(_) => Ok(Outcome::Pass(format!(
+            "{} cases, each refused on both sides and followed by {AFTER} verified calls on a \
+             rebuilt communicator; e.g. {}",
+            CASES.len(),
+            examples.first().cloned().unwrap_or_default()
+        ))),
+        None => Ok(no_partner(cx)),
+    }
+}
+
+/// A communicator of its own with device timeout `timeout`, on a store port rank 0 picks.
+fn fresh_comm(cx: &Ctx, n: &mut u64, timeout: Duration) -> Result<(Comm, Arc<CudaStream>), String> {
+    *n += 1;
+    let key = format!("__devcomm_cli/net/mismatch/port/{n}");
+    let store = cx.comm.store();
+    let port = if cx.comm.rank() == 0 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        drop(listener);
+        store
+            .set(&key, &port.to_le_bytes())
+            .map_err(|e| e.to_string())?;
+        port
+    } else {
+        let v = store
+            .get(&key, cx.comm.setup_timeout())
+            .map_err(|e| e.to_string())?;
+        u16::from_le_bytes(v[..2].try_into().map_err(|_| "bad port")?)
+    };
+    let mut info = RankInfo::from_env().map_err(|e| e.to_string())?;
+    info.master_port = port;
+    info.master_addr = "127.0.0.1".into();
+    let comm = Comm::builder(info)
+        .and_then(|b| b.device_timeout(timeout).build())
+        .map_err(|e| format!("building communicator {n}: {e}"))?;
+    let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
+    Ok((comm, stream))
+}
+
+/// One mismatched call; the error this rank saw.
+fn one_case(
+    cx: &Ctx,
+    comm: &Comm,
+    stream: &Arc<CudaStream>,
+    peer: usize,
+    s_bytes: usize,
+    r_bytes: usize,
+    timeout: Duration,
+) -> Result<String, String> {
+    let rank = comm.rank();
+    let sends = rank < peer;
+    // A correct call first: the kernels are loaded on both sides and the transport is warm.
+    {
+        let one = stream.clone_htod(&[1u8; 8]).map_err(|e| e.to_string())?;
+        let mut back = stream.alloc_zeros::<u8>(8).map_err(|e| e.to_string())?;
+        comm.sendrecv(&one, peer, &mut back, peer, stream)
+            .and_then(|()| comm.synchronize(stream))
+            .map_err(|e| format!("the warm-up call: {e}"))?;
+    }
+    let src = stream
+        .clone_htod(&cx.data_of(rank, 77, s_bytes))
+        .map_err(|e| e.to_string())?;
+    let mut dst = stream
+        .clone_htod(&vec![POISON; r_bytes + 2 * GUARD])
+        .map_err(|e| e.to_string())?;
+    stream.synchronize().map_err(|e| e.to_string())?;
+    cx.host_barrier()?;
+    let t = Instant::now();
+    let result = if sends {
+        comm.send(&src, peer, stream)
+    } else {
+        let mut view = dst.slice_mut(GUARD..GUARD + r_bytes);
+        comm.recv(&mut view, peer, stream)
+    }
+    .and_then(|()| comm.synchronize(stream));
+    let waited = t.elapsed();
+    if waited > timeout + Duration::from_secs(2) {
+        return Err(format!("took {waited:?} (device timeout {timeout:?})"));
+    }
+    let e = match result {
+        Err(e @ Error::CallMismatch { .. }) => e.to_string(),
+        Err(other) => return Err(format!("expected CallMismatch, got: {other}")),
+        Ok(()) => return Err(format!("the {} call succeeded", if sends { "send" } else { "recv" })),
+    };
+    let mine = if sends { s_bytes } else { r_bytes };
+    let theirs = if sends { r_bytes } else { s_bytes };
+    for part in [format!("peer {peer}"), mine.to_string(), theirs.to_string()] {
+        if !e.contains(&part) {
+            return Err(format!("the error does not name {part}: {e}"));
+        }
+    }
+    if !sends {
+        let got = stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
+        if let Some(i) = got.iter().position(|&b| b != POISON) {
+            return Err(format!("byte {i} of the destination and guards was written"));
+        }
+    }
+    Ok(e)
+}
+
+/// AFTER calls both ways of mixed sizes on a rebuilt communicator, each checked.
+fn after(cx: &Ctx, comm: &Comm, stream: &Arc<CudaStream>, peer: usize) -> Result<(), String> {
+    let rank = comm.rank();
+    let sizes = [8usize, 4099, 65_536, (1 << 20) + 3];
+    let big = *sizes.iter().max().unwrap_or(&8);
+    let mut dst = stream.alloc_zeros::<u8>(big).map_err(|e| e.to_string())?;
+    for call in 0..AFTER {
+        let n = sizes[call % sizes.len()];
+        let tag = 5000 + call as u64;
+        let src = stream
+            .clone_htod(&cx.data_of(rank, tag, n))
+            .map_err(|e| e.to_string())?;
+        let mut view = dst.slice_mut(..n);
+        comm.sendrecv(&src, peer, &mut view, peer, stream)
+            .and_then(|()| comm.synchronize(stream))
+            .map_err(|e| format!("call {call} ({n} B): {e}"))?;
+        let got = stream
+            .clone_dtoh(&dst.slice(..n))
+            .map_err(|e| e.to_string())?;
+        compare(&got, &cx.data_of(peer, tag, n), &format!("call {call} ({n} B)"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,280 @@
+//! Network peers of a communicator (docs/NETWORK.md, "Send/recv over the network"): the
+//! transport, its host-mapped queues and staging, and the launch of the network send/recv
+//! kernel. Built only when some link of the job is `Net`: NVLink-only jobs never load UCX.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+
+use super::Comm;
+use crate::cuda::{launch_struct, linear_launch, HostMapped};
+use crate::error::{CudaResultExt, Error, Result};
+use crate::group::Group;
+use crate::jit::Jit;
+use crate::net::queue::queue_bytes;
+use crate::net::route::{self, NetP2PLaunch, P2PRoute, RoleView, StagingLayout};
+use crate::net::{ErrorSink, NetConfig, NetTransport, QueueMemory};
+use crate::p2p::{KernelKey, Transfer, NET_THREADS, P2P};
+use crate::topology::LinkKind;
+
+/// The network side of a communicator. Field order is drop order: the transport (its proxy
+/// reads the queues and staging) goes before the memory.
+pub(crate) struct NetPeers {
+    transport: Option<NetTransport>,
+    key: u32,
+    layout: StagingLayout,
+    handle: crate::net::NetQueuesHandle,
+    /// Owns the memory `counters_base` points into.
+    _counters: CudaSlice<u64>,
+    counters_base: u64,
+    staging: HostMapped,
+    _queues: HostMapped,
+    group: Arc<Group>,
+}
+
+impl std::fmt::Debug for NetPeers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetPeers")
+            .field("transport", &self.transport)
+            .field("layout", &self.layout)
+            .finish()
+    }
+}
+
+impl NetPeers {
+    /// Collective: `None` on every rank when no link of the job is `Net`; otherwise the
+    /// transport to this rank's network peers (possibly none: every rank takes part in the
+    /// transport's setup) with the staging registered.
+    pub(crate) fn new(group: &Arc<Group>) -> Result<Option<Self>> {
+        let rank = group.rank;
+        let world = group.world_size;
+        let net_peers: Vec<usize> = (0..world)
+            .filter(|&p| group.topology.kind(p) == LinkKind::Net)
+            .collect();
+        let flags = group.store.all_gather(
+            "__devcomm/net/any",
+            &[u8::from(!net_peers.is_empty())],
+            group.setup_timeout,
+        )?;
+        if !flags.iter().any(|f| f.first() == Some(&1)) {
+            return Ok(None);
+        }
+        let config = &group.config;
+        let slot_bytes = u64::from(config.net_slot_kib) * 1024;
+        let capacity = config.net_queue_capacity;
+        let local = (|| {
+            let layout = StagingLayout::new(world, config.net_slots, slot_bytes)?;
+            let total = layout.total().expect("checked by StagingLayout::new");
+            let qbytes = queue_bytes(world as u32, route::CHANNELS, capacity)?;
+            let queues = HostMapped::new(&group.ctx, qbytes)?;
+            let staging = HostMapped::new(&group.ctx, total as usize)?;
+            let counters = group
+                .ctx
+                .default_stream()
+                .alloc_zeros::<u64>(4 * world)
+                .cuda(rank as i32, "cuMemAlloc (network counters)")?;
+            group
+                .ctx
+                .default_stream()
+                .synchronize()
+                .cuda(rank as i32, "cuStreamSynchronize")?;
+            Ok((layout, queues, staging, counters))
+        })()
+        .map_err(|e: Error| crate::cuda::with_rank(e, rank));
+        let (layout, queues, staging, counters) = group.agree("network staging", local)?;
+        // SAFETY: the queue memory is 128-byte aligned (page-aligned), `qbytes` long, and lives
+        // in `self` after the transport (dropped first).
+        let qm = unsafe {
+            QueueMemory::borrowed(
+                queues.host_ptr(),
+                queues.len(),
+                queues.device_ptr(),
+                world as u32,
+                route::CHANNELS,
+                capacity,
+            )
+        };
+        // SAFETY: the error state lives in `group`, which `self` keeps alive beyond the
+        // transport.
+        let sink = unsafe { ErrorSink::new(group.errors.host_ptr()) };
+        let net_config = NetConfig {
+            channels: route::CHANNELS,
+            ..NetConfig::from_config(config)
+        };
+        // SAFETY: as above: the sink's state outlives the transport.
+        let mut transport =
+            unsafe { NetTransport::with_queues(&group.store, &net_peers, sink, net_config, qm) }?;
+        let total = layout.total().expect("checked");
+        // SAFETY: the staging stays allocated until `self` drops, after the transport.
+        let key =
+            unsafe { transport.register(&group.store, staging.host_ptr() as u64, total, false) }?;
+        let handle =
+            transport
+                .queues()
+                .handle(rank as u32, group.errors.device_ptr(), group.device_timeout);
+        let counters_base = {
+            let stream = group.ctx.default_stream();
+            let (p, _sync) = counters.device_ptr(&stream);
+            p
+        };
+        log::info!(
+            "rank {rank}: network peers {net_peers:?} over UCX {:?}",
+            transport.library()
+        );
+        Ok(Some(Self {
+            transport: Some(transport),
+            key,
+            layout,
+            handle,
+            _counters: counters,
+            counters_base,
+            staging,
+            _queues: queues,
+            group: group.clone(),
+        }))
+    }
+
+    /// The kernel argument for the roles (each non-empty, with a network peer).
+    fn launch_args(&self, send: Option<Transfer>, recv: Option<Transfer>) -> NetP2PLaunch {
+        NetP2PLaunch {
+            q: self.handle,
+            staging: self.staging.device_ptr(),
+            counters: self.counters_base,
+            slot_bytes: self.layout.slot_bytes,
+            slots: self.layout.slots as u32,
+            key: self.key,
+            send_buf: send.map_or(0, |t| t.ptr),
+            send_bytes: send.map_or(0, |t| t.bytes),
+            recv_buf: recv.map_or(0, |t| t.ptr),
+            recv_bytes: recv.map_or(0, |t| t.bytes),
+            send_peer: send.map_or(-1, |t| t.peer as i32),
+            recv_peer: recv.map_or(-1, |t| t.peer as i32),
+        }
+    }
+
+    /// Launches the network send/recv kernel for the roles (the route chose the network for
+    /// every non-empty one). Explicit launch knobs (`Transfer::config`) are for the NVLink
+    /// protocols and are not used here. No host synchronisation: graph-capturable.
+    pub(crate) fn launch(
+        &self,
+        p2p: &P2P,
+        jit: &Jit,
+        send: Option<Transfer>,
+        recv: Option<Transfer>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let group = &self.group;
+        group.errors.check_before_launch()?;
+        p2p.bind(group, stream)?;
+        let send = send.filter(|t| t.bytes > 0);
+        let recv = recv.filter(|t| t.bytes > 0);
+        let roles = u32::from(send.is_some()) + u32::from(recv.is_some());
+        if roles == 0 {
+            return Ok(());
+        }
+        let peer = |t: Option<Transfer>| t.map_or(-1, |t| t.peer as i32);
+        p2p.ready(group, jit, [peer(send), peer(recv)])?;
+        let func = p2p.function(group, jit, KernelKey::Net)?;
+        let args = self.launch_args(send, recv);
+        // SAFETY: p2p_net_kernel<NET_THREADS>(NetP2PLaunch) takes exactly this struct by value
+        // and enters through enter_after_previous_kernel. It writes the caller's destination
+        // (`recv_bytes`, sized by the caller), this rank's staging and queues (alive as long
+        // as `self`; every offset is inside StagingLayout::total for the peers, which the route
+        // checked are ranks) and the counters; it reads the caller's source.
+        unsafe {
+            launch_struct(
+                stream,
+                &func,
+                linear_launch(roles, NET_THREADS),
+                &args,
+                group.pdl,
+            )
+        }
+        .cuda(
+            group.rank as i32,
+            "cuLaunchKernelEx (sendrecv over the network)",
+        )?;
+        Ok(())
+    }
+}
+
+impl Drop for NetPeers {
+    fn drop(&mut self) {
+        // Kernels using the staging end first (every wait in them is bounded).
+        if let Err(e) = self.group.ctx.synchronize() {
+            log::warn!(
+                "rank {}: synchronising before the network tear-down: {e}",
+                self.group.rank
+            );
+        }
+        let Some(transport) = self.transport.take() else {
+            return;
+        };
+        if self.group.errors.is_aborted() {
+            return; // dropped: endpoints closed by force (a peer may be dead)
+        }
+        let group = &self.group;
+        let done = transport.shutdown_by(|tag| {
+            group
+                .teardown_barrier(tag)
+                .map_err(|e| crate::net::NetError::InvalidArgument {
+                    op: "network tear-down",
+                    reason: e.to_string(),
+                })
+        });
+        if let Err(e) = done {
+            log::warn!("rank {}: network tear-down: {e}", group.rank);
+        }
+    }
+}
+
+/// The route of a send/recv call on this communicator's topology.
+fn route_of(group: &Group, send: Option<Transfer>, recv: Option<Transfer>) -> Result<P2PRoute> {
+    let view = |t: Transfer| RoleView {
+        peer: t.peer,
+        bytes: t.bytes,
+        kind: (t.peer < group.world_size && t.peer != group.rank)
+            .then(|| group.topology.kind(t.peer)),
+    };
+    route::choose(group.rank, send.map(view), recv.map(view))
+}
+
+impl Comm {
+    /// Send/recv through the route the peers' link kinds choose: the NVLink kernels, or the
+    /// network kernel when every role with bytes has a network peer.
+    pub(super) fn sendrecv_routed(
+        &self,
+        send: Option<Transfer>,
+        recv: Option<Transfer>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        match route_of(&self.group, send, recv)? {
+            P2PRoute::Nvlink => {
+                // An empty role with a network peer moves nothing: the NVLink path would refuse
+                // its peer.
+                let is_net = |t: &Transfer| {
+                    t.peer < self.group.world_size
+                        && self.group.topology.kind(t.peer) == LinkKind::Net
+                };
+                let keep = |t: Option<Transfer>| t.filter(|t| !(t.bytes == 0 && is_net(t)));
+                self.p2p
+                    .launch(&self.group, &self.jit, keep(send), keep(recv), stream)
+            }
+            P2PRoute::Network => match &self.net {
+                Some(net) => net.launch(&self.p2p, &self.jit, send, recv, stream),
+                None => Err(Error::InvalidArgument {
+                    op: "sendrecv",
+                    reason: format!(
+                        "rank {}: a network peer without a network transport (internal error)",
+                        self.group.rank
+                    ),
+                }),
+            },
+        }
+    }
+
+    /// Whether some peer of this rank is reached over the network.
+    pub fn has_network_peers(&self) -> bool {
+        (0..self.group.world_size).any(|p| self.group.topology.kind(p) == LinkKind::Net)
+    }
+}
