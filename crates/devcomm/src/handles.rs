@@ -148,6 +148,11 @@ pub struct DeviceErrorState {
     pub reserved: u32,
     /// The first failure.
     pub record: ErrorRecord,
+    /// Device address of the communicator's abort mirror: a u64 in device memory that the
+    /// first failure recorded by a kernel sets to 1 along with `abort`, so that a later kernel
+    /// can tell from one device-memory load at its start that it must not announce a call
+    /// (docs/PROTOCOL.md, "Agreement"). Set by the host at creation; 0: none.
+    pub mirror: u64,
 }
 
 /// A symmetric window as kernels see it; passed to kernels by value.
@@ -172,7 +177,8 @@ pub struct DeviceWindow {
     pub error_state: u64,
     /// Bound of every wait on this window, in nanoseconds.
     pub timeout_ns: u64,
-    /// Device `u64*`: this rank's barrier counter (not visible to peers).
+    /// Device `u64[2]`: `[0]` this rank's barrier counter (not visible to peers), `[1]` the
+    /// address of the communicator's abort mirror ([`DeviceErrorState::mirror`]).
     pub barrier_epoch: u64,
     /// This rank.
     pub rank: i32,
@@ -278,6 +284,12 @@ pub(crate) const LAYOUT: &[(&str, &str, usize, usize)] = &[
         "DeviceErrorState",
         "record",
         offset_of!(DeviceErrorState, record),
+        size_of::<DeviceErrorState>(),
+    ),
+    (
+        "DeviceErrorState",
+        "mirror",
+        offset_of!(DeviceErrorState, mirror),
         size_of::<DeviceErrorState>(),
     ),
     (
@@ -394,7 +406,8 @@ const _: () = {
     assert!(size_of::<ErrorRecord>() == 48);
     assert!(offset_of!(ErrorRecord, slot) == 16);
     assert!(offset_of!(ErrorRecord, elapsed_ns) == 40);
-    assert!(size_of::<DeviceErrorState>() == 56);
+    assert!(size_of::<DeviceErrorState>() == 64);
+    assert!(offset_of!(DeviceErrorState, mirror) == 56);
     assert!(offset_of!(DeviceErrorState, record) == 8);
     assert!(size_of::<DeviceWindow>() == 80);
     assert!(offset_of!(DeviceWindow, peer_data) == 32);

@@ -57,9 +57,10 @@ impl<T: DeviceRepr> Window<T> {
         let sizes = window_sizes(len, size_of::<T>(), group.world_size, signal_count);
         let (data_bytes, signal_bytes) = group.agree("window: arguments", sizes)?;
 
-        // Zeroed, and complete before the signal pad's final setup agreement (which
-        // synchronises the device), so no kernel can see a stale epoch.
-        let epoch = DeviceBuffer::zeroed(&group.ctx, size_of::<u64>())
+        // The epoch (zero) and the address of the abort mirror, complete before the signal
+        // pad's final setup agreement (which synchronises the device), so no kernel can see a
+        // stale epoch.
+        let epoch = DeviceBuffer::from_slice(&group.ctx, &[0u64, group.errors.mirror_ptr()])
             .map_err(|e| with_rank(e, group.rank));
         let epoch = group.agree("window: barrier epoch", epoch)?;
 

@@ -64,23 +64,37 @@ __device__ inline void agree_record(const P2PLaunch& a, int peer, dc_u32 field, 
 
 // A sender's call number and credit, loaded early (agree_send_begin) so that the loads overlap
 // the protocol's own ones, and used just before the first store of data (agree_send_finish).
+// `aborted`: the communicator's abort mirror (DeviceErrorState::mirror, in device memory; its
+// address is word 1 of the window's epoch buffer). A rank whose earlier call failed announces
+// no call: kernels it enqueued before the failure was known would otherwise send data that
+// never arrived here (a ring forwarding a chunk its receive refused), and the peer would take
+// it for the call's. Without the announcement the peer's receive times out naming this rank.
 struct AgreeSend {
   dc_u64* own;
   dc_u64 call;
   dc_u64 ack;
+  dc_u64 aborted;
 };
+
+__device__ __forceinline__ dc_u64 abort_mirror(const DeviceWindow& w) {
+  if (w.barrier_epoch == 0) return 0;
+  const dc_u64 m = reinterpret_cast<const dc_u64*>(w.barrier_epoch)[1];
+  return m == 0 ? 0 : *reinterpret_cast<const volatile dc_u64*>(m);
+}
 
 __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int peer) {
   dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
-  if (!DC_AGREE) return AgreeSend{own, 0, 0};
-  return AgreeSend{own, own[kAgCallS] + 1, ld_relaxed_sys(own + kAgAck)};
+  if (!DC_AGREE) return AgreeSend{own, 0, 0, 0};
+  return AgreeSend{own, own[kAgCallS] + 1, ld_relaxed_sys(own + kAgAck), abort_mirror(a.w)};
 }
 
 // Stores the descriptor of call s.call into the peer's ring once its word is free (one thread,
-// the lead of the send role). False when that wait failed (recorded; the caller stops).
+// the lead of the send role). False when that wait failed (recorded; the caller stops) or the
+// communicator had been aborted before this kernel (already recorded).
 __device__ inline bool agree_send_finish(const P2PLaunch& a, int peer, const AgreeSend& s,
                                          dc_u32 kind, dc_u64 bytes) {
   if (!DC_AGREE) return true;
+  if (s.aborted != 0) return false;  // aborted before this kernel: announce nothing
   if (DC_AGREE_ACK && s.call > kAgRing && s.ack + kAgRing < s.call) {
     const dc_u64 slot = p2p_ce_word(a, peer, kAgAck);
     if (!wait_until(error_state(a.w), a.w.timeout_ns, a.w.rank, s.own + kAgAck,

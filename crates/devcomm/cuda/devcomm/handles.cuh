@@ -78,6 +78,8 @@ struct DeviceErrorState {
   dc_u32 abort;         // @0 non-zero: every wait returns false at once
   dc_u32 reserved;      // @4
   ErrorRecord record;   // @8
+  dc_u64 mirror;        // @56 device u64* (device memory): set to 1 with `abort` by the first
+                        //     failure a kernel records; 0: none (src/handles.rs)
 };
 
 // A symmetric window as kernels see it. Passed to kernels by value.
@@ -95,7 +97,8 @@ struct DeviceWindow {
   dc_u64 peer_signals;  // @40 device u64[world_size]: each rank's signal pad as mapped here
   dc_u64 error_state;   // @48 DeviceErrorState* (host-mapped)
   dc_u64 timeout_ns;    // @56 bound of every wait on this window
-  dc_u64 barrier_epoch; // @64 device u64*: this rank's barrier counter (not peer-visible)
+  dc_u64 barrier_epoch; // @64 device u64[2]: [0] this rank's barrier counter (not
+                        //     peer-visible), [1] the address of the abort mirror (DeviceErrorState)
   dc_i32 rank;          // @72
   dc_i32 world_size;    // @76
 };
@@ -121,7 +124,8 @@ struct RegisteredBuffer {
 static_assert(sizeof(ErrorRecord) == 48, "ErrorRecord size");
 static_assert(DC_OFFSETOF(ErrorRecord, slot) == 16, "ErrorRecord.slot");
 static_assert(DC_OFFSETOF(ErrorRecord, elapsed_ns) == 40, "ErrorRecord.elapsed_ns");
-static_assert(sizeof(DeviceErrorState) == 56, "DeviceErrorState size");
+static_assert(sizeof(DeviceErrorState) == 64, "DeviceErrorState size");
+static_assert(DC_OFFSETOF(DeviceErrorState, mirror) == 56, "DeviceErrorState.mirror");
 static_assert(DC_OFFSETOF(DeviceErrorState, record) == 8, "DeviceErrorState.record");
 static_assert(sizeof(DeviceWindow) == 80, "DeviceWindow size");
 static_assert(DC_OFFSETOF(DeviceWindow, peer_data) == 32, "DeviceWindow.peer_data");

@@ -87,6 +87,10 @@ __device__ inline void record_wait_failure(DeviceErrorState* err, dc_i32 rank, W
     __threadfence_system();
   }
   *reinterpret_cast<volatile dc_u32*>(&err->abort) = 1u;
+  // The device-memory copy that kernels read at their start (agree.cuh: no call is announced
+  // on an aborted communicator). Read over the host mapping: this path is rare.
+  const dc_u64 mirror = *reinterpret_cast<volatile dc_u64*>(&err->mirror);
+  if (mirror != 0) *reinterpret_cast<volatile dc_u64*>(mirror) = 1;
   __threadfence_system();
 }
 

@@ -91,10 +91,13 @@ impl ErrorSink {
         let abort = self.abort_word().load(Ordering::Acquire);
         // SAFETY: valid and aligned (contract of `new`); any bit pattern is a valid record.
         let record = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.state).record)) };
+        // SAFETY: as above; written by the host before any kernel ran.
+        let mirror = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.state).mirror)) };
         DeviceErrorState {
             abort,
             reserved: 0,
             record,
+            mirror,
         }
     }
 

@@ -10,7 +10,7 @@ use cudarc::driver::{sys, CudaContext};
 
 #[allow(unused_imports)] // the tests below use them too
 pub(crate) use super::error_record::{call_mismatch_field, record_to_error};
-use super::{bind, check, log_drop_error, with_rank};
+use super::{bind, check, log_drop_error, with_rank, DeviceBuffer};
 use crate::error::{Error, Result};
 use crate::handles::{DeviceErrorState, DeviceOp, ErrorRecord};
 
@@ -31,6 +31,8 @@ pub struct ErrorState {
     fired: Mutex<Option<String>>,
     /// Whether the host raised `abort` itself (so no device record is coming).
     host_raised: AtomicBool,
+    /// The abort mirror in device memory (`DeviceErrorState::mirror`).
+    mirror: Option<DeviceBuffer>,
 }
 
 /// How long `check` waits for a record that a kernel is in the middle of writing.
@@ -78,6 +80,7 @@ impl ErrorState {
             device: 0,
             fired: Mutex::new(None),
             host_raised: AtomicBool::new(false),
+            mirror: None,
         };
         let mut device: sys::CUdeviceptr = 0;
         // SAFETY: `host` was allocated by cuMemHostAlloc with DEVICEMAP; flags must be 0.
@@ -85,12 +88,21 @@ impl ErrorState {
         let status = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) };
         check(status, "cuMemHostGetDevicePointer")?;
         state.device = device;
+        let mirror = DeviceBuffer::zeroed(ctx, size_of::<u64>())?;
+        // SAFETY: `host` is valid and no kernel can use the state before it is returned.
+        unsafe { std::ptr::addr_of_mut!((*host).mirror).write_volatile(mirror.ptr()) };
+        state.mirror = Some(mirror);
         Ok(state)
     }
 
     /// Device address of the `DeviceErrorState` (for `DeviceWindow::error_state`).
     pub fn device_ptr(&self) -> u64 {
         self.device
+    }
+
+    /// Device address of the abort mirror (`DeviceErrorState::mirror`; 0 if none).
+    pub fn mirror_ptr(&self) -> u64 {
+        self.mirror.as_ref().map_or(0, DeviceBuffer::ptr)
     }
 
     /// Host address of the `DeviceErrorState`, for a host writer of the record (the network
@@ -113,6 +125,7 @@ impl ErrorState {
             abort,
             reserved: 0,
             record,
+            mirror: self.mirror_ptr(),
         }
     }
 

@@ -50,6 +50,7 @@ fn zero_copy_mismatch_is_a_complete_soft_record() {
         abort: 0,
         reserved: 0,
         record: rec,
+        mirror: 0,
     };
     match evaluate(&state, 3, false) {
         Verdict::Failed(e) => match *e {
@@ -97,6 +98,7 @@ fn call_mismatch_is_a_hard_error_naming_both_sizes() {
         abort: 0,
         reserved: 0,
         record: rec,
+        mirror: 0,
     };
     assert!(matches!(evaluate(&pending, 1, false), Verdict::Pending));
     let fired = DeviceErrorState {
@@ -160,6 +162,7 @@ fn a_soft_error_does_not_stop_the_next_launch_but_a_hard_one_does() {
         abort: 0,
         reserved: 0,
         record: ErrorRecord { op: 6, ..record() },
+        mirror: 0,
     };
     assert!(soft_pending(&soft));
     // The same record with abort raised, a wait's record in progress, a hard mismatch:
@@ -203,6 +206,7 @@ fn evaluate_covers_every_state() {
         abort: 0,
         reserved: 0,
         record: record(),
+        mirror: 0,
     };
     assert!(matches!(evaluate(&in_progress, 0, false), Verdict::Pending));
 
@@ -210,6 +214,7 @@ fn evaluate_covers_every_state() {
         abort: 1,
         reserved: 0,
         record: record(),
+        mirror: 0,
     };
     assert!(matches!(
         evaluate(&fired, 0, false),
@@ -233,6 +238,7 @@ fn settle_reports_what_is_there() {
         abort: 0,
         reserved: 0,
         record: record(),
+        mirror: 0,
     };
     assert!(matches!(
         settle(&in_progress, 0),
