@@ -22,5 +22,5 @@ for path in sys.argv[1:]:
     name = os.path.basename(path)
     for r in records:
         print(f"{name:24s} {r['op'][:28]:28s} {size(r['bytes']):>8s} "
-              f"{r['devcomm_us']:9.2f} {r['nccl_us']:9.2f} "
+              f"{r['devcomm_us']:9.2f} {'-' if r.get('nccl_us') is None else format(r['nccl_us'], '9.2f'):>9s} "
               f"{'-' if r.get('ratio') is None else format(r['ratio'], '5.2f'):>5s}")
