@@ -12,12 +12,14 @@
 
 mod context;
 mod data;
+mod fresh;
 mod outcome;
 
 use std::time::{Duration, Instant};
 
 pub(crate) use context::Ctx;
 pub(crate) use data::{compare, partner, poisoned, roles, BenchDst, RegBuf, POISON, SIZES};
+pub(crate) use fresh::{fresh_comm, Fresh};
 pub(crate) use outcome::{verified, Checked, Outcome, Ranks, Skip};
 
 /// The run's counts and limits, from the command line.

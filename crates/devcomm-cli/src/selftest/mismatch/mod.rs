@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use devcomm::p2p::Protocol;
-use devcomm::{Comm, Error};
-use devcomm_bootstrap::RankInfo;
+use devcomm::Error;
 
 use super::harness::{compare, partner, verified, Check, Ctx, Ranks, POISON};
+pub(super) use super::harness::{fresh_comm, Fresh};
 
 mod attribution;
 mod collective;
@@ -120,45 +120,6 @@ fn sendrecv_mismatch(cx: &Ctx, timeout: Duration) -> Result<String, String> {
     ))
 }
 
-/// A communicator of its own and the one stream its calls use.
-pub(super) struct Fresh {
-    pub(super) stream: Arc<CudaStream>,
-    pub(super) comm: Comm,
-}
-
-/// A communicator of its own for one case, on a store port that rank 0 picks.
-pub(super) fn fresh_comm(
-    cx: &Ctx,
-    tag: &str,
-    n: &mut u64,
-    timeout: Duration,
-) -> Result<Fresh, String> {
-    *n += 1;
-    let key = format!("__devcomm_cli/mismatch/{tag}/port/{n}");
-    let store = cx.comm.store();
-    let port = if cx.comm.rank() == 0 {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-        drop(listener);
-        store
-            .set(&key, &port.to_le_bytes())
-            .map_err(|e| e.to_string())?;
-        port
-    } else {
-        let v = store
-            .get(&key, cx.comm.setup_timeout())
-            .map_err(|e| e.to_string())?;
-        u16::from_le_bytes(v[..2].try_into().map_err(|_| "bad port")?)
-    };
-    let mut info = RankInfo::from_env().map_err(|e| e.to_string())?;
-    info.master_port = port;
-    info.master_addr = "127.0.0.1".into();
-    let comm = Comm::builder(info)
-        .and_then(|b| b.device_timeout(timeout).build())
-        .map_err(|e| format!("building communicator {n}: {e}"))?;
-    let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
-    Ok(Fresh { stream, comm })
-}
 
 /// One mismatched call; the receiver's error when this rank received.
 fn one_case(

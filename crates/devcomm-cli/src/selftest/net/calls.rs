@@ -2,11 +2,9 @@
 //! replays. Data are fresh per run (the agreed seed), destinations poisoned with guards, every
 //! byte checked.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use devcomm::p2p::Transfer;
-use devcomm::Error;
 
 use super::super::harness::{compare, poisoned, Checked, Ctx, Outcome, POISON};
+use super::super::p2p::replay_graph_with;
 use super::{job, no_partner};
 
 /// Poison bytes before and after each destination.
@@ -149,65 +147,13 @@ pub(super) fn graph(cx: &Ctx, replays: usize) -> Checked {
     };
     cx.host_barrier()?;
     let Some(peer) = net.partner else {
-        for _ in 0..replays {
+        // The barriers of replay_graph_with: one before the capture, one per replay, one last.
+        for _ in 0..replays + 2 {
             cx.host_barrier()?;
         }
-        cx.host_barrier()?;
         return Ok(no_partner(cx));
     };
-    let rank = cx.comm.rank();
-    let total: usize = GRAPH_SIZES.iter().sum();
-    let variants = 3usize;
-    let pool: Vec<CudaSlice<u8>> = (0..variants)
-        .map(|v| cx.stream.clone_htod(&cx.data_of(rank, 900 + v as u64, total)))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    let mut src = cx.stream.alloc_zeros::<u8>(total).map_err(|e| e.to_string())?;
-    let mut dst = poisoned(cx, total)?;
-    cx.sync()?;
-    // Raw addresses are taken before capturing, so that cudarc's event tracking records
-    // nothing inside the graph.
-    let sp = {
-        let (p, _s) = src.device_ptr(&cx.stream);
-        p
-    };
-    let dp = {
-        let (p, _d) = dst.device_ptr_mut(&cx.stream);
-        p
-    };
-    cx.sync()?;
-    let graph = cx.capture(|| -> Result<(), Error> {
-        let mut off = 0u64;
-        for &b in GRAPH_SIZES {
-            let t = |ptr: u64| Transfer {
-                ptr: ptr + off,
-                bytes: b as u64,
-                peer,
-                config: None,
-            };
-            // SAFETY: src and dst hold `total` bytes and outlive the graph's replays below.
-            unsafe { cx.comm.sendrecv_raw(Some(t(sp)), Some(t(dp)), &cx.stream) }?;
-            off += b as u64;
-        }
-        Ok(())
-    })?;
-    for r in 0..replays {
-        let v = (r * 2 + 1) % variants;
-        cx.stream
-            .memcpy_dtod(&pool[v], &mut src)
-            .map_err(|e| e.to_string())?;
-        cx.stream
-            .memset_zeros(&mut dst)
-            .map_err(|e| e.to_string())?;
-        cx.sync()?;
-        cx.host_barrier()?;
-        graph.launch().map_err(|e| e.to_string())?;
-        cx.sync()?;
-        let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
-        compare(&got, &cx.data_of(peer, 900 + v as u64, total), &format!("replay {r}"))?;
-    }
-    drop(graph);
-    cx.host_barrier()?;
+    replay_graph_with(cx, peer, replays, GRAPH_SIZES, None, 900)?;
     Ok(Outcome::Pass(format!(
         "{replays} replays of a graph of {} calls both ways with network peer {peer} (sizes \
          {GRAPH_SIZES:?}), each on another source variant, every byte checked",

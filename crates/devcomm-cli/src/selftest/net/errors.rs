@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
 use devcomm::{Comm, Error, LinkKind, ReduceOp};
-use devcomm_bootstrap::RankInfo;
 
-use super::super::harness::{compare, Checked, Ctx, Outcome, POISON};
+use super::super::harness::{compare, fresh_comm, Checked, Ctx, Fresh, Outcome, POISON};
 use super::{job, no_partner};
 
 /// What a refusal of an operation with network peers says (`Error::NoPath`).
@@ -110,7 +109,7 @@ pub(super) fn mismatch(cx: &Ctx, timeout: Duration) -> Checked {
     let mut fresh = 0u64;
     let mut examples = Vec::new();
     for &(s_bytes, r_bytes) in CASES {
-        let (comm, stream) = fresh_comm(cx, &mut fresh, timeout)?;
+        let Fresh { comm, stream } = fresh_comm(cx, "net-mismatch", &mut fresh, timeout)?;
         cx.host_barrier()?;
         if let Some(peer) = net.partner {
             let e = one_case(cx, &comm, &stream, peer, s_bytes, r_bytes, timeout)
@@ -122,7 +121,7 @@ pub(super) fn mismatch(cx: &Ctx, timeout: Duration) -> Checked {
         cx.host_barrier()?;
         // Aborted on both sides of each pair: every rank drops its own and builds the next.
         drop(comm);
-        let (comm, stream) = fresh_comm(cx, &mut fresh, timeout)?;
+        let Fresh { comm, stream } = fresh_comm(cx, "net-mismatch", &mut fresh, timeout)?;
         cx.host_barrier()?;
         if let Some(peer) = net.partner {
             after(cx, &comm, &stream, peer)
@@ -141,34 +140,6 @@ pub(super) fn mismatch(cx: &Ctx, timeout: Duration) -> Checked {
     }
 }
 
-/// A communicator of its own with device timeout `timeout`, on a store port rank 0 picks.
-fn fresh_comm(cx: &Ctx, n: &mut u64, timeout: Duration) -> Result<(Comm, Arc<CudaStream>), String> {
-    *n += 1;
-    let key = format!("__devcomm_cli/net/mismatch/port/{n}");
-    let store = cx.comm.store();
-    let port = if cx.comm.rank() == 0 {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-        drop(listener);
-        store
-            .set(&key, &port.to_le_bytes())
-            .map_err(|e| e.to_string())?;
-        port
-    } else {
-        let v = store
-            .get(&key, cx.comm.setup_timeout())
-            .map_err(|e| e.to_string())?;
-        u16::from_le_bytes(v[..2].try_into().map_err(|_| "bad port")?)
-    };
-    let mut info = RankInfo::from_env().map_err(|e| e.to_string())?;
-    info.master_port = port;
-    info.master_addr = "127.0.0.1".into();
-    let comm = Comm::builder(info)
-        .and_then(|b| b.device_timeout(timeout).build())
-        .map_err(|e| format!("building communicator {n}: {e}"))?;
-    let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
-    Ok((comm, stream))
-}
 
 /// One mismatched call; the error this rank saw.
 fn one_case(

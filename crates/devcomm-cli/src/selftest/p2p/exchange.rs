@@ -224,18 +224,28 @@ pub(super) fn replay_graph(
     let Some(peer) = partner(cx) else {
         return cx.host_barrier();
     };
+    replay_graph_with(cx, peer, replays, sizes, config, 500)
+}
+
+/// [`replay_graph`] with `peer` (the partner of every rank that calls it), the source
+/// variants drawn with data tags `tag..tag + 8` (the network checks use it too).
+pub(crate) fn replay_graph_with(
+    cx: &Ctx,
+    peer: usize,
+    replays: usize,
+    sizes: &[usize],
+    config: Option<P2PConfig>,
+    tag: u64,
+) -> Result<(), String> {
     let rank = cx.comm.rank();
     let total: usize = sizes.iter().sum();
     let variants = 8;
     let pool: Vec<CudaSlice<u8>> = (0..variants)
-        .map(|v| {
-            cx.stream
-                .clone_htod(&cx.data_of(rank, 500 + v as u64, total))
-        })
+        .map(|v| cx.stream.clone_htod(&cx.data_of(rank, tag + v as u64, total)))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let expects: Vec<Vec<u8>> = (0..variants)
-        .map(|v| cx.data_of(peer, 500 + v as u64, total))
+        .map(|v| cx.data_of(peer, tag + v as u64, total))
         .collect();
     let mut src = cx
         .stream

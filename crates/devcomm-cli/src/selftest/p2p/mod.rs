@@ -6,6 +6,7 @@
 
 mod basic;
 mod exchange;
+pub(crate) use exchange::replay_graph_with;
 mod protocols;
 
 use super::harness::{verified, Check, Ranks};
