@@ -149,9 +149,10 @@ pub struct DeviceErrorState {
     /// The first failure.
     pub record: ErrorRecord,
     /// Device address of the communicator's abort mirror: a u64 in device memory that the
-    /// first failure recorded by a kernel sets to 1 along with `abort`, so that a later kernel
-    /// can tell from one device-memory load at its start that it must not announce a call
-    /// (docs/PROTOCOL.md, "Agreement"). Set by the host at creation; 0: none.
+    /// first failure recorded by a kernel sets to its launch's token (`%gridid`, top bit set)
+    /// along with `abort`, so that a later launch can tell from one device-memory load at its
+    /// start that it must not announce a call (docs/PROTOCOL.md, "Agreement"). Set by the host
+    /// at creation; 0: none.
     pub mirror: u64,
 }
 

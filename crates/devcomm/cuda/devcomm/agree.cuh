@@ -65,8 +65,8 @@ __device__ inline void agree_record(const P2PLaunch& a, int peer, dc_u32 field, 
 // A sender's call number and credit, loaded early (agree_send_begin) so that the loads overlap
 // the protocol's own ones, and used just before the first store of data (agree_send_finish).
 // `aborted`: the communicator's abort mirror (DeviceErrorState::mirror, in device memory; its
-// address is word 1 of the window's epoch buffer). A rank whose earlier call failed announces
-// no call: kernels it enqueued before the failure was known would otherwise send data that
+// address is word 1 of the window's epoch buffer): 0, or the token of the launch that failed
+// first (wait.cuh, launch_token). A rank whose earlier call failed announces no call: kernels it enqueued before the failure was known would otherwise send data that
 // never arrived here (a ring forwarding a chunk its receive refused), and the peer would take
 // it for the call's. Without the announcement the peer's receive times out naming this rank.
 struct AgreeSend {
@@ -94,7 +94,9 @@ __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int pe
 __device__ inline bool agree_send_finish(const P2PLaunch& a, int peer, const AgreeSend& s,
                                          dc_u32 kind, dc_u64 bytes) {
   if (!DC_AGREE) return true;
-  if (s.aborted != 0) return false;  // aborted before this kernel: announce nothing
+  // Aborted by an earlier launch: announce nothing (a role of the failing launch itself still
+  // announces, so that its peer sees this rank's call and names the mismatch).
+  if (s.aborted != 0 && s.aborted != launch_token()) return false;
   if (DC_AGREE_ACK && s.call > kAgRing && s.ack + kAgRing < s.call) {
     const dc_u64 slot = p2p_ce_word(a, peer, kAgAck);
     if (!wait_until(error_state(a.w), a.w.timeout_ns, a.w.rank, s.own + kAgAck,

@@ -78,8 +78,8 @@ struct DeviceErrorState {
   dc_u32 abort;         // @0 non-zero: every wait returns false at once
   dc_u32 reserved;      // @4
   ErrorRecord record;   // @8
-  dc_u64 mirror;        // @56 device u64* (device memory): set to 1 with `abort` by the first
-                        //     failure a kernel records; 0: none (src/handles.rs)
+  dc_u64 mirror;        // @56 device u64* (device memory): the first failing launch's token,
+                        //     set with `abort`; 0: none (src/handles.rs)
 };
 
 // A symmetric window as kernels see it. Passed to kernels by value.

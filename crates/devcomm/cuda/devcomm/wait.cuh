@@ -65,6 +65,14 @@ __device__ __forceinline__ bool abort_raised(const DeviceErrorState* err) {
   return err != nullptr && *reinterpret_cast<const volatile dc_u32*>(&err->abort) != 0;
 }
 
+// This launch's token for the abort mirror (DeviceErrorState::mirror): %gridid, the temporal
+// number of the launch in this context, with the top bit set so that it is never 0.
+__device__ __forceinline__ dc_u64 launch_token() {
+  dc_u64 g;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
+  return g | (1ull << 63);
+}
+
 // Records a failed wait (only the first failure of the process is kept) and raises abort.
 __device__ inline void record_wait_failure(DeviceErrorState* err, dc_i32 rank, WaitSite site,
                                            dc_u64 expected, dc_u64 seen, dc_u64 elapsed_ns) {
@@ -87,10 +95,15 @@ __device__ inline void record_wait_failure(DeviceErrorState* err, dc_i32 rank, W
     __threadfence_system();
   }
   *reinterpret_cast<volatile dc_u32*>(&err->abort) = 1u;
-  // The device-memory copy that kernels read at their start (agree.cuh: no call is announced
-  // on an aborted communicator). Read over the host mapping: this path is rare.
+  // The device-memory copy that later kernels read at their start (agree.cuh: no call is
+  // announced after a failure), holding the failing launch's token: roles of this same launch
+  // still announce theirs, so that their peers can tell a mismatch from a silence. The first
+  // failing launch keeps it. Read over the host mapping: this path is rare.
   const dc_u64 mirror = *reinterpret_cast<volatile dc_u64*>(&err->mirror);
-  if (mirror != 0) *reinterpret_cast<volatile dc_u64*>(mirror) = 1;
+  if (mirror != 0) {
+    atomicCAS(reinterpret_cast<unsigned long long*>(mirror), 0ull,
+              static_cast<unsigned long long>(launch_token()));
+  }
   __threadfence_system();
 }
 
