@@ -34,6 +34,7 @@ inline void __threadfence_system() {}
 inline void __nanosleep(unsigned) {}
 inline void __trap() {}
 inline unsigned atomicCAS(unsigned* p, unsigned c, unsigned v) { unsigned o = *p; if (o == c) *p = v; return o; }
+inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long c, unsigned long long v) { unsigned long long o = *p; if (o == c) *p = v; return o; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 inline float rsqrtf(float x) { return x; }
