@@ -9,6 +9,10 @@ pub(crate) enum Skip {
     /// The world size gives this check (or this rank's part of it) nothing to do, e.g. a ring
     /// of 3 on 2 ranks, or the odd last rank of a pairwise check. Never a failure.
     World(String),
+    /// This job's links give the check nothing to do: the network checks where no link is a
+    /// network link (`DEVCOMM_TOPOLOGY_OVERRIDE` forces them), or where the mix they need is
+    /// not there. Never a failure; counted on its own.
+    Links(String),
     /// The world size allows the check but something else stopped it (a feature missing on
     /// this machine, a peer not reachable the way the check needs). A failure of the run
     /// unless the user allows skips (`--allow-skip`).
@@ -39,7 +43,9 @@ impl Outcome {
     /// The detail text.
     pub(crate) fn detail(&self) -> &str {
         match self {
-            Self::Pass(d) | Self::Fail(d) | Self::Skip(Skip::World(d) | Skip::Unavailable(d)) => d,
+            Self::Pass(d)
+            | Self::Fail(d)
+            | Self::Skip(Skip::World(d) | Skip::Links(d) | Skip::Unavailable(d)) => d,
         }
     }
 }
@@ -137,6 +143,12 @@ pub(crate) fn agree(per_rank: &[Option<&Outcome>]) -> Outcome {
     if let Some((r, o)) = all.iter().find(|(_, o)| matches!(o, Outcome::Pass(_))) {
         return Outcome::Pass(from(*r, o.detail()));
     }
+    if let Some((r, o)) = all
+        .iter()
+        .find(|(_, o)| matches!(o, Outcome::Skip(Skip::Links(_))))
+    {
+        return Outcome::Skip(Skip::Links(from(*r, o.detail())));
+    }
     match all.first() {
         Some((r, o)) => Outcome::Skip(Skip::World(from(*r, o.detail()))),
         None => Outcome::Fail("no rank reported this check".into()),
@@ -157,7 +169,7 @@ pub(crate) fn run_failed(agreed: &[Outcome], allow_skip: bool) -> bool {
     agreed.iter().any(|o| match o {
         Outcome::Fail(_) => true,
         Outcome::Skip(Skip::Unavailable(_)) => !allow_skip,
-        Outcome::Pass(_) | Outcome::Skip(Skip::World(_)) => false,
+        Outcome::Pass(_) | Outcome::Skip(Skip::World(_) | Skip::Links(_)) => false,
     })
 }
 
@@ -198,6 +210,7 @@ pub(crate) fn render_table(names: &[&str], per_rank: &[Vec<Outcome>], allow_skip
     let passed = count(|o| matches!(o, Outcome::Pass(_)));
     let failed = count(|o| matches!(o, Outcome::Fail(_)));
     let small = count(|o| matches!(o, Outcome::Skip(Skip::World(_))));
+    let links = count(|o| matches!(o, Outcome::Skip(Skip::Links(_))));
     let other = count(|o| matches!(o, Outcome::Skip(Skip::Unavailable(_))));
     let verdict = if run_failed(&agreed, allow_skip) {
         "SELFTEST FAILED"
@@ -207,7 +220,12 @@ pub(crate) fn render_table(names: &[&str], per_rank: &[Vec<Outcome>], allow_skip
     let _ = writeln!(
         out,
         "{verdict} ({passed} passed, {failed} failed, {small} skipped for the world size, \
-         {other} skipped otherwise{})",
+         {}{other} skipped otherwise{})",
+        if links > 0 {
+            format!("{links} skipped for the job's links, ")
+        } else {
+            String::new()
+        },
         if other > 0 && allow_skip {
             ", allowed"
         } else {
@@ -231,6 +249,25 @@ mod tests {
 
     fn missing(d: &str) -> Outcome {
         Outcome::Skip(Skip::Unavailable(d.into()))
+    }
+
+    #[test]
+    fn a_skip_for_the_links_never_fails_and_is_counted_on_its_own() {
+        let links = || Outcome::Skip(Skip::Links("no network link".into()));
+        let agreed = agree(&[Some(&links()), Some(&world_skip("no partner"))]);
+        assert_eq!(agreed, links());
+        assert!(!run_failed(&[links(), pass("x")], false));
+        // A pass on one rank still passes; an unavailable skip still counts against the run.
+        assert_eq!(
+            agree(&[Some(&links()), Some(&pass("x"))]),
+            Outcome::Pass("rank 1: x".into())
+        );
+        assert!(run_failed(&[links(), missing("no NVLink")], false));
+        let t = render_table(&["a", "b"], &[vec![links(), pass("x")]], false);
+        assert!(
+            t.contains("SELFTEST PASSED (1 passed, 0 failed, 0 skipped for the world size, 1 skipped for the job's links, 0 skipped otherwise)"),
+            "{t}"
+        );
     }
 
     #[test]

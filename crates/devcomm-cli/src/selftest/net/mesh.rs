@@ -24,7 +24,7 @@ pub(super) fn ring(cx: &Ctx, calls: usize) -> Checked {
         Err(skip) => return Ok(skip),
     };
     if !net.ring_is_net {
-        return Ok(Outcome::Skip(Skip::World(
+        return Ok(Outcome::Skip(Skip::Links(
             "not every link of the ring r -> r + 1 is a network link (a mixed topology)".into(),
         )));
     }
@@ -70,7 +70,7 @@ pub(super) fn beside_nvlink(cx: &Ctx, rounds: usize) -> Checked {
         )
         .map_err(|e| e.to_string())?;
     let Some((np, vp)) = both.filter(|_| all.iter().all(|v| v.as_slice() == [1])) else {
-        return Ok(Outcome::Skip(Skip::World(
+        return Ok(Outcome::Skip(Skip::Links(
             "not every rank has both a network and an NVLink partner (a mixed topology such as \
              0-2=net,0-3=net,1-2=net,1-3=net on 4 ranks has)"
                 .into(),

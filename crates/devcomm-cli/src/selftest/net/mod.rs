@@ -132,7 +132,7 @@ pub(super) fn job(cx: &Ctx, check: &str) -> Result<Result<NetJob, Outcome>, Stri
     };
     let links = matrix(1);
     if !links.iter().flatten().any(|&b| b) {
-        return Ok(Err(Outcome::Skip(Skip::World(
+        return Ok(Err(Outcome::Skip(Skip::Links(
             "no network link in this job: DEVCOMM_TOPOLOGY_OVERRIDE='0-*=net,1-*=net,...' (or a mix such as \
              '0-2=net,0-3=net,1-2=net,1-3=net') forces them, with UCX found through \
              DEVCOMM_UCX_LIB (docs/NETWORK.md)"
@@ -151,7 +151,7 @@ pub(super) fn job(cx: &Ctx, check: &str) -> Result<Result<NetJob, Outcome>, Stri
 
 /// The outcome of a rank without a network partner in a job that has network links.
 pub(super) fn no_partner(cx: &Ctx) -> Outcome {
-    Outcome::Skip(Skip::World(format!(
+    Outcome::Skip(Skip::Links(format!(
         "rank {} has no network partner left in this job's pairs",
         cx.comm.rank()
     )))
