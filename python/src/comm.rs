@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::CudaStream;
-use devcomm::p2p::Transfer;
 use devcomm::raw::{copy_hooks, RawBuffer, RawCounts};
 use devcomm::{Comm, HookArgs};
 use pyo3::prelude::*;
@@ -378,12 +377,7 @@ impl PyComm {
     fn send(&self, py: Python<'_>, t: &Bound<'_, PyAny>, peer: usize, stream: u64) -> PyResult<()> {
         let d = self.tensor("send", "the tensor", t, stream)?;
         let s = self.stream(stream)?;
-        let tr = Transfer {
-            ptr: d.ptr,
-            bytes: d.bytes(),
-            peer,
-            config: None,
-        };
+        let tr = d.transfer(peer);
         // SAFETY: the tensor was checked and spans `bytes`; it is only read.
         py.detach(|| unsafe { self.comm.sendrecv_raw(Some(tr), None, &s) })
             .py()
@@ -393,12 +387,7 @@ impl PyComm {
     fn recv(&self, py: Python<'_>, t: &Bound<'_, PyAny>, peer: usize, stream: u64) -> PyResult<()> {
         let d = self.tensor("recv", "the tensor", t, stream)?;
         let s = self.stream(stream)?;
-        let tr = Transfer {
-            ptr: d.ptr,
-            bytes: d.bytes(),
-            peer,
-            config: None,
-        };
+        let tr = d.transfer(peer);
         // SAFETY: the tensor was checked and spans `bytes`; the caller hands it over for the
         // operation (declared mutated in the torch op).
         py.detach(|| unsafe { self.comm.sendrecv_raw(None, Some(tr), &s) })
@@ -419,18 +408,8 @@ impl PyComm {
         let a = self.tensor("sendrecv", "send", send, stream)?;
         let b = self.tensor("sendrecv", "recv", recv, stream)?;
         let s = self.stream(stream)?;
-        let ts = Transfer {
-            ptr: a.ptr,
-            bytes: a.bytes(),
-            peer: send_peer,
-            config: None,
-        };
-        let tr = Transfer {
-            ptr: b.ptr,
-            bytes: b.bytes(),
-            peer: recv_peer,
-            config: None,
-        };
+        let ts = a.transfer(send_peer);
+        let tr = b.transfer(recv_peer);
         // SAFETY: both tensors were checked and span their bytes.
         py.detach(|| unsafe { self.comm.sendrecv_raw(Some(ts), Some(tr), &s) })
             .py()

@@ -186,6 +186,16 @@ impl TensorDesc {
         self.numel() * self.dtype.size() as u64
     }
 
+    /// The whole tensor as one side of a send/recv with `peer`, on the defaults.
+    pub fn transfer(&self, peer: usize) -> devcomm::p2p::Transfer {
+        devcomm::p2p::Transfer {
+            ptr: self.ptr,
+            bytes: self.bytes(),
+            peer,
+            config: None,
+        }
+    }
+
     /// Row-major contiguity (dimensions of size 1 may have any stride).
     pub fn is_contiguous(&self) -> bool {
         let Some(strides) = &self.strides else {

@@ -11,6 +11,7 @@
 //!   chunks exactly, touch nothing outside them, and take one 16-byte access per tile where
 //!   they should.
 
+#[allow(dead_code)] // assert_layout: the layout tests' only
 #[path = "common/cxx.rs"]
 mod cxx;
 

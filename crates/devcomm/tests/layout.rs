@@ -4,9 +4,8 @@
 #[path = "common/cxx.rs"]
 mod cxx;
 
-use cxx::{compile_cpp, run_ok, scratch_dir};
+use cxx::{assert_layout, compile_cpp, run_ok, scratch_dir};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Every shared struct's layout: the handles and the send/recv launch arguments.
@@ -14,52 +13,18 @@ fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
     devcomm::abi::layout()
 }
 
-/// A C++ program that prints `struct field offset size` for every entry of LAYOUT, in order.
-fn probe_source() -> String {
-    let mut src = String::from(
-        "#include <cstddef>\n#include <cstdio>\n#include \"devcomm/handles.cuh\"\n#include \"devcomm/p2p.cuh\"\n#include \"devcomm/collective.cuh\"\n#include \"devcomm/reduce.cuh\"\n\nint main() {\n",
-    );
-    for (strukt, field, _, _) in layout() {
-        writeln!(
-            src,
-            "  std::printf(\"%s %s %zu %zu\\n\", \"{strukt}\", \"{field}\", \
-             offsetof(devcomm::{strukt}, {field}), sizeof(devcomm::{strukt}));"
-        )
-        .unwrap();
-    }
-    src.push_str("  return 0;\n}\n");
-    src
-}
-
-fn compile_probe(dir: &Path) -> Option<PathBuf> {
-    compile_cpp(
-        dir,
-        "layout_probe",
-        &probe_source(),
-        &["-Wall", "-Wextra", "-Werror"],
-    )
-}
-
 #[test]
 fn cpp_layout_equals_rust_layout() {
-    let dir = scratch_dir("layout");
-    let Some(binary) = compile_probe(&dir) else {
-        return;
-    };
-    let output = Command::new(&binary).output().unwrap();
-    assert!(output.status.success());
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    let cpp: Vec<&str> = stdout.lines().collect();
-    let layout = layout();
-    assert_eq!(cpp.len(), layout.len(), "C++ printed:\n{stdout}");
-    for (line, (strukt, field, offset, size)) in cpp.iter().zip(&layout) {
-        assert_eq!(
-            *line,
-            format!("{strukt} {field} {offset} {size}"),
-            "C++ and Rust disagree (left: C++, right: Rust)"
-        );
-    }
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert_layout(
+        "layout",
+        &[
+            "devcomm/handles.cuh",
+            "devcomm/p2p.cuh",
+            "devcomm/collective.cuh",
+            "devcomm/reduce.cuh",
+        ],
+        &layout(),
+    );
 }
 
 #[test]

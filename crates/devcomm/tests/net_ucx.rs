@@ -78,7 +78,19 @@ struct Spawn<'a> {
     env: Vec<(&'a str, String)>,
 }
 
-impl Spawn<'_> {
+impl<'a> Spawn<'a> {
+    /// `world` ranks of `role` on one host: the store on loopback at a free port.
+    fn local(role: &'a str, world: usize) -> Self {
+        Spawn {
+            role,
+            world,
+            addr: "127.0.0.1",
+            port: free_port(),
+            wrapper: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
     fn rank(&self, rank: usize) -> Child {
         let exe = std::env::current_exe().expect("current_exe");
         let mut argv: Vec<String> = self.wrapper.clone();
@@ -153,12 +165,8 @@ fn finish(children: Vec<Child>, limit: Duration) -> Vec<String> {
 
 fn exchange(world: usize, rounds: u64) {
     let sp = Spawn {
-        role: "exchange",
-        world,
-        addr: "127.0.0.1",
-        port: free_port(),
-        wrapper: Vec::new(),
         env: vec![("DEVCOMM_NET_ROUNDS", rounds.to_string())],
+        ..Spawn::local("exchange", world)
     };
     let children = (0..world).map(|r| sp.rank(r)).collect();
     let outs = finish(children, Duration::from_secs(120));
@@ -188,14 +196,7 @@ fn net_put_signal_ordering_four_ranks() {
 /// The send/recv route's protocol (staging layout, headers, READY/FREE words, refusal) with
 /// host threads as the kernel's roles: a ring both ways, then a refused size mismatch.
 fn route(world: usize) {
-    let sp = Spawn {
-        role: "route",
-        world,
-        addr: "127.0.0.1",
-        port: free_port(),
-        wrapper: Vec::new(),
-        env: Vec::new(),
-    };
+    let sp = Spawn::local("route", world);
     let outs = finish(
         (0..world).map(|r| sp.rank(r)).collect(),
         Duration::from_secs(120),
@@ -229,14 +230,7 @@ fn net_credits_and_stuck_proxy() {
     if !ucx_available("net_credits_and_stuck_proxy") {
         return;
     }
-    let sp = Spawn {
-        role: "credits",
-        world: 2,
-        addr: "127.0.0.1",
-        port: free_port(),
-        wrapper: Vec::new(),
-        env: Vec::new(),
-    };
+    let sp = Spawn::local("credits", 2);
     let outs = finish(vec![sp.rank(0), sp.rank(1)], Duration::from_secs(120));
     assert!(
         outs[0].contains("producer held at 4 descriptors"),
@@ -255,14 +249,7 @@ fn net_peer_killed() {
     if !ucx_available("net_peer_killed") {
         return;
     }
-    let sp = Spawn {
-        role: "death",
-        world: 3,
-        addr: "127.0.0.1",
-        port: free_port(),
-        wrapper: Vec::new(),
-        env: Vec::new(),
-    };
+    let sp = Spawn::local("death", 3);
     let survivors = vec![sp.rank(0), sp.rank(1)];
     let mut victim = sp.rank(2);
     // Kill rank 2 (SIGKILL) once it is connected and registered.
@@ -294,14 +281,7 @@ fn net_setup_fails_alike_on_every_rank() {
     if !ucx_available("net_setup_fails_alike_on_every_rank") {
         return;
     }
-    let sp = Spawn {
-        role: "setup_failure",
-        world: 2,
-        addr: "127.0.0.1",
-        port: free_port(),
-        wrapper: Vec::new(),
-        env: Vec::new(),
-    };
+    let sp = Spawn::local("setup_failure", 2);
     let outs = finish(vec![sp.rank(0), sp.rank(1)], Duration::from_secs(60));
     for (rank, out) in outs.iter().enumerate() {
         assert!(
@@ -316,14 +296,7 @@ fn net_descriptor_outside_registration_is_refused() {
     if !ucx_available("net_descriptor_outside_registration_is_refused") {
         return;
     }
-    let sp = Spawn {
-        role: "bad_descriptor",
-        world: 2,
-        addr: "127.0.0.1",
-        port: free_port(),
-        wrapper: Vec::new(),
-        env: Vec::new(),
-    };
+    let sp = Spawn::local("bad_descriptor", 2);
     let outs = finish(vec![sp.rank(0), sp.rank(1)], Duration::from_secs(60));
     assert!(
         outs[0].contains("rank 0: refused") && outs[0].contains("peer 1"),

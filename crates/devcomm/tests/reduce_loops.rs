@@ -6,7 +6,7 @@
 //! reduction in rank order, element by element, and nothing outside the destination is
 //! touched. Needs `c++` (or `$CXX`).
 
-#[allow(dead_code)] // run_ok only
+#[allow(dead_code)] // run_ok and assert_layout
 #[path = "common/cxx.rs"]
 mod cxx;
 

@@ -66,3 +66,43 @@ pub fn run_ok(binary: &Path) {
         String::from_utf8_lossy(&run.stderr)
     );
 }
+
+/// Compiles a host C++ program that includes `headers` and prints `struct field offset size`
+/// for every entry of `layout` (`devcomm::` structs), runs it and asserts that every line
+/// equals Rust's entry. False when no host compiler is there (the caller skips).
+pub fn assert_layout(test: &str, headers: &[&str], layout: &[(&str, &str, usize, usize)]) -> bool {
+    use std::fmt::Write as _;
+    let mut src = String::from("#include <cstddef>\n#include <cstdio>\n");
+    for h in headers {
+        writeln!(src, "#include \"{h}\"").unwrap();
+    }
+    src.push_str("\nint main() {\n");
+    for (strukt, field, _, _) in layout {
+        writeln!(
+            src,
+            "  std::printf(\"%s %s %zu %zu\\n\", \"{strukt}\", \"{field}\", \
+             offsetof(devcomm::{strukt}, {field}), sizeof(devcomm::{strukt}));"
+        )
+        .unwrap();
+    }
+    src.push_str("  return 0;\n}\n");
+    let dir = scratch_dir(test);
+    let Some(binary) = compile_cpp(&dir, "layout_probe", &src, &["-Wall", "-Wextra", "-Werror"])
+    else {
+        return false;
+    };
+    let output = Command::new(&binary).output().unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let cpp: Vec<&str> = stdout.lines().collect();
+    assert_eq!(cpp.len(), layout.len(), "C++ printed:\n{stdout}");
+    for (line, (strukt, field, offset, size)) in cpp.iter().zip(layout) {
+        assert_eq!(
+            *line,
+            format!("{strukt} {field} {offset} {size}"),
+            "C++ and Rust disagree (left: C++, right: Rust)"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    true
+}
