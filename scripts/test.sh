@@ -33,6 +33,8 @@ if sys_uses=$(grep -rn "sys::" crates/devcomm/src --include='*.rs' | grep -v '^c
   echo "$sys_uses" >&2
   exit 1
 fi
+echo "== layers: no import circle among the modules of the library and the CLI"
+python3 scripts/check_module_cycles.py crates/devcomm/src crates/devcomm-cli/src
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

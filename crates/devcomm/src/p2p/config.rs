@@ -10,10 +10,10 @@
 //! sweep candidates (`sweep.rs`).
 
 pub use super::defaults::*;
-pub use super::protocol::{P2PConfig, Protocol};
+pub use super::protocol::{P2PConfig, Protocol, CE_MIN_CHUNK};
 pub use super::sweep::sweep_configs;
 pub use super::switches::Switches;
-pub use super::window::{fit_to_sms, P2PLimits, MAX_ROLE_THREADS};
+pub use super::window::{fit_to_sms, P2PLimits, LL128_MIN_PAYLOAD, MAX_ROLE_THREADS};
 pub use crate::abi::*;
 
 #[cfg(test)]

@@ -2,8 +2,9 @@
 //! the staged and copy-engine defaults, bulk pull or push, and the route of a zero-copy
 //! message. The configuration's switches it honours come in as [`Switches`].
 
-use super::config::{P2PConfig, P2PLimits, Protocol, MAX_ROLE_THREADS};
+use super::protocol::{P2PConfig, Protocol, CE_MIN_CHUNK};
 use super::switches::Switches;
+use super::window::{P2PLimits, MAX_ROLE_THREADS};
 
 /// The smallest message the defaults send by the copy engine (when it is on): one way, the
 /// copy engine was ahead of SM pull from 256 MiB and behind at 64 MiB (docs/PERFORMANCE.md,
@@ -26,9 +27,6 @@ pub fn ce_config(_bytes: u64, limits: &P2PLimits) -> P2PConfig {
 /// The largest message the defaults send as LL128, and the payload per block.
 pub const LL128_DEFAULT_MAX: u64 = 4 << 20;
 const LL128_BYTES_PER_BLOCK: u64 = 8 << 10;
-
-/// Payload bytes of an LL128 line for 16-byte units (120 for 8-byte units, as send/recv uses).
-pub const LL128_MIN_PAYLOAD: u64 = 112;
 
 /// The default configuration for a message of `bytes` (measured on H200 NVLink; see
 /// docs/PERFORMANCE.md).
@@ -60,10 +58,6 @@ pub fn default_config(bytes: u64, limits: &P2PLimits, sw: &Switches) -> P2PConfi
     }
     staged_config(bytes, limits)
 }
-
-/// The smallest copy-engine chunk the guard accepts: below it the copy engine's per-copy cost
-/// dominates.
-pub const CE_MIN_CHUNK: u64 = 64 << 10;
 
 /// The default staged ([`Protocol::Bulk`]) configuration for a message of `bytes`: what
 /// [`default_config`] picks above the low-latency sizes, for any size.

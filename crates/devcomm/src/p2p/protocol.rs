@@ -1,12 +1,13 @@
 //! The protocols of send/recv, the knobs of one direction ([`P2PConfig`]) and the guard
 //! before launch ([`P2PConfig::check`]).
 
-#[allow(unused_imports)] // named in docs
-use super::defaults::pull_by_default;
-use super::defaults::CE_MIN_CHUNK;
 #[allow(unused_imports)]
 use super::window::{P2PLimits, MAX_ROLE_THREADS};
 use crate::error::{Error, Result};
+
+/// The smallest copy-engine chunk the guard accepts: below it the copy engine's per-copy cost
+/// dominates.
+pub const CE_MIN_CHUNK: u64 = 64 << 10;
 
 /// How a message travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -20,7 +21,7 @@ pub enum Protocol {
     /// `DEVCOMM_P2P_LL128=0` keeps it out of the defaults.
     LowLatency128,
     /// Staged, pipelined chunks with TAIL/HEAD signals (large messages); the sender picks
-    /// where the chunks are staged ([`pull_by_default`]): pulled for a one-way message, pushed
+    /// where the chunks are staged ([`pull_by_default`](super::defaults::pull_by_default)): pulled for a one-way message, pushed
     /// when the same launch also receives from that peer.
     Bulk,
     /// Staged and pushed: the sender writes each chunk over NVLink into staging in the

@@ -1,6 +1,7 @@
 //! The candidate configurations that `devcomm bench --sweep` tries.
 
-use super::config::{P2PConfig, P2PLimits, Protocol, MAX_ROLE_THREADS};
+use super::protocol::{P2PConfig, Protocol};
+use super::window::{P2PLimits, MAX_ROLE_THREADS};
 
 /// Candidate configurations for a message of `bytes`, in a fixed order (every rank iterates
 /// the same list): what `devcomm bench --sweep` tries.

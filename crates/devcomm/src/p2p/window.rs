@@ -1,9 +1,11 @@
 //! Geometry of the p2p window ([`P2PLimits`]): staging regions, low-latency lines, copy-engine
 //! slots and outboxes, signal-pad slots, and the fit of the block count to the GPU's SMs.
 
-use super::defaults::LL128_MIN_PAYLOAD;
 use crate::abi::CE_WORDS;
 use crate::error::{Error, Result};
+
+/// Payload bytes of an LL128 line for 16-byte units (120 for 8-byte units, as send/recv uses).
+pub const LL128_MIN_PAYLOAD: u64 = 112;
 
 /// Sizes of the p2p window, fixed when the communicator is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
