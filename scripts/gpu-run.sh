@@ -148,14 +148,12 @@ for w in $what; do
         step "reduce-smoke-$op" scripts/shared-gpu.sh "${SMOKE_RANKS:-4}" $bin bench --op "$op" --reference none --max-bytes "${SMOKE_MAX:-16777216}" --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/reduce-smoke-$op.json"
       done ;;
     agree-parts)
-      # Which part of the call agreement costs what at 8 B (agree.cuh): VARIANTS of
-      # DEVCOMM_P2P_OPTIONS in turn, REPS rounds of bench --op agree_latency.
-      for r in $(seq 1 "${REPS:-3}"); do
-        for v in on off recv0 ack0 recv0ack0; do
-          case $v in on) o="" ;; off) o="-DDC_AGREE=0" ;; recv0) o="-DDC_AGREE_RECV=0" ;;
-            ack0) o="-DDC_AGREE_ACK=0" ;; recv0ack0) o="-DDC_AGREE_RECV=0 -DDC_AGREE_ACK=0" ;; esac
-          step agree-$v-$r env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op agree_latency --device-kind "$kind" --json "$out/agree-$v-$r.json"
-        done
+      # Which part of the call agreement costs what at 8 B (agree.cuh): each partial variant
+      # of DEVCOMM_P2P_OPTIONS against the agreement compiled out, in one process
+      # (bench --op agree_latency builds the compiled-out communicator itself).
+      for v in recv0 ack0; do
+        case $v in recv0) o="-DDC_AGREE_RECV=0" ;; ack0) o="-DDC_AGREE_ACK=0" ;; esac
+        step agree-$v env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-20}" --device-kind "$kind" --json "$out/agree-$v.json"
       done ;;
     reduce-var)
       # Reduction settings (DEVCOMM_REDUCE_*), one bench each: RVARIANTS='name=VAR=V VAR2=V;...'
@@ -166,16 +164,11 @@ for w in $what; do
         step ${ROP:-all_reduce}-$name env $envs $bin launch -n "$n" -- $bin bench --op "${ROP:-all_reduce}" --min-bytes "${RMIN:-0}" --max-bytes "${RMAX:-1073741824}" --device-kind "$kind" --json "$out/${ROP:-all_reduce}-$name.json"
       done ;;
     agree-ab)
-      # The call agreement's cost at small sizes (docs/PROTOCOL.md, "Agreement"): host-launched
-      # 8 B send/recv with the agreement on and compiled out (DEVCOMM_P2P_OPTIONS=-DDC_AGREE=0),
-      # alternating REPS times: bench --op agree_latency (sendrecv + synchronise per call) and
-      # bench --op sendrecv one way up to 4 KiB next to NCCL.
-      for r in $(seq 1 "${REPS:-3}"); do
-        for v in on off; do
-          o=""; [ $v = off ] && o="-DDC_AGREE=0"
-          step agree-$v-$r env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op agree_latency --device-kind "$kind" --json "$out/agree-$v-$r.json"
-          step small-$v-$r env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op sendrecv --max-bytes 4096 --device-kind "$kind" --json "$out/small-$v-$r.json"
-        done
+      # The call agreement's cost at 8 B (docs/PROTOCOL.md, "Agreement"): host-launched
+      # send/recv + synchronise per call with the agreement on and compiled out, two
+      # communicators in the same processes, interleaved in ROUNDS rounds; REPS runs.
+      for r in $(seq 1 "${REPS:-2}"); do
+        step agree-ab-$r $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-30}" --device-kind "$kind" --json "$out/agree-ab-$r.json"
       done ;;
     graph) step sendrecv-graph $bin launch -n 2 -- $bin bench --op sendrecv --graph --device-kind "$kind" --json "$out/sendrecv-graph.json" ;;
     both-fused)

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 pub(crate) use context::Ctx;
 pub(crate) use data::{compare, partner, poisoned, roles, BenchDst, RegBuf, POISON, SIZES};
-pub(crate) use fresh::{fresh_comm, Fresh};
+pub(crate) use fresh::{fresh_comm, fresh_comm_with, Fresh};
 pub(crate) use outcome::{verified, Checked, Outcome, Ranks, Skip};
 
 /// The run's counts and limits, from the command line.

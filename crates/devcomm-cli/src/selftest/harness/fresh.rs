@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::CudaStream;
-use devcomm::Comm;
+use devcomm::{Comm, CommBuilder};
 use devcomm_bootstrap::RankInfo;
 
 use super::Ctx;
@@ -23,6 +23,16 @@ pub(crate) fn fresh_comm(
     tag: &str,
     n: &mut u64,
     timeout: Duration,
+) -> Result<Fresh, String> {
+    fresh_comm_with(cx, tag, n, |b| b.device_timeout(timeout))
+}
+
+/// [`fresh_comm`] with the builder's settings made by `configure` (alike on every rank).
+pub(crate) fn fresh_comm_with(
+    cx: &Ctx,
+    tag: &str,
+    n: &mut u64,
+    configure: impl FnOnce(CommBuilder) -> CommBuilder,
 ) -> Result<Fresh, String> {
     *n += 1;
     let key = format!("__devcomm_cli/fresh/{tag}/port/{n}");
@@ -45,7 +55,7 @@ pub(crate) fn fresh_comm(
     info.master_port = port;
     info.master_addr = "127.0.0.1".into();
     let comm = Comm::builder(info)
-        .and_then(|b| b.device_timeout(timeout).build())
+        .and_then(|b| configure(b).build())
         .map_err(|e| format!("building communicator {n}: {e}"))?;
     let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
     Ok(Fresh { stream, comm })
