@@ -37,7 +37,7 @@ pub struct PyComm {
     /// The stream the last operation ran on (borrowed from its owner, PyTorch).
     stream: Mutex<Option<Arc<CudaStream>>>,
     /// Copy hooks by element size (1, 2, 4, 8, 16 bytes), made once.
-    copy: [devcomm::Hooks; 5],
+    copy: [devcomm::RawHooks; 5],
     /// Registered buffers (after `comm`: the crate releases the registrations before what
     /// they keep alive goes).
     regs: Table,
@@ -132,7 +132,7 @@ impl PyComm {
         hooks: Option<&'a PyHooks>,
         inp: &TensorDesc,
         out: &TensorDesc,
-    ) -> PyResult<&'a devcomm::Hooks> {
+    ) -> PyResult<&'a devcomm::RawHooks> {
         match hooks {
             Some(h) => {
                 if h.in_size != inp.dtype.size() || h.out_size != out.dtype.size() {
@@ -189,7 +189,7 @@ impl PyComm {
         RawBuffer,
         RawBuffer,
         HookArgs,
-        &'a devcomm::Hooks,
+        &'a devcomm::RawHooks,
         Arc<CudaStream>,
     )> {
         const OP: &str = "all_to_all_single";
@@ -208,10 +208,10 @@ impl PyComm {
                 ),
             ));
         }
-        let args = HookArgs {
-            user,
-            row_len: row_len as usize,
-        };
+        // Python's 0 makes a chunk one row (docs/PYTHON.md); Rust's HookArgs takes the length.
+        let chunk = i.numel() / world;
+        let row = if row_len == 0 { chunk } else { row_len };
+        let args = HookArgs::rows(row as usize).with_user(user);
         let s = self.stream(stream)?;
         Ok((Self::buffer(&i), Self::buffer(&o), args, h, s))
     }
@@ -360,10 +360,7 @@ impl PyComm {
             recv_counts: self.counts(OP, "recv_counts", recv_counts, stream)?,
             recv_offsets: self.counts(OP, "recv_offsets", recv_offsets, stream)?,
         };
-        let args = HookArgs {
-            user,
-            row_len: row as usize,
-        };
+        let args = HookArgs::rows(row as usize).with_user(user);
         let s = self.stream(stream)?;
         let (ib, ob) = (Self::buffer(&i), Self::buffer(&o));
         // SAFETY: tensors and count arrays checked above (on this device, contiguous, counts of

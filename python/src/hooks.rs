@@ -11,7 +11,7 @@ use crate::errors::IntoPy;
 #[pyclass(frozen, name = "Hooks", module = "devcomm._native")]
 #[derive(Debug)]
 pub struct PyHooks {
-    pub(crate) hooks: devcomm::Hooks,
+    pub(crate) hooks: devcomm::RawHooks,
     pub(crate) in_size: usize,
     pub(crate) out_size: usize,
 }

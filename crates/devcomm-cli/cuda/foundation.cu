@@ -1,4 +1,5 @@
-// kernels/foundation.cu: the foundation's GPU tests and micro-benchmarks.
+// crates/devcomm-cli/cuda/foundation.cu: GPU tests and micro-benchmarks of the device API, for
+// the self-test and the benchmarks only (not shipped in the library).
 //
 // Every kernel is extern "C" (its lowered name is its plain name) and takes the window by value.
 // Kernels that wait report failure through their status word and otherwise just return: after a

@@ -7,16 +7,11 @@ use clap::{Parser, Subcommand};
 
 mod autolaunch;
 mod bench;
+mod foundation_kernels;
 mod info;
 mod kill;
 mod precompile;
 mod selftest;
-
-/// The benchmark's import path of [`selftest::BenchDst`] from before the self-test became a
-/// module tree; remove once `bench*` imports `crate::selftest::BenchDst`.
-mod selftest_zc {
-    pub(crate) use crate::selftest::BenchDst;
-}
 
 /// Device-initiated GPU communication: launcher, self-test and benchmarks.
 #[derive(Debug, Parser)]

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use devcomm::jit::{CacheOutcome, Jit, KernelSpec};
-use devcomm::Hooks;
+use devcomm::{Hooks, RawHooks};
 
 #[derive(Debug, clap::Args)]
 pub struct PrecompileArgs {
@@ -44,13 +44,13 @@ fn parse_arch(s: &str) -> Result<(u32, u32), String> {
 }
 
 /// The examples' hooks (crates/devcomm/examples/hooks): the transpose and the fp8 one.
-pub(crate) fn example_hooks() -> [Hooks; 2] {
+pub(crate) fn example_hooks() -> [Hooks<f32>; 2] {
     [
-        Hooks::new::<f32, f32>(
+        Hooks::<f32, f32>::new(
             "Transpose",
             include_str!("../../devcomm/examples/hooks/transpose.cu"),
         ),
-        Hooks::new::<f32, f32>("Fp8", include_str!("../../devcomm/examples/hooks/fp8.cu")),
+        Hooks::<f32, f32>::new("Fp8", include_str!("../../devcomm/examples/hooks/fp8.cu")),
     ]
 }
 
@@ -62,32 +62,32 @@ fn reduce_specs() -> Vec<(String, KernelSpec)> {
         .into_iter()
         .map(|t| (format!("reduce {t}"), devcomm::reduce::kernel_spec(t)))
         .collect();
-    let hooks = Hooks::new::<f32, f32>(
+    let hooks = Hooks::<f32, f32>::new(
         "RmsNorm",
         include_str!("../../devcomm/examples/hooks/rmsnorm.cu"),
     );
     v.push((
         "reduce RmsNorm".into(),
-        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks),
+        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, hooks.raw()),
     ));
-    let hooks = Hooks::new::<f32, f32>(
+    let hooks = Hooks::<f32, f32>::new(
         "Accumulate",
         include_str!("../../devcomm/examples/hooks/accumulate.cu"),
     );
     v.push((
         "reduce Accumulate".into(),
-        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks),
+        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, hooks.raw()),
     ));
     v
 }
 
 /// f32 hooks from a `--hooks FILE:STRUCT` argument: the struct `STRUCT` of the CUDA C++ file.
-pub(crate) fn f32_hooks(arg: &str) -> Result<Hooks, String> {
+pub(crate) fn f32_hooks(arg: &str) -> Result<Hooks<f32>, String> {
     let (file, name) = arg
         .rsplit_once(':')
         .ok_or_else(|| format!("--hooks {arg}: expected FILE:STRUCT"))?;
     let source = std::fs::read_to_string(file).map_err(|err| format!("--hooks {file}: {err}"))?;
-    Ok(Hooks::new::<f32, f32>(name, source))
+    Ok(Hooks::<f32, f32>::new(name, source))
 }
 
 pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
@@ -95,7 +95,7 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
     // The settings that enter the kernels' cache keys (their experiment options).
     let config = devcomm::Config::from_env().map_err(|e| e.to_string())?;
     let mut specs: Vec<(String, KernelSpec)> = Vec::new();
-    let copy = |h: Hooks| -> Result<(String, KernelSpec), String> {
+    let copy = |h: RawHooks| -> Result<(String, KernelSpec), String> {
         Ok((
             format!("collective {}", h.name()),
             h.spec_with_options(&config.coll_options),
@@ -108,16 +108,16 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
                 "sendrecv".into(),
                 devcomm::p2p::sendrecv_spec(&config.p2p_options),
             )),
-            "copy1" => copy(Hooks::copy::<u8>()),
-            "copy2" => copy(Hooks::copy::<u16>()),
-            "copy4" => copy(Hooks::copy::<f32>()),
-            "copy8" => copy(Hooks::copy::<u64>()),
-            "copy16" => copy(Hooks::copy::<[u32; 4]>()),
+            "copy1" => copy(Hooks::<u8>::copy().into()),
+            "copy2" => copy(Hooks::<u16>::copy().into()),
+            "copy4" => copy(Hooks::<f32>::copy().into()),
+            "copy8" => copy(Hooks::<u64>::copy().into()),
+            "copy16" => copy(Hooks::<[u32; 4]>::copy().into()),
             "examples" => {
                 for h in example_hooks() {
                     specs.push((
                         format!("collective {}", h.name()),
-                        h.spec_with_options(&config.coll_options),
+                        h.raw().spec_with_options(&config.coll_options),
                     ));
                 }
                 continue;
@@ -134,7 +134,7 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
         let hooks = f32_hooks(spec)?;
         specs.push((
             format!("collective {}", hooks.name()),
-            hooks.spec_with_options(&config.coll_options),
+            hooks.raw().spec_with_options(&config.coll_options),
         ));
     }
     let jit = Jit::from_config(&config);

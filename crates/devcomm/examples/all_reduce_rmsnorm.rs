@@ -50,11 +50,8 @@ pub fn run_rmsnorm(
             .clone_htod(&[r, w, u64::from(EPS.to_bits())])
             .map_err(c)?
     };
-    let hooks = Hooks::new::<f32, f32>("RmsNorm", RMSNORM_HOOKS);
-    let hook_args = HookArgs {
-        user: args.device_ptr(stream).0,
-        row_len: hidden,
-    };
+    let hooks = Hooks::<f32, f32>::new("RmsNorm", RMSNORM_HOOKS);
+    let hook_args = HookArgs::rows(hidden).with_user(args.device_ptr(stream).0);
     comm.all_reduce_hooked(
         &hooks,
         &input,

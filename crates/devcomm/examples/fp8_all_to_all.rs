@@ -71,12 +71,12 @@ pub fn run_fp8(
         stream.clone_htod(&[s, r]).map_err(c)?
     };
     let user = args.device_ptr(stream).0;
-    let hooks = Hooks::new::<f32, f32>("Fp8", FP8_HOOKS);
+    let hooks = Hooks::<f32, f32>::new("Fp8", FP8_HOOKS);
     comm.all_to_all_hooked(
         &hooks,
         &send,
         &mut recv,
-        HookArgs { user, row_len: 0 },
+        HookArgs::default().with_user(user),
         stream,
     )
     .map_err(e)?;

@@ -39,11 +39,8 @@ pub fn run_transpose(
     let mut recv = stream
         .clone_htod(&vec![f32::NAN; world * n])
         .map_err(|e| e.to_string())?;
-    let hooks = Hooks::new::<f32, f32>("Transpose", TRANSPOSE_HOOKS);
-    let args = HookArgs {
-        user: 0,
-        row_len: cols,
-    };
+    let hooks = Hooks::<f32, f32>::new("Transpose", TRANSPOSE_HOOKS);
+    let args = HookArgs::rows(cols);
     comm.all_to_all_hooked(&hooks, &send, &mut recv, args, stream)
         .map_err(|e| e.to_string())?;
     comm.synchronize(stream).map_err(|e| e.to_string())?;

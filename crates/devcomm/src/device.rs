@@ -51,34 +51,6 @@ pub const HEADERS: &[(&str, &str)] = &[
 /// The umbrella header's include name.
 pub const UMBRELLA: &str = "devcomm/devcomm.cuh";
 
-/// Source of the foundation's test and benchmark kernels (`cuda/kernels/foundation.cu`).
-///
-/// All kernels are `extern "C"`, so their lowered names are the names in
-/// [`FOUNDATION_KERNELS`]:
-///
-/// - `put_signal_all(DeviceWindow w, const void* src, u64 bytes_per_peer, u64 round)`
-/// - `wait_all(DeviceWindow w, u64 round, int* status)`
-/// - `barrier_loop(DeviceWindow w, u64 iters, u64* scratch, int* status)`
-/// - `read_registered(const RegisteredBuffer* reg, int peer, void* dst, u64 bytes)`
-/// - `wait_forever(DeviceWindow w, int peer, u64 slot, int* status)`
-/// - `pingpong(DeviceWindow w, int peer, u64 iters, u64 base, u64* elapsed_ns)`
-/// - `put_bandwidth(DeviceWindow w, int peer, const void* src, u64 bytes)`
-pub const FOUNDATION_SOURCE: &str = include_str!("../cuda/kernels/foundation.cu");
-
-/// Name of the foundation module (its NVRTC program is `foundation.cu`).
-pub const FOUNDATION_NAME: &str = "foundation";
-
-/// The kernels in [`FOUNDATION_SOURCE`], usable as name expressions.
-pub const FOUNDATION_KERNELS: &[&str] = &[
-    "put_signal_all",
-    "wait_all",
-    "barrier_loop",
-    "read_registered",
-    "wait_forever",
-    "pingpong",
-    "put_bandwidth",
-];
-
 /// Looks up an embedded header by include name.
 pub fn header(include_name: &str) -> Option<&'static str> {
     HEADERS

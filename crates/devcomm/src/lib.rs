@@ -55,7 +55,7 @@ pub mod topology;
 pub(crate) mod window;
 
 pub use abi::{DeviceOp, DeviceWindow, RegisteredBuffer};
-pub use collective::{AllToAllVCounts, Hooks};
+pub use collective::{AllToAllVCounts, Hooks, RawHooks};
 pub use comm::raw;
 pub use comm::{Comm, CommBuilder, HookArgs, RegisteredRange, Registration};
 pub use config::Config;

@@ -9,7 +9,7 @@ use common::{nvrtc_available, SM90};
 use devcomm::jit;
 use devcomm::{Error, Hooks};
 
-fn compiles(hooks: &Hooks) {
+fn compiles<I, O>(hooks: &Hooks<I, O>) {
     let spec = hooks.spec();
     let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{}: {e}", hooks.name()));
     assert_eq!(module.lowered_names.len(), 2);
@@ -29,11 +29,11 @@ fn copy_hooks_compile_for_every_element_size() {
     if !nvrtc_available() {
         return;
     }
-    compiles(&Hooks::copy::<u8>());
-    compiles(&Hooks::copy::<u16>());
-    compiles(&Hooks::copy::<f32>());
-    compiles(&Hooks::copy::<u64>());
-    compiles(&Hooks::copy::<[u32; 4]>());
+    compiles(&Hooks::<u8>::copy());
+    compiles(&Hooks::<u16>::copy());
+    compiles(&Hooks::<f32>::copy());
+    compiles(&Hooks::<u64>::copy());
+    compiles(&Hooks::<[u32; 4]>::copy());
 }
 
 #[test]
@@ -41,11 +41,11 @@ fn example_hooks_compile() {
     if !nvrtc_available() {
         return;
     }
-    compiles(&Hooks::new::<f32, f32>(
+    compiles(&Hooks::<f32, f32>::new(
         "Transpose",
         include_str!("../examples/hooks/transpose.cu"),
     ));
-    compiles(&Hooks::new::<f32, f32>(
+    compiles(&Hooks::<f32, f32>::new(
         "Fp8",
         include_str!("../examples/hooks/fp8.cu"),
     ));
@@ -61,7 +61,7 @@ fn transpose_cost_variants_compile() {
     // use every helper of the file; the other structs only combine them.
     let source = include_str!("../../../scripts/experiments/transpose/variants.cu");
     for name in ["TPeers", "BlockedVec", "TSend"] {
-        compiles(&Hooks::new::<f32, f32>(name, source));
+        compiles(&Hooks::<f32, f32>::new(name, source));
     }
 }
 
@@ -74,7 +74,7 @@ fn a_hook_that_does_not_compile_names_its_line() {
                   static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
                   return undefined_thing(c);\n  }\n  \
                   static __device__ void consume(const devcomm::Ctx&, const devcomm::Tile<float>&) {}\n};\n";
-    let err = jit::compile(&Hooks::new::<f32, f32>("Bad", source).spec(), SM90).unwrap_err();
+    let err = jit::compile(&Hooks::<f32, f32>::new("Bad", source).spec(), SM90).unwrap_err();
     let Error::Compile { log, .. } = err else {
         panic!("expected a compile error, got {err}");
     };
@@ -88,7 +88,7 @@ fn hooks_for_other_element_sizes_are_refused_by_the_compiler() {
         return;
     }
     // Declared for f64 buffers, but the struct says float.
-    let hooks = Hooks::new::<f64, f64>("devcomm::CopyHooks<float>", "");
+    let hooks = Hooks::<f64, f64>::new("devcomm::CopyHooks<float>", "");
     let err = jit::compile(&hooks.spec(), SM90).unwrap_err();
     let Error::Compile { log, .. } = err else {
         panic!("expected a compile error, got {err}");

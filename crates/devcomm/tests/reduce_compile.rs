@@ -32,8 +32,8 @@ fn the_rmsnorm_epilogue_compiles() {
     if !nvrtc_available() {
         return;
     }
-    let hooks = Hooks::new::<f32, f32>("RmsNorm", include_str!("../examples/hooks/rmsnorm.cu"));
-    let spec = hooked_kernel_spec(DataType::F32, ReduceOp::Sum, &hooks);
+    let hooks = Hooks::<f32, f32>::new("RmsNorm", include_str!("../examples/hooks/rmsnorm.cu"));
+    let spec = hooked_kernel_spec(DataType::F32, ReduceOp::Sum, hooks.raw());
     let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(module.lowered_names.len(), 1);
     assert!(module.log.is_empty(), "warnings:\n{}", module.log);
@@ -44,12 +44,12 @@ fn the_accumulate_epilogue_compiles_for_every_operation() {
     if !nvrtc_available() {
         return;
     }
-    let hooks = Hooks::new::<f32, f32>(
+    let hooks = Hooks::<f32, f32>::new(
         "Accumulate",
         include_str!("../examples/hooks/accumulate.cu"),
     );
     for op in ReduceOp::ALL {
-        let spec = hooked_kernel_spec(DataType::F32, op, &hooks);
+        let spec = hooked_kernel_spec(DataType::F32, op, hooks.raw());
         let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{op}: {e}"));
         assert_eq!(module.lowered_names.len(), 1);
         assert!(module.log.is_empty(), "{op}: warnings:\n{}", module.log);
@@ -61,8 +61,8 @@ fn a_hook_of_the_wrong_size_is_a_compile_error_with_its_reason() {
     if !nvrtc_available() {
         return;
     }
-    let hooks = Hooks::new::<f32, f32>("RmsNorm", include_str!("../examples/hooks/rmsnorm.cu"));
-    let spec = hooked_kernel_spec(DataType::BF16, ReduceOp::Sum, &hooks);
+    let hooks = Hooks::<f32, f32>::new("RmsNorm", include_str!("../examples/hooks/rmsnorm.cu"));
+    let spec = hooked_kernel_spec(DataType::BF16, ReduceOp::Sum, hooks.raw());
     match jit::compile(&spec, SM90) {
         Err(Error::Compile { log, .. }) => {
             assert!(log.contains("the hook's T is not"), "{log}")

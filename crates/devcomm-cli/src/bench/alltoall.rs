@@ -13,8 +13,8 @@ use crate::bench::nccl::NcclPair;
 use crate::bench::{
     calls_per_sample, min_free_bytes, time_ranks_each, time_wall_each, BenchArgs, Record,
 };
+use crate::selftest::BenchDst;
 use crate::selftest::Ctx;
-use crate::selftest_zc::BenchDst;
 
 /// All-to-all sizes per peer: 1 KiB to 256 MiB in powers of 4.
 const SIZES: &[usize] = &[
@@ -106,27 +106,17 @@ fn hooked_points(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     };
     let user = user_args.device_ptr(&cx.stream).0;
     let [transpose, fp8] = crate::precompile::example_hooks();
-    let copy = Hooks::copy::<f32>();
+    let copy = Hooks::<f32>::copy();
     cx.sync()?;
     // The plain all-to-all, the examples and any extra hooks, timed in turn.
     let mut cases = vec![
         ("a2a-plain-f32".to_string(), copy, HookArgs::default()),
-        (
-            "a2a-transpose".into(),
-            transpose,
-            HookArgs {
-                user: 0,
-                row_len: side,
-            },
-        ),
-        ("a2a-fp8".into(), fp8, HookArgs { user, row_len: 0 }),
+        ("a2a-transpose".into(), transpose, HookArgs::rows(side)),
+        ("a2a-fp8".into(), fp8, HookArgs::default().with_user(user)),
     ];
     for spec in &args.extra_hooks {
         let hooks = crate::precompile::f32_hooks(spec)?;
-        let a = HookArgs {
-            user,
-            row_len: side,
-        };
+        let a = HookArgs::rows(side).with_user(user);
         cases.push((hooks.name().to_string(), hooks, a));
     }
     let names: Vec<&str> = cases.iter().map(|c| c.0.as_str()).collect();

@@ -10,8 +10,8 @@ use devcomm::Registration;
 
 use crate::bench::nccl::NcclPair;
 use crate::bench::{calls_per_sample, sendrecv_net, time_pair, time_ranks_each, BenchArgs, Record};
+use crate::selftest::BenchDst;
 use crate::selftest::Ctx;
-use crate::selftest_zc::BenchDst;
 
 /// Message sizes from 8 B to 1 GiB.
 pub(crate) const SIZES: &[usize] = &[

@@ -1,7 +1,10 @@
-//! [`Hooks`]: the user's `produce`/`consume` CUDA C++ pair, the built-in copy hooks, and the
-//! collective kernel's spec for a pair.
+//! [`Hooks`]: the user's `produce`/`consume` CUDA C++ pair, typed by the element types it
+//! reads and writes, the built-in copy hooks, and the collective kernel's spec for a pair;
+//! [`RawHooks`]: the same without the types, for callers that know element sizes only at run
+//! time (bindings), checked against the buffers at each call.
 
 use std::borrow::Cow;
+use std::marker::PhantomData;
 
 use super::THREADS;
 use crate::error::{Error, Result};
@@ -25,8 +28,114 @@ use crate::jit::KernelSpec;
 ///   }
 /// };
 /// ```
+///
+/// `I` and `O` are the element types of the buffers the hooks read and write; a call takes
+/// buffers of exactly those types, so a mismatch is a compile error:
+///
+/// ```no_run
+/// # fn f(comm: &devcomm::Comm, s: &cudarc::driver::CudaSlice<f32>,
+/// #      r: &mut cudarc::driver::CudaSlice<f32>, st: &std::sync::Arc<cudarc::driver::CudaStream>) {
+/// let hooks = devcomm::Hooks::<f32>::copy();
+/// comm.all_to_all_hooked(&hooks, s, r, devcomm::HookArgs::default(), st).unwrap();
+/// # }
+/// ```
+///
+/// ```compile_fail
+/// # fn f(comm: &devcomm::Comm, s: &cudarc::driver::CudaSlice<f32>,
+/// #      r: &mut cudarc::driver::CudaSlice<u16>, st: &std::sync::Arc<cudarc::driver::CudaStream>) {
+/// let hooks = devcomm::Hooks::<f32>::copy();
+/// comm.all_to_all_hooked(&hooks, s, r, devcomm::HookArgs::default(), st); // u16 output: error
+/// # }
+/// ```
+pub struct Hooks<I, O = I> {
+    raw: RawHooks,
+    _elems: PhantomData<fn(I) -> O>,
+}
+
+impl<I, O> Clone for Hooks<I, O> {
+    fn clone(&self) -> Self {
+        Self {
+            raw: self.raw.clone(),
+            _elems: PhantomData,
+        }
+    }
+}
+
+impl<I, O> std::fmt::Debug for Hooks<I, O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("name", &self.raw.name)
+            .field("in", &std::any::type_name::<I>())
+            .field("out", &std::any::type_name::<O>())
+            .finish()
+    }
+}
+
+impl<T> Hooks<T> {
+    /// The default hooks: copy elements of `T`, whose size must be 1, 2, 4, 8 or 16 bytes.
+    /// The size is checked when the call is compiled:
+    ///
+    /// ```compile_fail
+    /// let hooks = devcomm::Hooks::<[u8; 3]>::copy(); // 3 bytes: a compile error
+    /// ```
+    pub fn copy() -> Self {
+        const {
+            assert!(
+                matches!(std::mem::size_of::<T>(), 1 | 2 | 4 | 8 | 16),
+                "Hooks::copy: the element size must be 1, 2, 4, 8 or 16 bytes (use a byte view \
+                 of the buffer)"
+            )
+        };
+        Self::typed(RawHooks::copy_of_size(std::mem::size_of::<T>()))
+    }
+}
+
+impl<I, O> Hooks<I, O> {
+    fn typed(raw: RawHooks) -> Self {
+        Self {
+            raw,
+            _elems: PhantomData,
+        }
+    }
+
+    /// User hooks: `name` is the struct defined in `source`, whose `In` and `Out` types must be
+    /// as large as `I` and `O` (checked when the kernel compiles).
+    pub fn new(name: impl Into<String>, source: impl Into<String>) -> Self {
+        Self::typed(RawHooks::build(
+            Cow::Owned(name.into()),
+            Cow::Owned(source.into()),
+            std::mem::size_of::<I>(),
+            std::mem::size_of::<O>(),
+        ))
+    }
+
+    /// The hooks without their element types (what the raw forms and the JIT take).
+    pub fn raw(&self) -> &RawHooks {
+        &self.raw
+    }
+
+    /// The hooks struct's name.
+    pub fn name(&self) -> &str {
+        self.raw.name()
+    }
+
+    /// The kernel spec (see [`RawHooks::spec`]).
+    pub fn spec(&self) -> KernelSpec {
+        self.raw.spec()
+    }
+}
+
+impl<I, O> From<Hooks<I, O>> for RawHooks {
+    fn from(h: Hooks<I, O>) -> Self {
+        h.raw
+    }
+}
+
+/// [`Hooks`] without element types: sizes in bytes, checked against the buffers of each call
+/// (the raw forms of the operations, bindings that know element types only at run time).
+/// Made by [`crate::raw::copy_hooks`], [`crate::raw::hooks_with_sizes`] or [`Hooks::raw`].
 #[derive(Debug, Clone)]
-pub struct Hooks {
+pub struct RawHooks {
     name: Cow<'static, str>,
     source: Cow<'static, str>,
     pub(super) in_size: usize,
@@ -44,8 +153,8 @@ const COPY_HOOKS: [&str; 5] = [
     "devcomm::CopyHooks<devcomm::Bytes16>",
 ];
 
-impl Hooks {
-    fn build(
+impl RawHooks {
+    pub(crate) fn build(
         name: Cow<'static, str>,
         source: Cow<'static, str>,
         in_size: usize,
@@ -63,21 +172,10 @@ impl Hooks {
         }
     }
 
-    /// The default hooks: copy elements of `T`, whose size must be 1, 2, 4, 8 or 16 bytes.
-    /// The size is checked when the call is compiled:
-    ///
-    /// ```compile_fail
-    /// let hooks = devcomm::Hooks::copy::<[u8; 3]>(); // 3 bytes: a compile error
-    /// ```
-    pub fn copy<T>() -> Self {
-        const {
-            assert!(
-                matches!(std::mem::size_of::<T>(), 1 | 2 | 4 | 8 | 16),
-                "Hooks::copy: the element size must be 1, 2, 4, 8 or 16 bytes (use a byte view \
-                 of the buffer)"
-            )
-        };
-        let size = std::mem::size_of::<T>();
+    /// The copy hooks for elements of `size` bytes, a power of two from 1 to 16 (checked by
+    /// the callers).
+    pub(crate) fn copy_of_size(size: usize) -> Self {
+        debug_assert!(matches!(size, 1 | 2 | 4 | 8 | 16));
         let name = COPY_HOOKS[size.trailing_zeros() as usize];
         Self::build(name.into(), "".into(), size, size)
     }
@@ -86,17 +184,6 @@ impl Hooks {
     /// input's bytes.
     pub(crate) fn is_copy(&self) -> bool {
         self.source.is_empty()
-    }
-
-    /// User hooks: `name` is the struct defined in `source`, whose `In` and `Out` types must be
-    /// as large as `I` and `O` (checked when the kernel compiles).
-    pub fn new<I, O>(name: impl Into<String>, source: impl Into<String>) -> Self {
-        Self::build(
-            Cow::Owned(name.into()),
-            Cow::Owned(source.into()),
-            std::mem::size_of::<I>(),
-            std::mem::size_of::<O>(),
-        )
     }
 
     /// Checks that these hooks were declared for the buffers' element sizes (`None`: that

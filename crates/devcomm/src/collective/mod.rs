@@ -21,7 +21,7 @@ use crate::topology::LinkKind;
 use handle::CollLaunch;
 pub use handle::{MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
 
-pub use hooks::Hooks;
+pub use hooks::{Hooks, RawHooks};
 pub use shape::{
     coll_shape, fit_low_latency, CollShape, LL_BLOCK_BYTES, LL_MAX_BYTES, MAX_BLOCKS_PER_PEER,
     SELF_BLOCK_BYTES, THREADS,
@@ -171,7 +171,7 @@ impl Collective {
         &self,
         group: &Group,
         jit: &Jit,
-        hooks: &Hooks,
+        hooks: &RawHooks,
         mixed: bool,
     ) -> Result<LoadedKernel> {
         let poisoned = || Error::Aborted {
@@ -210,7 +210,7 @@ impl Collective {
         group: &Group,
         jit: &Jit,
         p2p: &P2P,
-        hooks: &Hooks,
+        hooks: &RawHooks,
         call: CollCall,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {

@@ -1,12 +1,15 @@
 //! Collectives of [`Comm`] on the send/recv protocol, with hooks (docs/COLLECTIVES.md):
 //! all-to-all(-v) and the all-gather ring.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use super::Comm;
-use crate::collective::{AllToAllVCounts, CollCall, Hooks, MODE_DEVICE_COUNTS, MODE_UNIFORM};
+use crate::collective::{
+    AllToAllVCounts, CollCall, Hooks, RawHooks, MODE_DEVICE_COUNTS, MODE_UNIFORM,
+};
 use crate::error::{Error, Result};
 use crate::p2p::Transfer;
 
@@ -70,21 +73,48 @@ pub struct HookArgs {
     /// Device address of the user arguments the hooks see as `ctx.user` (0: none). It must stay
     /// valid until the collective's work on the stream has finished.
     pub user: u64,
-    /// Elements per row (`ctx.cols`). All-to-all: 0 makes each peer's chunk one row.
-    /// All-to-all-v and the `send_hooked` family: counts are in rows of this many elements; 0
-    /// means 1.
-    pub row_len: usize,
+    /// Elements per row (`ctx.cols`), the same meaning in every hooked call: a peer's chunk
+    /// (all-to-all), a message (`send_hooked` family) or the result (reductions' epilogue) is
+    /// cut into rows of this many elements, and all-to-all-v counts rows of it. `None`: rows
+    /// of one element, except for an epilogue, which works on rows and refuses `None`.
+    /// `NonZeroUsize::new(n)` gives `None` for 0.
+    pub row_len: Option<NonZeroUsize>,
+}
+
+impl HookArgs {
+    /// Arguments with rows of `row_len` elements (0: `None`, rows of one element) and no
+    /// user arguments.
+    pub fn rows(row_len: usize) -> Self {
+        Self {
+            user: 0,
+            row_len: NonZeroUsize::new(row_len),
+        }
+    }
+
+    /// The same arguments with `user` as `ctx.user`.
+    pub fn with_user(self, user: u64) -> Self {
+        Self { user, ..self }
+    }
+
+    /// Elements per row as the kernels take it (`None`: 1).
+    pub(crate) fn cols(&self) -> u64 {
+        self.row_len.map_or(1, |n| n.get() as u64)
+    }
+}
+
+/// A row length that a call needs explicitly (counts are in rows of it): 0 is refused.
+pub(super) fn nonzero_rows(op: &'static str, row_len: usize) -> Result<usize> {
+    if row_len == 0 {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: "row_len is 0: counts are in rows of row_len elements (at least 1)".into(),
+        });
+    }
+    Ok(row_len)
 }
 
 pub(super) fn elems<T>(bytes: usize) -> u64 {
     (bytes / std::mem::size_of::<T>().max(1)) as u64
-}
-
-pub(super) fn sizes<I, O>() -> (Option<usize>, Option<usize>) {
-    (
-        Some(std::mem::size_of::<I>()),
-        Some(std::mem::size_of::<O>()),
-    )
 }
 
 /// Collectives on the send/recv protocol, with hooks (docs/COLLECTIVES.md).
@@ -97,7 +127,7 @@ impl Comm {
         recv: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let hooks = Hooks::copy::<T>();
+        let hooks = Hooks::<T>::copy();
         self.all_to_all_hooked(&hooks, send, recv, HookArgs::default(), stream)
     }
 
@@ -106,26 +136,30 @@ impl Comm {
     /// element count (of `I` and `O`).
     pub fn all_to_all_hooked<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
         &self,
-        hooks: &Hooks,
+        hooks: &Hooks<I, O>,
         send: &S,
         recv: &mut R,
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.capture_ready("all_to_all_hooked", stream)?;
-        let (i, o) = sizes::<I, O>();
-        hooks.check_sizes("all_to_all", i, o)?;
         let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
         let (input, _s) = send.device_ptr(stream);
         let (output, _r) = recv.device_ptr_mut(stream);
-        self.all_to_all_at(hooks, (input, in_elems), (output, out_elems), args, stream)
+        self.all_to_all_at(
+            hooks.raw(),
+            (input, in_elems),
+            (output, out_elems),
+            args,
+            stream,
+        )
     }
 
     /// The all-to-all of [`Comm::all_to_all_hooked`] on device addresses and element counts
     /// (the hooks' element sizes already checked).
     pub(super) fn all_to_all_at(
         &self,
-        hooks: &Hooks,
+        hooks: &RawHooks,
         (input, in_elems): (u64, u64),
         (output, out_elems): (u64, u64),
         args: HookArgs,
@@ -146,11 +180,7 @@ impl Comm {
         if n == 0 {
             return Ok(());
         }
-        let row_len = if args.row_len == 0 {
-            n
-        } else {
-            args.row_len as u64
-        };
+        let row_len = args.cols();
         if n % row_len != 0 {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -178,7 +208,7 @@ impl Comm {
     }
 
     /// All-to-all-v with counts on the GPU: rank `p` gets `counts.send_counts[p]` rows of
-    /// `row_len` elements (from `counts.send_offsets[p]`, or packed in rank order). The kernel
+    /// `row_len` (at least 1) elements (from `counts.send_offsets[p]`, or packed in rank order). The kernel
     /// exchanges the counts itself and writes `counts.recv_counts` and `counts.recv_offsets`
     /// (data from rank `p` lands packed in rank order): no host synchronisation, so the call
     /// can be captured in a CUDA graph. Counts that would overrun `recv` (or read past `send`)
@@ -192,15 +222,15 @@ impl Comm {
         row_len: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let hooks = Hooks::copy::<T>();
-        let args = HookArgs { user: 0, row_len };
+        let hooks = Hooks::<T>::copy();
+        let args = HookArgs::rows(nonzero_rows("all_to_allv", row_len)?);
         self.all_to_allv_hooked(&hooks, send, recv, counts, args, stream)
     }
 
     /// [`Comm::all_to_allv`] through the user's hooks.
     pub fn all_to_allv_hooked<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
         &self,
-        hooks: &Hooks,
+        hooks: &Hooks<I, O>,
         send: &S,
         recv: &mut R,
         counts: &mut AllToAllVCounts,
@@ -209,8 +239,6 @@ impl Comm {
     ) -> Result<()> {
         self.capture_ready("all_to_allv_hooked", stream)?;
         const OP: &str = "all_to_allv";
-        let (i, o) = sizes::<I, O>();
-        hooks.check_sizes(OP, i, o)?;
         let world = self.world_size();
         let short = [
             ("send_counts", counts.send_counts.len()),
@@ -229,7 +257,7 @@ impl Comm {
                 reason: format!("{name} holds {len} entries; world size {world} are needed"),
             });
         }
-        let row_len = args.row_len.max(1) as u64;
+        let row_len = args.cols();
         let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
         let (input, _s) = send.device_ptr(stream);
         let (output, _r) = recv.device_ptr_mut(stream);
@@ -257,6 +285,6 @@ impl Comm {
             peer_rows: [[0; 32]; 2],
         };
         self.coll
-            .launch(&self.group, &self.jit, &self.p2p, hooks, call, stream)
+            .launch(&self.group, &self.jit, &self.p2p, hooks.raw(), call, stream)
     }
 }

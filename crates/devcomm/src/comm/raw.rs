@@ -7,7 +7,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::{Comm, HookArgs};
-use crate::collective::{CollCall, Hooks, MODE_DEVICE_COUNTS};
+pub use crate::collective::RawHooks;
+use crate::collective::{CollCall, MODE_DEVICE_COUNTS};
 use crate::error::{CudaResultExt, Error, Result};
 
 /// A device buffer by address: `elems` elements of `elem_size` bytes each.
@@ -36,44 +37,35 @@ pub struct RawCounts {
 }
 
 /// The copy hooks for elements of `size` bytes (1, 2, 4, 8 or 16).
-pub fn copy_hooks(size: usize) -> Result<Hooks> {
-    match size {
-        1 => Ok(Hooks::copy::<[u8; 1]>()),
-        2 => Ok(Hooks::copy::<[u8; 2]>()),
-        4 => Ok(Hooks::copy::<[u8; 4]>()),
-        8 => Ok(Hooks::copy::<[u8; 8]>()),
-        16 => Ok(Hooks::copy::<[u8; 16]>()),
-        _ => Err(unsupported_size(size)),
-    }
+pub fn copy_hooks(size: usize) -> Result<RawHooks> {
+    check_size(size)?;
+    Ok(RawHooks::copy_of_size(size))
 }
 
 /// User hooks (`name`, the struct in `source`) for input and output elements of run-time
-/// sizes (1, 2, 4, 8 or 16 bytes): the form of [`Hooks::new`] for callers that know the
-/// element types only at run time. The struct's `In` and `Out` must be of these sizes
-/// (checked when the kernel compiles).
+/// sizes (1, 2, 4, 8 or 16 bytes): the form of [`crate::Hooks::new`] for callers that know
+/// the element types only at run time. The struct's `In` and `Out` must be of these sizes
+/// (checked when the kernel compiles), and the buffers of each call are checked against them.
 pub fn hooks_with_sizes(
     name: &str,
     source: &str,
     in_size: usize,
     out_size: usize,
-) -> Result<Hooks> {
-    fn with_out<I>(name: &str, source: &str, out: usize) -> Result<Hooks> {
-        Ok(match out {
-            1 => Hooks::new::<I, [u8; 1]>(name, source),
-            2 => Hooks::new::<I, [u8; 2]>(name, source),
-            4 => Hooks::new::<I, [u8; 4]>(name, source),
-            8 => Hooks::new::<I, [u8; 8]>(name, source),
-            16 => Hooks::new::<I, [u8; 16]>(name, source),
-            _ => return Err(unsupported_size(out)),
-        })
-    }
-    match in_size {
-        1 => with_out::<[u8; 1]>(name, source, out_size),
-        2 => with_out::<[u8; 2]>(name, source, out_size),
-        4 => with_out::<[u8; 4]>(name, source, out_size),
-        8 => with_out::<[u8; 8]>(name, source, out_size),
-        16 => with_out::<[u8; 16]>(name, source, out_size),
-        _ => Err(unsupported_size(in_size)),
+) -> Result<RawHooks> {
+    check_size(in_size)?;
+    check_size(out_size)?;
+    Ok(RawHooks::build(
+        name.to_string().into(),
+        source.to_string().into(),
+        in_size,
+        out_size,
+    ))
+}
+
+fn check_size(size: usize) -> Result<()> {
+    match size {
+        1 | 2 | 4 | 8 | 16 => Ok(()),
+        _ => Err(unsupported_size(size)),
     }
 }
 
@@ -101,7 +93,7 @@ impl Comm {
     /// finished, and nothing else may write `recv` meanwhile.
     pub unsafe fn all_to_all_raw(
         &self,
-        hooks: &Hooks,
+        hooks: &RawHooks,
         send: RawBuffer,
         recv: RawBuffer,
         args: HookArgs,
@@ -126,7 +118,7 @@ impl Comm {
     /// on `stream` has finished.
     pub unsafe fn all_to_allv_raw(
         &self,
-        hooks: &Hooks,
+        hooks: &RawHooks,
         send: RawBuffer,
         recv: RawBuffer,
         counts: RawCounts,
@@ -154,7 +146,7 @@ impl Comm {
             output: recv.ptr,
             in_elems: send.elems,
             out_elems: recv.elems,
-            row_len: args.row_len.max(1) as u64,
+            row_len: args.cols(),
             rows: 0,
             send_counts: counts.send_counts,
             send_offsets: counts.send_offsets,
@@ -254,11 +246,14 @@ mod tests {
     #[test]
     fn run_time_sizes_pick_the_same_hooks_as_static_types() {
         let copy = copy_hooks(4).unwrap();
-        assert_eq!(copy.name(), Hooks::copy::<f32>().name());
-        assert_eq!(copy.spec().source, Hooks::copy::<f32>().spec().source);
+        let typed_copy = crate::Hooks::<f32>::copy();
+        assert_eq!(copy.name(), typed_copy.name());
+        assert_eq!(copy.spec().source, typed_copy.spec().source);
+        assert_eq!(copy.key(), typed_copy.raw().key());
         let h = hooks_with_sizes("Fp8", "struct Fp8 {};", 4, 1).unwrap();
-        let typed = Hooks::new::<f32, u8>("Fp8", "struct Fp8 {};");
+        let typed = crate::Hooks::<f32, u8>::new("Fp8", "struct Fp8 {};");
         assert_eq!(h.spec().source, typed.spec().source);
+        assert_eq!(h.key(), typed.raw().key());
         h.check_sizes("test", Some(4), Some(1)).unwrap();
         assert!(h.check_sizes("test", Some(2), Some(1)).is_err());
     }

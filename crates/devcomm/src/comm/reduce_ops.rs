@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
 use super::{Comm, HookArgs};
-use crate::collective::Hooks;
+use crate::collective::{Hooks, RawHooks};
 use crate::error::{Error, Result};
 use crate::reduce::args::{count_of, in_place_count, resolve};
 use crate::reduce::launch::ReduceCall;
@@ -228,7 +228,7 @@ impl Comm {
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_hooked<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
-        hooks: &Hooks,
+        hooks: &Hooks<T>,
         input: &S,
         output: &mut R,
         op: ReduceOp,
@@ -244,7 +244,16 @@ impl Comm {
         // SAFETY: both addresses come from cudarc slices of `count` elements of T, which the
         // guards above keep alive and ordered on `stream`.
         unsafe {
-            self.all_reduce_hooked_raw(hooks, i, o, count as usize, T::DTYPE, op, args, stream)
+            self.all_reduce_hooked_raw(
+                hooks.raw(),
+                i,
+                o,
+                count as usize,
+                T::DTYPE,
+                op,
+                args,
+                stream,
+            )
         }
     }
 
@@ -252,7 +261,7 @@ impl Comm {
     /// hook's `RowCtx::dest` is then this rank's own input row).
     pub fn all_reduce_hooked_in_place<T: Reducible, R: DevicePtrMut<T>>(
         &self,
-        hooks: &Hooks,
+        hooks: &Hooks<T>,
         buf: &mut R,
         op: ReduceOp,
         args: &HookArgs,
@@ -261,7 +270,7 @@ impl Comm {
         let count = buf.len() as u64;
         let (p, _r) = buf.device_ptr_mut(stream);
         let c = Collective::AllReduce;
-        self.hooked(c, T::DTYPE, op, (p, p, count), (hooks, args), stream)
+        self.hooked(c, T::DTYPE, op, (p, p, count), (hooks.raw(), args), stream)
     }
 
     /// [`Comm::all_reduce_hooked`] on raw device addresses; in place when `input == output`.
@@ -272,7 +281,7 @@ impl Comm {
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn all_reduce_hooked_raw(
         &self,
-        hooks: &Hooks,
+        hooks: &RawHooks,
         input: u64,
         output: u64,
         count: usize,
@@ -300,7 +309,7 @@ impl Comm {
     #[allow(clippy::too_many_arguments)]
     pub fn reduce_scatter_hooked<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
-        hooks: &Hooks,
+        hooks: &Hooks<T>,
         input: &S,
         output: &mut R,
         op: ReduceOp,
@@ -312,7 +321,7 @@ impl Comm {
             .map_err(invalid(c, self.rank()))?;
         let (i, _s) = input.device_ptr(stream);
         let (o, _r) = output.device_ptr_mut(stream);
-        self.hooked(c, T::DTYPE, op, (i, o, count), (hooks, args), stream)
+        self.hooked(c, T::DTYPE, op, (i, o, count), (hooks.raw(), args), stream)
     }
 
     /// [`Comm::reduce_scatter_hooked`] on raw device addresses (`input`: `world_size x
@@ -324,7 +333,7 @@ impl Comm {
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn reduce_scatter_hooked_raw(
         &self,
-        hooks: &Hooks,
+        hooks: &RawHooks,
         input: u64,
         output: u64,
         out_count: usize,
@@ -351,17 +360,19 @@ impl Comm {
         dtype: DataType,
         op: ReduceOp,
         buffers: (u64, u64, u64),
-        (hooks, args): (&Hooks, &HookArgs),
+        (hooks, args): (&RawHooks, &HookArgs),
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let size = Some(dtype.size_bytes());
         hooks.check_sizes(c.name(), size, size)?;
-        if args.row_len == 0 {
+        let Some(row_len) = args.row_len else {
             return Err(invalid(c, self.rank())(
-                "HookArgs::row_len is 0: the epilogue works on rows of that many elements".into(),
+                "HookArgs::row_len is None: an epilogue works on rows, so their length must be \
+                 given"
+                    .into(),
             ));
-        }
-        let hook = Some((hooks, args.user, args.row_len as u64));
+        };
+        let hook = Some((hooks, args.user, row_len.get() as u64));
         self.reduction(c, dtype, Some(op), buffers, hook, stream)
     }
 
@@ -400,7 +411,7 @@ impl Comm {
         dtype: DataType,
         op: Option<ReduceOp>,
         (input, output, count): (u64, u64, u64),
-        hooks: Option<(&Hooks, u64, u64)>,
+        hooks: Option<(&RawHooks, u64, u64)>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.check()?;

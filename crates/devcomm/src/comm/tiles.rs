@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
-use super::collectives::{elems, sizes};
+use super::collectives::elems;
 use super::{Comm, HookArgs};
-use crate::collective::{CollCall, Hooks, MODE_PEER_ROWS};
+use crate::collective::{CollCall, Hooks, RawHooks, MODE_PEER_ROWS};
 use crate::error::{Error, Result};
 
 /// One side of a hooked point-to-point transfer: device address, elements, peer.
@@ -18,35 +18,33 @@ type TileSide = Option<(u64, u64, usize)>;
 impl Comm {
     /// Sends `buf` to `peer` through `hooks.produce`; the peer posts a matching
     /// [`Comm::recv_hooked`] (or [`Comm::sendrecv_hooked`]) of the same element count.
-    pub fn send_hooked<I: DeviceRepr, S: DevicePtr<I>>(
+    pub fn send_hooked<I: DeviceRepr, O, S: DevicePtr<I>>(
         &self,
-        hooks: &Hooks,
+        hooks: &Hooks<I, O>,
         buf: &S,
         peer: usize,
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.capture_ready("send_hooked", stream)?;
-        hooks.check_sizes("send_hooked", Some(std::mem::size_of::<I>()), None)?;
         let n = elems::<I>(buf.num_bytes());
         let (ptr, _s) = buf.device_ptr(stream);
-        self.tiles(hooks, Some((ptr, n, peer)), None, args, stream)
+        self.tiles(hooks.raw(), Some((ptr, n, peer)), None, args, stream)
     }
 
     /// Receives from `peer` into `buf` through `hooks.consume`.
-    pub fn recv_hooked<O: DeviceRepr, R: DevicePtrMut<O>>(
+    pub fn recv_hooked<I, O: DeviceRepr, R: DevicePtrMut<O>>(
         &self,
-        hooks: &Hooks,
+        hooks: &Hooks<I, O>,
         buf: &mut R,
         peer: usize,
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.capture_ready("recv_hooked", stream)?;
-        hooks.check_sizes("recv_hooked", None, Some(std::mem::size_of::<O>()))?;
         let n = elems::<O>(buf.num_bytes());
         let (ptr, _r) = buf.device_ptr_mut(stream);
-        self.tiles(hooks, None, Some((ptr, n, peer)), args, stream)
+        self.tiles(hooks.raw(), None, Some((ptr, n, peer)), args, stream)
     }
 
     /// Sends `send` to `send_peer` and receives `recv` from `recv_peer` in one kernel, through
@@ -54,7 +52,7 @@ impl Comm {
     #[allow(clippy::too_many_arguments)]
     pub fn sendrecv_hooked<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
         &self,
-        hooks: &Hooks,
+        hooks: &Hooks<I, O>,
         send: &S,
         send_peer: usize,
         recv: &mut R,
@@ -63,13 +61,11 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.capture_ready("sendrecv_hooked", stream)?;
-        let (i, o) = sizes::<I, O>();
-        hooks.check_sizes("sendrecv_hooked", i, o)?;
         let (ns, nr) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
         let (sp, _s) = send.device_ptr(stream);
         let (rp, _r) = recv.device_ptr_mut(stream);
         self.tiles(
-            hooks,
+            hooks.raw(),
             Some((sp, ns, send_peer)),
             Some((rp, nr, recv_peer)),
             args,
@@ -79,7 +75,7 @@ impl Comm {
 
     fn tiles(
         &self,
-        hooks: &Hooks,
+        hooks: &RawHooks,
         send: TileSide,
         recv: TileSide,
         args: HookArgs,
@@ -115,7 +111,7 @@ impl Comm {
                     ),
                 });
             }
-            let row_len = args.row_len.max(1) as u64;
+            let row_len = args.cols();
             if n % row_len != 0 {
                 return Err(Error::InvalidArgument {
                     op: OP,

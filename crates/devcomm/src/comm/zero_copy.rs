@@ -153,10 +153,10 @@ impl Comm {
         let (src, _sync) = send.device_ptr(stream);
         let at = |p: usize| recv.shifted(p as u64 * chunk, chunk);
         if zero_copy_route(chunk, self.p2p_limits(), self.p2p_switches()) != ZcRoute::CopyEngine {
-            let hooks = crate::collective::Hooks::copy::<T>();
+            let hooks = crate::collective::Hooks::<T>::copy();
             let elems = total / elem;
             return self.all_to_all_at(
-                &hooks,
+                hooks.raw(),
                 (src, elems),
                 (own, elems),
                 super::HookArgs::default(),

@@ -72,19 +72,6 @@ impl KernelSpec {
         self.options.push(option.into());
         self
     }
-
-    /// The foundation's test and benchmark kernels ([`crate::device::FOUNDATION_SOURCE`]).
-    pub fn foundation() -> Self {
-        let mut spec = Self::new(
-            crate::device::FOUNDATION_NAME,
-            crate::device::FOUNDATION_SOURCE,
-        );
-        spec.name_expressions = crate::device::FOUNDATION_KERNELS
-            .iter()
-            .map(|k| k.to_string())
-            .collect();
-        spec
-    }
 }
 
 /// The result of a compile: a cubin for one architecture and the kernels' lowered names.

@@ -10,7 +10,7 @@ use super::config;
 use super::handle::ReduceLaunch;
 use super::plan::{self, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, THREADS};
 use super::types::{DataType, ReduceOp};
-use crate::collective::Hooks;
+use crate::collective::RawHooks;
 use crate::cuda::{linear_launch, DeviceBuffer};
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
@@ -32,7 +32,7 @@ pub(crate) struct ReduceCall<'h> {
     pub output: u64,
     /// All-reduce: elements; reduce-scatter: output elements; all-gather: input elements.
     pub count: u64,
-    pub hooks: Option<(&'h Hooks, u64, u64)>,
+    pub hooks: Option<(&'h RawHooks, u64, u64)>,
 }
 
 /// The name expression of a kernel instantiation.
@@ -67,7 +67,7 @@ pub fn kernel_spec(dtype: DataType) -> KernelSpec {
 
 /// The module of an all-reduce of `dtype` and `op` with the epilogue of `hooks`: the kernels'
 /// source, then the user's (its own line numbers in errors), then the check of the hook's type.
-pub fn hooked_kernel_spec(dtype: DataType, op: ReduceOp, hooks: &Hooks) -> KernelSpec {
+pub fn hooked_kernel_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> KernelSpec {
     let source = format!(
         "{KERNEL_SOURCE}\n#line 1 \"hooks.cu\"\n{src}\n#line 1 \"devcomm-checks\"\n\
          static_assert(sizeof({name}::T) == {size}, \"the hook's T is not the size of the \
@@ -155,7 +155,7 @@ impl Reduce {
         group: &Group,
         jit: &Jit,
         dtype: DataType,
-        hooked: Option<(ReduceOp, &Hooks)>,
+        hooked: Option<(ReduceOp, &RawHooks)>,
     ) -> Result<Loaded> {
         let poisoned = || Error::Aborted {
             rank: group.rank as i32,

@@ -47,7 +47,7 @@ pub(super) fn check_late_loader(cx: &Ctx) -> Detail {
     let n = 4096usize;
     let value = |src: usize, i: usize| (src * 1_000_000 + i) as f32;
     let (send, mut recv) = f32_a2a_buffers(cx, n, value)?;
-    let hooks = Hooks::new::<f32, f32>("LateLoaderCopy", HOOKS);
+    let hooks = Hooks::<f32, f32>::new("LateLoaderCopy", HOOKS);
     let late = cx.comm.device_timeout() + Duration::from_secs(1);
     cx.sync()?;
     cx.host_barrier()?;
@@ -78,7 +78,7 @@ pub(super) fn check_hooked_p2p(cx: &Ctx) -> Detail {
         for (float& x : t.v) x *= 2.0f;\n    return t;\n  }\n  \
         static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {\n    \
         devcomm::store_tile<float>(c, t);\n  }\n};\n";
-    let hooks = devcomm::Hooks::new::<f32, f32>("Double", DOUBLE);
+    let hooks = devcomm::Hooks::<f32, f32>::new("Double", DOUBLE);
     let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
     let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
     let val = |s: usize, k: usize| (s * 7_777 + k % 5_003) as f32;

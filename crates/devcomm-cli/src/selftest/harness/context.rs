@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use devcomm::jit::KernelSpec;
 use devcomm::Comm;
 use rand::{RngCore, SeedableRng};
 
@@ -62,7 +61,7 @@ impl Ctx {
     pub(crate) fn foundation(&self) -> Result<Arc<devcomm::jit::LoadedModule>, String> {
         self.comm
             .jit()
-            .load(self.comm.context(), &KernelSpec::foundation())
+            .load(self.comm.context(), &crate::foundation_kernels::spec())
             .map_err(|e| e.to_string())
     }
 

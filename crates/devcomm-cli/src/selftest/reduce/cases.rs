@@ -368,7 +368,8 @@ pub(super) fn check_args(cx: &Ctx) -> Check {
         use cudarc::driver::DevicePtr;
         (a.device_ptr(s).0, b.device_ptr(s).0)
     };
-    let hooks = Hooks::new::<f64, f64>("Wrong", "struct Wrong { using T = double; };");
+    let hooks = Hooks::<f64, f64>::new("Wrong", "struct Wrong { using T = double; };");
+    let f32_hooks = Hooks::<f32>::new("NoRows", "struct NoRows { using T = float; };");
     let sum = ReduceOp::Sum;
     let mut refused = Vec::new();
     let mut expect_invalid = |what: &str, r: Result<(), Error>| -> Result<(), String> {
@@ -413,22 +414,19 @@ pub(super) fn check_args(cx: &Ctx) -> Check {
         )?;
     }
     let mut out = s.alloc_zeros::<f32>(12 * w).map_err(err)?;
-    let args = HookArgs {
-        user: 0,
-        row_len: 0,
-    };
+    let args = HookArgs::default();
     expect_invalid(
-        "row_len 0",
-        comm.all_reduce_hooked(&hooks, &a, &mut out, sum, &args, s),
+        "row_len None",
+        comm.all_reduce_hooked(&f32_hooks, &a, &mut out, sum, &args, s),
     )?;
-    let args = HookArgs {
-        user: 0,
-        row_len: 5,
-    };
-    expect_invalid(
-        "hook element size",
-        comm.all_reduce_hooked(&hooks, &a, &mut out, sum, &args, s),
-    )?;
+    // Typed calls cannot take hooks of another element type (a compile error); the raw form,
+    // whose element type is a run-time value, checks it.
+    let args = HookArgs::rows(5);
+    // SAFETY: pa and pb address 12 w and 12 w + 1 f32 on this stream; the call is refused
+    // before anything is launched.
+    expect_invalid("hook element size", unsafe {
+        comm.all_reduce_hooked_raw(hooks.raw(), pa, pb, 12 * w, DataType::F32, sum, &args, s)
+    })?;
     // Still usable.
     let c = Case {
         coll: Collective::AllReduce,

@@ -17,7 +17,7 @@ fn err<E: std::fmt::Display>(e: E) -> String {
 /// One accumulate reduce-scatter of `rows x row_len` output elements per rank.
 fn accumulate_once(
     cx: &Ctx,
-    hooks: &Hooks,
+    hooks: &Hooks<f32>,
     (rows, row_len): (usize, usize),
     op: ReduceOp,
     in_place: bool,
@@ -28,7 +28,7 @@ fn accumulate_once(
     let inputs: Vec<Vec<f32>> = (0..w).map(|p| data::<f32>(cx.seed, tag, p, w * n)).collect();
     let reduced = reduce(&inputs, op, rank * n, n);
     let s = &cx.stream;
-    let args = HookArgs { user: 0, row_len };
+    let args = HookArgs::rows(row_len);
     let what = format!("accumulate {op} of {rows} x {row_len}{}", if in_place { " in place" } else { "" });
     let (got, want) = if in_place {
         let buf = s.clone_htod(&inputs[rank]).map_err(err)?;
@@ -36,7 +36,7 @@ fn accumulate_once(
         // SAFETY: `buf` holds w x n f32 on this stream and lives until after the sync below.
         unsafe {
             cx.comm
-                .reduce_scatter_hooked_raw(hooks, p, p, n, DataType::F32, op, &args, s)
+                .reduce_scatter_hooked_raw(hooks.raw(), p, p, n, DataType::F32, op, &args, s)
         }
         .map_err(|e| format!("{what}: {e}"))?;
         cx.sync()?;
@@ -63,7 +63,7 @@ fn accumulate_once(
 }
 
 pub(super) fn check_accumulate(cx: &Ctx) -> Check {
-    let hooks = Hooks::new::<f32, f32>(
+    let hooks = Hooks::<f32, f32>::new(
         "Accumulate",
         include_str!("../../../../devcomm/examples/hooks/accumulate.cu"),
     );
