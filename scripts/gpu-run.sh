@@ -167,8 +167,11 @@ for w in $what; do
       # The call agreement's cost at 8 B (docs/PROTOCOL.md, "Agreement"): host-launched
       # send/recv + synchronise per call with the agreement on and compiled out, two
       # communicators in the same processes, interleaved in ROUNDS rounds; REPS runs.
+      # agree-aa-*: the A/A control (--reference same: both communicators alike), whose
+      # paired difference is the setup's own shift.
       for r in $(seq 1 "${REPS:-2}"); do
         step agree-ab-$r $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-30}" --device-kind "$kind" --json "$out/agree-ab-$r.json"
+        step agree-aa-$r $bin launch -n 2 -- $bin bench --op agree_latency --reference same --iters "${ROUNDS:-30}" --device-kind "$kind" --json "$out/agree-aa-$r.json"
       done ;;
     graph) step sendrecv-graph $bin launch -n 2 -- $bin bench --op sendrecv --graph --device-kind "$kind" --json "$out/sendrecv-graph.json" ;;
     both-fused)

@@ -10,7 +10,9 @@
 //! process-to-process spread that separate runs carry (up to 1.2 us on 2 H200s) drops out.
 //! The record holds the median per call with the agreement on (`devcomm_us`) and off
 //! (`nccl_us`, see `reference`), and `config` the median of the rounds' paired differences
-//! with their range. On one shared GPU (scripts/shared-gpu.sh 2) the figures are marked not
+//! with their range. `--reference same` builds the second communicator alike (an A/A control:
+//! its paired difference is what the two communicators' setup alone shifts, to subtract from
+//! the A/B's). On one shared GPU (scripts/shared-gpu.sh 2) the figures are marked not
 //! meaningful: nothing crosses NVLink.
 
 use std::sync::Arc;
@@ -75,8 +77,21 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
              built with {AGREE_OFF}: leave {AGREE_OFF} out of DEVCOMM_P2P_OPTIONS"
         ));
     }
+    let control = match args.reference.as_str() {
+        "all" => false,
+        "same" => true,
+        other => {
+            return Err(format!(
+                "bench --op agree_latency --reference {other}: `all` (agreement compiled out \
+                 in the second communicator) or `same` (built alike: an A/A control)"
+            ))
+        }
+    };
     let mut off_config = comm.config().clone();
-    off_config.p2p_options.push(AGREE_OFF.into());
+    if !control {
+        off_config.p2p_options.push(AGREE_OFF.into());
+    }
+    let second = if control { "the same settings (A/A control)" } else { "the agreement compiled out" };
     let mut n = 0;
     let Fresh {
         comm: off_comm,
@@ -121,7 +136,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let d = median(&mut diffs);
     let (lo, hi) = (diffs[0], diffs[diffs.len() - 1]);
     println!(
-        "agree_latency {bytes} B: agreement on {m_on:.2} us, compiled out {m_off:.2} us per call \
+        "agree_latency {bytes} B: first communicator {m_on:.2} us, second ({second}) {m_off:.2} us per call \
          (medians of {} calls each); paired difference per round: median {d:+.3} us, range \
          {lo:+.3} .. {hi:+.3} us over {rounds} rounds",
         all_on.len()
@@ -133,12 +148,11 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         ratio: m_off / m_on,
         sms: 1,
         reference: format!(
-            "ref_us = the same calls with the agreement compiled out ({AGREE_OFF}), a second \
-             communicator in the same processes, interleaved; host-launched sendrecv + \
-             synchronise per call"
+            "ref_us = the same calls on a second communicator in the same processes with \
+             {second}, interleaved; host-launched sendrecv + synchronise per call"
         ),
         config: format!(
-            "paired difference on - off per round: median {d:+.3} us, range {lo:+.3} .. \
+            "paired difference first - second per round: median {d:+.3} us, range {lo:+.3} .. \
              {hi:+.3} us, {rounds} rounds of {CALLS_PER_ROUND} calls each"
         ),
         ..Record::new(cx, args, "agree_latency", bytes as u64)
