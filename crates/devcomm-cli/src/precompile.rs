@@ -56,7 +56,7 @@ pub(crate) fn example_hooks() -> [Hooks<f32>; 2] {
 
 /// The reduction kernels: every element type, and the RMSNorm and accumulate epilogues (f32
 /// sum).
-fn reduce_specs() -> Vec<(String, KernelSpec)> {
+fn reduce_specs(options: &[String]) -> Vec<(String, KernelSpec)> {
     use devcomm::{DataType, ReduceOp};
     let mut v: Vec<_> = DataType::ALL
         .into_iter()
@@ -78,6 +78,9 @@ fn reduce_specs() -> Vec<(String, KernelSpec)> {
         "reduce Accumulate".into(),
         devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, hooks.raw()),
     ));
+    for (_, spec) in &mut v {
+        spec.options.extend(options.iter().cloned());
+    }
     v
 }
 
@@ -123,7 +126,7 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
                 continue;
             }
             "reduce" => {
-                specs.extend(reduce_specs());
+                specs.extend(reduce_specs(&config.reduce_options));
                 continue;
             }
             other => return Err(format!("--builtin: unknown kernel set `{other}`")),

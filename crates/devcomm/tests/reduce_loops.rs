@@ -4,7 +4,9 @@
 //! read and written by one thread). For every size up to 300 elements, aligned and misaligned
 //! buffers, groups of 1, 3 and 32 threads and 1 to 4 ranks: the results equal a plain
 //! reduction in rank order, element by element, and nothing outside the destination is
-//! touched. Needs `c++` (or `$CXX`).
+//! touched. Also the call agreement's descriptor (packing, the field a difference names) and
+//! its ring's signal slots (`kSlotKinds`, equal to `devcomm::reduce::plan::SLOT_KINDS`).
+//! Needs `c++` (or `$CXX`).
 
 #[allow(dead_code)] // run_ok and assert_layout
 #[path = "common/cxx.rs"]
@@ -86,8 +88,40 @@ bool check_reduce(const char* name) {
   return true;
 }
 
+// The call agreement's descriptor (reduce.cuh, "Call agreement"): each field packs, decodes
+// and is the one named when it alone differs; the ring's slots fit the window's kinds.
+bool check_desc() {
+  const dc_u64 base = call_desc(kAllReduce, 2, kSum, 0, 4096);
+  struct { dc_u64 other; dc_u32 field; dc_u64 mine, theirs; } cases[] = {
+      {call_desc(kAllGather, 2, kNoReduceOp, 0, 4096), kFieldMode, kAllReduce, kAllGather},
+      {call_desc(kAllReduce, 0, kSum, 0, 4096), kFieldDtype, 2, 0},
+      {call_desc(kAllReduce, 2, kMax, 0, 4096), kFieldOp, kSum, kMax},
+      {call_desc(kAllReduce, 2, kSum, 1, 4096), kFieldHooked, 0, 1},
+      {call_desc(kAllReduce, 2, kSum, 0, 4097), kFieldBytes, 4096, 4097},
+      {call_desc(kAllReduce, 2, kSum, 0, (1ull << 54) + 4096), 0, 0, 0},  // bytes: 54 bits
+  };
+  if (desc_differs(base, base) != 0) return false;
+  for (const auto& c : cases) {
+    const dc_u32 f = desc_differs(base, c.other);
+    if (f != c.field) {
+      std::printf("FAIL desc field %u, expected %u\n", f, c.field);
+      return false;
+    }
+    if (f != 0 && (desc_field(base, f) != c.mine || desc_field(c.other, f) != c.theirs)) {
+      std::printf("FAIL desc values of field %u\n", f);
+      return false;
+    }
+  }
+  const dc_u64 last = slot_of(kDesc1, 32, 31, kMaxBlocks - 1);
+  const bool ring = call_slot_kind(1) == kCall1 && call_slot_kind(2) == kCall0 &&
+                    (Slot)(call_slot_kind(3) + 1) == kDesc1 && kSlotKinds == 8 &&
+                    last == (dc_u64)kSlotKinds * 32 * kMaxBlocks - 1;
+  if (!ring) std::printf("FAIL desc ring slots\n");
+  return ring;
+}
+
 int main() {
-  bool ok = check_reduce<float, kSum>("f32 sum") && check_reduce<float, kAvg>("f32 avg") &&
+  bool ok = check_desc() && check_reduce<float, kSum>("f32 sum") && check_reduce<float, kAvg>("f32 avg") &&
             check_reduce<double, kMax>("f64 max") && check_reduce<int, kMin>("i32 min") &&
             check_reduce<int, kAvg>("i32 avg") && check_reduce<long long, kSum>("i64 sum") &&
             check_reduce<unsigned char, kSum>("u8 sum");
@@ -95,6 +129,12 @@ int main() {
   return ok ? 0 : 1;
 }
 "#;
+
+#[test]
+fn the_window_holds_the_kernels_slot_kinds() {
+    // check_desc() above asserts kSlotKinds == 8 in the header.
+    assert_eq!(devcomm::reduce::plan::SLOT_KINDS, 8);
+}
 
 #[test]
 fn piece_loops_reduce_in_rank_order_and_touch_nothing_else() {

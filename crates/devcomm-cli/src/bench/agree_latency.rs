@@ -91,7 +91,11 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     if !control {
         off_config.p2p_options.push(AGREE_OFF.into());
     }
-    let second = if control { "the same settings (A/A control)" } else { "the agreement compiled out" };
+    let second = if control {
+        "the same settings (A/A control)"
+    } else {
+        "the agreement compiled out"
+    };
     let mut n = 0;
     let Fresh {
         comm: off_comm,

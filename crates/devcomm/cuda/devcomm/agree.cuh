@@ -76,12 +76,6 @@ struct AgreeSend {
   dc_u64 aborted;
 };
 
-__device__ __forceinline__ dc_u64 abort_mirror(const DeviceWindow& w) {
-  if (w.barrier_epoch == 0) return 0;
-  const dc_u64 m = reinterpret_cast<const dc_u64*>(w.barrier_epoch)[1];
-  return m == 0 ? 0 : *reinterpret_cast<const volatile dc_u64*>(m);
-}
-
 __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int peer) {
   dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
   if (!DC_AGREE) return AgreeSend{own, 0, 0, 0};

@@ -29,7 +29,7 @@ struct ReduceLaunch {
   dc_u64 chunk;           // @120 elements of each shard per round (two-shot)
   dc_u64 rounds;          // @128 rounds (two-shot)
   dc_u64 unit;            // @136 block pieces are whole units (elements)
-  dc_u64 counters;        // @144 device u64[2 kMaxBlocks]: one-shot, then two-shot sequences
+  dc_u64 counters;        // @144 device u64[3 kMaxBlocks]: one-shot, two-shot sequences, calls
   dc_u64 user;            // @152 hook arguments (device memory) or 0
   dc_u64 row_len;         // @160 hooked: elements per row
   dc_u64 ll_offset;       // @168 bytes: first line of the one-shot area in the window
@@ -38,8 +38,8 @@ struct ReduceLaunch {
   dc_u64 half_bytes;      // @192 bytes of one half of the two-shot area
   dc_u32 blocks;          // @200 blocks of this launch
   dc_u32 mode;            // @204 Mode
-  dc_u32 op;              // @208 Op (informative: the kernel is instantiated for it)
-  dc_u32 reserved;        // @212
+  dc_u32 op;              // @208 Op (the kernel is instantiated for it; the agreement sends it)
+  dc_u32 dtype;           // @212 element type code (DataType::code; the agreement sends it)
 };
 
 static_assert(sizeof(ReduceLaunch) == 216, "ReduceLaunch size");
@@ -58,11 +58,69 @@ constexpr dc_u32 kThreads = 512;
 //   kReady   [rank p][block b]: p staged round seq of block b's piece in its window
 //   kReduced [rank p][block b]: p wrote its reduced shard piece of round seq
 //   kDone    [rank p][block i]: p's block i finished reading every window for round seq
-enum Slot : dc_u32 { kFree = 0, kReady = 1, kReduced = 2, kDone = 3 };
+//   kCall0, kDesc0, kCall1, kDesc1 [rank p][block b]: the call agreement's ring of two
+//            (call number, descriptor) pairs that p's block b announced (below)
+enum Slot : dc_u32 {
+  kFree = 0, kReady = 1, kReduced = 2, kDone = 3, kCall0 = 4, kDesc0 = 5, kCall1 = 6, kDesc1 = 7
+};
+// Slot kinds: the window holds kSlotKinds x world x kMaxBlocks user slots (reduce/launch.rs).
+constexpr dc_u32 kSlotKinds = 8;
 
 DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 block) {
   return ((dc_u64)kind * (dc_u64)world + (dc_u64)rank) * kMaxBlocks + block;
 }
+
+// ---- Call agreement ------------------------------------------------------------------------
+//
+// Every reduction call tells each peer what it is before anything is written (docs/PROTOCOL.md,
+// "Agreement", reductions): at its start each block b announces, into every peer's pad, its
+// DESCRIPTOR and then (release) its CALL number, in ring entry call % 2 of (p = this rank,
+// block b). The calls are numbered per block (counters[2 kMaxBlocks + b], the same in every
+// block), whichever algorithm runs, so a one-shot call against a two-shot one still meets. A
+// thread about to write the output first waits for each peer's CALL of its own number and
+// compares the descriptors; a difference is recorded as kOpCallMismatch with the field and
+// both values (the error record's slot is the field), and the communicator is aborted: nothing
+// is written into the output.
+//
+// A ring of two is enough: a rank can start call c + 2 only after its call c + 1 ended, which
+// needed every peer to have started call c + 1 (every algorithm reads each peer's data of the
+// call), hence to have ended call c and read its entry.
+//
+// Descriptor: mode (2 bits) << 62 | dtype (4) << 58 | op (3) << 55 | hooked (1) << 54 | the
+// bytes of the whole buffer (54 bits). All-gather has no operator: op 7.
+constexpr dc_u32 kDescBytesBits = 54;
+constexpr dc_u32 kNoReduceOp = 7;
+// Fields of a mismatch (error_record.rs, call_mismatch_field, names them).
+constexpr dc_u32 kFieldMode = 6, kFieldDtype = 7, kFieldOp = 8, kFieldHooked = 9, kFieldBytes = 10;
+
+DC_HOST_DEVICE inline dc_u64 call_desc(dc_u32 mode, dc_u32 dtype, dc_u32 op, dc_u32 hooked,
+                                       dc_u64 bytes) {
+  return ((dc_u64)(mode & 3u) << 62) | ((dc_u64)(dtype & 15u) << 58) | ((dc_u64)(op & 7u) << 55) |
+         ((dc_u64)(hooked & 1u) << 54) | (bytes & ((1ull << kDescBytesBits) - 1));
+}
+
+// The value of `field` in descriptor d.
+DC_HOST_DEVICE inline dc_u64 desc_field(dc_u64 d, dc_u32 field) {
+  switch (field) {
+    case kFieldMode: return d >> 62;
+    case kFieldDtype: return (d >> 58) & 15u;
+    case kFieldOp: return (d >> 55) & 7u;
+    case kFieldHooked: return (d >> 54) & 1u;
+    default: return d & ((1ull << kDescBytesBits) - 1);
+  }
+}
+
+// The first field in which two descriptors differ, 0 when they are equal.
+DC_HOST_DEVICE inline dc_u32 desc_differs(dc_u64 mine, dc_u64 theirs) {
+  const dc_u32 fields[] = {kFieldMode, kFieldDtype, kFieldOp, kFieldHooked, kFieldBytes};
+  for (dc_u32 f : fields) {
+    if (desc_field(mine, f) != desc_field(theirs, f)) return f;
+  }
+  return 0;
+}
+
+// Ring entry of `call`: its call-number slot kind (the descriptor's is the next one).
+DC_HOST_DEVICE inline Slot call_slot_kind(dc_u64 call) { return (call & 1) ? kCall1 : kCall0; }
 
 // Block b's piece [lo, hi) of m elements cut into `blocks` pieces of whole units (the Rust
 // planner's block_piece).
@@ -171,6 +229,73 @@ __device__ __forceinline__ bool wait_slot(const DeviceWindow& w, dc_u64 slot, dc
                                           int peer) {
   return wait_until(error_state(w), w.timeout_ns, w.rank, own_user_slot(w, slot), expected,
                     Cmp::Ge, WaitSite{kOpWaitSignal, peer, slot});
+}
+
+// ---- Call agreement on the device (see "Call agreement" above) ------------------------------
+
+// DC_AGREE=0 compiles the agreement out (DEVCOMM_REDUCE_OPTIONS="-DDC_AGREE=0", the same on
+// every rank), for cost comparisons only: mismatched reductions are then silent again.
+#ifndef DC_AGREE
+#define DC_AGREE 1
+#endif
+
+// This block's call: its number (the same in every block) and descriptor.
+struct Agree {
+  dc_u64 call;
+  dc_u64 desc;
+};
+
+__device__ __forceinline__ Agree agree_begin(const ReduceLaunch& a, dc_u32 b, dc_u64 elem_bytes,
+                                             bool hooked) {
+  const dc_u64* counters = reinterpret_cast<const dc_u64*>(a.counters);
+  const dc_u32 op = a.mode == kAllGather ? kNoReduceOp : a.op;
+  return Agree{counters[2 * kMaxBlocks + b] + 1,
+               call_desc(a.mode, a.dtype, op, hooked ? 1u : 0u, a.total * elem_bytes)};
+}
+
+// Thread p of the block announces the call to peer p: the descriptor, then the call number
+// with release. (No abort mirror here, unlike send/recv's senders: a reduction forwards no
+// data of an earlier call, and a kernel behind a failed one runs with the counters that call
+// left, whose number its peers' checks never accept: they time out naming this rank.)
+template <class G>
+__device__ __forceinline__ void agree_announce(const G& g, const ReduceLaunch& a, dc_u32 b,
+                                               const Agree& ag) {
+  const int world = a.w.world_size, me = a.w.rank;
+  if (!DC_AGREE) return;
+  const Slot k = call_slot_kind(ag.call);
+  for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
+    if ((int)p == me) continue;
+    st_relaxed_sys(peer_user_slot(a.w, (int)p, slot_of((Slot)(k + 1), world, me, b)), ag.desc);
+    st_release_sys(peer_user_slot(a.w, (int)p, slot_of(k, world, me, b)), ag.call);
+  }
+}
+
+// Waits for peer p's announcement of this call (block b) and compares the descriptors: false
+// on a timeout or abort (recorded) or a mismatch (recorded as kOpCallMismatch: the field, this
+// side's value, the peer's).
+__device__ inline bool agree_check(const ReduceLaunch& a, dc_u32 b, const Agree& ag, int p) {
+  const int world = a.w.world_size;
+  const Slot k = call_slot_kind(ag.call);
+  if (!wait_slot(a.w, slot_of(k, world, p, b), ag.call, p)) return false;
+  const dc_u64 theirs = ld_relaxed_sys(own_user_slot(a.w, slot_of((Slot)(k + 1), world, p, b)));
+  const dc_u32 field = desc_differs(ag.desc, theirs);
+  if (field == 0) return true;
+  record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, p, field},
+                      desc_field(ag.desc, field), desc_field(theirs, field), 0);
+  return false;
+}
+
+// Whether every peer announced the same call, checked by group g (peer p by its thread p; a
+// barrier of g follows, so every thread of g must call it).
+template <class G>
+__device__ __forceinline__ bool agree_all(const G& g, const ReduceLaunch& a, dc_u32 b,
+                                          const Agree& ag) {
+  if (!DC_AGREE) return true;
+  bool ok = true;
+  for (dc_u32 p = g.thread_rank(); p < (dc_u32)a.w.world_size; p += g.size()) {
+    if ((int)p != a.w.rank) ok = ok && agree_check(a, b, ag, (int)p);
+  }
+  return !g.any(!ok);
 }
 
 // ---- Flag-in-data lines --------------------------------------------------------------------

@@ -22,6 +22,16 @@ __device__ __forceinline__ void* get_nvlink_address(const DeviceWindow& w, int p
   return reinterpret_cast<void*>(reinterpret_cast<const dc_u64*>(w.peer_data)[peer]);
 }
 
+// The communicator's abort mirror (DeviceErrorState::mirror, in device memory; its address is
+// word 1 of the window's epoch buffer): 0, or the token of the launch that failed first
+// (wait.cuh, launch_token). Senders read it to announce no call after a failure
+// (devcomm/agree.cuh, and the reductions' agreement in devcomm/reduce.cuh).
+__device__ __forceinline__ dc_u64 abort_mirror(const DeviceWindow& w) {
+  if (w.barrier_epoch == 0) return 0;
+  const dc_u64 m = reinterpret_cast<const dc_u64*>(w.barrier_epoch)[1];
+  return m == 0 ? 0 : *reinterpret_cast<const volatile dc_u64*>(m);
+}
+
 // `peer`'s signal pad as mapped here, null without NVLink path.
 __device__ __forceinline__ dc_u64* peer_signal_pad(const DeviceWindow& w, int peer) {
   if (peer < 0 || peer >= w.world_size) return nullptr;

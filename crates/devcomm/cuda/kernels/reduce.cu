@@ -13,7 +13,9 @@ namespace red {
 // peer (into the region of this sender), then reads every rank's units in rank order (its
 // own from its input) and reduces them. Before writing parity seq & 1 it waits until every
 // receiver block has released call seq - 2 (kFree, any block may have read any line then);
-// after reading it releases the lines of call seq in every sender.
+// after reading it releases the lines of call seq in every sender. The call agreement
+// (reduce.cuh): announced first; every warp that writes output checks every peer's
+// announcement after its lines are out and before it writes.
 template <class T, int OP>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   enter_after_previous_kernel();
@@ -22,6 +24,8 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   const int world = a.w.world_size, me = a.w.rank;
   dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters);
   const dc_u64 seq = counters[b] + 1;
+  const Agree ag = agree_begin(a, b, sizeof(T), false);
+  agree_announce(g, a, b, ag);
   const dc_u64 payload = a.shard * sizeof(T);  // bytes each rank sends each peer
   dc_u64 u0, u1;
   block_piece((payload + 7) / 8, a.blocks, 1, b, u0, u1);
@@ -51,6 +55,8 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   const unsigned char* mine = in + (a.mode == kReduceScatter ? (dc_u64)me * payload : 0);
   using N = Num<T>;
   constexpr int kE = (int)(8 / sizeof(T));
+  // A warp with units to write checks the call first (lane p: peer p; warp-uniform branch).
+  if (Warp{}.any(u0 + g.thread_rank() < u1)) ok = agree_all(Warp{}, a, b, ag);
   for (dc_u64 j = u0 + g.thread_rank(); ok && j < u1; j += g.size()) {
     const dc_u64 n = payload - 8 * j < 8 ? payload - 8 * j : 8;
     typename N::Acc acc[kE];
@@ -84,7 +90,10 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
     const dc_u32 i = k % kMaxBlocks;
     if (i == b || (b == 0 && i >= a.blocks)) {
       if (p != me) st_release_sys(peer_user_slot(a.w, p, slot_of(kFree, world, me, i)), seq);
-      if (p == 0) counters[i] = seq;
+      if (p == 0) {
+        counters[i] = seq;
+        counters[2 * kMaxBlocks + i] = ag.call;
+      }
     }
   }
 }
@@ -104,6 +113,8 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
 //      reduce-scatter: write the output and publish kDone;
 //   3. (all-reduce, all-gather) wait for kReduced of block b of every rank, copy every rank's
 //      reduced shard piece into the output, publish kDone.
+// The call agreement (reduce.cuh): announced first; checked by the block after the first
+// round's staging, before it reads a peer's window or writes the output.
 // Blocks beyond this launch's count read nothing: block 0 advances their counters and kDone
 // slots at the end, and waits on them only ask for what a previous call left.
 
@@ -184,6 +195,8 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
   const int world = a.w.world_size, me = a.w.rank;
   dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters) + kMaxBlocks;
   const dc_u64 before = counters[b];
+  const Agree ag = agree_begin(a, b, sizeof(T), HasEpilogue<H>::value);
+  agree_announce(g, a, b, ag);
   const T* in = reinterpret_cast<const T*>(a.in);
   T* out = reinterpret_cast<T*>(a.out);
   for (dc_u64 k = 0; k < a.rounds; ++k) {
@@ -207,6 +220,7 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
       if (n > 0) copy_elems<T>(g, slot(me, q) + lo, src, n);
     }
     publish(g, a, a.mode == kAllGather ? kReduced : kReady, b, s);
+    if (k == 0 && !agree_all(g, a, b, ag)) return;
     // 2. Reduce this rank's shard.
     if (a.mode != kAllGather) {
       if (!wait_every_rank(g, a, kReady, b, s)) return;
@@ -247,9 +261,11 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
     const dc_u32 i = k % kMaxBlocks;
     if (i == b) {
       if (p == 0) counters[i] = last;
+      if (p == 0) counters[kMaxBlocks + i] = ag.call;
     } else if (b == 0 && i >= a.blocks) {
       st_release_sys(peer_user_slot(a.w, p, slot_of(kDone, world, me, i)), last);
       if (p == 0) counters[i] = last;
+      if (p == 0) counters[kMaxBlocks + i] = ag.call;
     }
   }
 }

@@ -238,6 +238,10 @@ knobs! {
     /// Extra NVRTC options of the send/recv kernels (`DC_LL128_*`, ...).
     p2p_options: Vec<String> = Vec::new(), "",
         env "DEVCOMM_P2P_OPTIONS", group "kernels", range None, Must, experimental;
+    /// Extra NVRTC options of the reduction kernels (`-DDC_AGREE=0`: their call agreement
+    /// compiled out, for cost comparisons only).
+    reduce_options: Vec<String> = Vec::new(), "",
+        env "DEVCOMM_REDUCE_OPTIONS", group "kernels", range None, Must, experimental;
 }
 
 /// Variables named `DEVCOMM_*` that are not knobs of this table but are read elsewhere (the

@@ -85,7 +85,8 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
 }
 
 /// The call and field a call-agreement record names by its `slot`
-/// (`cuda/devcomm/agree.cuh`, `kAgField*`; collectives, `kCollField*` in `collective.cuh`).
+/// (`cuda/devcomm/agree.cuh`, `kAgField*`; collectives, `kCollField*` in `collective.cuh`;
+/// reductions, `kField*` in `reduce.cuh`).
 pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
     match slot {
         1 => (
@@ -105,6 +106,23 @@ pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
             "send/recv over the network",
             "the call number with this peer (calls made since the communicator was built)",
         ),
+        6 => (
+            "a reduction",
+            "the collective (0: all-reduce, 1: reduce-scatter, 2: all-gather)",
+        ),
+        7 => (
+            "a reduction",
+            "the element type (0: f32, 1: f16, 2: bf16, 3: f64, 4: i32, 5: i64, 6: u8)",
+        ),
+        8 => (
+            "a reduction",
+            "the operator (0: sum, 1: avg, 2: max, 3: min, 7: none, an all-gather)",
+        ),
+        9 => (
+            "a reduction",
+            "whether an epilogue hook runs (0: no, 1: yes)",
+        ),
+        10 => ("a reduction", "the bytes of the whole buffer"),
         _ => ("a call", "an unknown field"),
     }
 }

@@ -28,7 +28,7 @@ pub struct ReduceLaunch {
     pub rounds: u64,
     /// Block pieces are whole units of this many elements.
     pub unit: u64,
-    /// Device `u64[2 x MAX_BLOCKS]`: the per-block sequence counters.
+    /// Device `u64[3 x MAX_BLOCKS]`: the per-block sequence counters and call numbers.
     pub counters: u64,
     /// Hook arguments.
     pub user: u64,
@@ -48,8 +48,8 @@ pub struct ReduceLaunch {
     pub mode: u32,
     /// `ReduceOp::code`.
     pub op: u32,
-    /// 0.
-    pub reserved: u32,
+    /// `DataType::code` (the call agreement's descriptor carries it).
+    pub dtype: u32,
 }
 
 const _: () = assert!(size_of::<ReduceLaunch>() == 216);
@@ -74,5 +74,5 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = fields!(
     counters => "counters", user => "user", row_len => "row_len", ll_offset => "ll_offset",
     ll_sender_bytes => "ll_sender_bytes", pipe_offset => "pipe_offset",
     half_bytes => "half_bytes", blocks => "blocks", mode => "mode", op => "op",
-    reserved => "reserved",
+    dtype => "dtype",
 );

@@ -96,9 +96,10 @@ type ModuleKey = (DataType, Option<ReduceOp>, u64);
 pub(crate) struct Reduce {
     limits: ReduceLimits,
     /// One-shot lines (`world` senders x 2 parities), then the two halves of the two-shot area;
-    /// `4 x world x MAX_BLOCKS` signal slots.
+    /// `SLOT_KINDS x world x MAX_BLOCKS` signal slots.
     window: Window<u8>,
-    /// `u64[2 x MAX_BLOCKS]`: one-shot, then two-shot per-block sequence counters.
+    /// `u64[3 x MAX_BLOCKS]`: one-shot and two-shot per-block sequence counters, then the
+    /// per-block call numbers of the call agreement.
     counters: DeviceBuffer,
     sm_count: u32,
     /// Loaded modules by (type, operation, hooks key); plain modules use (type, None, 0).
@@ -130,9 +131,9 @@ impl Reduce {
             sms,
         );
         let world = group.world_size;
-        let slots = 4 * world.min(plan::MAX_WORLD) * MAX_BLOCKS as usize;
+        let slots = plan::SLOT_KINDS * world.min(plan::MAX_WORLD) * MAX_BLOCKS as usize;
         let bytes = plan::window_bytes(world, &limits) as usize;
-        let counters = DeviceBuffer::zeroed(&group.ctx, 2 * MAX_BLOCKS as usize * 8)
+        let counters = DeviceBuffer::zeroed(&group.ctx, 3 * MAX_BLOCKS as usize * 8)
             .map_err(|e| crate::cuda::with_rank(e, group.rank));
         let counters = group.agree("reductions: counters", counters)?;
         let window = Window::<u8>::new(group, bytes, slots)?;
@@ -168,10 +169,12 @@ impl Reduce {
         if let Some(l) = self.modules.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(l.clone());
         }
-        let spec = match hooked {
+        let mut spec = match hooked {
             Some((op, h)) => hooked_kernel_spec(dtype, op, h),
             None => kernel_spec(dtype),
         };
+        spec.options
+            .extend(group.config.reduce_options.iter().cloned());
         let module = jit.load(&group.ctx, &spec)?;
         module.load_every_kernel()?;
         let mut functions = HashMap::new();
@@ -317,7 +320,7 @@ impl Reduce {
             blocks: pl.blocks,
             mode: call.collective.code(),
             op: op.code(),
-            reserved: 0,
+            dtype: call.dtype.code(),
         };
         debug_assert!(pl.chunk * world as u64 * es <= self.limits.chunk_bytes);
         let cfg = linear_launch(pl.blocks, THREADS);

@@ -71,8 +71,12 @@ pub const BLOCK_BYTES: u64 = 64 << 10;
 /// Bytes of flag-in-data lines per 8 bytes of payload.
 pub const LINE_BYTES: u64 = 16;
 
-/// Most ranks of a reduction (the signal pad holds `4 x world x MAX_BLOCKS` slots).
+/// Most ranks of a reduction (the signal pad holds `SLOT_KINDS x world x MAX_BLOCKS` slots).
 pub const MAX_WORLD: usize = 32;
+
+/// Signal-slot kinds of the reduce window per (rank, block): the protocol's four and the call
+/// agreement's ring of two (call number, descriptor) pairs (`kSlotKinds` in `reduce.cuh`).
+pub const SLOT_KINDS: usize = 8;
 
 /// The window sizes the plans are made for (every rank must use the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

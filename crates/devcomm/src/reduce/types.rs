@@ -35,6 +35,20 @@ impl DataType {
         DataType::U8,
     ];
 
+    /// The type's code in the kernels' launch arguments and the call agreement's descriptor
+    /// (its index in [`DataType::ALL`]).
+    pub(crate) const fn code(self) -> u32 {
+        match self {
+            DataType::F32 => 0,
+            DataType::F16 => 1,
+            DataType::BF16 => 2,
+            DataType::F64 => 3,
+            DataType::I32 => 4,
+            DataType::I64 => 5,
+            DataType::U8 => 6,
+        }
+    }
+
     /// Bytes per element.
     pub const fn size_bytes(self) -> usize {
         match self {

@@ -20,6 +20,7 @@ pub(super) use super::harness::{fresh_comm, Fresh};
 
 mod attribution;
 mod collective;
+mod reduce;
 
 /// The group's checks.
 pub(super) const CHECKS: &[Check] = &[
@@ -39,6 +40,15 @@ pub(super) const CHECKS: &[Check] = &[
                 naming the peer and both values, guards untouched, then 1,000 verified \
                 all-to-alls on a rebuilt communicator",
         run: |cx, p| verified(collective::collective_mismatch(cx, p.timeout)),
+    },
+    Check {
+        name: "reduce_mismatch",
+        ranks: Ranks::AtLeast(2),
+        about: "rank 0 in another reduction (another collective, element type or operator, \
+                other sizes on the one-shot, the two-shot and across them) or a barrier: \
+                errors within the timeout naming the peer and both values, the output and \
+                guards untouched, then 1,000 verified reductions on a rebuilt communicator",
+        run: |cx, p| verified(reduce::reduce_mismatch(cx, p.timeout)),
     },
     Check {
         name: "soft_error_owner",

@@ -154,6 +154,34 @@ fn call_mismatch_is_a_hard_error_naming_both_sizes() {
         "{op:?}"
     );
     assert!(op.to_string().contains("all-to-all-v"), "{op}");
+    // The reductions' fields (reduce.cuh, kField*): each names a reduction and its field.
+    for (slot, words) in [
+        (6, "all-reduce"),
+        (7, "element type"),
+        (8, "operator"),
+        (9, "epilogue"),
+        (10, "bytes of the whole buffer"),
+    ] {
+        let e = record_to_error(&ErrorRecord {
+            slot,
+            expected: 0,
+            seen: 2,
+            ..rec
+        });
+        assert!(
+            matches!(
+                e,
+                Error::CallMismatch {
+                    what: "a reduction",
+                    local: 0,
+                    remote: 2,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(words), "slot {slot}: {e}");
+    }
 }
 
 #[test]
