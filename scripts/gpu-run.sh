@@ -148,11 +148,11 @@ for w in $what; do
         step "reduce-smoke-$op" scripts/shared-gpu.sh "${SMOKE_RANKS:-4}" $bin bench --op "$op" --reference none --max-bytes "${SMOKE_MAX:-16777216}" --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/reduce-smoke-$op.json"
       done ;;
     agree-parts)
-      # Which part of the call agreement costs what at 8 B (agree.cuh): each partial variant
-      # of DEVCOMM_P2P_OPTIONS against the agreement compiled out, in one process
-      # (bench --op agree_latency builds the compiled-out communicator itself).
-      for v in recv0 ack0; do
-        case $v in recv0) o="-DDC_AGREE_RECV=0" ;; ack0) o="-DDC_AGREE_ACK=0" ;; esac
+      # Which part of the call agreement costs what at 8 B (agree.cuh): with each part compiled
+      # out in the communicators that keep the agreement on (bench --op agree_latency compares
+      # them with the agreement compiled out, in one process).
+      for v in recv0 ack0 mirror0; do
+        case $v in recv0) o="-DDC_AGREE_RECV=0" ;; ack0) o="-DDC_AGREE_ACK=0" ;; mirror0) o="-DDC_AGREE_MIRROR=0" ;; esac
         step agree-$v env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-20}" --device-kind "$kind" --json "$out/agree-$v.json"
       done ;;
     reduce-var)
@@ -165,13 +165,10 @@ for w in $what; do
       done ;;
     agree-ab)
       # The call agreement's cost at 8 B (docs/PROTOCOL.md, "Agreement"): host-launched
-      # send/recv + synchronise per call with the agreement on and compiled out, two
-      # communicators in the same processes, interleaved in ROUNDS rounds; REPS runs.
-      # agree-aa-*: the A/A control (--reference same: both communicators alike), whose
-      # paired difference is the setup's own shift.
+      # send/recv + synchronise per call on three communicators built on, off, on in the same
+      # processes, interleaved in ROUNDS rounds (bench --op agree_latency); REPS runs.
       for r in $(seq 1 "${REPS:-2}"); do
         step agree-ab-$r $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-30}" --device-kind "$kind" --json "$out/agree-ab-$r.json"
-        step agree-aa-$r $bin launch -n 2 -- $bin bench --op agree_latency --reference same --iters "${ROUNDS:-30}" --device-kind "$kind" --json "$out/agree-aa-$r.json"
       done ;;
     reduce-agree-ab)
       # The reductions' call agreement (reduce.cuh): all-reduce up to RMAX (4 MiB) with the

@@ -73,9 +73,7 @@ pub struct BenchArgs {
     /// buffers registered as symmetric windows where this NCCL has them), `nccl`,
     /// `nccl-window`, or `none` (devcomm alone; the only choice with DEVCOMM_SHARE_GPU=1, where
     /// it is a smoke test whose timings mean nothing). Send/recv: `all` or `nccl` (NCCL
-    /// send/recv), or `none` (devcomm alone, as with DEVCOMM_SHARE_GPU=1). `agree_latency`:
-    /// `all` (the agreement compiled out in the second communicator) or `same` (the second
-    /// communicator built alike: an A/A control that shows what the setup alone shifts).
+    /// send/recv), or `none` (devcomm alone, as with DEVCOMM_SHARE_GPU=1).
     #[arg(long, default_value = "all")]
     pub(crate) reference: String,
 }

@@ -50,6 +50,10 @@ namespace p2p {
 #ifndef DC_AGREE_ACK
 #define DC_AGREE_ACK DC_AGREE
 #endif
+// DC_AGREE_MIRROR=0: senders do not read the abort mirror (cost comparisons only).
+#ifndef DC_AGREE_MIRROR
+#define DC_AGREE_MIRROR DC_AGREE
+#endif
 
 #if defined(__CUDACC__)
 
@@ -79,7 +83,8 @@ struct AgreeSend {
 __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int peer) {
   dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
   if (!DC_AGREE) return AgreeSend{own, 0, 0, 0};
-  return AgreeSend{own, own[kAgCallS] + 1, ld_relaxed_sys(own + kAgAck), abort_mirror(a.w)};
+  return AgreeSend{own, own[kAgCallS] + 1, ld_relaxed_sys(own + kAgAck),
+                   DC_AGREE_MIRROR ? abort_mirror(a.w) : 0};
 }
 
 // Stores the descriptor of call s.call into the peer's ring once its word is free (one thread,

@@ -58,13 +58,11 @@ constexpr dc_u32 kThreads = 512;
 //   kReady   [rank p][block b]: p staged round seq of block b's piece in its window
 //   kReduced [rank p][block b]: p wrote its reduced shard piece of round seq
 //   kDone    [rank p][block i]: p's block i finished reading every window for round seq
-//   kCall0, kDesc0, kCall1, kDesc1 [rank p][block b]: the call agreement's ring of two
-//            (call number, descriptor) pairs that p's block b announced (below)
-enum Slot : dc_u32 {
-  kFree = 0, kReady = 1, kReduced = 2, kDone = 3, kCall0 = 4, kDesc0 = 5, kCall1 = 6, kDesc1 = 7
-};
+//   kAgree0, kAgree1 [rank p][block b]: the call agreement's ring of two words that p's
+//            block b announced (below)
+enum Slot : dc_u32 { kFree = 0, kReady = 1, kReduced = 2, kDone = 3, kAgree0 = 4, kAgree1 = 5 };
 // Slot kinds: the window holds kSlotKinds x world x kMaxBlocks user slots (reduce/launch.rs).
-constexpr dc_u32 kSlotKinds = 8;
+constexpr dc_u32 kSlotKinds = 6;
 
 DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 block) {
   return ((dc_u64)kind * (dc_u64)world + (dc_u64)rank) * kMaxBlocks + block;
@@ -73,39 +71,54 @@ DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 bloc
 // ---- Call agreement ------------------------------------------------------------------------
 //
 // Every reduction call tells each peer what it is before anything is written (docs/PROTOCOL.md,
-// "Agreement", reductions): at its start each block b announces, into every peer's pad, its
-// DESCRIPTOR and then (release) its CALL number, in ring entry call % 2 of (p = this rank,
-// block b). The calls are numbered per block (counters[2 kMaxBlocks + b], the same in every
+// "Agreement", reductions): at its start each block b stores one word into every peer's pad,
+// ring entry call % 2 of (p = this rank, block b): the call's number (low 16 bits) and its
+// DESCRIPTOR. The calls are numbered per block (counters[2 kMaxBlocks + b], the same in every
 // block), whichever algorithm runs, so a one-shot call against a two-shot one still meets. A
-// thread about to write the output first waits for each peer's CALL of its own number and
-// compares the descriptors; a difference is recorded as kOpCallMismatch with the field and
-// both values (the error record's slot is the field), and the communicator is aborted: nothing
-// is written into the output.
+// thread about to write the output first polls each peer's entry until it carries its own call
+// number and compares the descriptors; a difference is recorded as kOpCallMismatch with the
+// field and both values (the error record's slot is the field), and the communicator is
+// aborted: nothing is written into the output. One relaxed 8-byte store, single-copy atomic,
+// and no fence: the word carries everything the check needs (a release store at system scope
+// waits for the thread's earlier NVLink stores, about 3 us on 2 H100s, docs/PERFORMANCE.md).
 //
 // A ring of two is enough: a rank can start call c + 2 only after its call c + 1 ended, which
 // needed every peer to have started call c + 1 (every algorithm reads each peer's data of the
-// call), hence to have ended call c and read its entry.
+// call), hence to have ended call c and read its entry. An entry holds call c - 2 or call c,
+// whose low 16 bits differ.
 //
-// Descriptor: mode (2 bits) << 62 | dtype (4) << 58 | op (3) << 55 | hooked (1) << 54 | the
-// bytes of the whole buffer (54 bits). All-gather has no operator: op 7.
-constexpr dc_u32 kDescBytesBits = 54;
+// Word: call (16 bits) << 48 | mode (2) << 46 | dtype (3) << 43 | op (3) << 40 | hooked (1) <<
+// 39 | the bytes of the whole buffer (39 bits: compared modulo 512 GiB). All-gather has no
+// operator: op 7.
+constexpr dc_u32 kDescBytesBits = 39;
 constexpr dc_u32 kNoReduceOp = 7;
 // Fields of a mismatch (error_record.rs, call_mismatch_field, names them).
 constexpr dc_u32 kFieldMode = 6, kFieldDtype = 7, kFieldOp = 8, kFieldHooked = 9, kFieldBytes = 10;
 
+// The descriptor (the word without its call number).
 DC_HOST_DEVICE inline dc_u64 call_desc(dc_u32 mode, dc_u32 dtype, dc_u32 op, dc_u32 hooked,
                                        dc_u64 bytes) {
-  return ((dc_u64)(mode & 3u) << 62) | ((dc_u64)(dtype & 15u) << 58) | ((dc_u64)(op & 7u) << 55) |
-         ((dc_u64)(hooked & 1u) << 54) | (bytes & ((1ull << kDescBytesBits) - 1));
+  return ((dc_u64)(mode & 3u) << 46) | ((dc_u64)(dtype & 7u) << 43) | ((dc_u64)(op & 7u) << 40) |
+         ((dc_u64)(hooked & 1u) << 39) | (bytes & ((1ull << kDescBytesBits) - 1));
 }
 
-// The value of `field` in descriptor d.
+// The announced word of call `call` with descriptor d.
+DC_HOST_DEVICE inline dc_u64 agree_word(dc_u64 call, dc_u64 d) {
+  return ((call & 0xffffu) << 48) | (d & ((1ull << 48) - 1));
+}
+
+// Whether word w announces call `call`.
+DC_HOST_DEVICE inline bool agree_is_call(dc_u64 w, dc_u64 call) {
+  return (w >> 48) == (call & 0xffffu);
+}
+
+// The value of `field` in descriptor (or word) d.
 DC_HOST_DEVICE inline dc_u64 desc_field(dc_u64 d, dc_u32 field) {
   switch (field) {
-    case kFieldMode: return d >> 62;
-    case kFieldDtype: return (d >> 58) & 15u;
-    case kFieldOp: return (d >> 55) & 7u;
-    case kFieldHooked: return (d >> 54) & 1u;
+    case kFieldMode: return (d >> 46) & 3u;
+    case kFieldDtype: return (d >> 43) & 7u;
+    case kFieldOp: return (d >> 40) & 7u;
+    case kFieldHooked: return (d >> 39) & 1u;
     default: return d & ((1ull << kDescBytesBits) - 1);
   }
 }
@@ -119,8 +132,8 @@ DC_HOST_DEVICE inline dc_u32 desc_differs(dc_u64 mine, dc_u64 theirs) {
   return 0;
 }
 
-// Ring entry of `call`: its call-number slot kind (the descriptor's is the next one).
-DC_HOST_DEVICE inline Slot call_slot_kind(dc_u64 call) { return (call & 1) ? kCall1 : kCall0; }
+// Ring entry of `call`.
+DC_HOST_DEVICE inline Slot agree_slot_kind(dc_u64 call) { return (call & 1) ? kAgree1 : kAgree0; }
 
 // Block b's piece [lo, hi) of m elements cut into `blocks` pieces of whole units (the Rust
 // planner's block_piece).
@@ -253,35 +266,53 @@ __device__ __forceinline__ Agree agree_begin(const ReduceLaunch& a, dc_u32 b, dc
                call_desc(a.mode, a.dtype, op, hooked ? 1u : 0u, a.total * elem_bytes)};
 }
 
-// Thread p of the block announces the call to peer p: the descriptor, then the call number
-// with release. (No abort mirror here, unlike send/recv's senders: a reduction forwards no
-// data of an earlier call, and a kernel behind a failed one runs with the counters that call
-// left, whose number its peers' checks never accept: they time out naming this rank.)
+// Thread p of the block announces the call to peer p: one relaxed store of its word. (No
+// abort mirror here, unlike send/recv's senders: a reduction forwards no data of an earlier
+// call, and a kernel behind a failed one runs with the counters that call left, whose number
+// its peers' checks never accept: they time out naming this rank.)
 template <class G>
 __device__ __forceinline__ void agree_announce(const G& g, const ReduceLaunch& a, dc_u32 b,
                                                const Agree& ag) {
-  const int world = a.w.world_size, me = a.w.rank;
   if (!DC_AGREE) return;
-  const Slot k = call_slot_kind(ag.call);
+  const int world = a.w.world_size, me = a.w.rank;
+  const dc_u64 slot = slot_of(agree_slot_kind(ag.call), world, me, b);
+  const dc_u64 word = agree_word(ag.call, ag.desc);
   for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
-    if ((int)p == me) continue;
-    st_relaxed_sys(peer_user_slot(a.w, (int)p, slot_of((Slot)(k + 1), world, me, b)), ag.desc);
-    st_release_sys(peer_user_slot(a.w, (int)p, slot_of(k, world, me, b)), ag.call);
+    if ((int)p != me) st_relaxed_sys(peer_user_slot(a.w, (int)p, slot), word);
   }
 }
 
-// Waits for peer p's announcement of this call (block b) and compares the descriptors: false
-// on a timeout or abort (recorded) or a mismatch (recorded as kOpCallMismatch: the field, this
-// side's value, the peer's).
+// Polls peer p's entry (block b) until it announces this call, then compares the descriptors:
+// false on a timeout or abort (recorded) or a mismatch (recorded as kOpCallMismatch: the
+// field, this side's value, the peer's).
 __device__ inline bool agree_check(const ReduceLaunch& a, dc_u32 b, const Agree& ag, int p) {
-  const int world = a.w.world_size;
-  const Slot k = call_slot_kind(ag.call);
-  if (!wait_slot(a.w, slot_of(k, world, p, b), ag.call, p)) return false;
-  const dc_u64 theirs = ld_relaxed_sys(own_user_slot(a.w, slot_of((Slot)(k + 1), world, p, b)));
-  const dc_u32 field = desc_differs(ag.desc, theirs);
+  const dc_u64 slot = slot_of(agree_slot_kind(ag.call), a.w.world_size, p, b);
+  const volatile dc_u64* entry = own_user_slot(a.w, slot);
+  DeviceErrorState* err = error_state(a.w);
+  dc_u64 w = *entry, start = 0, next_abort = 0;
+  for (dc_u32 polls = 1; !agree_is_call(w, ag.call); ++polls) {
+    if (polls % kAbortCheckPolls == 0) {
+      const dc_u64 now = globaltimer_ns();
+      if (start == 0) {
+        start = now;
+        next_abort = now + kAbortCheckNs;
+      }
+      if (now >= next_abort) {
+        if (abort_raised(err)) return false;
+        next_abort = now + kAbortCheckNs;
+      }
+      if (now - start >= a.w.timeout_ns) {
+        record_wait_failure(err, a.w.rank, WaitSite{kOpWaitSignal, p, slot}, ag.call & 0xffffu,
+                            w >> 48, now - start);
+        return false;
+      }
+    }
+    w = *entry;
+  }
+  const dc_u32 field = desc_differs(ag.desc, w);
   if (field == 0) return true;
-  record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, p, field},
-                      desc_field(ag.desc, field), desc_field(theirs, field), 0);
+  record_wait_failure(err, a.w.rank, WaitSite{kOpCallMismatch, p, field},
+                      desc_field(ag.desc, field), desc_field(w, field), 0);
   return false;
 }
 

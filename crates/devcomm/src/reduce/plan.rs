@@ -75,8 +75,8 @@ pub const LINE_BYTES: u64 = 16;
 pub const MAX_WORLD: usize = 32;
 
 /// Signal-slot kinds of the reduce window per (rank, block): the protocol's four and the call
-/// agreement's ring of two (call number, descriptor) pairs (`kSlotKinds` in `reduce.cuh`).
-pub const SLOT_KINDS: usize = 8;
+/// agreement's ring of two words (`kSlotKinds` in `reduce.cuh`).
+pub const SLOT_KINDS: usize = 6;
 
 /// The window sizes the plans are made for (every rank must use the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
