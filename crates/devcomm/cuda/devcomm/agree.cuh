@@ -80,11 +80,16 @@ struct AgreeSend {
   dc_u64 aborted;
 };
 
-__device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int peer) {
+// `mirror_at`: the abort mirror's address when the kernel loaded it before its
+// enter_after_previous_kernel (window.cuh, mirror_address), kMirrorUnknown to load it here.
+constexpr dc_u64 kMirrorUnknown = ~0ull;
+__device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int peer,
+                                                      dc_u64 mirror_at = kMirrorUnknown) {
   dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
   if (!DC_AGREE) return AgreeSend{own, 0, 0, 0};
+  const dc_u64 at = mirror_at == kMirrorUnknown ? mirror_address(a.w) : mirror_at;
   return AgreeSend{own, own[kAgCallS] + 1, ld_relaxed_sys(own + kAgAck),
-                   DC_AGREE_MIRROR ? abort_mirror(a.w) : 0};
+                   DC_AGREE_MIRROR ? mirror_value(at) : 0};
 }
 
 // Stores the descriptor of call s.call into the peer's ring once its word is free (one thread,

@@ -42,10 +42,11 @@ __device__ __forceinline__ bool ll_poll_agreed(const P2PLaunch& a, DeviceErrorSt
 // Low-latency send of block b's span of side `s` (s.low_latency: 1 LL, 2 LL128): every 8
 // bytes of payload (LL) or every 120 or 112 (LL128) travel with the call's sequence number.
 // `agree`: a send/recv call, whose block 0 stores the call's descriptor (agree.cuh); the
-// collectives pass false (their calls are not numbered here).
+// collectives pass false (their calls are not numbered here). `mirror_at`: the abort mirror's
+// address if the kernel loaded it before entering (agree_send_begin).
 template <class G, class M>
 __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const M& m, dc_u32 b,
-                        bool agree) {
+                        bool agree, dc_u64 mirror_at = kMirrorUnknown) {
   constexpr dc_u64 kUnit = M::kUnit;
   constexpr int kWords = (int)(kUnit / 8);
   const bool lines128 = s.low_latency == 2;
@@ -54,7 +55,7 @@ __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const 
   // are issued here, next to the counter's, and waited for just before the barrier below.
   const bool lead = agree && b == 0 && g.thread_rank() == 0;
   AgreeSend call{};
-  if (lead) call = agree_send_begin(a, s.peer);
+  if (lead) call = agree_send_begin(a, s.peer, mirror_at);
   dc_u64* counters = reinterpret_cast<dc_u64*>(s.ll_steps);
   const dc_u64 seq = counters[b] + 1;
   // This parity's lines were last written by call seq - 2; every receiver block must have

@@ -282,9 +282,24 @@ __device__ __forceinline__ void agree_announce(const G& g, const ReduceLaunch& a
   }
 }
 
+// Peer p's ring entry of this call (block b), in this rank's pad.
+__device__ __forceinline__ const volatile dc_u64* agree_entry(const ReduceLaunch& a, dc_u32 b,
+                                                              const Agree& ag, int p) {
+  return own_user_slot(a.w, slot_of(agree_slot_kind(ag.call), a.w.world_size, p, b));
+}
+
+// Compares peer p's word of this call with this side's descriptor: false on a mismatch
+// (recorded as kOpCallMismatch: the field, this side's value, the peer's).
+__device__ inline bool agree_compare(const ReduceLaunch& a, const Agree& ag, int p, dc_u64 w) {
+  const dc_u32 field = desc_differs(ag.desc, w);
+  if (field == 0) return true;
+  record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, p, field},
+                      desc_field(ag.desc, field), desc_field(w, field), 0);
+  return false;
+}
+
 // Polls peer p's entry (block b) until it announces this call, then compares the descriptors:
-// false on a timeout or abort (recorded) or a mismatch (recorded as kOpCallMismatch: the
-// field, this side's value, the peer's).
+// false on a timeout or abort (recorded) or a mismatch (agree_compare).
 __device__ inline bool agree_check(const ReduceLaunch& a, dc_u32 b, const Agree& ag, int p) {
   const dc_u64 slot = slot_of(agree_slot_kind(ag.call), a.w.world_size, p, b);
   const volatile dc_u64* entry = own_user_slot(a.w, slot);
@@ -309,11 +324,7 @@ __device__ inline bool agree_check(const ReduceLaunch& a, dc_u32 b, const Agree&
     }
     w = *entry;
   }
-  const dc_u32 field = desc_differs(ag.desc, w);
-  if (field == 0) return true;
-  record_wait_failure(err, a.w.rank, WaitSite{kOpCallMismatch, p, field},
-                      desc_field(ag.desc, field), desc_field(w, field), 0);
-  return false;
+  return agree_compare(a, ag, p, w);
 }
 
 // Whether every peer announced the same call, checked by group g (peer p by its thread p; a
@@ -342,10 +353,15 @@ __device__ __forceinline__ void line_store(dc_u32* line, dc_u64 v, dc_u32 flag) 
                : "memory");
 }
 
-// Polls one line until both flags carry `flag`; false on timeout or abort (recorded).
+// Polls one line until both flags carry `flag`; false on timeout or abort (recorded). With
+// `entry` (a peer's call-agreement entry, devcomm/reduce.cuh "Call agreement"), the same loop
+// also waits until the entry announces `call` and leaves it in `word` (one flight for both).
 __device__ inline bool line_poll(const DeviceWindow& w, const dc_u32* line, dc_u32 flag,
-                                 int peer, dc_u64 index, dc_u64& v) {
+                                 int peer, dc_u64 index, dc_u64& v,
+                                 const volatile dc_u64* entry = nullptr, dc_u64 call = 0,
+                                 dc_u64* word = nullptr) {
   dc_u32 lo, f0, hi, f1;
+  dc_u64 e = 0;
   dc_u64 start = 0, next_abort = 0;
   DeviceErrorState* err = error_state(w);
   // Lane 0 of a warp checks the abort flag every kAbortCheckNs, the others 8 times less often
@@ -356,7 +372,9 @@ __device__ inline bool line_poll(const DeviceWindow& w, const dc_u32* line, dc_u
                  : "=r"(lo), "=r"(f0), "=r"(hi), "=r"(f1)
                  : "l"(line)
                  : "memory");
-    if (f0 == flag && f1 == flag) break;
+    if (entry != nullptr) e = *entry;
+    const bool line_ready = f0 == flag && f1 == flag;
+    if (line_ready && (entry == nullptr || agree_is_call(e, call))) break;
     if (polls % kAbortCheckPolls != 0) continue;
     const dc_u64 now = globaltimer_ns();
     if (start == 0) {
@@ -368,12 +386,18 @@ __device__ inline bool line_poll(const DeviceWindow& w, const dc_u32* line, dc_u
       next_abort = now + abort_ns;
     }
     if (now - start >= w.timeout_ns) {
-      record_wait_failure(err, w.rank, WaitSite{kOpRecvSlotFull, peer, index}, flag,
-                          (dc_u64)(f0 == flag ? f1 : f0), now - start);
+      if (line_ready) {  // the peer's data came but not its call's announcement
+        record_wait_failure(err, w.rank, WaitSite{kOpWaitSignal, peer, index}, call & 0xffffu,
+                            e >> 48, now - start);
+      } else {
+        record_wait_failure(err, w.rank, WaitSite{kOpRecvSlotFull, peer, index}, flag,
+                            (dc_u64)(f0 == flag ? f1 : f0), now - start);
+      }
       return false;
     }
   }
   v = ((dc_u64)hi << 32) | lo;
+  if (word != nullptr) *word = e;
   return true;
 }
 

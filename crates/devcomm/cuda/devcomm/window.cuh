@@ -26,10 +26,16 @@ __device__ __forceinline__ void* get_nvlink_address(const DeviceWindow& w, int p
 // word 1 of the window's epoch buffer): 0, or the token of the launch that failed first
 // (wait.cuh, launch_token). Senders read it to announce no call after a failure
 // (devcomm/agree.cuh, and the reductions' agreement in devcomm/reduce.cuh).
+// The mirror's address never changes (written before any kernel runs), so a kernel may load it
+// before enter_after_previous_kernel and read the mirror itself after, one load on the path.
+__device__ __forceinline__ dc_u64 mirror_address(const DeviceWindow& w) {
+  return w.barrier_epoch == 0 ? 0 : reinterpret_cast<const dc_u64*>(w.barrier_epoch)[1];
+}
+__device__ __forceinline__ dc_u64 mirror_value(dc_u64 address) {
+  return address == 0 ? 0 : *reinterpret_cast<const volatile dc_u64*>(address);
+}
 __device__ __forceinline__ dc_u64 abort_mirror(const DeviceWindow& w) {
-  if (w.barrier_epoch == 0) return 0;
-  const dc_u64 m = reinterpret_cast<const dc_u64*>(w.barrier_epoch)[1];
-  return m == 0 ? 0 : *reinterpret_cast<const volatile dc_u64*>(m);
+  return mirror_value(mirror_address(w));
 }
 
 // `peer`'s signal pad as mapped here, null without NVLink path.

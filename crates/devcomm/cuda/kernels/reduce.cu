@@ -55,9 +55,14 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   const unsigned char* mine = in + (a.mode == kReduceScatter ? (dc_u64)me * payload : 0);
   using N = Num<T>;
   constexpr int kE = (int)(8 / sizeof(T));
-  // A warp with units to write checks the call first (lane p: peer p; warp-uniform branch).
-  if (Warp{}.any(u0 + g.thread_rank() < u1)) ok = agree_all(Warp{}, a, b, ag);
+  // The call agreement before any output is written. All-reduce and reduce-scatter store a
+  // unit after reading every rank's line of it, so a thread checks each peer's announcement in
+  // the same poll as its first line from that peer (one flight). All-gather stores each rank's
+  // line as it comes, so a warp with units checks every peer first (lane p: peer p).
+  const bool in_poll = DC_AGREE && a.mode != kAllGather;
+  if (!in_poll && Warp{}.any(u0 + g.thread_rank() < u1)) ok = agree_all(Warp{}, a, b, ag);
   for (dc_u64 j = u0 + g.thread_rank(); ok && j < u1; j += g.size()) {
+    const bool first = j == u0 + g.thread_rank();
     const dc_u64 n = payload - 8 * j < 8 ? payload - 8 * j : 8;
     typename N::Acc acc[kE];
     for (int p = 0; ok && p < world; ++p) {
@@ -66,7 +71,13 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
         x.u = load8(mine + 8 * j, n);
       } else {
         const dc_u32* line = reinterpret_cast<const dc_u32*>(own + (dc_u64)p * 2 * a.ll_sender_bytes) + 4 * j;
-        ok = line_poll(a.w, line, (dc_u32)seq, p, j, x.u);
+        if (in_poll && first) {
+          dc_u64 word = 0;
+          ok = line_poll(a.w, line, (dc_u32)seq, p, j, x.u, agree_entry(a, b, ag, p), ag.call, &word) &&
+               agree_compare(a, ag, p, word);
+        } else {
+          ok = line_poll(a.w, line, (dc_u32)seq, p, j, x.u);
+        }
       }
       if (a.mode == kAllGather) {
         if (ok) store8(out + (dc_u64)p * payload + 8 * j, x.u, n);

@@ -31,6 +31,9 @@ __device__ __forceinline__ bool announce_call(const P2PLaunch& a, const P2PSide&
 // because both take blocks and threads from the message size (src/p2p/config.rs).
 template <int SEND_THREADS, int RECV_THREADS>
 __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2PLaunch a) {
+  // The abort mirror's address is loaded before the wait for the previous kernel, so that the
+  // low-latency sender's read of the mirror is one load, next to its other first loads.
+  const dc_u64 mirror_at = mirror_address(a.w);
   enter_after_previous_kernel();
   const dc_u32 b = blockIdx.x;
   const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
@@ -38,7 +41,7 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
   if (SEND_THREADS > 0 && threadIdx.x < SEND_THREADS) {
     if (a.send.peer < 0 || b >= a.send.blocks) return;
     if (a.send.low_latency) {
-      ll_send(NamedBarrier(1, 0, SEND_THREADS), a, a.send, snd, b, true);
+      ll_send(NamedBarrier(1, 0, SEND_THREADS), a, a.send, snd, b, true, mirror_at);
     } else {
       constexpr dc_u32 kWarps = SEND_THREADS / 32;
       if (b == 0 && threadIdx.x < 32 && !announce_call(a, a.send, kKindSendRecv)) return;
@@ -84,13 +87,13 @@ __device__ __forceinline__ void split_block(dc_u32 send_blocks, dc_u32 recv_bloc
 // `own_call`: the role numbers and ends its call itself (agree.cuh); a negotiated role's
 // kernel does that around both layouts instead.
 __device__ __forceinline__ void plain_role(const P2PLaunch& a, bool send, dc_u32 b, dc_u32 threads,
-                                           bool own_call) {
+                                           bool own_call, dc_u64 mirror_at = kMirrorUnknown) {
   if (threadIdx.x >= threads) return;
   const dc_u32 warps = threads / 32;
   if (send) {
     const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
     if (a.send.low_latency) {
-      ll_send(NamedBarrier(1, 0, threads), a, a.send, snd, b, true);
+      ll_send(NamedBarrier(1, 0, threads), a, a.send, snd, b, true, mirror_at);
     } else {
       if (own_call && b == 0 && threadIdx.x < 32 && !announce_call(a, a.send, kKindSendRecv)) {
         return;
@@ -121,12 +124,13 @@ __device__ __forceinline__ void plain_role(const P2PLaunch& a, bool send, dc_u32
 // receive (docs/PERFORMANCE.md, v12).
 template <int THREADS, bool INTERLEAVE>
 __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
+  const dc_u64 mirror_at = mirror_address(a.w);  // before the wait, as p2p_kernel
   enter_after_previous_kernel();
   bool send;
   dc_u32 b;
   split_block(a.send.blocks, a.recv.blocks, INTERLEAVE, send, b);
   if (!send && b >= a.recv.blocks) return;
-  plain_role(a, send, b, THREADS, true);
+  plain_role(a, send, b, THREADS, true, mirror_at);
 }
 
 // ---- Comm::barrier: a call of its own on the agreement ring (devcomm/agree.cuh) ----
