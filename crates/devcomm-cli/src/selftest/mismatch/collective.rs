@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaSlice;
 use devcomm::{AllToAllVCounts, Error};
 
-use super::{fresh_comm, Fresh, GUARD};
+use super::{run_cases, Fresh, GUARD};
 use crate::selftest::harness::{compare, Ctx, POISON};
 
 /// What a rank calls in one case: the operation and its bytes per peer.
@@ -39,25 +39,9 @@ const AFTER: usize = 1_000;
 const AFTER_SIZES: &[usize] = &[8, 64, 4096, 65_536, 262_144];
 
 pub(super) fn collective_mismatch(cx: &Ctx, timeout: Duration) -> Result<String, String> {
-    let mut fresh = 0u64;
-    let mut f = fresh_comm(cx, "collective", &mut fresh, timeout)?;
-    let rank = cx.comm.rank();
-    let mut mine = Vec::new();
-    for &(first, rest) in CASES {
-        let call = if rank == 0 { first } else { rest };
-        let what = format!("rank 0 {first:?} against {rest:?}");
-        let e = one_case(cx, &f, call, timeout).map_err(|e| format!("{what}: {e}"))?;
-        mine.push(format!("{what}: {e}"));
-        drop(f);
-        f = fresh_comm(cx, "collective", &mut fresh, timeout)?;
-        after(cx, &f).map_err(|e| format!("after {what}: {e}"))?;
-    }
-    Ok(format!(
-        "{} cases, each followed by {AFTER} verified all-to-alls on a rebuilt communicator; \
-         here: {}",
-        CASES.len(),
-        mine.first().cloned().unwrap_or_default()
-    ))
+    let one = |f: &Fresh, _, _, call| one_case(cx, f, call, timeout);
+    let after_what = format!("{AFTER} verified all-to-alls");
+    run_cases(cx, "collective", timeout, CASES, one, |f| after(cx, f), &after_what)
 }
 
 /// One mismatched collective; the error this rank saw.

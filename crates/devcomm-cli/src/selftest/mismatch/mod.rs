@@ -84,6 +84,37 @@ const CASES: &[(usize, usize)] = &[
 /// Guard bytes on each side of a destination.
 pub(super) const GUARD: usize = 4096;
 
+/// Runs mismatch cases, each `(rank 0's call, everyone else's call)`, on a communicator of
+/// their own: `one(f, first, rest, mine)` makes this rank's call and returns the error it saw;
+/// `after(f)` then verifies `after_what` on a rebuilt one (a mismatch aborts the communicator).
+pub(super) fn run_cases<C: Copy + std::fmt::Debug>(
+    cx: &Ctx,
+    tag: &str,
+    timeout: Duration,
+    cases: &[(C, C)],
+    one: impl Fn(&Fresh, C, C, C) -> Result<String, String>,
+    after: impl Fn(&Fresh) -> Result<(), String>,
+    after_what: &str,
+) -> Result<String, String> {
+    let mut fresh = 0u64;
+    let mut f = fresh_comm(cx, tag, &mut fresh, timeout)?;
+    let mut mine = Vec::new();
+    for &(first, rest) in cases {
+        let call = if cx.comm.rank() == 0 { first } else { rest };
+        let what = format!("rank 0 {first:?} against {rest:?}");
+        let e = one(&f, first, rest, call).map_err(|e| format!("{what}: {e}"))?;
+        mine.push(format!("{what}: {e}"));
+        drop(f);
+        f = fresh_comm(cx, tag, &mut fresh, timeout)?;
+        after(&f).map_err(|e| format!("after {what}: {e}"))?;
+    }
+    Ok(format!(
+        "{} cases, each followed by {after_what} on a rebuilt communicator; here: {}",
+        cases.len(),
+        mine.first().cloned().unwrap_or_default()
+    ))
+}
+
 /// Correct calls after each mismatch, and the sizes they cycle through (every 100th call also
 /// moves 8 MiB + 17).
 const AFTER: usize = 1_000;

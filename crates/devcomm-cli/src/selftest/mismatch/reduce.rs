@@ -12,7 +12,7 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 use devcomm::reduce::Collective;
 use devcomm::{DataType, Error, ReduceOp};
 
-use super::{fresh_comm, Fresh, GUARD};
+use super::{run_cases, Fresh, GUARD};
 use crate::selftest::harness::{Ctx, POISON};
 
 /// What a rank calls in one case.
@@ -52,26 +52,12 @@ const AFTER: usize = 1_000;
 const AFTER_SHARDS: &[usize] = &[2, 1_025, 16_384, 150_001, 524_288];
 
 pub(super) fn reduce_mismatch(cx: &Ctx, timeout: Duration) -> Result<String, String> {
-    let mut fresh = 0u64;
-    let mut f = fresh_comm(cx, "reduce", &mut fresh, timeout)?;
-    let rank = cx.comm.rank();
-    let mut mine = Vec::new();
-    for &(first, rest) in CASES {
-        let call = if rank == 0 { first } else { rest };
-        let what = format!("rank 0 {first:?} against {rest:?}");
+    let one = |f: &Fresh, first, rest, call| {
         let both_reduce = matches!((first, rest), (Reduce(..), Reduce(..)));
-        let e = one_case(cx, &f, call, both_reduce, timeout).map_err(|e| format!("{what}: {e}"))?;
-        mine.push(format!("{what}: {e}"));
-        drop(f);
-        f = fresh_comm(cx, "reduce", &mut fresh, timeout)?;
-        after(cx, &f).map_err(|e| format!("after {what}: {e}"))?;
-    }
-    Ok(format!(
-        "{} cases, each followed by {AFTER} verified reductions on a rebuilt communicator; \
-         here: {}",
-        CASES.len(),
-        mine.first().cloned().unwrap_or_default()
-    ))
+        one_case(cx, f, call, both_reduce, timeout)
+    };
+    let after_what = format!("{AFTER} verified reductions");
+    run_cases(cx, "reduce", timeout, CASES, one, |f| after(cx, f), &after_what)
 }
 
 /// One mismatched call; the error this rank saw.
