@@ -9,6 +9,10 @@
 # a slice. With MPS=1 (the default where nvidia-cuda-mps-control exists) this script starts a
 # server of its own (pipe and log folders under /tmp), runs the command, and stops it again.
 #
+# MPS_GPU=N (a machine with several GPUs): the ranks share GPU N under an MPS server of their
+# own (pipe and log folders per GPU), so that runs on different GPUs can go on side by side;
+# the server is started with CUDA_VISIBLE_DEVICES=N and the ranks without it, as MPS wants.
+#
 #   usage: scripts/shared-gpu.sh RANKS CMD...      e.g. scripts/shared-gpu.sh 4 dist/devcomm selftest
 # Runs from the repository root with dist/ carried there (scripts/stage.sh).
 set -uo pipefail
@@ -24,8 +28,9 @@ if [ "$use_mps" = 1 ]; then
     echo "shared-gpu: MPS=1 but nvidia-cuda-mps-control is not on PATH" >&2
     exit 2
   fi
-  export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/devcomm-mps/pipe}
-  export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/devcomm-mps/log}
+  mps_dir=/tmp/devcomm-mps${MPS_GPU:+-gpu$MPS_GPU}
+  export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-$mps_dir/pipe}
+  export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-$mps_dir/log}
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   # Each client (rank) gets its own share of the SMs. devcomm's protocols assume that every
   # block of a kernel and of the peer's kernel is resident at once, as on GPUs of their own;
@@ -41,9 +46,14 @@ if [ "$use_mps" = 1 ]; then
     export DEVCOMM_REDUCE_MAX_BLOCKS=${DEVCOMM_REDUCE_MAX_BLOCKS:-8}
   fi
   if ! echo get_server_list | "$mps_control" >/dev/null 2>&1; then
-    "$mps_control" -d || { echo "shared-gpu: cannot start the MPS server" >&2; exit 2; }
+    if [ -n "${MPS_GPU:-}" ]; then
+      CUDA_VISIBLE_DEVICES=$MPS_GPU "$mps_control" -d
+    else
+      "$mps_control" -d
+    fi || { echo "shared-gpu: cannot start the MPS server" >&2; exit 2; }
     started=1
   fi
+  [ -n "${MPS_GPU:-}" ] && unset CUDA_VISIBLE_DEVICES
 fi
 stop_mps() {
   if [ "$started" = 1 ]; then

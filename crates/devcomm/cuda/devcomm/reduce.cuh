@@ -354,12 +354,14 @@ __device__ __forceinline__ void line_store(dc_u32* line, dc_u64 v, dc_u32 flag) 
 }
 
 // Polls one line until both flags carry `flag`; false on timeout or abort (recorded). With
-// `entry` (a peer's call-agreement entry, devcomm/reduce.cuh "Call agreement"), the same loop
-// also waits until the entry announces `call` and leaves it in `word` (one flight for both).
+// `entry` (a peer's call-agreement entry, "Call agreement" above), the same loop also waits
+// until the entry announces `call` and leaves it in `word` (one flight for both); an entry of
+// this call whose descriptor differs from `desc` ends the wait at once, line or not (a peer in
+// another call may never write this line), and the caller records the mismatch.
 __device__ inline bool line_poll(const DeviceWindow& w, const dc_u32* line, dc_u32 flag,
                                  int peer, dc_u64 index, dc_u64& v,
                                  const volatile dc_u64* entry = nullptr, dc_u64 call = 0,
-                                 dc_u64* word = nullptr) {
+                                 dc_u64 desc = 0, dc_u64* word = nullptr) {
   dc_u32 lo, f0, hi, f1;
   dc_u64 e = 0;
   dc_u64 start = 0, next_abort = 0;
@@ -374,7 +376,11 @@ __device__ inline bool line_poll(const DeviceWindow& w, const dc_u32* line, dc_u
                  : "memory");
     if (entry != nullptr) e = *entry;
     const bool line_ready = f0 == flag && f1 == flag;
-    if (line_ready && (entry == nullptr || agree_is_call(e, call))) break;
+    if (entry == nullptr) {
+      if (line_ready) break;
+    } else if (agree_is_call(e, call) && (line_ready || desc_differs(desc, e) != 0)) {
+      break;
+    }
     if (polls % kAbortCheckPolls != 0) continue;
     const dc_u64 now = globaltimer_ns();
     if (start == 0) {

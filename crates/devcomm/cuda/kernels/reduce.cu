@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
         const dc_u32* line = reinterpret_cast<const dc_u32*>(own + (dc_u64)p * 2 * a.ll_sender_bytes) + 4 * j;
         if (in_poll && first) {
           dc_u64 word = 0;
-          ok = line_poll(a.w, line, (dc_u32)seq, p, j, x.u, agree_entry(a, b, ag, p), ag.call, &word) &&
+          ok = line_poll(a.w, line, (dc_u32)seq, p, j, x.u, agree_entry(a, b, ag, p), ag.call,
+                         ag.desc, &word) &&
                agree_compare(a, ag, p, word);
         } else {
           ok = line_poll(a.w, line, (dc_u32)seq, p, j, x.u);
