@@ -14,8 +14,9 @@ namespace red {
 // own from its input) and reduces them. Before writing parity seq & 1 it waits until every
 // receiver block has released call seq - 2 (kFree, any block may have read any line then);
 // after reading it releases the lines of call seq in every sender. The call agreement
-// (reduce.cuh): announced first; every warp that writes output checks every peer's
-// announcement after its lines are out and before it writes.
+// (reduce.cuh): announced first; checked before any output is written, by all-reduce and
+// reduce-scatter threads in the poll of their first line from each peer, by all-gather warps
+// before their first store.
 template <class T, int OP>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   enter_after_previous_kernel();
