@@ -15,9 +15,13 @@
 #                                          (UCX from dist/ucx over loopback TCP)
 #          net-mixed@N                     the `net` group with the lower and upper half of the
 #                                          ranks joined by network links, NVLink within (N >= 4)
+#          net-coll@N                      the `collectives` group and `collective_mismatch` with
+#                                          every link forced to the network
+#          net-coll-mixed@N                the same with the links of net-mixed@N
 #          net-kill@N                      kill-test with every link forced to the network
-#          net-bench@2                     bench --op sendrecv over the network route, one way and
-#                                          both ways, up to 16 MiB (a smoke test: loopback TCP)
+#          net-bench@N                     bench --op sendrecv over the network route, one way and
+#                                          both ways, up to 16 MiB, and --op all_to_all up to
+#                                          4 MiB per peer (smoke tests: loopback TCP)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_TIMEOUT_MS=${DEVCOMM_TIMEOUT_MS:-10000} DEVCOMM_SETUP_TIMEOUT_MS=${DEVCOMM_SETUP_TIMEOUT_MS:-60000}
@@ -82,6 +86,12 @@ for w in "$@"; do
     net-mixed@*) n=${w#net-mixed@}
       step "net-mixed-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_mixed "$n")" \
         scripts/shared-gpu.sh "$n" dist/devcomm selftest --only net ;;
+    net-coll@*) n=${w#net-coll@}
+      step "net-coll-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
+        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only collectives,collective_mismatch ;;
+    net-coll-mixed@*) n=${w#net-coll-mixed@}
+      step "net-coll-mixed-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_mixed "$n")" \
+        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only collectives,collective_mismatch ;;
     net-kill@*) n=${w#net-kill@}
       step "net-kill-test-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
         scripts/shared-gpu.sh "$n" dist/devcomm kill-test ;;
@@ -91,7 +101,10 @@ for w in "$@"; do
           scripts/shared-gpu.sh "$n" dist/devcomm bench --op sendrecv --reference none \
           --max-bytes $((16 << 20)) $([ "$dir" = both ] && echo --both-directions) \
           --json "$out/net-sendrecv-$dir.json"
-      done ;;
+      done
+      step "net-bench-all_to_all-$n" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
+        scripts/shared-gpu.sh "$n" dist/devcomm bench --op all_to_all --reference none \
+        --max-bytes $((4 << 20)) --json "$out/net-all_to_all.json" ;;
     *@*) g=${w%@*}; n=${w#*@}; step "selftest-$g-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest --only "$g" ;;
     *) echo "unknown step $w" >&2 ;;
   esac

@@ -65,7 +65,8 @@ const OPS: &[(&str, &str)] = &[
     ),
     (
         "all_to_all",
-        "every rank, equal chunks, against NCCL grouped send/recv (--zero-copy, --hooks)",
+        "every rank, equal chunks, against NCCL grouped send/recv (--zero-copy, --hooks, \
+         --reference none); with network links (forced) every record says it times loopback",
     ),
     (
         "all_to_allv",
@@ -128,13 +129,13 @@ pub(crate) fn shared_gpu_rule(shared: bool, op: &str, reference: &str) -> Result
     if op == "agree_latency" {
         return Ok(false); // only a comparison of two runs on this machine means anything
     }
-    if op == "sendrecv" {
+    if op == "sendrecv" || op == "all_to_all" {
         // NCCL refuses the shared GPU; devcomm alone is a smoke test (of the network route,
         // say, with links forced), its timings marked meaningless.
         return match sendrecv_net::wants_nccl(reference)? {
             false => Ok(false),
             true => Err(format!(
-                "bench --op sendrecv --reference {reference}: NCCL refuses ranks that share a \
+                "bench --op {op} --reference {reference}: NCCL refuses ranks that share a \
                  GPU ({env}=1); `--reference none` times devcomm alone as a smoke test (its \
                  timings are marked meaningless)"
             )),
@@ -240,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_gpu_runs_only_reductions_and_sendrecv_alone_and_marks_them() {
+    fn a_shared_gpu_runs_only_reductions_sendrecv_and_all_to_all_alone_and_marks_them() {
         for op in ["all_reduce", "reduce_scatter", "all_gather"] {
             assert_eq!(shared_gpu_rule(true, op, "none"), Ok(false));
             for reference in ["all", "nccl", "nccl-window"] {
@@ -251,11 +252,14 @@ mod tests {
             // A misspelt reference is an error of its own, not a run.
             assert!(shared_gpu_rule(true, op, "nvidia").is_err());
         }
-        // Send/recv alone is the other smoke test (the network route with forced links).
-        assert_eq!(shared_gpu_rule(true, "sendrecv", "none"), Ok(false));
-        let e = shared_gpu_rule(true, "sendrecv", "nccl").unwrap_err();
-        assert!(e.contains("--reference none"), "{e}");
-        for op in ["all_to_all", "launch"] {
+        // Send/recv and all-to-all alone are the other smoke tests (the network route with
+        // forced links).
+        for op in ["sendrecv", "all_to_all"] {
+            assert_eq!(shared_gpu_rule(true, op, "none"), Ok(false));
+            let e = shared_gpu_rule(true, op, "nccl").unwrap_err();
+            assert!(e.contains("--reference none") && e.contains(op), "{e}");
+        }
+        for op in ["all_to_allv", "launch"] {
             let e = shared_gpu_rule(true, op, "none").unwrap_err();
             assert!(e.contains("needs one GPU per rank"), "{e}");
             assert!(e.contains("--reference none"), "{e}");

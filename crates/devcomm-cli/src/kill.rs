@@ -7,11 +7,10 @@
 //! after its grace period). Each survivor prints one line `kill-test: rank R: PASS ...` or
 //! `... FAIL ...` and exits 0 or 1.
 //!
-//! With network peers (`DEVCOMM_TOPOLOGY_OVERRIDE='0-*=net,1-*=net'` on 2 ranks), where the collectives are not
-//! built, the loop is a ring of send/recv over the network route instead (each rank sends to
-//! the next and receives from the one before), and a survivor passes only if its error names
-//! the victim: the network proxy learns of the dead peer from UCX (its endpoints to the victim
-//! fail) and aborts the communicator with an error naming it.
+//! With network peers (`DEVCOMM_TOPOLOGY_OVERRIDE='0-*=net,1-*=net'` on 2 ranks) the
+//! all-to-alls' network roles go through the proxy (docs/NETWORK.md), and a survivor passes
+//! only if its error names the victim: the network proxy learns of the dead peer from UCX (its
+//! endpoints to the victim fail) and aborts the communicator with an error naming it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -65,13 +64,7 @@ pub fn run(args: &KillArgs) -> Result<i32, String> {
         .alloc_zeros::<u64>(elems)
         .map_err(|e| e.to_string())?;
     let network = comm.has_network_peers();
-    let step = |dst: &mut CudaSlice<u64>| {
-        if network {
-            ring(&comm, &stream, &src, dst)
-        } else {
-            all_to_all(&comm, &stream, &src, dst)
-        }
-    };
+    let step = |dst: &mut CudaSlice<u64>| all_to_all(&comm, &stream, &src, dst);
     for call in 0..args.calls {
         step(&mut dst).map_err(|e| format!("call {call}: {e}"))?;
     }
@@ -140,22 +133,6 @@ fn all_to_all(
     dst: &mut CudaSlice<u64>,
 ) -> Result<(), String> {
     comm.all_to_all(src, dst, stream)
-        .and_then(|()| comm.synchronize(stream))
-        .map_err(|e| e.to_string())
-}
-
-/// One call of the ring over the network route: send `src` to the next rank, receive the
-/// previous rank's into `dst`, in one launch.
-fn ring(
-    comm: &Comm,
-    stream: &Arc<CudaStream>,
-    src: &CudaSlice<u64>,
-    dst: &mut CudaSlice<u64>,
-) -> Result<(), String> {
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let next = (rank + 1) % world;
-    let prev = (rank + world - 1) % world;
-    comm.sendrecv(src, next, dst, prev, stream)
         .and_then(|()| comm.synchronize(stream))
         .map_err(|e| e.to_string())
 }

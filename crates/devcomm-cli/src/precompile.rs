@@ -32,6 +32,10 @@ pub struct PrecompileArgs {
     /// Compiles at once.
     #[arg(long, default_value_t = 2)]
     jobs: usize,
+    /// The collectives for communicators with network links instead (their kernel adds the
+    /// instantiation for network peers: docs/NETWORK.md).
+    #[arg(long)]
+    net: bool,
 }
 
 fn parse_arch(s: &str) -> Result<(u32, u32), String> {
@@ -98,12 +102,14 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
     // The settings that enter the kernels' cache keys (their experiment options).
     let config = devcomm::Config::from_env().map_err(|e| e.to_string())?;
     let mut specs: Vec<(String, KernelSpec)> = Vec::new();
-    let copy = |h: RawHooks| -> Result<(String, KernelSpec), String> {
-        Ok((
-            format!("collective {}", h.name()),
-            h.spec_with_options(&config.coll_options),
-        ))
+    let collective = |h: &RawHooks| -> (String, KernelSpec) {
+        let net = if args.net { " (network peers)" } else { "" };
+        (
+            format!("collective {}{net}", h.name()),
+            h.spec_for(&config.coll_options, args.net),
+        )
     };
+    let copy = |h: RawHooks| -> Result<(String, KernelSpec), String> { Ok(collective(&h)) };
     for what in args.builtin.split(',').map(str::trim) {
         let spec = match what {
             "none" => continue,
@@ -118,10 +124,7 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
             "copy16" => copy(Hooks::<[u32; 4]>::copy().into()),
             "examples" => {
                 for h in example_hooks() {
-                    specs.push((
-                        format!("collective {}", h.name()),
-                        h.raw().spec_with_options(&config.coll_options),
-                    ));
+                    specs.push(collective(h.raw()));
                 }
                 continue;
             }
@@ -135,10 +138,7 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
     }
     for spec in &args.hooks {
         let hooks = f32_hooks(spec)?;
-        specs.push((
-            format!("collective {}", hooks.name()),
-            hooks.raw().spec_with_options(&config.coll_options),
-        ));
+        specs.push(collective(hooks.raw()));
     }
     let jit = Jit::from_config(&config);
     println!(

@@ -1,5 +1,6 @@
 //! Compiles the collective kernel with NVRTC for sm_90 (no GPU needed): the default copy hooks
-//! for every element size, both examples' hooks, and the errors a user gets for bad hooks.
+//! for every element size, both examples' hooks, the instantiation with network peers, and the
+//! errors a user gets for bad hooks.
 //!
 //! Needs libnvrtc on the loader path; without it the tests print SKIPPED and pass, unless
 //! `DEVCOMM_REQUIRE_NVRTC` is set (CI sets it).
@@ -10,9 +11,12 @@ use devcomm::jit;
 use devcomm::{Error, Hooks};
 
 fn compiles<I, O>(hooks: &Hooks<I, O>) {
-    let spec = hooks.spec();
+    compiles_spec(hooks, hooks.spec(), 2);
+}
+
+fn compiles_spec<I, O>(hooks: &Hooks<I, O>, spec: jit::KernelSpec, kernels: usize) {
     let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{}: {e}", hooks.name()));
-    assert_eq!(module.lowered_names.len(), 2);
+    assert_eq!(module.lowered_names.len(), kernels);
     for expr in &spec.name_expressions {
         assert!(module.lowered_names[expr].starts_with("_Z"), "{expr}");
     }
@@ -34,6 +38,19 @@ fn copy_hooks_compile_for_every_element_size() {
     compiles(&Hooks::<f32>::copy());
     compiles(&Hooks::<u64>::copy());
     compiles(&Hooks::<[u32; 4]>::copy());
+}
+
+#[test]
+fn network_instantiation_compiles() {
+    if !nvrtc_available() {
+        return;
+    }
+    // The kernel of a communicator with network links: the two NVLink instantiations and the
+    // one whose network peers' roles go through the staging (docs/NETWORK.md).
+    let copy = Hooks::<u16>::copy();
+    let spec = copy.raw().spec_for(&[], true);
+    assert!(spec.name_expressions[2].ends_with(", true, true>"));
+    compiles_spec(&copy, spec, 3);
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! `devcomm bench --op all_to_all` and `--op all_to_allv`: devcomm's fused all-to-all(-v)
 //! against NCCL grouped send/recv on every rank, in the same processes, on the same buffers.
+//! `--op all_to_all --reference none` times devcomm alone (a smoke test, on a shared GPU or
+//! with network links forced: the records say so).
 
 use std::ops::Range;
 
@@ -10,6 +12,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::bench::nccl::NcclPair;
+use crate::bench::sendrecv_net::{net_config, net_reference, wants_nccl};
 use crate::bench::{
     calls_per_sample, min_free_bytes, time_ranks_each, time_wall_each, BenchArgs, Record,
 };
@@ -44,7 +47,17 @@ const TOKENS: &[usize] = &[128, 512, 2048, 8192];
 /// Equal chunks per peer on every rank, each against NCCL's grouped send/recv.
 pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let world = cx.comm.world_size();
-    let nccl = NcclPair::new(cx)?;
+    let nccl = match wants_nccl(&args.reference)? {
+        true => Some(NcclPair::new(cx)?),
+        false if args.zero_copy => {
+            return Err(
+                "bench --op all_to_all --zero-copy compares with NCCL: leave \
+                        --reference none out"
+                    .into(),
+            )
+        }
+        false => None,
+    };
     let free = min_free_bytes(cx, HEADROOM)?;
     let max = args.max_bytes.min(256 << 20);
     let sizes: Vec<usize> = SIZES
@@ -67,8 +80,10 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         out.extend(r);
     }
     drop((send, dest));
-    if args.zero_copy {
-        return Ok(out); // the hooked all-to-alls have no registered variant
+    if args.zero_copy || nccl.is_none() {
+        // The hooked all-to-alls have no registered variant; without NCCL the plain
+        // all-to-all is the smoke test.
+        return Ok(out);
     }
     if HOOKED_BYTES <= max && 2 * world * HOOKED_BYTES <= free {
         out.extend(hooked_points(cx, args)?);
@@ -162,7 +177,7 @@ fn hooked_points(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
 fn a2a_point(
     cx: &Ctx,
     args: &BenchArgs,
-    nccl: &NcclPair,
+    nccl: &Option<NcclPair>,
     send: &mut CudaSlice<u8>,
     recv: &mut CudaSlice<u8>,
     registered: Option<&Registration<'_>>,
@@ -182,13 +197,37 @@ fn a2a_point(
     let calls = calls_per_sample(n);
     let (warmup, iters) = (args.warmup, args.iters);
     let names = ["a2a-devcomm", "a2a-nccl"];
-    let us = time_ranks_each(cx, world, warmup, iters, calls, &names, &mut |i| match i {
-        0 => a2a_call(cx, send, recv, registered, n),
-        _ => nccl.all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &chunks, &chunks),
-    })?;
-    let r = record(cx, args, "all_to_all", bytes as u64, (us[0], us[1]));
+    let names = &names[..1 + usize::from(nccl.is_some())];
+    let us = time_ranks_each(
+        cx,
+        world,
+        warmup,
+        iters,
+        calls,
+        names,
+        &mut |i| match (i, nccl) {
+            (0, _) => a2a_call(cx, send, recv, registered, n),
+            (_, Some(nccl)) => {
+                nccl.all_to_all(&send.slice(..n), &mut recv.slice_mut(..n), &chunks, &chunks)
+            }
+            (_, None) => Err("no NCCL reference in this run".into()),
+        },
+    )?;
+    let n_us = us.get(1).copied().unwrap_or(f64::NAN);
+    let r = record(cx, args, "all_to_all", bytes as u64, (us[0], n_us));
     let copy_engine = cx.comm.zero_copy_route(bytes as u64) == ZcRoute::CopyEngine;
+    // With network links (forced on one machine) the records say that they time loopback.
+    let net = cx.comm.has_network_peers();
     Ok((rank == 0).then(|| match registered {
+        None if net => Record {
+            reference: net_reference(nccl.is_some()),
+            config: net_config(cx.comm.config().net_slot_kib, cx.comm.config().net_slots),
+            ..r
+        },
+        None if nccl.is_none() => Record {
+            reference: "none (devcomm alone)".into(),
+            ..r
+        },
         None => Record {
             reference: "NCCL grouped send/recv".into(),
             ..r

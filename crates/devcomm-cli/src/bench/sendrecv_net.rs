@@ -1,4 +1,4 @@
-//! `devcomm bench --op sendrecv` with a network peer (links forced with
+//! `devcomm bench --op sendrecv` (and `--op all_to_all`) with a network peer (links forced with
 //! `DEVCOMM_TOPOLOGY_OVERRIDE`): what the records say, so that no one reads a loopback figure
 //! as a network one, and which reference runs (pure).
 
@@ -6,14 +6,15 @@
 pub(crate) const NET_NOTE: &str =
     "network route forced over loopback tcp: says nothing of a real network";
 
-/// Whether `--reference` asks for NCCL (`all`, `nccl`) or for devcomm alone (`none`).
+/// Whether `--reference` asks for NCCL (`all`, `nccl`) or for devcomm alone (`none`), for
+/// send/recv and all-to-all.
 pub(crate) fn wants_nccl(reference: &str) -> Result<bool, String> {
     match reference {
         "all" | "nccl" => Ok(true),
         "none" => Ok(false),
         other => Err(format!(
-            "--reference {other:?} for sendrecv: expected `all` or `nccl` (NCCL send/recv) or \
-             `none` (devcomm alone)"
+            "--reference {other:?} for sendrecv or all_to_all: expected `all` or `nccl` (NCCL \
+             send/recv) or `none` (devcomm alone)"
         )),
     }
 }

@@ -70,7 +70,12 @@ pub(crate) fn select<'a>(
     let chosen: Vec<&Check> = groups
         .iter()
         .flat_map(|g| g.checks.iter().map(move |c| (g, c)))
-        .filter(|(g, c)| only.is_none_or(|o| g.name == o || c.name.contains(o)))
+        .filter(|(g, c)| {
+            only.is_none_or(|o| {
+                o.split(',')
+                    .any(|o| !o.is_empty() && (g.name == o || c.name.contains(o)))
+            })
+        })
         .map(|(_, c)| c)
         .collect();
     match only {
@@ -84,7 +89,8 @@ pub(crate) fn select<'a>(
 /// The list of groups and checks for `--help`.
 pub(crate) fn describe(groups: &[Group]) -> String {
     let mut out = String::from(
-        "Checks (--only NAME runs a group, or the checks whose names contain NAME):\n",
+        "Checks (--only NAME runs a group, or the checks whose names contain NAME; NAME,NAME \
+         runs each):\n",
     );
     for g in groups {
         out.push_str(&format!("\n  {}:\n", g.name));
@@ -228,6 +234,8 @@ mod tests {
             ["put_signal", "window_churn", "sendrecv_ring"]
         );
         assert_eq!(names(Some("ring")), ["sendrecv_ring"]);
+        assert_eq!(names(Some("p2p,churn")), ["window_churn", "sendrecv_ring"]);
+        assert_eq!(names(Some("ring,")), ["sendrecv_ring"]);
         let err = select(GROUPS, Some("nope")).err().unwrap_or_default();
         assert!(err.contains("matches no group"), "{err}");
     }

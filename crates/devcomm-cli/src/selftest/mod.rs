@@ -72,7 +72,8 @@ groups!(
 /// Arguments of `devcomm selftest`.
 #[derive(Debug, clap::Args)]
 pub struct SelftestArgs {
-    /// Run only the checks of this group or whose names contain this text.
+    /// Run only the checks of this group or whose names contain this text (several,
+    /// separated by commas: each).
     #[arg(long)]
     only: Option<String>,
     /// Let checks that could not run although the world size allows them (a feature missing

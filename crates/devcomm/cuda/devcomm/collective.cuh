@@ -14,6 +14,13 @@
 // network-like); blocks of a role beyond its plan's count return at once (seed 001's masking).
 // Both ends compute the same plan from the same count, so counters and spans agree.
 //
+// Network peers (NET kernels, bit q of net_links): the role's block 0 moves the peer's chunk
+// through the host staging and the proxy (devcomm/net_p2p.cuh, docs/NETWORK.md), its other
+// blocks return at once. Every call sends at least one chunk, whose header carries what the
+// call is (checked before anything is written) and, for all-to-all-v, the count: the
+// receiving block publishes it into this rank's own count slot, where the NVLink peers' counts
+// arrive, so that every role's prefix sum sees all of them.
+//
 // Modes: kModeUniform (all-to-all: `rows` for every peer), kModePeerRows (send/recv with hooks:
 // host-given rows per peer in `peer_rows`, chunks packed in rank order), kModeDeviceCounts
 // (all-to-all-v). All-to-all-v: counts are rows, read from device memory. Each sender
@@ -26,6 +33,7 @@
 
 #include "devcomm/transfer.cuh"
 #include "devcomm/hooks.cuh"
+#include "devcomm/net_p2p.cuh"
 
 namespace devcomm {
 
@@ -51,12 +59,14 @@ struct CollLaunch {
   dc_u32 mode;             // @356 kModeUniform, kModePeerRows or kModeDeviceCounts
   dc_u64 peer_rows[2][32]; // @360 kModePeerRows: rows sent to / received from each peer
   dc_u32 self_blocks;      // @872 S: blocks of the own chunk's role
-  dc_u32 reserved;         // @876 0
+  dc_u32 net_links;        // @876 bit q: peer q is reached over the network (NET kernels only)
+  NetP2PLaunch net;        // @880 the network staging and queues (NET kernels; roles unused)
 };
 
 enum CollMode : dc_u32 { kModeUniform = 0, kModePeerRows = 1, kModeDeviceCounts = 2 };
 
-static_assert(sizeof(CollLaunch) == 880, "CollLaunch size");
+static_assert(sizeof(CollLaunch) == 1000, "CollLaunch size");
+static_assert(DC_OFFSETOF(CollLaunch, net) == 880, "CollLaunch.net");
 static_assert(DC_OFFSETOF(CollLaunch, self_blocks) == 872, "CollLaunch.self_blocks");
 static_assert(DC_OFFSETOF(CollLaunch, peer_rows) == 360, "CollLaunch.peer_rows");
 static_assert(DC_OFFSETOF(CollLaunch, in) == 240, "CollLaunch.in");
@@ -494,8 +504,73 @@ __device__ __forceinline__ void bulk_channel(dc_u32 b, dc_u32 blocks, F f) {
   }
 }
 
-template <class H, int THREADS, bool MIXED>
+// A network peer's send role (block 0 of the role; docs/NETWORK.md): the chunk through H::produce
+// into the outbox slots, at least one chunk per call (its header tells the receiver the call
+// and, for all-to-all-v, the count).
+template <class H>
+__device__ void net_send_role(const CollLaunch& a, int peer) {
+  dc_u64 rows, first;
+  send_range(a, peer, rows, first, threadIdx.x == 0);
+  const dc_u64 n = rows * a.row_len;
+  const HookSend<H> m{{base_ctx<H>(a, peer, rows, true), first * a.row_len, n}};
+  const NetCallDesc d{kNetCollKind, Shape<H>::wire_bytes(n), a.mode + 1,
+                      a.mode == kModeDeviceCounts ? rows : 0};
+  net_send_call(Block{}, a.net, peer, d, 1,
+                [&](const Block& g, unsigned char* payload, dc_u64 off, dc_u64 len) {
+                  m.chunk(g, reinterpret_cast<char*>(payload), off, len);
+                });
+}
+
+// A network peer's receive role (block 0 of the role): chunk 0's header is checked first (the
+// operation, and the wire size where this rank knows it); an all-to-all-v takes the count from
+// it, publishes it into its own count slot (where an NVLink sender would have written it) and
+// then checks the wire size against the rows it implies. The chunks go through H::consume
+// (discarded on an overflow, as for NVLink peers).
+template <class H, int THREADS>
+__device__ void net_recv_role(const CollLaunch& a, int peer, dc_u64 seq) {
+  const bool counts = a.mode == kModeDeviceCounts;
+  dc_u64 rows = 0, first = 0, total = 0;
+  bool overflow = false;
+  NetCallDesc e{kNetCollKind, 0, a.mode + 1, 0};
+  if (!counts) {  // these modes know their rows without waiting
+    recv_range<THREADS>(a, peer, seq, rows, first, total, overflow);
+    e.bytes = Shape<H>::wire_bytes(rows * a.row_len);
+  }
+  auto start = [&](const NetCallDesc& got) {
+    if (counts) {
+      if (threadIdx.x == 0) {
+        const dc_u64 vslot = count_val_slot(a, peer, seq);
+        *reinterpret_cast<volatile dc_u64*>(own_user_slot(a.p.w, vslot)) = got.rows;
+        st_release_sys(own_user_slot(a.p.w, vslot + 1), seq);
+      }
+      if (!recv_range<THREADS>(a, peer, seq, rows, first, total, overflow)) return false;
+      const dc_u64 wire = Shape<H>::wire_bytes(rows * a.row_len);
+      if (wire != got.bytes) {  // another row length on the sender
+        if (threadIdx.x == 0) net_refuse(a.net, peer, kNetFieldWire, wire, got.bytes);
+        return false;
+      }
+    }
+    if (threadIdx.x == 0) {
+      if (a.recv_counts != 0) reinterpret_cast<dc_u64*>(a.recv_counts)[peer] = rows;
+      if (a.recv_offsets != 0) reinterpret_cast<dc_u64*>(a.recv_offsets)[peer] = first;
+    }
+    return true;
+  };
+  net_recv_call(Block{}, a.net, peer, e, 1, counts, start,
+                [&](const Block& g, const unsigned char* payload, dc_u64 off, dc_u64 len) {
+                  const HookRecv<H> m{
+                      {base_ctx<H>(a, peer, rows, false), first * a.row_len, rows * a.row_len},
+                      overflow};
+                  m.chunk(g, reinterpret_cast<const char*>(payload), off, len, false);
+                });
+}
+
+template <class H, int THREADS, bool MIXED, bool NET>
 __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
+  if (NET && ((a.net_links >> peer) & 1u)) {
+    if (b == 0) net_send_role<H>(a, peer);
+    return;
+  }
   dc_u64 rows, first;
   send_range(a, peer, rows, first, b == 0 && threadIdx.x == 0);
   if (a.mode == kModeDeviceCounts && b == 0 && threadIdx.x == 0) publish_count(a, peer, rows, seq);
@@ -523,8 +598,12 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
 // all-to-all-v its operation before the count exchange (so that a peer in another collective
 // is named at once, not after the exchange's timeout; its sizes follow from the counts), the
 // other modes operation and wire size in the movers. Its blocks end the call together.
-template <class H, int THREADS, bool MIXED>
+template <class H, int THREADS, bool MIXED, bool NET>
 __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
+  if (NET && ((a.net_links >> peer) & 1u)) {
+    if (b == 0) net_recv_role<H, THREADS>(a, peer, seq);
+    return;
+  }
   const dc_u64 call = p2p::agree_recv_begin(a.p, peer, b == 0 && threadIdx.x == 0);
   const dc_u32 op = a.mode + 1;
   if (a.mode == kModeDeviceCounts) {
@@ -613,9 +692,11 @@ __device__ void self_role(const CollLaunch& a, dc_u32 b, dc_u64 seq) {
 }
 
 // The collective kernel (see the top of this file). Instantiated by the JIT as
-// devcomm::coll::coll_kernel<Hooks, THREADS, MIXED>; MIXED = false when every peer has the same
-// tuning class, which compiles the per-peer class lookups away.
-template <class H, int THREADS, bool MIXED>
+// devcomm::coll::coll_kernel<Hooks, THREADS, MIXED, NET>; MIXED = false when every peer has the
+// same tuning class, which compiles the per-peer class lookups away; NET = true when some peer
+// is reached over the network (its roles take the network path; NVLink-only jobs compile it
+// away).
+template <class H, int THREADS, bool MIXED, bool NET>
 __device__ __forceinline__ void coll_body(const CollLaunch& a, dc_u64 seq) {
   const int W = a.p.w.world_size, me = a.p.w.rank;
   const dc_u32 B = a.blocks_per_peer, roles = 2 * (dc_u32)(W - 1);
@@ -634,24 +715,24 @@ __device__ __forceinline__ void coll_body(const CollLaunch& a, dc_u64 seq) {
   if (role == roles) {
     self_role<H, THREADS>(a, b, seq);
   } else if (role < (dc_u32)(W - 1)) {
-    send_role<H, THREADS, MIXED>(a, (me + 1 + (int)role) % W, b, seq);
+    send_role<H, THREADS, MIXED, NET>(a, (me + 1 + (int)role) % W, b, seq);
   } else {
     const int i = (int)role - (W - 1);
-    recv_role<H, THREADS, MIXED>(a, (me + W - 1 - i) % W, b, seq);
+    recv_role<H, THREADS, MIXED, NET>(a, (me + W - 1 - i) % W, b, seq);
   }
 }
 
-template <class H, int THREADS, bool MIXED>
+template <class H, int THREADS, bool MIXED, bool NET = false>
 __global__ void __launch_bounds__(THREADS, 1) coll_kernel(CollLaunch a) {
   enter_after_previous_kernel();
   if (a.mode != kModeDeviceCounts) {  // counts known on the host: no exchange, no call numbers
-    coll_body<H, THREADS, MIXED>(a, 0);
+    coll_body<H, THREADS, MIXED, NET>(a, 0);
     return;
   }
   dc_u64* state = reinterpret_cast<dc_u64*>(a.state);
   // Changed only by the last block of the previous launch: ordered by the kernel boundary.
   const dc_u64 seq = state[0] + 1;
-  coll_body<H, THREADS, MIXED>(a, seq);
+  coll_body<H, THREADS, MIXED, NET>(a, seq);
   // Every block arrives; the last one advances the call number.
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -4,6 +4,7 @@ use std::mem::{offset_of, size_of};
 
 use cudarc::driver::DeviceRepr;
 
+use crate::net::route::NetP2PLaunch;
 use crate::p2p::handle::P2PLaunch;
 
 /// Launch arguments of the collective kernel (see the header for each field's meaning).
@@ -50,8 +51,10 @@ pub struct CollLaunch {
     pub peer_rows: [[u64; 32]; 2],
     /// Blocks of the own chunk's role.
     pub self_blocks: u32,
-    /// 0.
-    pub reserved: u32,
+    /// Bit q: peer q is reached over the network (kernels instantiated with `NET`).
+    pub net_links: u32,
+    /// The network staging and queues (`NET` kernels); its role fields are unused.
+    pub net: NetP2PLaunch,
 }
 
 /// `CollLaunch::mode` values.
@@ -176,10 +179,23 @@ pub(crate) const LAYOUT: &[(&str, &str, usize, usize)] = &[
         offset_of!(CollLaunch, self_blocks),
         size_of::<CollLaunch>(),
     ),
+    (
+        "CollLaunch",
+        "net_links",
+        offset_of!(CollLaunch, net_links),
+        size_of::<CollLaunch>(),
+    ),
+    (
+        "CollLaunch",
+        "net",
+        offset_of!(CollLaunch, net),
+        size_of::<CollLaunch>(),
+    ),
 ];
 
 const _: () = {
-    assert!(size_of::<CollLaunch>() == 880);
+    assert!(size_of::<CollLaunch>() == 1000);
+    assert!(offset_of!(CollLaunch, net) == 880);
     assert!(offset_of!(CollLaunch, self_blocks) == 872);
     assert!(offset_of!(CollLaunch, peer_rows) == 360);
     assert!(offset_of!(CollLaunch, input) == 240);

@@ -223,15 +223,17 @@ impl RawHooks {
         self.key
     }
 
-    pub(super) fn expression(&self, mixed: bool) -> String {
+    /// The kernel's name expression: `mixed` peer tuning classes; `net`: some peer is reached
+    /// over the network (its roles take the network path).
+    pub(super) fn expression(&self, mixed: bool, net: bool) -> String {
         format!(
-            "devcomm::coll::coll_kernel<{}, {THREADS}, {mixed}>",
+            "devcomm::coll::coll_kernel<{}, {THREADS}, {mixed}, {net}>",
             self.name
         )
     }
 
     /// The kernel spec: the collective header, the user's source, checks of the element sizes,
-    /// and both instantiations (uniform and mixed peer tuning).
+    /// and both instantiations for NVLink peers (uniform and mixed peer tuning).
     pub fn spec(&self) -> KernelSpec {
         self.spec_with_options(&[])
     }
@@ -239,6 +241,13 @@ impl RawHooks {
     /// [`Hooks::spec`] with extra NVRTC options (`DEVCOMM_COLL_OPTIONS`, experiments; part of
     /// the kernel cache's key, so a communicator and `devcomm precompile` must pass the same).
     pub fn spec_with_options(&self, options: &[String]) -> KernelSpec {
+        self.spec_for(options, false)
+    }
+
+    /// [`Hooks::spec_with_options`], with `net` also the instantiation for network peers
+    /// (docs/NETWORK.md; only a communicator with network links compiles it, since it adds
+    /// half again to the compile time).
+    pub fn spec_for(&self, options: &[String], net: bool) -> KernelSpec {
         let source = format!(
             "#include \"devcomm/collective.cuh\"\n#line 1 \"hooks.cu\"\n{src}\n#line 1 \"devcomm-checks\"\n\
              static_assert(sizeof({name}::In) == {i}, \"the hooks' In type is not the size of the \
@@ -251,8 +260,11 @@ impl RawHooks {
             o = self.out_size,
         );
         let mut spec = KernelSpec::new("collective", source)
-            .name_expression(self.expression(false))
-            .name_expression(self.expression(true));
+            .name_expression(self.expression(false, false))
+            .name_expression(self.expression(true, false));
+        if net {
+            spec = spec.name_expression(self.expression(true, true));
+        }
         spec.options.extend(options.iter().cloned());
         spec
     }

@@ -16,6 +16,7 @@ use crate::cuda::linear_launch;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::Jit;
+use crate::net::route::NetP2PLaunch;
 use crate::p2p::P2P;
 use crate::topology::LinkKind;
 use handle::CollLaunch;
@@ -97,8 +98,9 @@ pub(crate) struct Collective {
     state_ptr: u64,
     /// The smallest SM count of the group (all ranks use the same blocks per peer).
     sm_count: u32,
-    /// Loaded kernels by (hooks key, mixed tuning), with their resident blocks per SM.
-    functions: Mutex<HashMap<(u64, bool), LoadedKernel>>,
+    /// Loaded kernels by (hooks key, mixed tuning, network peers), with their resident blocks
+    /// per SM.
+    functions: Mutex<HashMap<(u64, bool, bool), LoadedKernel>>,
     /// Small plain all-to-alls launch only the blocks their LL plan uses
     /// (`DEVCOMM_COLL_FIT_GRID`).
     fit_grid: bool,
@@ -173,18 +175,19 @@ impl Collective {
         jit: &Jit,
         hooks: &RawHooks,
         mixed: bool,
+        net: bool,
     ) -> Result<LoadedKernel> {
         let poisoned = || Error::Aborted {
             rank: group.rank as i32,
             reason: "a thread panicked while loading kernels".into(),
         };
-        let key = (hooks.key, mixed);
+        let key = (hooks.key, mixed, net);
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(f.clone());
         }
         let f = group.loading(|| {
-            let module = jit.load(&group.ctx, &hooks.spec_with_options(&self.options))?;
-            module.function(&hooks.expression(mixed))
+            let module = jit.load(&group.ctx, &hooks.spec_for(&self.options, net))?;
+            module.function(&hooks.expression(mixed, net))
         })?;
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
@@ -193,7 +196,7 @@ impl Collective {
                 "cuOccupancyMaxActiveBlocksPerMultiprocessor",
             )?;
         let gate = KernelGate::new(
-            format!("collective-{:016x}-{mixed}", hooks.key),
+            format!("collective-{:016x}-{mixed}-{net}", hooks.key),
             group.world_size,
         );
         let entry = (f, per_sm, Arc::new(gate));
@@ -205,11 +208,15 @@ impl Collective {
     }
 
     /// Checks, then launches one collective. Nothing is written when it returns an error.
+    /// `net`: the communicator's network staging and queues (`None`: no link of the job is
+    /// `Net`), for the roles of network peers.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch(
         &self,
         group: &Group,
         jit: &Jit,
         p2p: &P2P,
+        net: Option<NetP2PLaunch>,
         hooks: &RawHooks,
         call: CollCall,
         stream: &Arc<CudaStream>,
@@ -230,9 +237,11 @@ impl Collective {
             });
         }
         let mut net_peers = 0u32;
+        let mut net_links = 0u32;
         for p in 0..world {
             match group.topology.kind(p) {
                 LinkKind::SelfLink | LinkKind::Nvl => {}
+                LinkKind::Net if net.is_some() => net_links |= 1 << p,
                 other => {
                     return Err(Error::NoPath {
                         op: call.op,
@@ -247,8 +256,10 @@ impl Collective {
             }
         }
         p2p.bind(group, stream)?;
-        let mixed = net_peers != 0;
-        let (func, per_sm, gate) = self.function(group, jit, hooks, mixed)?;
+        // A network peer is tuned as one; the network kernels are instantiated with mixed
+        // tuning only.
+        let mixed = net_peers != 0 || net_links != 0;
+        let (func, per_sm, gate) = self.function(group, jit, hooks, mixed, net_links != 0)?;
         // Every peer this call moves data with has loaded the kernel too (a rank still
         // compiling it would make this launch's device waits time out).
         let peers = (0..world).filter(|&q| {
@@ -303,15 +314,18 @@ impl Collective {
             mode: call.mode,
             peer_rows: call.peer_rows,
             self_blocks: shape.self_blocks,
-            reserved: 0,
+            net_links,
+            net: net.filter(|_| net_links != 0).unwrap_or_default(),
         };
         let cfg = linear_launch(grid, THREADS);
-        // SAFETY: coll_kernel<H, THREADS, MIXED>(CollLaunch) takes exactly this struct by
-        // value and enters through enter_after_previous_kernel. Its window and counters live as long as the communicator; the buffers and
-        // count arrays were checked by the caller (sizes from cudarc slices); the kernel reads
-        // at most `send_capacity` rows of `input` and writes at most `recv_capacity` rows of
-        // `output` (device counts beyond them are refused on the device), and every grid block
-        // is resident (checked above), so the roles' waits on each other cannot deadlock.
+        // SAFETY: coll_kernel<H, THREADS, MIXED, NET>(CollLaunch) takes exactly this struct by
+        // value and enters through enter_after_previous_kernel. Its window, counters and network
+        // staging and queues live as long as the communicator; the buffers and count arrays
+        // were checked by the caller (sizes from cudarc slices); the kernel reads at most
+        // `send_capacity` rows of `input` and writes at most `recv_capacity` rows of `output`
+        // (device counts beyond them are refused on the device; a network peer's chunk
+        // only after its header matched), and every grid block is resident (checked above),
+        // so the roles' waits on each other cannot deadlock.
         unsafe { crate::cuda::launch_struct(stream, &func, cfg, &args, group.pdl) }
             .cuda(rank as i32, "cuLaunchKernelEx (collective)")?;
         Ok(())

@@ -119,6 +119,19 @@ pub(super) fn elems<T>(bytes: usize) -> u64 {
 
 /// Collectives on the send/recv protocol, with hooks (docs/COLLECTIVES.md).
 impl Comm {
+    /// Launches one call of the collective kernel, network peers' roles through this
+    /// communicator's network staging (docs/NETWORK.md).
+    pub(super) fn launch_collective(
+        &self,
+        hooks: &RawHooks,
+        call: CollCall,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let net = self.net.as_ref().map(|n| n.coll_args());
+        self.coll
+            .launch(&self.group, &self.jit, &self.p2p, net, hooks, call, stream)
+    }
+
     /// All-to-all: `send` holds `world_size` equal chunks, chunk `p` for rank `p` (itself
     /// included); `recv` gets rank `p`'s chunk for this rank at chunk `p`. One fused kernel.
     pub fn all_to_all<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
@@ -203,8 +216,7 @@ impl Comm {
             mode: MODE_UNIFORM,
             peer_rows: [[0; 32]; 2],
         };
-        self.coll
-            .launch(&self.group, &self.jit, &self.p2p, hooks, call, stream)
+        self.launch_collective(hooks, call, stream)
     }
 
     /// All-to-all-v with counts on the GPU: rank `p` gets `counts.send_counts[p]` rows of
@@ -284,7 +296,6 @@ impl Comm {
             mode: MODE_DEVICE_COUNTS,
             peer_rows: [[0; 32]; 2],
         };
-        self.coll
-            .launch(&self.group, &self.jit, &self.p2p, hooks.raw(), call, stream)
+        self.launch_collective(hooks.raw(), call, stream)
     }
 }

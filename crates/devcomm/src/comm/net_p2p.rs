@@ -29,6 +29,8 @@ pub(crate) struct NetPeers {
     counters_base: u64,
     staging: HostMapped,
     _queues: HostMapped,
+    /// The stream of a split call's network role (made on first use).
+    side: std::sync::OnceLock<Arc<CudaStream>>,
     group: Arc<Group>,
 }
 
@@ -130,6 +132,7 @@ impl NetPeers {
             counters_base,
             staging,
             _queues: queues,
+            side: std::sync::OnceLock::new(),
             group: group.clone(),
         }))
     }
@@ -152,6 +155,11 @@ impl NetPeers {
         }
     }
 
+    /// The staging and queues for the collectives' network roles (no send/recv role).
+    pub(crate) fn coll_args(&self) -> NetP2PLaunch {
+        self.launch_args(None, None)
+    }
+
     /// Launches the network send/recv kernel for the roles (the route chose the network for
     /// every non-empty one). Explicit launch knobs (`Transfer::config`) are for the NVLink
     /// protocols and are not used here. No host synchronisation: graph-capturable.
@@ -163,9 +171,58 @@ impl NetPeers {
         recv: Option<Transfer>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.group.errors.check_before_launch()?;
+        p2p.bind(&self.group, stream)?;
+        self.launch_on(p2p, jit, send, recv, stream)
+    }
+
+    /// A call whose two roles take different routes (`P2PRoute::Split`): the NVLink role on
+    /// `stream`, the network role beside it on this communicator's side stream, which starts
+    /// after `stream`'s earlier work and which `stream` waits for at the end (an event fork and
+    /// join: graph-capturable, and both roles run at once, so neither waits for a peer that
+    /// waits for the other). Nothing is launched when the NVLink role is refused.
+    pub(crate) fn launch_split(
+        &self,
+        p2p: &P2P,
+        jit: &Jit,
+        network: [Option<Transfer>; 2],
+        nvlink: [Option<Transfer>; 2],
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
         let group = &self.group;
+        let rank = group.rank as i32;
         group.errors.check_before_launch()?;
-        p2p.bind(group, stream)?;
+        let side = match self.side.get() {
+            Some(s) => s.clone(),
+            None => {
+                let s = group.ctx.new_stream().cuda(rank, "cuStreamCreate")?;
+                self.side.get_or_init(|| s).clone()
+            }
+        };
+        let before = stream
+            .record_event(None)
+            .cuda(rank, "cuEventRecord (split send/recv)")?;
+        p2p.launch(group, jit, nvlink[0], nvlink[1], stream)?;
+        side.wait(&before)
+            .cuda(rank, "cuStreamWaitEvent (split send/recv)")?;
+        let launched = self.launch_on(p2p, jit, network[0], network[1], &side);
+        // Joined whatever happened: the caller's stream never runs ahead of the side stream.
+        stream
+            .join(&side)
+            .cuda(rank, "cuStreamWaitEvent (split send/recv)")?;
+        launched
+    }
+
+    /// The network kernel on `on` (the caller's stream, already bound, or the side stream).
+    fn launch_on(
+        &self,
+        p2p: &P2P,
+        jit: &Jit,
+        send: Option<Transfer>,
+        recv: Option<Transfer>,
+        on: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let group = &self.group;
         let send = send.filter(|t| t.bytes > 0);
         let recv = recv.filter(|t| t.bytes > 0);
         let roles = u32::from(send.is_some()) + u32::from(recv.is_some());
@@ -183,7 +240,7 @@ impl NetPeers {
         // checked are ranks) and the counters; it reads the caller's source.
         unsafe {
             launch_struct(
-                stream,
+                on,
                 &func,
                 linear_launch(roles, NET_THREADS),
                 &args,
@@ -240,8 +297,9 @@ fn route_of(group: &Group, send: Option<Transfer>, recv: Option<Transfer>) -> Re
 }
 
 impl Comm {
-    /// Send/recv through the route the peers' link kinds choose: the NVLink kernels, or the
-    /// network kernel when every role with bytes has a network peer.
+    /// Send/recv through the route the peers' link kinds choose: the NVLink kernels, the
+    /// network kernel when every role with bytes has a network peer, or both side by side when
+    /// the two roles need one each.
     pub(super) fn sendrecv_routed(
         &self,
         send: Option<Transfer>,
@@ -260,17 +318,29 @@ impl Comm {
                 self.p2p
                     .launch(&self.group, &self.jit, keep(send), keep(recv), stream)
             }
-            P2PRoute::Network => match &self.net {
-                Some(net) => net.launch(&self.p2p, &self.jit, send, recv, stream),
-                None => Err(Error::InvalidArgument {
-                    op: "sendrecv",
-                    reason: format!(
-                        "rank {}: a network peer without a network transport (internal error)",
-                        self.group.rank
-                    ),
-                }),
-            },
+            P2PRoute::Network => self
+                .net_peers()?
+                .launch(&self.p2p, &self.jit, send, recv, stream),
+            P2PRoute::Split { send_by_network } => {
+                let (network, nvlink) = match send_by_network {
+                    true => ([send, None], [None, recv]),
+                    false => ([None, recv], [send, None]),
+                };
+                self.net_peers()?
+                    .launch_split(&self.p2p, &self.jit, network, nvlink, stream)
+            }
         }
+    }
+
+    /// The network side, which a job with a network link has on every rank.
+    fn net_peers(&self) -> Result<&NetPeers> {
+        self.net.as_ref().ok_or_else(|| Error::InvalidArgument {
+            op: "sendrecv",
+            reason: format!(
+                "rank {}: a network peer without a network transport (internal error)",
+                self.group.rank
+            ),
+        })
     }
 
     /// Whether some peer of this rank is reached over the network.

@@ -156,8 +156,7 @@ impl Comm {
             mode: MODE_DEVICE_COUNTS,
             peer_rows: [[0; 32]; 2],
         };
-        self.coll
-            .launch(&self.group, &self.jit, &self.p2p, hooks, call, stream)
+        self.launch_collective(hooks, call, stream)
     }
 
     /// The raw address of the stream this communicator's send/recv namespace is bound to

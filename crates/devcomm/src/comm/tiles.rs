@@ -130,7 +130,6 @@ impl Comm {
         if peer_rows.iter().flatten().all(|&r| r == 0) {
             return Ok(()); // nothing to move
         }
-        self.coll
-            .launch(&self.group, &self.jit, &self.p2p, hooks, call, stream)
+        self.launch_collective(hooks, call, stream)
     }
 }

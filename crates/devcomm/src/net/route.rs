@@ -1,8 +1,8 @@
 //! Send/recv with network peers (docs/NETWORK.md, "Send/recv over the network"): the pure
 //! decisions and layouts the launcher and `cuda/kernels/sendrecv_net.cu` share.
 //!
-//! - [`choose`]: which route a call takes (NVLink kernels, the network kernel, or a refusal
-//!   for a launch that mixes the two), from the link kinds of its peers.
+//! - [`choose`]: which route a call takes (NVLink kernels, the network kernel, or both side by
+//!   side for a launch that mixes the two), from the link kinds of its peers.
 //! - [`StagingLayout`]: the host-mapped staging every rank registers with UCX, the same
 //!   offsets on every rank: two signal words per peer (`READY` written by that peer's proxy:
 //!   chunks it sent here; `FREE` written by that peer's proxy: chunks of ours it consumed),
@@ -20,6 +20,8 @@ pub const HEADER_BYTES: u64 = 64;
 /// `ChunkHeader::kind` of a send/recv chunk ("NETS" in ASCII, so that zeroed memory never
 /// passes for one).
 pub const KIND_SENDRECV: u32 = 0x5354_454E;
+/// `ChunkHeader::kind` of a collective's chunk ("NCOL").
+pub const KIND_COLLECTIVE: u32 = 0x4C4F_434E;
 /// Queue channel of the sender's chunks (`READY` words).
 pub const CHANNEL_DATA: u32 = 0;
 /// Queue channel of the receiver's credits (`FREE` words); a channel per direction keeps one
@@ -36,16 +38,20 @@ pub const REFUSED: u64 = 1 << 63;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ChunkHeader {
-    /// [`KIND_SENDRECV`].
+    /// [`KIND_SENDRECV`] or [`KIND_COLLECTIVE`].
     pub kind: u32,
     /// Index of the chunk in its message.
     pub chunk: u32,
     /// The sender's call number with this receiver (1, 2, ... since the communicator was built).
     pub call: u64,
-    /// The message's size in bytes.
+    /// The message's size in bytes (a collective: its wire bytes with this peer).
     pub bytes: u64,
+    /// A collective's operation (`CollLaunch::mode` + 1); 0 for send/recv.
+    pub op: u64,
+    /// All-to-all-v: the rows sent (the count exchange); 0 otherwise.
+    pub rows: u64,
     /// Padding to 64 bytes.
-    pub reserved: [u64; 5],
+    pub reserved: [u64; 3],
 }
 
 /// The network send/recv kernel's argument (`NetP2PLaunch` in `net_p2p.cuh`); a role with
@@ -88,6 +94,7 @@ const _: () = {
     assert!(size_of::<ChunkHeader>() == HEADER_BYTES as usize);
     assert!(offset_of!(ChunkHeader, call) == 8);
     assert!(offset_of!(ChunkHeader, bytes) == 16);
+    assert!(offset_of!(ChunkHeader, rows) == 32);
     assert!(size_of::<NetP2PLaunch>() == 120);
     assert!(offset_of!(NetP2PLaunch, staging) == 48);
     assert!(offset_of!(NetP2PLaunch, slots) == 72);
@@ -193,6 +200,12 @@ pub enum P2PRoute {
     Nvlink,
     /// The network kernel: every role with bytes to move has a network peer.
     Network,
+    /// One role each: the send role by the network kernel and the receive role by the NVLink
+    /// kernels (`send_by_network`), or the other way round; the two run side by side.
+    Split {
+        /// Whether the send role is the network one.
+        send_by_network: bool,
+    },
 }
 
 /// One role of a call, as the route decision sees it.
@@ -208,8 +221,8 @@ pub struct RoleView {
 }
 
 /// The route of a call with roles `send` and `recv` (pure). Empty roles move nothing and do
-/// not count. A launch whose roles need both routes is refused: one kernel does not do both
-/// yet.
+/// not count. A launch whose two roles need both routes is split: each role runs on its own
+/// route, side by side.
 pub fn choose(rank: usize, send: Option<RoleView>, recv: Option<RoleView>) -> Result<P2PRoute> {
     let roles = [send, recv].map(|r| r.filter(|r| r.bytes > 0));
     let net = roles.map(|r| r.is_some_and(|r| r.kind == Some(LinkKind::Net)));
@@ -225,22 +238,13 @@ pub fn choose(rank: usize, send: Option<RoleView>, recv: Option<RoleView>) -> Re
             });
         }
     }
-    match (net.contains(&true), other.contains(&true)) {
-        (false, _) => Ok(P2PRoute::Nvlink),
-        (true, false) => Ok(P2PRoute::Network),
-        (true, true) => {
-            let peers = roles.map(|r| r.map_or(-1, |r| r.peer as i64));
-            Err(Error::InvalidArgument {
-                op: "sendrecv",
-                reason: format!(
-                    "rank {rank}: send peer {} and receive peer {} are reached by different \
-                     routes (one over the network): a launch that mixes NVLink and network \
-                     peers is not built yet; make two calls",
-                    peers[0], peers[1]
-                ),
-            })
-        }
-    }
+    Ok(match (net.contains(&true), other.contains(&true)) {
+        (false, _) => P2PRoute::Nvlink,
+        (true, false) => P2PRoute::Network,
+        (true, true) => P2PRoute::Split {
+            send_by_network: net[0],
+        },
+    })
 }
 
 /// Layout of the structs shared with `net_p2p.cuh`: (C++ struct, field, offset, size of
@@ -254,6 +258,8 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = {
         ("NetChunkHeader", "chunk", offset_of!(ChunkHeader, chunk), H),
         ("NetChunkHeader", "call", offset_of!(ChunkHeader, call), H),
         ("NetChunkHeader", "bytes", offset_of!(ChunkHeader, bytes), H),
+        ("NetChunkHeader", "op", offset_of!(ChunkHeader, op), H),
+        ("NetChunkHeader", "rows", offset_of!(ChunkHeader, rows), H),
         ("NetP2PLaunch", "q", offset_of!(NetP2PLaunch, q), L),
         (
             "NetP2PLaunch",

@@ -136,7 +136,9 @@ impl RouteRank {
                 chunk: i as u32,
                 call,
                 bytes: data.len() as u64,
-                reserved: [0; 5],
+                op: 0,
+                rows: 0,
+                reserved: [0; 3],
             };
             // SAFETY: the outbox slot holds HEADER_BYTES + slot_bytes bytes; the credit above
             // says the proxy finished reading its previous use.

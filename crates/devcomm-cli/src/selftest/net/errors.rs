@@ -1,11 +1,13 @@
 //! Errors with network peers: a call whose two sides differ in size, and the operations that
-//! are not built for network peers, which must refuse at once (not hang).
+//! are not built for network peers (the reductions, the barrier), which must refuse at once
+//! (not hang). The collectives' mismatches with
+//! network peers are the `mismatch` group's `collective_mismatch`, run with network links.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
-use devcomm::{Comm, Error, LinkKind, ReduceOp};
+use devcomm::{Comm, Error, ReduceOp};
 
 use super::super::harness::{compare, fresh_comm, Checked, Ctx, Fresh, Outcome, POISON};
 use super::{job, no_partner};
@@ -22,7 +24,6 @@ pub(super) fn refusals(cx: &Ctx) -> Checked {
     };
     cx.host_barrier()?;
     let (comm, stream) = (&cx.comm, &cx.stream);
-    let world = comm.world_size();
     let mut seen = Vec::new();
     let mut expect_refusal = |what: &str, r: devcomm::Result<()>, text: &str| {
         let t = Instant::now();
@@ -38,9 +39,6 @@ pub(super) fn refusals(cx: &Ctx) -> Checked {
     // Collectives refuse on a rank with a network peer before launching; a rank without one
     // would launch and wait for the others, so they are tried only when every rank has one.
     if net.every_rank_has_one {
-        let src = stream.alloc_zeros::<u64>(64 * world).map_err(|e| e.to_string())?;
-        let mut dst = stream.alloc_zeros::<u64>(64 * world).map_err(|e| e.to_string())?;
-        expect_refusal("all_to_all", comm.all_to_all(&src, &mut dst, stream), NOT_BUILT)?;
         let x = stream.alloc_zeros::<f32>(1024).map_err(|e| e.to_string())?;
         let mut y = stream.alloc_zeros::<f32>(1024).map_err(|e| e.to_string())?;
         expect_refusal(
@@ -49,18 +47,6 @@ pub(super) fn refusals(cx: &Ctx) -> Checked {
             NOT_BUILT,
         )?;
         expect_refusal("barrier", comm.barrier(stream), NOT_BUILT)?;
-    }
-    // One launch that sends to a network peer and receives from an NVLink peer (a mixed job).
-    let topo = comm.topology();
-    let nvl = (0..world).find(|&p| topo.kind(p) == LinkKind::Nvl);
-    if let (Some(peer), Some(other)) = (net.partner, nvl) {
-        let a = stream.alloc_zeros::<u8>(4096).map_err(|e| e.to_string())?;
-        let mut b = stream.alloc_zeros::<u8>(4096).map_err(|e| e.to_string())?;
-        expect_refusal(
-            "sendrecv to a network peer and from an NVLink peer",
-            comm.sendrecv(&a, peer, &mut b, other, stream),
-            "not built yet",
-        )?;
     }
     cx.host_barrier()?;
     let Some(peer) = net.partner else {

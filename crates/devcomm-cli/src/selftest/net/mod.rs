@@ -5,8 +5,12 @@
 //! skipped with the reason (the job's shape gives it nothing to do).
 //!
 //! Files: `calls.rs` (sizes one way and both ways, back-to-back calls, graph replays),
-//! `mesh.rs` (a ring over network links, network and NVLink partners in turn), `errors.rs`
-//! (a size mismatch, the operations that refuse network peers).
+//! `mesh.rs` (a ring over network links, network and NVLink partners in turn, a ring of calls
+//! split between the two routes), `errors.rs`
+//! (a size mismatch, the operations that refuse network peers). All-to-all(-v) and the hooked
+//! collectives with network peers are checked by the `collectives` group and the `mismatch`
+//! group's `collective_mismatch` run with the same forced links (scripts/gpu-check.sh,
+//! `net@N`).
 
 use devcomm::LinkKind;
 
@@ -55,11 +59,18 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, _| mesh::beside_nvlink(cx, 20),
     },
     Check {
+        name: "net_mixed_ring",
+        ranks: Ranks::AtLeast(3),
+        about: "a ring in which every call sends over one kind of link and receives over the \
+                other (NVLink and network roles side by side in one call), 40 calls of mixed \
+                sizes and 20 replays of a captured graph of two, every byte checked",
+        run: |cx, _| mesh::mixed_ring(cx, 40, 20),
+    },
+    Check {
         name: "net_refusals",
         ranks: Ranks::AtLeast(2),
-        about: "operations not built for network peers (all-to-all, all-reduce, barrier, a \
-                launch mixing NVLink and network peers) refuse at once with an error that says \
-                so; the communicator stays usable",
+        about: "operations not built for network peers (all-reduce, barrier) refuse at once \
+                with an error that says so; the communicator stays usable",
         run: |cx, _| errors::refusals(cx),
     },
     Check {
@@ -101,6 +112,8 @@ pub(super) struct NetJob {
     pub(super) every_rank_has_one: bool,
     /// Whether every link of the ring r -> r + 1 is a network link.
     pub(super) ring_is_net: bool,
+    /// A ring whose every rank sends over one kind of link and receives over the other.
+    pub(super) mixed_cycle: Option<Vec<usize>>,
 }
 
 /// This job's network pairs (gathered under a key of `check`, unique per check), or the
@@ -146,6 +159,7 @@ pub(super) fn job(cx: &Ctx, check: &str) -> Result<Result<NetJob, Outcome>, Stri
         nvl_partner: net_pairs(&matrix(2))[rank],
         every_rank_has_one: links.iter().all(|l| l.contains(&true)),
         ring_is_net: world >= 2 && (0..world).all(|r| links[r][(r + 1) % world]),
+        mixed_cycle: mesh::mixed_cycle(&links, &matrix(2)),
     }))
 }
 
