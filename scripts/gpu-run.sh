@@ -149,8 +149,8 @@ for w in $what; do
       done ;;
     agree-parts)
       # Which part of the call agreement costs what at 8 B (agree.cuh): with each part compiled
-      # out in the communicators that keep the agreement on (bench --op agree_latency compares
-      # them with the agreement compiled out, in one process).
+      # out in the calls that keep the agreement on (bench --op agree_latency compares them
+      # with calls without it, switched per call on one communicator).
       for v in recv0 ack0 mirror0; do
         case $v in recv0) o="-DDC_AGREE_RECV=0" ;; ack0) o="-DDC_AGREE_ACK=0" ;; mirror0) o="-DDC_AGREE_MIRROR=0" ;; esac
         step agree-$v env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-20}" --device-kind "$kind" --json "$out/agree-$v.json"
@@ -165,8 +165,9 @@ for w in $what; do
       done ;;
     agree-ab)
       # The call agreement's cost at 8 B (docs/PROTOCOL.md, "Agreement"): host-launched
-      # send/recv + synchronise per call on three communicators built on, off, on in the same
-      # processes, interleaved in ROUNDS rounds (bench --op agree_latency); REPS runs.
+      # send/recv + synchronise per call with and without the agreement, switched per call on
+      # one communicator (-DDC_AGREE_SWITCH=1), ROUNDS rounds (bench --op agree_latency); REPS
+      # runs.
       for r in $(seq 1 "${REPS:-2}"); do
         step agree-ab-$r $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-30}" --device-kind "$kind" --json "$out/agree-ab-$r.json"
       done ;;

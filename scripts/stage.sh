@@ -28,6 +28,9 @@ fi
 [ -n "${DEVCOMM_STAGE_KEEP_CACHE:-}" ] || rm -rf dist/kernel-cache
 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" \
   dist/devcomm precompile --arch 9.0
+# The send/recv kernels with the agreement switched per call (bench --op agree_latency).
+LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" \
+  DEVCOMM_P2P_OPTIONS=-DDC_AGREE_SWITCH=1 dist/devcomm precompile --arch 9.0 --builtin sendrecv
 # The collectives of communicators with network links (gpu-check.sh net-coll@N and kill tests).
 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" \
   dist/devcomm precompile --arch 9.0 --net --builtin copy1,copy4,copy8,examples

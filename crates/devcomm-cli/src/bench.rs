@@ -45,9 +45,9 @@ const OPS: &[(&str, &str)] = &[
     ),
     (
         "agree_latency",
-        "host-launched 8-byte sendrecv between ranks 0 and 1, each call synchronised; runs on \
-         one shared GPU too, for comparing two runs: compare with DEVCOMM_P2P_OPTIONS=\
-         \"-DDC_AGREE=0\" (the call agreement compiled out)",
+        "the call agreement's cost: host-launched 8-byte sendrecv between ranks 0 and 1, each \
+         call synchronised, with and without the agreement in turn on one communicator \
+         (-DDC_AGREE_SWITCH=1)",
     ),
     (
         "launch",

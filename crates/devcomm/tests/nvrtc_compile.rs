@@ -107,16 +107,24 @@ fn sendrecv_kernels_compile() {
     if !nvrtc_available() {
         return;
     }
-    let spec = devcomm::p2p::sendrecv_spec(&[]);
-    let module = compile_timed(&spec);
-    assert_eq!(module.lowered_names.len(), spec.name_expressions.len());
-    for expr in &spec.name_expressions {
+    // The library's build, and the measurement build of `bench --op agree_latency` (the
+    // agreement switched per call).
+    for options in [vec![], vec![devcomm::testing::AGREE_SWITCH.to_owned()]] {
+        let spec = devcomm::p2p::sendrecv_spec(&options);
+        let module = compile_timed(&spec);
+        assert_eq!(module.lowered_names.len(), spec.name_expressions.len());
+        for expr in &spec.name_expressions {
+            assert!(
+                module.lowered_names[expr].starts_with("_Z"),
+                "{expr} not lowered ({options:?})"
+            );
+        }
         assert!(
-            module.lowered_names[expr].starts_with("_Z"),
-            "{expr} not lowered"
+            module.log.is_empty(),
+            "warnings ({options:?}):\n{}",
+            module.log
         );
     }
-    assert!(module.log.is_empty(), "warnings:\n{}", module.log);
 }
 
 #[test]

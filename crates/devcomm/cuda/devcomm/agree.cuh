@@ -54,6 +54,20 @@ namespace p2p {
 #ifndef DC_AGREE_MIRROR
 #define DC_AGREE_MIRROR DC_AGREE
 #endif
+// DC_AGREE_SWITCH=1 (`bench --op agree_latency`, measurement only): a low-latency send/recv
+// call whose side carries kSideNoAgree goes without the agreement, as with DC_AGREE=0, so
+// that calls with and without it alternate on one communicator (both ends switch together:
+// the host sets the bit on both ranks for the same calls, testing::set_agreement_off).
+// Without the option the bit is ignored and this compiles to the constant DC_AGREE.
+#ifndef DC_AGREE_SWITCH
+#define DC_AGREE_SWITCH 0
+#endif
+
+#if defined(__CUDACC__)
+__device__ __forceinline__ bool agree_side_on(const P2PSide& s) {
+  return DC_AGREE && !(DC_AGREE_SWITCH && (s.pull & kSideNoAgree));
+}
+#endif
 
 #if defined(__CUDACC__)
 

@@ -30,6 +30,7 @@ use crate::topology::Topology;
 
 pub use builder::CommBuilder;
 pub use collectives::HookArgs;
+pub use p2p::AGREE_SWITCH;
 pub use registration::{RegisteredRange, Registration};
 
 /// A communicator: one per process, one GPU per process.

@@ -6,7 +6,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use super::Comm;
 use crate::collective::CollShape;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::p2p::{P2PConfig, P2PLimits, Transfer, TuneTable};
 
 /// Send/recv and the collectives composed from them. A call whose peers are network peers
@@ -143,4 +143,31 @@ impl Comm {
     pub fn tune_table(&self) -> Option<&TuneTable> {
         self.p2p.tune_table()
     }
+
+    /// See [`crate::testing::set_agreement_off`].
+    pub(crate) fn set_agreement_off(&self, off: bool) -> Result<()> {
+        if !self
+            .group
+            .config
+            .p2p_options
+            .iter()
+            .any(|o| o == AGREE_SWITCH)
+        {
+            return Err(Error::InvalidArgument {
+                op: "set_agreement_off",
+                reason: format!(
+                    "this communicator's send/recv kernels were built without {AGREE_SWITCH} \
+                     (DEVCOMM_P2P_OPTIONS), so they would ignore the switch"
+                ),
+            });
+        }
+        self.p2p
+            .agree_off
+            .store(off, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
 }
+
+/// The NVRTC option that lets low-latency send/recv calls go without the call agreement, per
+/// call (measurements only: `cuda/devcomm/agree.cuh`).
+pub const AGREE_SWITCH: &str = "-DDC_AGREE_SWITCH=1";

@@ -93,6 +93,9 @@ pub(crate) struct P2P {
     tune: Option<TuneTable>,
     /// Streams of copy-engine messages.
     ce: CeStreams,
+    /// Measurement builds (`-DDC_AGREE_SWITCH=1`): low-latency calls go without the call
+    /// agreement while set (`testing::set_agreement_off`).
+    pub(crate) agree_off: std::sync::atomic::AtomicBool,
 }
 
 /// The streams a copy-engine message forks onto from the caller's stream (and joins back):
@@ -163,6 +166,7 @@ impl P2P {
             switches: Switches::from_config(&group.config),
             tune,
             ce,
+            agree_off: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
