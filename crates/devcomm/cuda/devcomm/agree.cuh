@@ -89,6 +89,7 @@ __device__ inline void agree_record(const P2PLaunch& a, int peer, dc_u32 field, 
 // it for the call's. Without the announcement the peer's receive times out naming this rank.
 struct AgreeSend {
   dc_u64* own;
+  dc_u64* ring;  // the peer's ring of this rank's descriptors (word 0), as mapped here
   dc_u64 call;
   dc_u64 ack;
   dc_u64 aborted;
@@ -100,9 +101,14 @@ constexpr dc_u64 kMirrorUnknown = ~0ull;
 __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int peer,
                                                       dc_u64 mirror_at = kMirrorUnknown) {
   dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
-  if (!DC_AGREE) return AgreeSend{own, 0, 0, 0};
+  if (!DC_AGREE) return AgreeSend{own, nullptr, 0, 0, 0};
   const dc_u64 at = mirror_at == kMirrorUnknown ? mirror_address(a.w) : mirror_at;
-  return AgreeSend{own, own[kAgCallS] + 1, ld_relaxed_sys(own + kAgAck),
+  // The peer's pad address is a load from the window's table: issued here with the others,
+  // not after the checks (it was the last load before the descriptor's store, on the path of
+  // an 8-byte call's only line, which this thread stores after the barrier).
+  dc_u64* ring =
+      peer_user_slot(a.w, peer, p2p_ce_word(a, a.w.rank, kAgDesc + kAgRing - 1)) - (kAgRing - 1);
+  return AgreeSend{own, ring, own[kAgCallS] + 1, ld_relaxed_sys(own + kAgAck),
                    DC_AGREE_MIRROR ? mirror_value(at) : 0};
 }
 
@@ -122,8 +128,7 @@ __device__ inline bool agree_send_finish(const P2PLaunch& a, int peer, const Agr
       return false;
     }
   }
-  dc_u64* desc = peer_user_slot(a.w, peer, p2p_ce_word(a, a.w.rank, kAgDesc + s.call % kAgRing));
-  st_relaxed_sys(desc, agree_pack(s.call, kind, bytes));
+  st_relaxed_sys(s.ring + s.call % kAgRing, agree_pack(s.call, kind, bytes));
   s.own[kAgCallS] = s.call;
   return true;
 }
