@@ -54,6 +54,11 @@ namespace p2p {
 #ifndef DC_AGREE_MIRROR
 #define DC_AGREE_MIRROR DC_AGREE
 #endif
+// DC_AGREE_DESC=0: senders do everything but store the descriptor (cost comparisons only,
+// with DC_AGREE_RECV=0, or receivers wait for a descriptor that never comes).
+#ifndef DC_AGREE_DESC
+#define DC_AGREE_DESC DC_AGREE
+#endif
 // DC_AGREE_SWITCH=1 (`bench --op agree_latency`, measurement only): a low-latency send/recv
 // call whose side carries kSideNoAgree goes without the agreement, as with DC_AGREE=0, so
 // that calls with and without it alternate on one communicator (both ends switch together:
@@ -128,7 +133,7 @@ __device__ inline bool agree_send_finish(const P2PLaunch& a, int peer, const Agr
       return false;
     }
   }
-  st_relaxed_sys(s.ring + s.call % kAgRing, agree_pack(s.call, kind, bytes));
+  if (DC_AGREE_DESC) st_relaxed_sys(s.ring + s.call % kAgRing, agree_pack(s.call, kind, bytes));
   s.own[kAgCallS] = s.call;
   return true;
 }
