@@ -28,14 +28,14 @@ def table(path):
     out = [f"`{path.split('/')[-1]}`: {r0['op']}, {r0['world_size']} ranks, {r0['device']}, {r0['date']}", ""]
     out.append("| bytes | both ways | devcomm us | reference us | devcomm GB/s | reference GB/s | ratio | SMs | config | reference |")
     out.append("|---:|:-:|---:|---:|---:|---:|---:|---:|---|---|")
+    def num(x, fmt):  # NaN (no reference) is written as null
+        return "-" if x is None or x != x else format(x, fmt)
+
     for r in rows:
-        ratio = r["ratio"]
-        ratio_s = "-" if ratio != ratio else f"{ratio:.2f}"
-        ref_us = r["nccl_us"]
-        ref_s = "-" if ref_us != ref_us else f"{ref_us:.2f}"
         out.append(
-            f"| {size(r['bytes'])} | {'yes' if r['both_directions'] else 'no'} | {r['devcomm_us']:.2f} | {ref_s} | "
-            f"{r['devcomm_gbps']:.1f} | {r['nccl_gbps']:.1f} | {ratio_s} | {r['sms']} | {r.get('config', '')} | {r['reference']} |"
+            f"| {size(r['bytes'])} | {'yes' if r['both_directions'] else 'no'} | {r['devcomm_us']:.2f} | "
+            f"{num(r['nccl_us'], '.2f')} | {num(r['devcomm_gbps'], '.1f')} | {num(r['nccl_gbps'], '.1f')} | "
+            f"{num(r['ratio'], '.2f')} | {r['sms']} | {r.get('config', '')} | {r['reference']} |"
         )
     return "\n".join(out) + "\n"
 
