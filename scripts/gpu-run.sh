@@ -152,11 +152,12 @@ for w in $what; do
       # out in the calls that keep the agreement on (bench --op agree_latency compares them
       # with calls without it, switched per call on one communicator).
       # recv0desc0: no descriptor stored either; min: only the call numbers' own loads and
-      # stores are left.
+      # stores are left; timing: the whole agreement, the roles' phases timed on the GPU.
       for v in ${AGREE_PARTS:-recv0 ack0 mirror0 recv0desc0 min}; do
         case $v in recv0) o="-DDC_AGREE_RECV=0" ;; ack0) o="-DDC_AGREE_ACK=0" ;; mirror0) o="-DDC_AGREE_MIRROR=0" ;;
           recv0desc0) o="-DDC_AGREE_RECV=0 -DDC_AGREE_DESC=0" ;;
-          min) o="-DDC_AGREE_RECV=0 -DDC_AGREE_DESC=0 -DDC_AGREE_ACK=0 -DDC_AGREE_MIRROR=0" ;; esac
+          min) o="-DDC_AGREE_RECV=0 -DDC_AGREE_DESC=0 -DDC_AGREE_ACK=0 -DDC_AGREE_MIRROR=0" ;;
+          timing) o="-DDC_AGREE_TIMING=1" ;; esac
         step agree-$v env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-20}" --device-kind "$kind" --json "$out/agree-$v.json"
       done ;;
     reduce-var)

@@ -83,3 +83,11 @@ pub use crate::comm::AGREE_SWITCH;
 pub fn set_agreement_off(comm: &crate::Comm, off: bool) -> Result<()> {
     comm.set_agreement_off(off)
 }
+
+/// Measurements only (send/recv kernels built with `-DDC_AGREE_SWITCH=1 -DDC_AGREE_TIMING=1`):
+/// the phase times the low-latency roles added up, words 0-4 for calls with the agreement and
+/// 8-12 for calls without (`cuda/devcomm/agree.cuh`, `DC_AGREE_TIMING`). Synchronises the
+/// context's default stream.
+pub fn agreement_timing(comm: &crate::Comm) -> Result<[u64; 16]> {
+    comm.agreement_timing()
+}

@@ -108,8 +108,12 @@ fn sendrecv_kernels_compile() {
         return;
     }
     // The library's build, and the measurement build of `bench --op agree_latency` (the
-    // agreement switched per call).
-    for options in [vec![], vec![devcomm::testing::AGREE_SWITCH.to_owned()]] {
+    // agreement switched per call, its phases timed).
+    let measurement = vec![
+        devcomm::testing::AGREE_SWITCH.to_owned(),
+        "-DDC_AGREE_TIMING=1".to_owned(),
+    ];
+    for options in [vec![], measurement] {
         let spec = devcomm::p2p::sendrecv_spec(&options);
         let module = compile_timed(&spec);
         assert_eq!(module.lowered_names.len(), spec.name_expressions.len());

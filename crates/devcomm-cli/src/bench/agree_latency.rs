@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use devcomm::testing::{set_agreement_off, AGREE_SWITCH};
+use devcomm::testing::{agreement_timing, set_agreement_off, AGREE_SWITCH};
 use devcomm::Comm;
 
 use super::{BenchArgs, Record};
@@ -35,6 +35,31 @@ const AGREE_OFF: &str = "-DDC_AGREE=0";
 const CALLS_PER_ROUND: usize = 200;
 /// Per group of four calls: whether the agreement is on.
 const PATTERN: [bool; 4] = [true, false, false, true];
+/// The option that makes the low-latency roles add up their phase times (agree.cuh).
+const TIMING: &str = "-DDC_AGREE_TIMING=1";
+
+/// The phases `-DDC_AGREE_TIMING=1` adds up (agree.cuh), as "on/off" mean ns per call.
+fn phases(t: &[u64; 16]) -> String {
+    let names = [
+        "sender past its barrier",
+        "sender's lines stored",
+        "receiver's lines seen",
+        "receiver's end",
+    ];
+    let mean = |base: usize, w: usize| t[base + w] as f64 / t[base].max(1) as f64;
+    let parts: Vec<String> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{n} {:.0}/{:.0}", mean(0, i + 1), mean(8, i + 1)))
+        .collect();
+    format!(
+        "phase means in ns from each role's start, with/without the agreement ({} and {} \
+         calls): {}",
+        t[0],
+        t[8],
+        parts.join(", ")
+    )
+}
 
 /// The communicator of the comparison, its stream and its two buffers.
 struct Side {
@@ -128,6 +153,15 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         }
     }
     set_agreement_off(&side.comm, false).map_err(|e| e.to_string())?;
+    let timed = side.comm.config().p2p_options.iter().any(|o| o == TIMING);
+    let timing = if timed && rank < 2 {
+        let t = agreement_timing(&side.comm).map_err(|e| e.to_string())?;
+        let p = phases(&t);
+        println!("agree_latency rank {rank}: {p}");
+        format!("; rank {rank}'s {p}")
+    } else {
+        String::new()
+    };
     cx.host_barrier()?;
     if rank != 0 {
         return Ok(Vec::new());
@@ -156,7 +190,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
             "cost median(on) - median(off) per round: median {d:+.3} us, range {lo:+.3} .. \
              {hi:+.3}; control (on calls ending a group of four - those starting one): median \
              {dc:+.3} us, range {clo:+.3} .. {chi:+.3}; {rounds} rounds of {CALLS_PER_ROUND} \
-             calls each"
+             calls each{timing}"
         ),
         ..Record::new(cx, args, "agree_latency", bytes as u64)
     }])

@@ -68,9 +68,26 @@ namespace p2p {
 #define DC_AGREE_SWITCH 0
 #endif
 
+// DC_AGREE_TIMING=1 (with DC_AGREE_SWITCH, measurement only): thread 0 of block 0 of each
+// low-latency role adds its phase times (%globaltimer, ns from the role's start) to this
+// rank's own copy-engine block, which no call uses (p2p_ce_word(a, rank, w)): words 0-4 for
+// calls with the agreement, 8-12 without; [0] sender calls, [1] sender until past its
+// barrier, [2] sender until its lines are stored, [3] receiver until its lines were seen,
+// [4] receiver until its end (testing::agreement_timing reads them).
+#ifndef DC_AGREE_TIMING
+#define DC_AGREE_TIMING 0
+#endif
+
 #if defined(__CUDACC__)
 __device__ __forceinline__ bool agree_side_on(const P2PSide& s) {
   return DC_AGREE && !(DC_AGREE_SWITCH && (s.pull & kSideNoAgree));
+}
+
+// Adds `since` ns ago to timing word `w` (+ 8 for a call without the agreement).
+__device__ __forceinline__ void agree_time(const P2PLaunch& a, bool on, dc_u32 w, dc_u64 since) {
+  if (!DC_AGREE_TIMING) return;
+  dc_u64* t = own_user_slot(a.w, p2p_ce_word(a, a.w.rank, (on ? 0u : 8u) + w));
+  *t += w == 0 ? 1 : globaltimer_ns() - since;
 }
 #endif
 

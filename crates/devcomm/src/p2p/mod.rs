@@ -190,6 +190,11 @@ impl P2P {
     }
 
     /// The window sizes.
+    /// Device address of user slot `slot` of this rank's pad in the send/recv window.
+    pub(crate) fn own_slot_ptr(&self, world: usize, slot: usize) -> u64 {
+        self.window.signals_device_ptr() + 8 * (world + slot) as u64
+    }
+
     pub(crate) fn limits(&self) -> &P2PLimits {
         &self.limits
     }
