@@ -11,8 +11,10 @@
 // counters no longer agree, so it must be rebuilt. Nothing is written into the destination.
 //
 // The store needs no fence and the check no extra round trip: the descriptor leaves with the
-// data (the same thread stores it just before its first line or chunk), and the receiver
-// polls it in the same loop as its data, so both arrive in one flight.
+// data (on the staged path the same thread stores it just before its first chunk; on the
+// low-latency paths another thread of block 0 stores it after the role's barrier, beside the
+// line stores), and the receiver polls it in the same loop as its data, so both arrive in
+// one flight.
 //
 // Ring credit: once call c has ended on the receiver (its last block out advanced CALL_R),
 // the lead thread of the receiver's NEXT call from that peer raises the sender's ACK to c, at
