@@ -26,14 +26,15 @@ fi
 # A fresh cache: entries of earlier builds would only add to what dist/ carries (64 MiB).
 # DEVCOMM_STAGE_KEEP_CACHE=1 keeps it (a rebuild whose kernel sources did not change).
 [ -n "${DEVCOMM_STAGE_KEEP_CACHE:-}" ] || rm -rf dist/kernel-cache
-LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" \
-  dist/devcomm precompile --arch 9.0
+precompile() { # extra arguments of `devcomm precompile`
+  LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" dist/devcomm precompile --arch 9.0 "$@"
+}
+precompile
 # The send/recv kernels with the agreement switched per call (bench --op agree_latency).
-LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" \
-  DEVCOMM_P2P_OPTIONS=-DDC_AGREE_SWITCH=1 dist/devcomm precompile --arch 9.0 --builtin sendrecv
+DEVCOMM_P2P_OPTIONS=-DDC_AGREE_SWITCH=1 precompile --builtin sendrecv
 # The collectives of communicators with network links (gpu-check.sh net-coll@N and kill tests).
-LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" \
-  dist/devcomm precompile --arch 9.0 --net --builtin copy1,copy4,copy8,examples
+precompile --net --builtin copy1,copy4,copy8,examples
 # UCX for the network route's steps (gpu-check.sh net@N, net-mixed@N, net-kill@N, net-bench@2),
 # trimmed to what TCP over host memory needs: libucp, libuct, libucs, libucm and the
 # shared-memory (cma) transport module, debug info stripped (dist/ travels in a 64 MiB limit).

@@ -241,36 +241,3 @@ pub(super) fn mixed_ring(cx: &Ctx, calls: usize, replays: usize) -> Checked {
         kind(prev)
     )))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::mixed_cycle;
-
-    fn matrix(n: usize, pairs: &[(usize, usize)]) -> Vec<Vec<bool>> {
-        let mut m = vec![vec![false; n]; n];
-        for &(a, b) in pairs {
-            m[a][b] = true;
-            m[b][a] = true;
-        }
-        m
-    }
-
-    #[test]
-    fn a_mixed_cycle_alternates_link_kinds_at_every_rank() {
-        // The halves topology of gpu-check net-mixed@4: {0,1} and {2,3} on NVLink.
-        let net = matrix(4, &[(0, 2), (0, 3), (1, 2), (1, 3)]);
-        let nvl = matrix(4, &[(0, 1), (2, 3)]);
-        let c = mixed_cycle(&net, &nvl).expect("a cycle");
-        assert_eq!(c.len(), 4);
-        let is_net = |a: usize, b: usize| net[a][b];
-        for i in 0..4 {
-            let (p, r, n) = (c[(i + 3) % 4], c[i], c[(i + 1) % 4]);
-            assert_ne!(is_net(p, r), is_net(r, n), "{c:?} at {r}");
-        }
-        // Every link of one kind: no such cycle.
-        let all = matrix(4, &[(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]);
-        assert_eq!(mixed_cycle(&all, &matrix(4, &[])), None);
-        // Two ranks: no cycle of three links or more.
-        assert_eq!(mixed_cycle(&matrix(2, &[(0, 1)]), &matrix(2, &[])), None);
-    }
-}

@@ -173,6 +173,7 @@ pub(super) fn no_partner(cx: &Ctx) -> Outcome {
 
 #[cfg(test)]
 mod tests {
+    use super::mesh::mixed_cycle;
     use super::net_pairs;
 
     fn links(n: usize, net: &[(usize, usize)]) -> Vec<Vec<bool>> {
@@ -205,5 +206,24 @@ mod tests {
         let mut one_sided = links(2, &[]);
         one_sided[0][1] = true;
         assert_eq!(net_pairs(&one_sided), vec![None, None]);
+    }
+
+    #[test]
+    fn a_mixed_cycle_alternates_link_kinds_at_every_rank() {
+        // The halves topology of gpu-check net-mixed@4: {0,1} and {2,3} on NVLink.
+        let net = links(4, &[(0, 2), (0, 3), (1, 2), (1, 3)]);
+        let nvl = links(4, &[(0, 1), (2, 3)]);
+        let c = mixed_cycle(&net, &nvl).expect("a cycle");
+        assert_eq!(c.len(), 4);
+        let is_net = |a: usize, b: usize| net[a][b];
+        for i in 0..4 {
+            let (p, r, n) = (c[(i + 3) % 4], c[i], c[(i + 1) % 4]);
+            assert_ne!(is_net(p, r), is_net(r, n), "{c:?} at {r}");
+        }
+        // Every link of one kind: no such cycle.
+        let all = links(4, &[(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]);
+        assert_eq!(mixed_cycle(&all, &links(4, &[])), None);
+        // Two ranks: no cycle of three links or more.
+        assert_eq!(mixed_cycle(&links(2, &[(0, 1)]), &links(2, &[])), None);
     }
 }
