@@ -565,8 +565,16 @@ __device__ void net_recv_role(const CollLaunch& a, int peer, dc_u64 seq) {
                 });
 }
 
+// Send/recv with hooks (kModePeerRows) has no call with a peer it moves no rows with: both
+// ends know the rows from the host, skip the role alike, and leave its counters as they were,
+// so ranks outside the call need not make it.
+__device__ __forceinline__ bool peer_rows_skip(const CollLaunch& a, int dir, int peer) {
+  return a.mode == kModePeerRows && a.peer_rows[dir][peer] == 0;
+}
+
 template <class H, int THREADS, bool MIXED, bool NET>
 __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
+  if (peer_rows_skip(a, 0, peer)) return;
   if (NET && ((a.net_links >> peer) & 1u)) {
     if (b == 0) net_send_role<H>(a, peer);
     return;
@@ -600,6 +608,7 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
 // other modes operation and wire size in the movers. Its blocks end the call together.
 template <class H, int THREADS, bool MIXED, bool NET>
 __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
+  if (peer_rows_skip(a, 1, peer)) return;
   if (NET && ((a.net_links >> peer) & 1u)) {
     if (b == 0) net_recv_role<H, THREADS>(a, peer, seq);
     return;
