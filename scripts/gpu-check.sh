@@ -18,10 +18,14 @@
 #          net-coll@N                      the `collectives` group and `collective_mismatch` with
 #                                          every link forced to the network
 #          net-coll-mixed@N                the same with the links of net-mixed@N
+#          net-red@N                       the `reduce` group, `reduce_mismatch`, `comm_barrier` and
+#                                          `all_gather_ring` with every link forced to the network
+#          net-red-mixed@N                 the same with the links of net-mixed@N
 #          net-kill@N                      kill-test with every link forced to the network
 #          net-bench@N                     bench --op sendrecv over the network route, one way and
 #                                          both ways, up to 16 MiB, and --op all_to_all up to
-#                                          4 MiB per peer (smoke tests: loopback TCP)
+#                                          4 MiB per peer, --op all_reduce up to 16 MiB (smoke
+#                                          tests: loopback TCP)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export DEVCOMM_TIMEOUT_MS=${DEVCOMM_TIMEOUT_MS:-10000} DEVCOMM_SETUP_TIMEOUT_MS=${DEVCOMM_SETUP_TIMEOUT_MS:-60000}
@@ -92,6 +96,12 @@ for w in "$@"; do
     net-coll-mixed@*) n=${w#net-coll-mixed@}
       step "net-coll-mixed-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_mixed "$n")" \
         scripts/shared-gpu.sh "$n" dist/devcomm selftest --only collectives,collective_mismatch ;;
+    net-red@*) n=${w#net-red@}
+      step "net-red-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
+        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only reduce,comm_barrier,all_gather_ring ;;
+    net-red-mixed@*) n=${w#net-red-mixed@}
+      step "net-red-mixed-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_mixed "$n")" \
+        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only reduce,comm_barrier,all_gather_ring ;;
     net-kill@*) n=${w#net-kill@}
       step "net-kill-test-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
         scripts/shared-gpu.sh "$n" dist/devcomm kill-test ;;
@@ -104,7 +114,10 @@ for w in "$@"; do
       done
       step "net-bench-all_to_all-$n" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
         scripts/shared-gpu.sh "$n" dist/devcomm bench --op all_to_all --reference none \
-        --max-bytes $((4 << 20)) --json "$out/net-all_to_all.json" ;;
+        --max-bytes $((4 << 20)) --json "$out/net-all_to_all.json"
+      step "net-bench-all_reduce-$n" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
+        scripts/shared-gpu.sh "$n" dist/devcomm bench --op all_reduce --reference none \
+        --max-bytes $((16 << 20)) --json "$out/net-all_reduce.json" ;;
     *@*) g=${w%@*}; n=${w#*@}; step "selftest-$g-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest --only "$g" ;;
     *) echo "unknown step $w" >&2 ;;
   esac

@@ -33,8 +33,9 @@ precompile() { # extra arguments of `devcomm precompile`
 precompile
 # The send/recv kernels with the agreement switched per call (bench --op agree_latency).
 DEVCOMM_P2P_OPTIONS=-DDC_AGREE_SWITCH=1 precompile --builtin sendrecv
-# The collectives of communicators with network links (gpu-check.sh net-coll@N and kill tests).
-precompile --net --builtin copy1,copy4,copy8,examples
+# The collectives and reduction steps of communicators with network links (gpu-check.sh
+# net-coll@N, net-red@N and the kill tests).
+precompile --net --builtin copy1,copy4,copy8,examples,reduce
 # UCX for the network route's steps (gpu-check.sh net@N, net-mixed@N, net-kill@N, net-bench@2),
 # trimmed to what TCP over host memory needs: libucp, libuct, libucs, libucm and the
 # shared-memory (cma) transport module, debug info stripped (dist/ travels in a 64 MiB limit).

@@ -32,8 +32,8 @@ pub struct PrecompileArgs {
     /// Compiles at once.
     #[arg(long, default_value_t = 2)]
     jobs: usize,
-    /// The collectives for communicators with network links instead (their kernel adds the
-    /// instantiation for network peers: docs/NETWORK.md).
+    /// The kernels of communicators with network links instead: the collectives' instantiation
+    /// for network peers and the reductions' local steps (docs/NETWORK.md).
     #[arg(long)]
     net: bool,
 }
@@ -59,29 +59,41 @@ pub(crate) fn example_hooks() -> [Hooks<f32>; 2] {
 }
 
 /// The reduction kernels: every element type, and the RMSNorm and accumulate epilogues (f32
-/// sum).
-fn reduce_specs(options: &[String]) -> Vec<(String, KernelSpec)> {
+/// sum); `net`: the network path's local steps instead (docs/NETWORK.md).
+fn reduce_specs(options: &[String], net: bool) -> Vec<(String, KernelSpec)> {
+    use devcomm::reduce::{hooked_kernel_spec, hooked_net_step_spec, kernel_spec, net_step_spec};
     use devcomm::{DataType, ReduceOp};
+    let tag = if net { " (network peers)" } else { "" };
     let mut v: Vec<_> = DataType::ALL
         .into_iter()
-        .map(|t| (format!("reduce {t}"), devcomm::reduce::kernel_spec(t)))
+        .map(|t| {
+            let spec = if net {
+                net_step_spec(t)
+            } else {
+                kernel_spec(t)
+            };
+            (format!("reduce {t}{tag}"), spec)
+        })
         .collect();
-    let hooks = Hooks::<f32, f32>::new(
-        "RmsNorm",
-        include_str!("../../devcomm/examples/hooks/rmsnorm.cu"),
-    );
-    v.push((
-        "reduce RmsNorm".into(),
-        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, hooks.raw()),
-    ));
-    let hooks = Hooks::<f32, f32>::new(
-        "Accumulate",
-        include_str!("../../devcomm/examples/hooks/accumulate.cu"),
-    );
-    v.push((
-        "reduce Accumulate".into(),
-        devcomm::reduce::hooked_kernel_spec(DataType::F32, ReduceOp::Sum, hooks.raw()),
-    ));
+    for (name, source) in [
+        (
+            "RmsNorm",
+            include_str!("../../devcomm/examples/hooks/rmsnorm.cu"),
+        ),
+        (
+            "Accumulate",
+            include_str!("../../devcomm/examples/hooks/accumulate.cu"),
+        ),
+    ] {
+        let hooks = Hooks::<f32, f32>::new(name, source);
+        let (f32, sum) = (DataType::F32, ReduceOp::Sum);
+        let spec = if net {
+            hooked_net_step_spec(f32, sum, hooks.raw())
+        } else {
+            hooked_kernel_spec(f32, sum, hooks.raw())
+        };
+        v.push((format!("reduce {name}{tag}"), spec));
+    }
     for (_, spec) in &mut v {
         spec.options.extend(options.iter().cloned());
     }
@@ -129,7 +141,7 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
                 continue;
             }
             "reduce" => {
-                specs.extend(reduce_specs(&config.reduce_options));
+                specs.extend(reduce_specs(&config.reduce_options, args.net));
                 continue;
             }
             other => return Err(format!("--builtin: unknown kernel set `{other}`")),

@@ -65,6 +65,7 @@ pub fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
         .chain(crate::p2p::handle::LAYOUT)
         .chain(crate::collective::handle::LAYOUT)
         .chain(crate::reduce::handle::LAYOUT)
+        .chain(crate::reduce::handle::NET_STEP_LAYOUT)
         .copied()
         .collect()
 }

@@ -39,6 +39,7 @@ fn layout_covers_every_shared_struct() {
         "P2PLaunch",
         "CollLaunch",
         "red::ReduceLaunch",
+        "red::NetStep",
     ] {
         assert!(
             layout().iter().any(|(s, ..)| *s == strukt),

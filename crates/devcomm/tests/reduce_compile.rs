@@ -1,6 +1,7 @@
 //! Compiles every reduction kernel with NVRTC for sm_90 (no GPU needed): one-shot and two-shot
-//! for every element type and operation, the RMSNorm and accumulate epilogues, and the error a
-//! user gets for a hook of the wrong element size.
+//! for every element type and operation, the network path's local steps, the RMSNorm and
+//! accumulate epilogues (on both paths), and the error a user gets for a hook of the wrong
+//! element size.
 //!
 //! Needs libnvrtc on the loader path; without it the tests print SKIPPED and pass, unless
 //! `DEVCOMM_REQUIRE_NVRTC` is set (CI sets it).
@@ -8,7 +9,7 @@
 mod common;
 use common::{nvrtc_available, SM90};
 use devcomm::jit;
-use devcomm::reduce::{hooked_kernel_spec, kernel_spec};
+use devcomm::reduce::{hooked_kernel_spec, hooked_net_step_spec, kernel_spec, net_step_spec};
 use devcomm::{DataType, Error, Hooks, ReduceOp};
 
 #[test]
@@ -68,5 +69,32 @@ fn a_hook_of_the_wrong_size_is_a_compile_error_with_its_reason() {
             assert!(log.contains("the hook's T is not"), "{log}")
         }
         other => panic!("expected a compile error, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_network_step_compiles_plain_and_hooked() {
+    if !nvrtc_available() {
+        return;
+    }
+    for dtype in DataType::ALL {
+        let spec = net_step_spec(dtype);
+        assert_eq!(spec.name_expressions.len(), 4, "{dtype}");
+        let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{dtype}: {e}"));
+        assert_eq!(module.lowered_names.len(), 4);
+        assert!(module.log.is_empty(), "{dtype}: warnings:\n{}", module.log);
+    }
+    for (name, source) in [
+        ("RmsNorm", include_str!("../examples/hooks/rmsnorm.cu")),
+        (
+            "Accumulate",
+            include_str!("../examples/hooks/accumulate.cu"),
+        ),
+    ] {
+        let hooks = Hooks::<f32, f32>::new(name, source);
+        let spec = hooked_net_step_spec(DataType::F32, ReduceOp::Sum, hooks.raw());
+        let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(module.lowered_names.len(), 1);
+        assert!(module.log.is_empty(), "{name}: warnings:\n{}", module.log);
     }
 }

@@ -61,11 +61,30 @@ struct CollLaunch {
   dc_u32 self_blocks;      // @872 S: blocks of the own chunk's role
   dc_u32 net_links;        // @876 bit q: peer q is reached over the network (NET kernels only)
   NetP2PLaunch net;        // @880 the network staging and queues (NET kernels; roles unused)
+  dc_u32 op;               // @1000 what the call is, as both ends compare it: mode + 1, or a
+                           //       reduction's step with network peers (reduce/net_plan.rs);
+                           //       NVLink agreements carry its low 4 bits, network headers all
+  dc_u32 op_pad;           // @1004
 };
 
 enum CollMode : dc_u32 { kModeUniform = 0, kModePeerRows = 1, kModeDeviceCounts = 2 };
 
-static_assert(sizeof(CollLaunch) == 1000, "CollLaunch size");
+// The operation an NVLink agreement carries: the low 4 bits of `op` (its field's width).
+DC_HOST_DEVICE inline dc_u32 nvl_op(const CollLaunch& a) { return a.op & 15u; }
+
+// The NVLink agreement's payload of a call moving `wire` bytes with a peer: the operation over
+// the wire bytes. A reduction's step (op >= 4, reduce/net_plan.rs) also carries the element type
+// + 1 and the hook bit of `op` (bits 8-12) in bits 32-35 above the low 32 bits of the wire bytes,
+// so that an f32 and an i32 reduction of one size are told apart between NVLink peers too.
+DC_HOST_DEVICE inline dc_u64 coll_agree_payload(const CollLaunch& a, dc_u64 wire) {
+  const dc_u32 op = nvl_op(a);
+  if (op < 4) return agree_coll(op, wire);
+  const dc_u64 tag = ((a.op >> 8) & 7u) | (((a.op >> 12) & 1u) << 3);
+  return agree_coll(op, (tag << 32) | (wire & 0xffffffffull));
+}
+
+static_assert(sizeof(CollLaunch) == 1008, "CollLaunch size");
+static_assert(DC_OFFSETOF(CollLaunch, op) == 1000, "CollLaunch.op");
 static_assert(DC_OFFSETOF(CollLaunch, net) == 880, "CollLaunch.net");
 static_assert(DC_OFFSETOF(CollLaunch, self_blocks) == 872, "CollLaunch.self_blocks");
 static_assert(DC_OFFSETOF(CollLaunch, peer_rows) == 360, "CollLaunch.peer_rows");
@@ -513,7 +532,7 @@ __device__ void net_send_role(const CollLaunch& a, int peer) {
   send_range(a, peer, rows, first, threadIdx.x == 0);
   const dc_u64 n = rows * a.row_len;
   const HookSend<H> m{{base_ctx<H>(a, peer, rows, true), first * a.row_len, n}};
-  const NetCallDesc d{kNetCollKind, Shape<H>::wire_bytes(n), a.mode + 1,
+  const NetCallDesc d{kNetCollKind, Shape<H>::wire_bytes(n), a.op,
                       a.mode == kModeDeviceCounts ? rows : 0};
   net_send_call(Block{}, a.net, peer, d, 1,
                 [&](const Block& g, unsigned char* payload, dc_u64 off, dc_u64 len) {
@@ -531,7 +550,7 @@ __device__ void net_recv_role(const CollLaunch& a, int peer, dc_u64 seq) {
   const bool counts = a.mode == kModeDeviceCounts;
   dc_u64 rows = 0, first = 0, total = 0;
   bool overflow = false;
-  NetCallDesc e{kNetCollKind, 0, a.mode + 1, 0};
+  NetCallDesc e{kNetCollKind, 0, a.op, 0};
   if (!counts) {  // these modes know their rows without waiting
     recv_range<THREADS>(a, peer, seq, rows, first, total, overflow);
     e.bytes = Shape<H>::wire_bytes(rows * a.row_len);
@@ -585,7 +604,7 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   const dc_u64 n = rows * a.row_len;
   // Every call tells the peer what it is (devcomm/agree.cuh), even when it sends nothing.
   if (b == 0 && threadIdx.x == 0) {
-    p2p::agree_send(a.p, peer, kKindCollective, agree_coll(a.mode + 1, Shape<H>::wire_bytes(n)));
+    p2p::agree_send(a.p, peer, kKindCollective, coll_agree_payload(a, Shape<H>::wire_bytes(n)));
   }
   const bool net = MIXED && ((a.net_peers >> peer) & 1u);
   const Plan pl = plan_for<THREADS>(a.p, Shape<H>::wire_bytes(n), net, a.blocks_per_peer);
@@ -614,7 +633,7 @@ __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
     return;
   }
   const dc_u64 call = p2p::agree_recv_begin(a.p, peer, b == 0 && threadIdx.x == 0);
-  const dc_u32 op = a.mode + 1;
+  const dc_u32 op = nvl_op(a);
   if (a.mode == kModeDeviceCounts) {
     __shared__ int agreed;
     if (threadIdx.x == 0) {
@@ -645,7 +664,7 @@ __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
       a.mode == kModeDeviceCounts
           ? p2p::agree_none()
           : p2p::agree_recv(a.p, peer, call, kKindCollective,
-                            agree_coll(op, Shape<H>::wire_bytes(n)));
+                            coll_agree_payload(a, Shape<H>::wire_bytes(n)));
   const HookRecv<H> m{{base_ctx<H>(a, peer, rows, false), first * a.row_len, n}, overflow};
   const P2PSide r{0, pl.wire, counter(a, 1, peer), counter(a, 3, peer), pl.chunk, peer,
                   pl.blocks, pl.ll, 0};

@@ -47,6 +47,32 @@ static_assert(DC_OFFSETOF(ReduceLaunch, in) == 80, "ReduceLaunch.in");
 static_assert(DC_OFFSETOF(ReduceLaunch, counters) == 144, "ReduceLaunch.counters");
 static_assert(DC_OFFSETOF(ReduceLaunch, blocks) == 200, "ReduceLaunch.blocks");
 
+// Launch arguments of net_step_kernel (reduce.cu), the local steps of the reductions with
+// network peers.
+struct NetStep {      // twin of reduce::handle::NetStepLaunch
+  dc_u64 in;          // @0
+  dc_u64 out;         // @8
+  dc_u64 in_stride;   // @16 elements between the pieces (copies) of in
+  dc_u64 out_stride;  // @24 elements between the pieces of out (kStepCopy)
+  dc_u64 count;       // @32 elements per piece
+  dc_u64 unit;        // @40 blocks take whole units (hooked: rows)
+  dc_u64 user;        // @48 hook arguments or 0
+  dc_u64 row_len;     // @56 hooked: elements per row
+  dc_u64 dest;        // @64 hooked: where out[0] goes in the caller's output (RowCtx::dest)
+  dc_u64 row0;        // @72 hooked: the row index of out[0] in the output
+  dc_u64 errors;      // @80 the communicator's DeviceErrorState
+  dc_u32 pieces;      // @88
+  dc_u32 step;        // @92 NetStepKind
+  dc_i32 rank;        // @96
+  dc_i32 world;       // @100
+};
+
+static_assert(sizeof(NetStep) == 104, "NetStep size");
+static_assert(DC_OFFSETOF(NetStep, errors) == 80, "NetStep.errors");
+static_assert(DC_OFFSETOF(NetStep, pieces) == 88, "NetStep.pieces");
+
+enum NetStepKind : dc_u32 { kStepCopy = 0, kStepReduce = 1, kStepReduceToDest = 2 };
+
 enum Mode : dc_u32 { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
 enum Op : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
 

@@ -189,15 +189,23 @@ __device__ __forceinline__ dc_u64 clip(const ReduceLaunch& a, int q, dc_u64 k, d
 
 // Calls the hook on the n / row_len rows at `rows` (in the window), one warp per row; `dest`
 // is where the first of them will be written in this rank's output, `row0` its row index there.
+// `user`, `row_len`, `rank` and `world` as the hook's RowCtx carries them.
+template <class H, class G, class T>
+__device__ __forceinline__ void epilogue_rows_at(const G& g, dc_u64 user, dc_u64 row_len,
+                                                 int rank, int world, T* rows, T* dest,
+                                                 dc_u64 row0, dc_u64 n) {
+  const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
+  for (dc_u64 r = warp; r < n / row_len; r += warps) {
+    RowCtx c{reinterpret_cast<const void*>(user), row0 + r, row_len, rank, world,
+             g.thread_rank() & 31u, dest + r * row_len};
+    H::epilogue(c, reinterpret_cast<typename H::T*>(rows + r * row_len));
+  }
+}
+
 template <class H, class G, class T>
 __device__ __forceinline__ void epilogue_rows(const G& g, const ReduceLaunch& a, T* rows,
                                               T* dest, dc_u64 row0, dc_u64 n) {
-  const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
-  for (dc_u64 r = warp; r < n / a.row_len; r += warps) {
-    RowCtx c{reinterpret_cast<const void*>(a.user), row0 + r, a.row_len, a.w.rank,
-             a.w.world_size, g.thread_rank() & 31u, dest + r * a.row_len};
-    H::epilogue(c, reinterpret_cast<typename H::T*>(rows + r * a.row_len));
-  }
+  epilogue_rows_at<H>(g, a.user, a.row_len, a.w.rank, a.w.world_size, rows, dest, row0, n);
 }
 
 template <class T, int OP, class H>
@@ -279,6 +287,57 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
       st_release_sys(peer_user_slot(a.w, p, slot_of(kDone, world, me, i)), last);
       if (p == 0) counters[i] = last;
       if (p == 0) counters[kMaxBlocks + i] = ag.call;
+    }
+  }
+}
+
+// ---- Steps of the reductions with network peers ---------------------------------------------
+//
+// With a network link in the job the reductions run as all-to-alls of the collective kernel
+// (NVLink and network peers in one launch; src/comm/net_reduce.rs, docs/NETWORK.md) around
+// this kernel's local steps:
+//   kStepCopy:   piece p (p < pieces) of `count` elements goes from in + p * in_stride to
+//                out + p * out_stride (staging into and out of the scratch);
+//   kStepReduce: out[i] = in[0 * in_stride + i] op in[1 * in_stride + i] ... in rank order
+//                (pieces = world copies of this rank's shard), for i < count; hooked, the
+//                epilogue then runs on out's rows with RowCtx::dest = dest + i, row index
+//                row0 + i / row_len, and kStepReduceToDest copies the hooked rows to dest.
+// Nothing is written once the communicator is aborted (a failed or refused all-to-all before
+// this step left the scratch without the peers' data). Arguments: NetStep (reduce.cuh).
+
+template <class T, int OP, class H>
+__global__ void __launch_bounds__(kThreads) net_step_kernel(NetStep a) {
+  enter_after_previous_kernel();
+  const Block g;
+  __shared__ int aborted;
+  if (threadIdx.x == 0) {
+    aborted = abort_raised(reinterpret_cast<const DeviceErrorState*>(a.errors)) ? 1 : 0;
+  }
+  g.sync();
+  if (aborted) return;
+  dc_u64 lo, hi;
+  block_piece(a.count, gridDim.x, a.unit, blockIdx.x, lo, hi);
+  const dc_u64 n = hi - lo;
+  if (n == 0) return;
+  const T* in = reinterpret_cast<const T*>(a.in);
+  T* out = reinterpret_cast<T*>(a.out);
+  if (a.step == kStepCopy) {
+    for (dc_u32 p = 0; p < a.pieces; ++p) {
+      copy_elems<T>(g, out + p * a.out_stride + lo, in + p * a.in_stride + lo, n);
+    }
+    return;
+  }
+  reduce_elems<T, OP>(g, out + lo, [&](int p) -> const T* { return in + p * a.in_stride + lo; },
+                      (int)a.pieces, n);
+  if constexpr (HasEpilogue<H>::value) {
+    static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
+    T* dest = reinterpret_cast<T*>(a.dest) + lo;
+    g.sync();
+    epilogue_rows_at<H>(g, a.user, a.row_len, a.rank, a.world, out + lo, dest,
+                        a.row0 + lo / a.row_len, n);
+    if (a.step == kStepReduceToDest) {
+      g.sync();
+      copy_elems<T>(g, dest, out + lo, n);
     }
   }
 }

@@ -55,6 +55,12 @@ pub struct CollLaunch {
     pub net_links: u32,
     /// The network staging and queues (`NET` kernels); its role fields are unused.
     pub net: NetP2PLaunch,
+    /// What the call is, as both ends compare it: `mode + 1`, or a reduction's step with
+    /// network peers ([`crate::reduce::net_plan::step_code`]). NVLink agreements carry its low 4
+    /// bits, network chunk headers all of it.
+    pub op: u32,
+    /// Padding.
+    pub op_pad: u32,
 }
 
 /// `CollLaunch::mode` values.
@@ -191,10 +197,17 @@ pub(crate) const LAYOUT: &[(&str, &str, usize, usize)] = &[
         offset_of!(CollLaunch, net),
         size_of::<CollLaunch>(),
     ),
+    (
+        "CollLaunch",
+        "op",
+        offset_of!(CollLaunch, op),
+        size_of::<CollLaunch>(),
+    ),
 ];
 
 const _: () = {
-    assert!(size_of::<CollLaunch>() == 1000);
+    assert!(size_of::<CollLaunch>() == 1008);
+    assert!(offset_of!(CollLaunch, op) == 1000);
     assert!(offset_of!(CollLaunch, net) == 880);
     assert!(offset_of!(CollLaunch, self_blocks) == 872);
     assert!(offset_of!(CollLaunch, peer_rows) == 360);

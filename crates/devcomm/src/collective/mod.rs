@@ -88,6 +88,8 @@ pub(crate) struct CollCall {
     pub mode: u32,
     /// Mode `MODE_PEER_ROWS`: rows sent to / received from each peer.
     pub peer_rows: [[u64; 32]; 2],
+    /// What both ends compare the call as (`CollLaunch::op`); 0: `mode + 1`.
+    pub code: u32,
 }
 
 /// Per-communicator collective state.
@@ -316,6 +318,12 @@ impl Collective {
             self_blocks: shape.self_blocks,
             net_links,
             net: net.filter(|_| net_links != 0).unwrap_or_default(),
+            op: if call.code != 0 {
+                call.code
+            } else {
+                call.mode + 1
+            },
+            op_pad: 0,
         };
         let cfg = linear_launch(grid, THREADS);
         // SAFETY: coll_kernel<H, THREADS, MIXED, NET>(CollLaunch) takes exactly this struct by

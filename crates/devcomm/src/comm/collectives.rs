@@ -17,7 +17,8 @@ use crate::p2p::Transfer;
 impl Comm {
     /// Ring all-gather composed from `sendrecv`: `recv` (world_size x `send`'s length) gets
     /// every rank's `send`, in rank order. `world_size - 1` steps; step s forwards the block
-    /// received at step s - 1 to the next rank.
+    /// received at step s - 1 to the next rank, over NVLink or the network as the link to it
+    /// is (`Comm::sendrecv`'s routes).
     pub fn all_gather_ring<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         send: &S,
@@ -60,8 +61,7 @@ impl Comm {
                 peer: prev,
                 config: None,
             };
-            self.p2p
-                .launch(&self.group, &self.jit, Some(s), Some(r), stream)?;
+            self.sendrecv_routed(Some(s), Some(r), stream)?;
         }
         Ok(())
     }
@@ -215,6 +215,7 @@ impl Comm {
             user: args.user,
             mode: MODE_UNIFORM,
             peer_rows: [[0; 32]; 2],
+            code: 0,
         };
         self.launch_collective(hooks, call, stream)
     }
@@ -295,6 +296,7 @@ impl Comm {
             user: args.user,
             mode: MODE_DEVICE_COUNTS,
             peer_rows: [[0; 32]; 2],
+            code: 0,
         };
         self.launch_collective(hooks.raw(), call, stream)
     }

@@ -4,6 +4,7 @@
 mod builder;
 mod collectives;
 mod net_p2p;
+mod net_reduce;
 mod p2p;
 pub mod raw;
 mod raw_registered;
@@ -38,6 +39,8 @@ pub use registration::{RegisteredRange, Registration};
 pub struct Comm {
     /// Network peers (`None` when no link of the job is `Net`); torn down first.
     net: Option<net_p2p::NetPeers>,
+    /// The reductions' and barrier's scratch in a job with network links (`None` otherwise).
+    net_reduce: Option<net_reduce::NetReduce>,
     local_rank: usize,
     device: DeviceInfo,
     jit: Jit,
@@ -125,17 +128,11 @@ impl Comm {
     /// make it at the same point of its calls (a rank in another call is named by
     /// [`crate::Error::CallMismatch`]), on the stream of the communicator's send/recv calls.
     pub fn barrier(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        // The barrier kernel reaches NVLink peers only: with a network peer it would not be a
-        // barrier of every rank.
-        if let Some(peer) = (0..self.world_size())
-            .find(|&p| self.group.topology.kind(p) == crate::topology::LinkKind::Net)
-        {
-            return Err(crate::Error::NoPath {
-                op: "barrier",
-                rank: self.rank(),
-                peer,
-                kind: "net".into(),
-            });
+        // The barrier kernel reaches NVLink peers only; in a job with network links the
+        // barrier is an all-to-all of one byte, which reaches every peer.
+        if let Some(nr) = &self.net_reduce {
+            self.check()?;
+            return self.net_barrier(nr, stream);
         }
         self.p2p.launch_barrier(&self.group, &self.jit, stream)
     }

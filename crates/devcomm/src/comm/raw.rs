@@ -155,6 +155,7 @@ impl Comm {
             user: args.user,
             mode: MODE_DEVICE_COUNTS,
             peer_rows: [[0; 32]; 2],
+            code: 0,
         };
         self.launch_collective(hooks, call, stream)
     }

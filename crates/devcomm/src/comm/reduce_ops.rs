@@ -388,6 +388,20 @@ impl Comm {
         if count == 0 {
             return Ok(None);
         }
+        if let Some(nr) = &self.net_reduce {
+            let es = dtype.size_bytes() as u64;
+            let shape = crate::reduce::plan::Shape {
+                collective,
+                count,
+                elem_bytes: es,
+                world: self.world_size(),
+                row_len: None,
+            };
+            let p = self
+                .net_reduction_plan(nr, &shape)
+                .map_err(invalid(collective, self.rank()))?;
+            return Ok(Some(self.net_plan_summary(&p, es)));
+        }
         self.reduce
             .plan(
                 collective,
@@ -441,6 +455,9 @@ impl Comm {
             count: r.count,
             hooks,
         };
+        if let Some(nr) = &self.net_reduce {
+            return self.net_reduction(nr, call, stream);
+        }
         self.reduce.launch(&self.group, &self.jit, call, stream)
     }
 }

@@ -99,6 +99,7 @@ impl Comm {
             user: args.user,
             mode: MODE_PEER_ROWS,
             peer_rows,
+            code: 0,
         };
         for (side, t) in [send, recv].into_iter().enumerate() {
             let Some((ptr, n, peer)) = t else { continue };

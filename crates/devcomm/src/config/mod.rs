@@ -225,6 +225,10 @@ knobs! {
     /// Staging slots per network peer and direction (chunks in flight).
     net_slots: u32 = 4, "4",
         env "DEVCOMM_NET_SLOTS", group "network", range range(2, 64), Must;
+    /// MiB of device scratch of the reductions and barrier in a job with network links (two
+    /// halves; a call larger than half runs in rounds).
+    net_reduce_scratch_mib: u32 = 64, "64",
+        env "DEVCOMM_NET_REDUCE_SCRATCH_MIB", group "network", range range(1, 65536), Must;
     /// Descriptors per network queue (two queues per network peer: data and credits).
     net_queue_capacity: u32 = 64, "64",
         env "DEVCOMM_NET_QUEUE_CAPACITY", group "network", range range(4, 65536), Local;

@@ -96,11 +96,17 @@ pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
         2 => ("send/recv", "the size in bytes"),
         3 => (
             "a collective",
-            "the operation (1: all-to-all, 2: send/recv with hooks, 3: all-to-all-v)",
+            "the operation (1: all-to-all, 2: send/recv with hooks, 3: all-to-all-v; with \
+             network links a reduction's steps: 4-7 the reduce-scatter step of an all-reduce with \
+             sum, avg, max, min, 8-11 a reduce-scatter with them, 12 the all-gather step of an \
+             all-reduce, 13 an all-gather, 14 a barrier; over a network link bits 8-11 add the \
+             element type + 1 and bit 12 an epilogue hook)",
         ),
         4 => (
             "a collective",
-            "the bytes exchanged with this peer (wire bytes, low 36 bits)",
+            "the bytes exchanged with this peer (wire bytes, low 36 bits; a reduction's step \
+             with network links between NVLink peers: low 32 bits, and bits 32-34 the element \
+             type + 1, bit 35 an epilogue hook)",
         ),
         5 => (
             "send/recv over the network",

@@ -76,3 +76,73 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = fields!(
     half_bytes => "half_bytes", blocks => "blocks", mode => "mode", op => "op",
     dtype => "dtype",
 );
+
+/// Launch arguments of `net_step_kernel` (`NetStep` in `cuda/devcomm/reduce.cuh`): one local
+/// step of a reduction with network peers (`src/comm/net_reduce.rs`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetStepLaunch {
+    /// Source: `pieces` pieces (copies) `in_stride` elements apart.
+    pub input: u64,
+    /// Destination.
+    pub output: u64,
+    /// Elements between the pieces of `input`.
+    pub in_stride: u64,
+    /// Elements between the pieces of `output` (copy step).
+    pub out_stride: u64,
+    /// Elements per piece.
+    pub count: u64,
+    /// Blocks take whole units of this many elements (hooked: a row).
+    pub unit: u64,
+    /// Hook arguments.
+    pub user: u64,
+    /// Hooked: elements per row.
+    pub row_len: u64,
+    /// Hooked: where `output[0]` goes in the caller's output (`RowCtx::dest`).
+    pub dest: u64,
+    /// Hooked: the row index of `output[0]` in the caller's output.
+    pub row0: u64,
+    /// The communicator's device error state: nothing is written once it is aborted.
+    pub errors: u64,
+    /// Pieces copied, or copies reduced (the world size).
+    pub pieces: u32,
+    /// [`NetStepKind`] code.
+    pub step: u32,
+    /// This rank (`RowCtx::rank`).
+    pub rank: i32,
+    /// The world size (`RowCtx::world_size`).
+    pub world: i32,
+}
+
+/// What a [`NetStepLaunch`] does (`NetStepKind` in `reduce.cuh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetStepKind {
+    /// Copies `pieces` pieces of `count` elements.
+    Copy = 0,
+    /// Reduces `pieces` copies into `output` in rank order (then the epilogue, if hooked).
+    Reduce = 1,
+    /// As `Reduce`, then copies the hooked rows to `dest`.
+    ReduceToDest = 2,
+}
+
+const _: () = assert!(size_of::<NetStepLaunch>() == 104);
+const _: () = assert!(offset_of!(NetStepLaunch, errors) == 80);
+const _: () = assert!(offset_of!(NetStepLaunch, pieces) == 88);
+
+// SAFETY: plain #[repr(C)] integers whose layout equals the C++ struct (asserted above, in the
+// header, and in tests/layout.rs).
+unsafe impl DeviceRepr for NetStepLaunch {}
+
+macro_rules! step_fields {
+    ($($rust:ident => $cpp:literal),* $(,)?) => {
+        &[$(("red::NetStep", $cpp, offset_of!(NetStepLaunch, $rust), size_of::<NetStepLaunch>())),*]
+    };
+}
+
+/// Field offsets of [`NetStepLaunch`] for the layout test.
+pub const NET_STEP_LAYOUT: &[(&str, &str, usize, usize)] = step_fields!(
+    input => "in", output => "out", in_stride => "in_stride", out_stride => "out_stride",
+    count => "count", unit => "unit", user => "user", row_len => "row_len", dest => "dest",
+    row0 => "row0", errors => "errors", pieces => "pieces", step => "step", rank => "rank",
+    world => "world",
+);

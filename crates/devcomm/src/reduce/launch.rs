@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaFunction, CudaStream};
 
 use super::config;
-use super::handle::ReduceLaunch;
+use super::handle::{NetStepLaunch, ReduceLaunch};
+use super::net_plan;
 use super::plan::{self, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, THREADS};
 use super::types::{DataType, ReduceOp};
 use crate::collective::RawHooks;
@@ -68,17 +69,58 @@ pub fn kernel_spec(dtype: DataType) -> KernelSpec {
 /// The module of an all-reduce of `dtype` and `op` with the epilogue of `hooks`: the kernels'
 /// source, then the user's (its own line numbers in errors), then the check of the hook's type.
 pub fn hooked_kernel_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> KernelSpec {
-    let source = format!(
+    KernelSpec::new(
+        format!("reduce_hooked_{}", dtype.name()),
+        hooked_source(dtype, hooks),
+    )
+    .name_expression(kernel_expression(
+        Algorithm::TwoShot,
+        dtype,
+        op,
+        Some(hooks.name()),
+    ))
+}
+
+/// The kernels' source with the user's hooks appended, and the check of the hook's type.
+fn hooked_source(dtype: DataType, hooks: &RawHooks) -> String {
+    format!(
         "{KERNEL_SOURCE}\n#line 1 \"hooks.cu\"\n{src}\n#line 1 \"devcomm-checks\"\n\
          static_assert(sizeof({name}::T) == {size}, \"the hook's T is not the size of the \
          buffer's elements ({size} bytes, {dtype})\");\n",
         src = hooks.source(),
         name = hooks.name(),
         size = dtype.size_bytes(),
-    );
-    KernelSpec::new(format!("reduce_hooked_{}", dtype.name()), source).name_expression(
-        kernel_expression(Algorithm::TwoShot, dtype, op, Some(hooks.name())),
     )
+}
+
+/// The name expression of a local step of the reductions with network peers
+/// (`net_step_kernel`).
+pub fn net_step_expression(dtype: DataType, op: ReduceOp, hook: Option<&str>) -> String {
+    format!(
+        "devcomm::red::net_step_kernel<{}, {}, {}>",
+        dtype.device_type(),
+        op.code(),
+        hook.unwrap_or("devcomm::red::NoEpilogue")
+    )
+}
+
+/// The module of `dtype`'s local steps with network peers, every operation: loaded only by
+/// communicators with network links, so NVLink jobs compile exactly what they did before.
+pub fn net_step_spec(dtype: DataType) -> KernelSpec {
+    let mut spec = KernelSpec::new(format!("reduce_net_{}", dtype.name()), KERNEL_SOURCE);
+    for op in ReduceOp::ALL {
+        spec = spec.name_expression(net_step_expression(dtype, op, None));
+    }
+    spec
+}
+
+/// The module of a hooked reduction's local step with network peers.
+pub fn hooked_net_step_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> KernelSpec {
+    KernelSpec::new(
+        format!("reduce_net_hooked_{}", dtype.name()),
+        hooked_source(dtype, hooks),
+    )
+    .name_expression(net_step_expression(dtype, op, Some(hooks.name())))
 }
 
 /// A loaded module's kernels by name expression, and its gate.
@@ -88,8 +130,9 @@ struct Loaded {
     gate: Arc<KernelGate>,
 }
 
-/// A module's key: element type, and for hooked modules the operation and the hooks' key.
-type ModuleKey = (DataType, Option<ReduceOp>, u64);
+/// A module's key: element type, for hooked modules the operation and the hooks' key, and
+/// whether it holds the local steps of the network path instead of the NVLink kernels.
+type ModuleKey = (DataType, Option<ReduceOp>, u64, bool);
 
 /// Per-communicator state of the reductions.
 #[derive(Debug)]
@@ -102,7 +145,8 @@ pub(crate) struct Reduce {
     /// per-block call numbers of the call agreement.
     counters: DeviceBuffer,
     sm_count: u32,
-    /// Loaded modules by (type, operation, hooks key); plain modules use (type, None, 0).
+    /// Loaded modules by (type, operation, hooks key, network steps); plain modules use
+    /// (type, None, 0, _).
     modules: Mutex<HashMap<ModuleKey, Loaded>>,
 }
 
@@ -157,21 +201,24 @@ impl Reduce {
         jit: &Jit,
         dtype: DataType,
         hooked: Option<(ReduceOp, &RawHooks)>,
+        net: bool,
     ) -> Result<Loaded> {
         let poisoned = || Error::Aborted {
             rank: group.rank as i32,
             reason: "a thread panicked while loading kernels".into(),
         };
         let key = match hooked {
-            Some((op, h)) => (dtype, Some(op), h.key()),
-            None => (dtype, None, 0),
+            Some((op, h)) => (dtype, Some(op), h.key(), net),
+            None => (dtype, None, 0, net),
         };
         if let Some(l) = self.modules.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(l.clone());
         }
-        let mut spec = match hooked {
-            Some((op, h)) => hooked_kernel_spec(dtype, op, h),
-            None => kernel_spec(dtype),
+        let mut spec = match (hooked, net) {
+            (Some((op, h)), false) => hooked_kernel_spec(dtype, op, h),
+            (None, false) => kernel_spec(dtype),
+            (Some((op, h)), true) => hooked_net_step_spec(dtype, op, h),
+            (None, true) => net_step_spec(dtype),
         };
         spec.options
             .extend(group.config.reduce_options.iter().cloned());
@@ -189,7 +236,7 @@ impl Reduce {
             functions.insert(expression.clone(), (f, per_sm));
         }
         let gate = KernelGate::new(
-            format!("reduce-{}-{:?}-{:016x}", dtype.name(), key.1, key.2),
+            format!("reduce-{}-{:?}-{:016x}-{net}", dtype.name(), key.1, key.2),
             group.world_size,
         );
         let loaded = Loaded {
@@ -267,7 +314,7 @@ impl Reduce {
         )?;
         let op = call.op.unwrap_or(ReduceOp::Sum);
         let hooked = call.hooks.map(|(h, _, _)| (op, h));
-        let loaded = self.module(group, jit, call.dtype, hooked)?;
+        let loaded = self.module(group, jit, call.dtype, hooked, false)?;
         let expression = kernel_expression(
             pl.algorithm,
             call.dtype,
@@ -335,5 +382,52 @@ impl Reduce {
         unsafe { crate::cuda::launch_struct(stream, &func, cfg, &args, group.pdl) }
             .cuda(rank as i32, "cuLaunchKernelEx (reduction)")?;
         Ok(())
+    }
+}
+
+impl Reduce {
+    /// Launches one local step of a reduction with network peers on `stream`
+    /// (`net_step_kernel`; its arguments checked by the caller, `src/comm/net_reduce.rs`).
+    /// The step waits on no peer, so it needs no load gate.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_net_step(
+        &self,
+        group: &Group,
+        jit: &Jit,
+        dtype: DataType,
+        op: ReduceOp,
+        hooks: Option<&RawHooks>,
+        args: &NetStepLaunch,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        if args.count == 0 {
+            return Ok(());
+        }
+        let loaded = self.module(group, jit, dtype, hooks.map(|h| (op, h)), true)?;
+        let expression = net_step_expression(dtype, op, hooks.map(|h| h.name()));
+        let (func, _) =
+            loaded
+                .functions
+                .get(&expression)
+                .cloned()
+                .ok_or(Error::NotImplemented {
+                    feature: "this network step kernel instantiation",
+                })?;
+        let bytes = args.count * dtype.size_bytes() as u64;
+        let cfg = linear_launch(net_plan::step_blocks(bytes, self.sm_count), THREADS);
+        // SAFETY: net_step_kernel takes one NetStep by value (NetStepLaunch is its twin) and
+        // enters through enter_after_previous_kernel. The caller checked that `pieces` pieces
+        // of `count` elements at the strides lie inside its buffers or the network scratch, and
+        // the hooked `dest` rows inside the caller's output; the kernel touches nothing else.
+        unsafe { crate::cuda::launch_struct(stream, &func, cfg, args, group.pdl) }.cuda(
+            group.rank as i32,
+            "cuLaunchKernelEx (network reduction step)",
+        )?;
+        Ok(())
+    }
+
+    /// The SMs of the group's smallest GPU.
+    pub(crate) fn sm_count(&self) -> u32 {
+        self.sm_count
     }
 }

@@ -12,9 +12,13 @@ pub(crate) mod args;
 pub(crate) mod config;
 pub mod handle;
 pub(crate) mod launch;
+pub mod net_plan;
 pub mod plan;
 pub mod types;
 
-pub use launch::{hooked_kernel_spec, kernel_expression, kernel_spec, KERNEL_SOURCE};
+pub use launch::{
+    hooked_kernel_spec, hooked_net_step_spec, kernel_expression, kernel_spec, net_step_expression,
+    net_step_spec, KERNEL_SOURCE,
+};
 pub use plan::{Algorithm, Collective, Plan, ReduceLimits};
 pub use types::{DataType, ReduceOp, Reducible};

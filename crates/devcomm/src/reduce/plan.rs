@@ -45,6 +45,10 @@ pub enum Algorithm {
     TwoShot,
     /// The two-shot in rounds through a bounded window (two halves alternate).
     Pipelined,
+    /// A job with network links: all-to-alls of the collective kernel (NVLink and network
+    /// peers in one launch) around local steps, in rounds through the network scratch
+    /// ([`super::net_plan`]).
+    Network,
 }
 
 impl Algorithm {
@@ -54,6 +58,7 @@ impl Algorithm {
             Algorithm::OneShot => "one-shot",
             Algorithm::TwoShot => "two-shot",
             Algorithm::Pipelined => "pipelined",
+            Algorithm::Network => "network",
         }
     }
 }

@@ -5,9 +5,9 @@
 //! peer. Guard bytes around every output stay untouched; then 1,000 all-to-alls of mixed sizes
 //! are verified on a rebuilt communicator.
 //!
-//! In a job with network links (`DEVCOMM_TOPOLOGY_OVERRIDE`, docs/NETWORK.md) only the cases of
-//! all-to-all(-v) run, whose network peers' chunks carry the call's agreement in their headers:
-//! the ring all-gather and the barrier refuse network peers.
+//! In a job with network links (`DEVCOMM_TOPOLOGY_OVERRIDE`, docs/NETWORK.md) the same cases
+//! run: network peers' chunks carry the call's agreement in their headers, the barrier is an
+//! all-to-all there and the ring all-gather's steps take the send/recv routes.
 
 use std::time::{Duration, Instant};
 
@@ -44,26 +44,14 @@ const AFTER_SIZES: &[usize] = &[8, 64, 4096, 65_536, 262_144];
 
 pub(super) fn collective_mismatch(cx: &Ctx, timeout: Duration) -> Result<String, String> {
     let net = job_has_network_links(cx)?;
-    let cases: Vec<(Call, Call)> = CASES
-        .iter()
-        .copied()
-        .filter(|&(a, b)| !net || (a.reaches_network_peers() && b.reaches_network_peers()))
-        .collect();
-    let one = |f: &Fresh, _, _, call| one_case(cx, f, call, net, timeout);
+    let one = |f: &Fresh, _, _, call| one_case(cx, f, call, timeout);
     let after_what = format!("{AFTER} verified all-to-alls");
-    let done = run_cases(cx, "collective", timeout, &cases, one, |f| after(cx, f), &after_what)?;
+    let done = run_cases(cx, "collective", timeout, CASES, one, |f| after(cx, f), &after_what)?;
     Ok(if net {
-        format!("with network links (all-to-all(-v) cases only): {done}")
+        format!("with network links: {done}")
     } else {
         done
     })
-}
-
-impl Call {
-    /// Whether the operation is built for network peers.
-    fn reaches_network_peers(self) -> bool {
-        matches!(self, Call::AllToAll(_) | Call::AllToAllV(_))
-    }
 }
 
 /// Whether some rank of the job has a network peer (the same answer on every rank).
@@ -81,13 +69,7 @@ fn job_has_network_links(cx: &Ctx) -> Result<bool, String> {
 }
 
 /// One mismatched collective; the error this rank saw.
-fn one_case(
-    cx: &Ctx,
-    f: &Fresh,
-    call: Call,
-    net: bool,
-    timeout: Duration,
-) -> Result<String, String> {
+fn one_case(cx: &Ctx, f: &Fresh, call: Call, timeout: Duration) -> Result<String, String> {
     let (comm, stream) = (&f.comm, &f.stream);
     let (rank, world) = (comm.rank(), comm.world_size());
     let per_peer = match call {
@@ -120,12 +102,8 @@ fn one_case(
             .map_err(|e| e.to_string())?;
         let mut all = stream.alloc_zeros::<u64>(world).map_err(|e| e.to_string())?;
         comm.all_to_all(&one, &mut all, stream)
-            .and_then(|()| match net {
-                true => Ok(()), // neither is built for network peers
-                false => comm
-                    .all_gather_ring(&one.slice(..1), &mut all, stream)
-                    .and_then(|()| comm.barrier(stream)),
-            })
+            .and_then(|()| comm.all_gather_ring(&one.slice(..1), &mut all, stream))
+            .and_then(|()| comm.barrier(stream))
             .and_then(|()| comm.synchronize(stream))
             .map_err(|e| format!("the warm-up calls: {e}"))?;
     }

@@ -1,15 +1,17 @@
 //! Errors with network peers: a call whose two sides differ in size, and the operations that
-//! are not built for network peers (the reductions, the barrier), which must refuse at once
-//! (not hang). The collectives' mismatches with
+//! are not built for network peers (zero-copy send/recv), which must refuse at once (not
+//! hang). The collectives' mismatches with
 //! network peers are the `mismatch` group's `collective_mismatch`, run with network links.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
-use devcomm::{Comm, Error, ReduceOp};
+use devcomm::{Comm, Error};
 
-use super::super::harness::{compare, fresh_comm, Checked, Ctx, Fresh, Outcome, POISON};
+use super::super::harness::{
+    compare, fresh_comm, Checked, Ctx, Fresh, Outcome, RegBuf, POISON,
+};
 use super::{job, no_partner};
 
 /// What a refusal of an operation with network peers says (`Error::NoPath`).
@@ -36,18 +38,24 @@ pub(super) fn refusals(cx: &Ctx) -> Checked {
             Ok(()) => Err(format!("{what}: accepted with a network peer")),
         }
     };
-    // Collectives refuse on a rank with a network peer before launching; a rank without one
-    // would launch and wait for the others, so they are tried only when every rank has one.
-    if net.every_rank_has_one {
-        let x = stream.alloc_zeros::<f32>(1024).map_err(|e| e.to_string())?;
-        let mut y = stream.alloc_zeros::<f32>(1024).map_err(|e| e.to_string())?;
+    // Zero-copy calls refuse a network peer before launching: pairwise, nobody waits on the
+    // refused rank. Registration is collective: every rank registers.
+    let reg = RegBuf::new(cx, 4096)?;
+    if let Some(peer) = net.partner {
+        let buf = stream.alloc_zeros::<u8>(4096).map_err(|e| e.to_string())?;
         expect_refusal(
-            "all_reduce",
-            comm.all_reduce(&x, &mut y, ReduceOp::Sum, stream),
+            "send_registered",
+            comm.send_registered(&buf, peer, reg.at(0, 4096), stream),
             NOT_BUILT,
         )?;
-        expect_refusal("barrier", comm.barrier(stream), NOT_BUILT)?;
+        expect_refusal(
+            "recv_registered",
+            comm.recv_registered(reg.at(0, 4096), peer, stream),
+            NOT_BUILT,
+        )?;
     }
+    cx.host_barrier()?;
+    drop(reg);
     cx.host_barrier()?;
     let Some(peer) = net.partner else {
         cx.host_barrier()?;
@@ -66,9 +74,7 @@ pub(super) fn refusals(cx: &Ctx) -> Checked {
     compare(&got, &cx.data_of(peer, 31, n), "the call after the refusals")?;
     cx.host_barrier()?;
     if seen.is_empty() {
-        return Err("no operation was tried (no rank set has both a network peer and another \
-                    refusal to try)"
-            .into());
+        return Err("no operation was tried (no rank has a network peer)".into());
     }
     Ok(Outcome::Pass(format!(
         "refused at once: {}; then a verified {n} B call both ways with network peer {peer}",

@@ -69,7 +69,7 @@ pub(super) const CHECKS: &[Check] = &[
     Check {
         name: "net_refusals",
         ranks: Ranks::AtLeast(2),
-        about: "operations not built for network peers (all-reduce, barrier) refuse at once \
+        about: "operations not built for network peers (zero-copy send/recv) refuse at once \
                 with an error that says so; the communicator stays usable",
         run: |cx, _| errors::refusals(cx),
     },
@@ -108,8 +108,6 @@ pub(super) struct NetJob {
     pub(super) partner: Option<usize>,
     /// This rank's NVLink partner (pairs over NVLink links), if it has one.
     pub(super) nvl_partner: Option<usize>,
-    /// Whether every rank has a network peer (collectives refuse on every rank at once).
-    pub(super) every_rank_has_one: bool,
     /// Whether every link of the ring r -> r + 1 is a network link.
     pub(super) ring_is_net: bool,
     /// A ring whose every rank sends over one kind of link and receives over the other.
@@ -157,7 +155,6 @@ pub(super) fn job(cx: &Ctx, check: &str) -> Result<Result<NetJob, Outcome>, Stri
     Ok(Ok(NetJob {
         partner: net_pairs(&links)[rank],
         nvl_partner: net_pairs(&matrix(2))[rank],
-        every_rank_has_one: links.iter().all(|l| l.contains(&true)),
         ring_is_net: world >= 2 && (0..world).all(|r| links[r][(r + 1) % world]),
         mixed_cycle: mesh::mixed_cycle(&links, &matrix(2)),
     }))

@@ -188,8 +188,9 @@ macro_rules! by_type {
 }
 
 /// The counts of a collective and type: 0, 1, odd, both sides of the one-shot and of the
-/// single-round two-shot limits (of this communicator's window), each with the algorithm the
-/// plan must take there, so that the sizes really straddle every switch.
+/// single-round two-shot limits (of this communicator's window), and with network links of the
+/// network path's round, each with the algorithm the plan must take there, so that the sizes
+/// really straddle every switch.
 fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algorithm>)> {
     let (w, es) = (cx.comm.world_size(), dtype.size_bytes());
     let limits = cx.comm.reduction_limits();
@@ -201,15 +202,31 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
     } else {
         per_shard
     };
+    // A job with network links runs every reduction as all-to-alls in rounds of the network
+    // scratch (docs/NETWORK.md): its sizes straddle that round as well.
+    let network = cx
+        .comm
+        .reduction_plan(coll, dtype, 1)
+        .ok()
+        .flatten()
+        .filter(|p| p.algorithm == Algorithm::Network);
     let expect = |n: usize| match n {
         0 => None,
+        _ if network.is_some() => Some(Algorithm::Network),
         n if n <= one => Some(Algorithm::OneShot),
         n if n <= round => Some(Algorithm::TwoShot),
         _ => Some(Algorithm::Pipelined),
     };
     let mut counts = vec![0, 1, 3, 1001, one.saturating_sub(1), one, one + 1, round, round + 1];
+    let net_round = network.map(|p| match coll {
+        Collective::AllReduce => p.chunk as usize * w,
+        _ => p.chunk as usize,
+    });
+    if let Some(r) = net_round {
+        counts.extend([r, r + 1]);
+    }
     if matches!(dtype, DataType::F32 | DataType::BF16) {
-        counts.push(2 * round + 777);
+        counts.push(2 * net_round.unwrap_or(round) + 777);
     }
     counts.sort_unstable();
     counts.dedup();
