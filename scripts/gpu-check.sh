@@ -10,7 +10,8 @@
 #          examples@N                      the Rust examples on N ranks
 #          python@N                        the Python GPU tests on N ranks (wheel in dist/)
 #          reduce-smoke@N                  the reduction benchmark as a smoke test on N ranks
-#          kill@N                          a rank dies in a loop of collectives (devcomm kill-test)
+#          kill@N                          a rank dies in a loop of all-to-alls, then of all-reduces
+#                                          (devcomm kill-test --op)
 #          net@N                           the `net` group with every link forced to the network
 #                                          (UCX from dist/ucx over loopback TCP)
 #          net-mixed@N                     the `net` group with the lower and upper half of the
@@ -21,7 +22,7 @@
 #          net-red@N                       the `reduce` group, `reduce_mismatch`, `comm_barrier` and
 #                                          `all_gather_ring` with every link forced to the network
 #          net-red-mixed@N                 the same with the links of net-mixed@N
-#          net-kill@N                      kill-test with every link forced to the network
+#          net-kill@N                      kill@N with every link forced to the network
 #          net-bench@N                     bench --op sendrecv over the network route, one way and
 #                                          both ways, up to 16 MiB, and --op all_to_all up to
 #                                          4 MiB per peer, --op all_reduce up to 16 MiB (smoke
@@ -78,7 +79,10 @@ for w in "$@"; do
         step "bench-$op-smoke-$n" scripts/shared-gpu.sh "$n" dist/devcomm bench --op "$op" \
           --reference none --max-bytes $((16 << 20)) --json "$out/$op-smoke.json"
       done ;;
-    kill@*) n=${w#kill@}; step "kill-test-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm kill-test ;;
+    kill@*) n=${w#kill@}
+      for op in all_to_all all_reduce; do
+        step "kill-test-$op-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm kill-test --op "$op"
+      done ;;
     overhead@*) n=${w#overhead@}
       python3 -m pip install -q --no-index --no-deps --target /tmp/devcomm-py dist/*.whl > "$out/pip.log" 2>&1
       # -P: the installed package, not the source folder beside the script.
@@ -103,8 +107,10 @@ for w in "$@"; do
       step "net-red-mixed-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_mixed "$n")" \
         scripts/shared-gpu.sh "$n" dist/devcomm selftest --only reduce,comm_barrier,all_gather_ring ;;
     net-kill@*) n=${w#net-kill@}
-      step "net-kill-test-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
-        scripts/shared-gpu.sh "$n" dist/devcomm kill-test ;;
+      for op in all_to_all all_reduce; do
+        step "net-kill-test-$op-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
+          scripts/shared-gpu.sh "$n" dist/devcomm kill-test --op "$op"
+      done ;;
     net-bench@*) n=${w#net-bench@}
       for dir in one both; do
         step "net-bench-sendrecv-$dir-$n" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \

@@ -1,4 +1,5 @@
-//! `devcomm kill-test`: a rank dies in the middle of a loop of collectives; every other rank
+//! `devcomm kill-test`: a rank dies in the middle of a loop of collectives (all-to-alls, or
+//! all-reduces with `--op all_reduce`); every other rank
 //! must get an error within the device timeout plus 2 s and be able to exit within 10 s (its
 //! communicator's tear-down skips the barriers with the dead peer). Run it under the launcher,
 //! e.g. `scripts/shared-gpu.sh 4 dist/devcomm kill-test`. The victim ends its process at once
@@ -15,8 +16,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaSlice, CudaStream};
-use devcomm::Comm;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use devcomm::{Comm, DataType, ReduceOp};
 
 /// Arguments of `devcomm kill-test`.
 #[derive(Debug, clap::Args)]
@@ -24,7 +25,7 @@ pub struct KillArgs {
     /// The rank that dies (default: the last).
     #[arg(long)]
     victim: Option<usize>,
-    /// Correct all-to-alls before the victim dies.
+    /// Correct calls before the victim dies.
     #[arg(long, default_value_t = 200)]
     calls: usize,
     /// How the victim ends: `exit` (no tear-down, exit status 0) or `abort` (a crash).
@@ -33,6 +34,9 @@ pub struct KillArgs {
     /// Device timeout of the communicator, in milliseconds.
     #[arg(long, default_value_t = 2_000)]
     timeout_ms: u64,
+    /// The collective of the loop: `all_to_all` or `all_reduce` (f32 sum of the same bytes).
+    #[arg(long, default_value = "all_to_all")]
+    op: String,
 }
 
 /// Bytes per peer of the loop's all-to-alls.
@@ -45,6 +49,15 @@ pub fn run(args: &KillArgs) -> Result<i32, String> {
     if args.how != "exit" && args.how != "abort" {
         return Err(format!("--how {:?}: expected `exit` or `abort`", args.how));
     }
+    let reduce = match args.op.as_str() {
+        "all_to_all" => false,
+        "all_reduce" => true,
+        other => {
+            return Err(format!(
+                "--op {other:?}: expected `all_to_all` or `all_reduce`"
+            ))
+        }
+    };
     let timeout = Duration::from_millis(args.timeout_ms);
     let info = devcomm_bootstrap::RankInfo::from_env().map_err(|e| e.to_string())?;
     let comm = Comm::builder(info)
@@ -64,7 +77,7 @@ pub fn run(args: &KillArgs) -> Result<i32, String> {
         .alloc_zeros::<u64>(elems)
         .map_err(|e| e.to_string())?;
     let network = comm.has_network_peers();
-    let step = |dst: &mut CudaSlice<u64>| all_to_all(&comm, &stream, &src, dst);
+    let step = |dst: &mut CudaSlice<u64>| collective(&comm, &stream, &src, dst, reduce);
     for call in 0..args.calls {
         step(&mut dst).map_err(|e| format!("call {call}: {e}"))?;
     }
@@ -126,13 +139,25 @@ pub fn run(args: &KillArgs) -> Result<i32, String> {
     }
 }
 
-fn all_to_all(
+/// One call of the loop and its synchronisation: an all-to-all of `src` into `dst`, or an f32
+/// sum all-reduce of their bytes.
+fn collective(
     comm: &Comm,
     stream: &Arc<CudaStream>,
     src: &CudaSlice<u64>,
     dst: &mut CudaSlice<u64>,
+    reduce: bool,
 ) -> Result<(), String> {
-    comm.all_to_all(src, dst, stream)
-        .and_then(|()| comm.synchronize(stream))
+    let call = if reduce {
+        let n = src.len() * 2;
+        let (i, _s) = src.device_ptr(stream);
+        let (o, _d) = dst.device_ptr_mut(stream);
+        // SAFETY: both slices hold `n` f32 (2 per u64) on `stream`, alive until the
+        // synchronise below; they do not overlap.
+        unsafe { comm.all_reduce_raw(i, o, n, DataType::F32, ReduceOp::Sum, stream) }
+    } else {
+        comm.all_to_all(src, dst, stream)
+    };
+    call.and_then(|()| comm.synchronize(stream))
         .map_err(|e| e.to_string())
 }
