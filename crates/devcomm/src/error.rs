@@ -242,9 +242,8 @@ pub enum Error {
 fn no_path_note(kind: &str) -> &'static str {
     match kind {
         "net" => {
-            "; network peers are not built yet for this operation (send/recv, all-to-all(-v), \
-             the hooked collectives, the reductions, the barrier and the ring all-gather are: \
-             docs/NETWORK.md, \"Not built yet\")"
+            "; network peers are not built yet for this operation (the communicator's calls \
+             reach them: docs/NETWORK.md, \"Not built yet\")"
         }
         "shm" => "; same-host peers without peer access are not built yet",
         _ => "",

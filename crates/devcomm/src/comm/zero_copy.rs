@@ -7,7 +7,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr};
 
 use super::{Comm, RegisteredRange};
 use crate::error::{Error, Result};
-use crate::p2p::{zero_copy_route, ZcRole, ZcRoute};
+use crate::p2p::{zero_copy_route, Transfer, ZcRole, ZcRoute};
 
 /// Zero-copy send/recv into registered buffers.
 ///
@@ -24,6 +24,13 @@ use crate::p2p::{zero_copy_route, ZcRole, ZcRoute};
 /// travel by the low-latency path into the same destination instead: the handshake's extra
 /// NVLink round trip would cost more than the receiver's copy saves. There the two sides'
 /// ranges are not compared; a size mismatch shows as a timeout naming the peer.
+///
+/// With a **network peer** a call is a send/recv of the network route into the registered
+/// range (staged through host memory, docs/NETWORK.md: not zero-copy): the sender checks the
+/// range against the size the peer registered, the receiver its own range and, through the
+/// chunk headers, the message's size. Such a call pairs with the peer's `*_registered` call or
+/// its plain `recv`/`send` alike. `sendrecv_registered` with one NVLink and one network peer is
+/// not built (`Error::NotImplemented`).
 impl Comm {
     /// Sends `buf` to `peer`, straight into `peer`'s buffer of `dst`'s registration at
     /// `dst.offset` (`dst.bytes` must be `buf`'s size). The peer must post a matching
@@ -38,6 +45,10 @@ impl Comm {
     ) -> Result<()> {
         self.capture_ready("send_registered", stream)?;
         let (ptr, _sync) = buf.device_ptr(stream);
+        if self.is_net_peer(peer) {
+            let send = self.zc_net_send(ptr, buf.num_bytes() as u64, peer, dst)?;
+            return self.sendrecv_routed(Some(send), None, stream);
+        }
         let send = self.zc_send(ptr, buf.num_bytes() as u64, peer, dst)?;
         self.p2p
             .launch_zero_copy(&self.group, &self.jit, Some(send), None, stream)
@@ -51,6 +62,10 @@ impl Comm {
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        if self.is_net_peer(peer) {
+            let recv = self.zc_net_recv(dst, peer)?;
+            return self.sendrecv_routed(None, Some(recv), stream);
+        }
         let recv = self.zc_recv(dst, peer)?;
         self.p2p
             .launch_zero_copy(&self.group, &self.jit, None, Some(recv), stream)
@@ -71,10 +86,25 @@ impl Comm {
     ) -> Result<()> {
         self.capture_ready("sendrecv_registered", stream)?;
         let (ptr, _sync) = send_buf.device_ptr(stream);
-        let send = self.zc_send(ptr, send_buf.num_bytes() as u64, send_peer, send_dst)?;
-        let recv = self.zc_recv(recv_dst, recv_peer)?;
-        self.p2p
-            .launch_zero_copy(&self.group, &self.jit, Some(send), Some(recv), stream)
+        let bytes = send_buf.num_bytes() as u64;
+        match zc_path(self.is_net_peer(send_peer), self.is_net_peer(recv_peer)) {
+            ZcPath::Network => {
+                let send = self.zc_net_send(ptr, bytes, send_peer, send_dst)?;
+                let recv = self.zc_net_recv(recv_dst, recv_peer)?;
+                self.sendrecv_routed(Some(send), Some(recv), stream)
+            }
+            ZcPath::Mixed => Err(Error::NotImplemented {
+                feature: "sendrecv_registered with one NVLink and one network peer (the \
+                          NVLink role is zero-copy, the network role a staged send/recv; \
+                          sendrecv runs such a pair in one call)",
+            }),
+            ZcPath::Nvlink => {
+                let send = self.zc_send(ptr, bytes, send_peer, send_dst)?;
+                let recv = self.zc_recv(recv_dst, recv_peer)?;
+                self.p2p
+                    .launch_zero_copy(&self.group, &self.jit, Some(send), Some(recv), stream)
+            }
+        }
     }
 
     /// All-to-all into a registered output: `send` holds `world_size` equal chunks, chunk `p`
@@ -152,7 +182,10 @@ impl Comm {
         }
         let (src, _sync) = send.device_ptr(stream);
         let at = |p: usize| recv.shifted(p as u64 * chunk, chunk);
-        if zero_copy_route(chunk, self.p2p_limits(), self.p2p_switches()) != ZcRoute::CopyEngine {
+        // In a job with network links the fused kernel reaches every peer (NVLink and network
+        // roles in one launch); the copy-engine steps reach NVLink peers only.
+        let route = zero_copy_route(chunk, self.p2p_limits(), self.p2p_switches());
+        if route != ZcRoute::CopyEngine || self.net.is_some() {
             let hooks = crate::collective::Hooks::<T>::copy();
             let elems = total / elem;
             return self.all_to_all_at(
@@ -184,6 +217,74 @@ impl Comm {
                 .launch_zero_copy(&self.group, &self.jit, Some(send), Some(recv), stream)?;
         }
         Ok(())
+    }
+
+    /// Whether `peer` is another rank reached over the network.
+    fn is_net_peer(&self, peer: usize) -> bool {
+        peer < self.world_size()
+            && peer != self.rank()
+            && self.topology().kind(peer) == crate::topology::LinkKind::Net
+    }
+
+    /// The send role of a zero-copy call to a network peer, as a send of the network route
+    /// into the peer's registered range: the range is checked against the size the peer
+    /// registered (every rank's size is known here), the receiver checks the message's size.
+    fn zc_net_send(
+        &self,
+        src: u64,
+        bytes: u64,
+        peer: usize,
+        dst: RegisteredRange<'_>,
+    ) -> Result<Transfer> {
+        const OP: &str = "send_registered";
+        if dst.bytes != bytes {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "rank {}: the message to peer {peer} is {bytes} bytes, its registered range \
+                     {} bytes",
+                    self.rank(),
+                    dst.bytes
+                ),
+            });
+        }
+        let Some(sizes) = self.registry.sizes(dst.handle) else {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "{:#x} is not a registered handle on rank {}",
+                    dst.handle,
+                    self.rank()
+                ),
+            });
+        };
+        let capacity = sizes.get(peer).copied().unwrap_or(0);
+        if first_too_small(dst.offset, bytes, &[capacity]).is_some() {
+            return Err(Error::CapacityExceeded {
+                op: OP,
+                peer,
+                bytes: dst.offset.saturating_add(bytes),
+                capacity,
+            });
+        }
+        Ok(Transfer {
+            ptr: src,
+            bytes,
+            peer,
+            config: None,
+        })
+    }
+
+    /// The receive role of a zero-copy call from a network peer: a receive of the network
+    /// route into this rank's registered range (checked here).
+    fn zc_net_recv(&self, dst: RegisteredRange<'_>, peer: usize) -> Result<Transfer> {
+        let (buf, _reg) = self.zc_target("recv_registered", dst, self.rank())?;
+        Ok(Transfer {
+            ptr: buf,
+            bytes: dst.bytes,
+            peer,
+            config: None,
+        })
     }
 
     /// Resolves and bounds-checks the send role.
@@ -279,6 +380,25 @@ impl Comm {
 }
 
 /// The first rank whose registered size cannot hold `bytes` at `offset`, with that size (pure).
+/// How a `sendrecv_registered` call runs, by whether each role's peer is a network peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ZcPath {
+    /// Zero-copy over NVLink (both roles NVLink, or an empty role's peer either way).
+    Nvlink,
+    /// Both roles through the network route, staged.
+    Network,
+    /// One role of each kind: not built.
+    Mixed,
+}
+
+fn zc_path(send_net: bool, recv_net: bool) -> ZcPath {
+    match (send_net, recv_net) {
+        (false, false) => ZcPath::Nvlink,
+        (true, true) => ZcPath::Network,
+        _ => ZcPath::Mixed,
+    }
+}
+
 fn first_too_small(offset: u64, bytes: u64, sizes: &[u64]) -> Option<(usize, u64)> {
     let end = offset.checked_add(bytes);
     sizes
@@ -290,7 +410,15 @@ fn first_too_small(offset: u64, bytes: u64, sizes: &[u64]) -> Option<(usize, u64
 
 #[cfg(test)]
 mod tests {
-    use super::first_too_small;
+    use super::{first_too_small, zc_path, ZcPath};
+
+    #[test]
+    fn a_call_with_one_role_of_each_kind_is_refused() {
+        assert_eq!(zc_path(false, false), ZcPath::Nvlink);
+        assert_eq!(zc_path(true, true), ZcPath::Network);
+        assert_eq!(zc_path(true, false), ZcPath::Mixed);
+        assert_eq!(zc_path(false, true), ZcPath::Mixed);
+    }
 
     #[test]
     fn every_rank_registered_size_is_checked() {

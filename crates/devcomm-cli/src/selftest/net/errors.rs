@@ -1,7 +1,6 @@
-//! Errors with network peers: a call whose two sides differ in size, and the operations that
-//! are not built for network peers (zero-copy send/recv), which must refuse at once (not
-//! hang). The collectives' mismatches with
-//! network peers are the `mismatch` group's `collective_mismatch`, run with network links.
+//! Errors with network peers: a call whose two sides differ in size. The collectives' and
+//! reductions' mismatches with network peers are the `mismatch` group's `collective_mismatch`
+//! and `reduce_mismatch`, run with network links.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,77 +9,9 @@ use cudarc::driver::CudaStream;
 use devcomm::{Comm, Error};
 
 use super::super::harness::{
-    compare, fresh_comm, Checked, Ctx, Fresh, Outcome, RegBuf, POISON,
+    compare, fresh_comm, Checked, Ctx, Fresh, Outcome, POISON,
 };
 use super::{job, no_partner};
-
-/// What a refusal of an operation with network peers says (`Error::NoPath`).
-const NOT_BUILT: &str = "network peers are not built yet";
-
-/// The operations that refuse network peers, each expected to return an error saying so at
-/// once; then one verified call with the partner on the same communicator.
-pub(super) fn refusals(cx: &Ctx) -> Checked {
-    let net = match job(cx, "net_refusals")? {
-        Ok(j) => j,
-        Err(skip) => return Ok(skip),
-    };
-    cx.host_barrier()?;
-    let (comm, stream) = (&cx.comm, &cx.stream);
-    let mut seen = Vec::new();
-    let mut expect_refusal = |what: &str, r: devcomm::Result<()>, text: &str| {
-        let t = Instant::now();
-        match r {
-            Err(e) if e.to_string().contains(text) && t.elapsed() < Duration::from_secs(1) => {
-                seen.push(what.to_owned());
-                Ok(())
-            }
-            Err(e) => Err(format!("{what}: expected an error saying {text:?}, got: {e}")),
-            Ok(()) => Err(format!("{what}: accepted with a network peer")),
-        }
-    };
-    // Zero-copy calls refuse a network peer before launching: pairwise, nobody waits on the
-    // refused rank. Registration is collective: every rank registers.
-    let reg = RegBuf::new(cx, 4096)?;
-    if let Some(peer) = net.partner {
-        let buf = stream.alloc_zeros::<u8>(4096).map_err(|e| e.to_string())?;
-        expect_refusal(
-            "send_registered",
-            comm.send_registered(&buf, peer, reg.at(0, 4096), stream),
-            NOT_BUILT,
-        )?;
-        expect_refusal(
-            "recv_registered",
-            comm.recv_registered(reg.at(0, 4096), peer, stream),
-            NOT_BUILT,
-        )?;
-    }
-    cx.host_barrier()?;
-    drop(reg);
-    cx.host_barrier()?;
-    let Some(peer) = net.partner else {
-        cx.host_barrier()?;
-        return Ok(no_partner(cx));
-    };
-    // The communicator is still usable: one call both ways, checked.
-    let n = (1 << 20) + 9;
-    let src = stream
-        .clone_htod(&cx.data_of(comm.rank(), 31, n))
-        .map_err(|e| e.to_string())?;
-    let mut dst = stream.alloc_zeros::<u8>(n).map_err(|e| e.to_string())?;
-    comm.sendrecv(&src, peer, &mut dst, peer, stream)
-        .and_then(|()| comm.synchronize(stream))
-        .map_err(|e| format!("the call after the refusals: {e}"))?;
-    let got = stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
-    compare(&got, &cx.data_of(peer, 31, n), "the call after the refusals")?;
-    cx.host_barrier()?;
-    if seen.is_empty() {
-        return Err("no operation was tried (no rank has a network peer)".into());
-    }
-    Ok(Outcome::Pass(format!(
-        "refused at once: {}; then a verified {n} B call both ways with network peer {peer}",
-        seen.join(", ")
-    )))
-}
 
 /// (sender's bytes, receiver's bytes) of the mismatch cases.
 const CASES: &[(usize, usize)] = &[(4096, 8192), ((3 << 20) + 1, 1 << 20), (8, 9)];

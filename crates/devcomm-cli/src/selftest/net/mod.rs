@@ -6,11 +6,11 @@
 //!
 //! Files: `calls.rs` (sizes one way and both ways, back-to-back calls, graph replays),
 //! `mesh.rs` (a ring over network links, network and NVLink partners in turn, a ring of calls
-//! split between the two routes), `errors.rs`
-//! (a size mismatch, the operations that refuse network peers). All-to-all(-v) and the hooked
-//! collectives with network peers are checked by the `collectives` group and the `mismatch`
-//! group's `collective_mismatch` run with the same forced links (scripts/gpu-check.sh,
-//! `net@N`).
+//! split between the two routes), `errors.rs` (a size mismatch), `zero_copy.rs` (the
+//! `*_registered` calls with network peers). All-to-all(-v), the hooked collectives and the
+//! reductions with network peers are checked by the `collectives` and `reduce` groups and the
+//! `mismatch` group run with the same forced links (scripts/gpu-check.sh, `net-coll@N`,
+//! `net-red@N`).
 
 use devcomm::LinkKind;
 
@@ -19,6 +19,7 @@ use super::harness::{Check, Ctx, Outcome, Ranks, Skip};
 mod calls;
 mod errors;
 mod mesh;
+mod zero_copy;
 
 /// The group's checks.
 pub(super) const CHECKS: &[Check] = &[
@@ -67,11 +68,12 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, _| mesh::mixed_ring(cx, 40, 20),
     },
     Check {
-        name: "net_refusals",
+        name: "net_zero_copy",
         ranks: Ranks::AtLeast(2),
-        about: "operations not built for network peers (zero-copy send/recv) refuse at once \
-                with an error that says so; the communicator stays usable",
-        run: |cx, _| errors::refusals(cx),
+        about: "send/recv_registered and sendrecv_registered with a network peer (8 B to \
+                1 MiB + 3, guard bytes), a range past the peer's buffer refused, \
+                all_to_all_registered; one NVLink and one network role refused as not built",
+        run: |cx, _| zero_copy::zero_copy(cx),
     },
     Check {
         name: "net_mismatch",
