@@ -23,6 +23,8 @@
 #                                          `all_gather_ring` with every link forced to the network
 #          net-red-mixed@N                 the same with the links of net-mixed@N
 #          net-kill@N                      kill@N with every link forced to the network
+#          net-gpu-mem                     the probe of GPU memory registered with UCX and put over
+#                                          TCP through UCX's CUDA copy transport (2 ranks, GPU 0)
 #          net-bench@N                     bench --op sendrecv over the network route, one way and
 #                                          both ways, up to 16 MiB, and --op all_to_all up to
 #                                          4 MiB per peer, --op all_reduce up to 16 MiB (smoke
@@ -106,6 +108,11 @@ for w in "$@"; do
     net-red-mixed@*) n=${w#net-red-mixed@}
       step "net-red-mixed-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_mixed "$n")" \
         scripts/shared-gpu.sh "$n" dist/devcomm selftest --only reduce,comm_barrier,all_gather_ring ;;
+    net-gpu-mem)
+      step "net-gpu-memory-probe" env DEVCOMM_UCX_LIB="$PWD/dist/ucx/lib" \
+        UCX_MODULE_DIR="$PWD/dist/ucx-cuda/lib/ucx" UCX_WARN_UNUSED_ENV_VARS=n DEVCOMM_REQUIRE_UCX=1 \
+        DEVCOMM_TEST_UCX_TLS=tcp,cuda_copy \
+        dist/net_ucx_test --ignored --exact net_gpu_memory_put_two_ranks --nocapture ;;
     net-kill@*) n=${w#net-kill@}
       for op in all_to_all all_reduce; do
         step "net-kill-test-$op-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \

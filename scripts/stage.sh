@@ -51,7 +51,22 @@ done
 cp -L "$ucx_wheel/ucx/libuct_cma.so.0" dist/ucx/lib/ucx/libuct_cma.so.0
 chmod u+w dist/ucx/lib/*.so.0 dist/ucx/lib/ucx/*.so.0
 strip --strip-debug dist/ucx/lib/*.so.0 dist/ucx/lib/ucx/*.so.0
-du -sh dist/ucx
+# UCX's CUDA modules apart, with the wheel's libcudart that libucm_cuda finds through its rpath
+# ($ORIGIN/../../../libucx_cu13.libs), and the transport's tests as a binary: only the probe of
+# GPU memory over UCX loads them (gpu-check.sh net-gpu-mem, UCX_MODULE_DIR=dist/ucx-cuda/lib/ucx).
+rm -rf dist/ucx-cuda dist/libucx_cu13.libs
+mkdir -p dist/ucx-cuda/lib/ucx dist/libucx_cu13.libs
+for m in libuct_cma libuct_cuda libucm_cuda; do
+  cp -L "$ucx_wheel/ucx/$m.so.0" "dist/ucx-cuda/lib/ucx/$m.so.0"
+done
+cp -L "$ucx_wheel"/../../libucx_cu13.libs/libcudart-*.so.* dist/libucx_cu13.libs/
+chmod u+w dist/ucx-cuda/lib/ucx/*.so.0
+strip --strip-debug dist/ucx-cuda/lib/ucx/*.so.0
+net_test=$(cargo test -p devcomm --release --test net_ucx --no-run 2>&1 |
+  grep -o 'target/release/deps/net_ucx-[0-9a-f]*' | head -n 1)
+cp "$net_test" dist/net_ucx_test
+strip --strip-debug dist/net_ucx_test
+du -sh dist/ucx dist/ucx-cuda
 # The Python wheel (maturin as scripts/test-python.sh installs it into .tools/py), for
 # gpu-check.sh's python steps.
 if [ ! -x .tools/py/bin/maturin ]; then

@@ -443,3 +443,26 @@ fn net_across_network_namespaces() {
         );
     }
 }
+
+/// GPU memory registered with UCX (`cuda = true`) and put over TCP through UCX's CUDA copy
+/// transport, 2 ranks on GPU 0: a probe for the registration of users' GPU buffers with the
+/// transport (docs/NETWORK.md, "Not built yet"). Needs a GPU and UCX's CUDA modules:
+/// `cargo test --test net_ucx -- --ignored net_gpu_memory_put` with `UCX_TLS` naming the CUDA
+/// copy transport (the default here: `tcp,cuda_copy`).
+#[test]
+#[ignore = "needs a GPU and UCX's CUDA modules"]
+fn net_gpu_memory_put_two_ranks() {
+    if !ucx_available("net_gpu_memory_put_two_ranks") {
+        return;
+    }
+    let tls = std::env::var("DEVCOMM_TEST_UCX_TLS").unwrap_or_else(|_| "tcp,cuda_copy".into());
+    let sp = Spawn {
+        env: vec![("UCX_TLS", tls)],
+        ..Spawn::local("gpu_put", 2)
+    };
+    let children = (0..2).map(|r| sp.rank(r)).collect();
+    let outs = finish(children, Duration::from_secs(120));
+    for (rank, out) in outs.iter().enumerate() {
+        assert!(out.contains("verified"), "rank {rank} did not verify: {out}");
+    }
+}

@@ -168,6 +168,7 @@ pub fn run_role(role: &str, info: RankInfo) -> R {
         "setup_failure" => setup_failure(info),
         "bad_descriptor" => bad_descriptor(info),
         "route" => route::route(info),
+        "gpu_put" => gpu_put(info),
         other => Err(format!("unknown role {other}")),
     }
 }
@@ -450,4 +451,77 @@ fn bad_descriptor(info: RankInfo) -> R {
     }
     let net = r.net.take().expect("transport");
     net.shutdown(&r.store).map_err(s)
+}
+
+/// GPU memory over UCX, a probe for registering GPU buffers with the transport (docs/NETWORK.md,
+/// "Not built yet"): each rank of two registers a GPU buffer (`cuda = true`) and a host signal
+/// pad, puts its pattern from its GPU buffer into the peer's in PIECES puts, signals, waits for
+/// the peer's signal and checks every byte that landed in its GPU buffer.
+fn gpu_put(info: RankInfo) -> R {
+    use cudarc::driver::{CudaContext, DevicePtr};
+    const N: usize = 1 << 20;
+    let store = Store::connect(&info, T).map_err(s)?;
+    let (rank, world) = (store.rank(), store.world_size());
+    if world != 2 {
+        return Err(format!("gpu_put runs on 2 ranks, not {world}"));
+    }
+    let peer = 1 - rank;
+    let ctx = CudaContext::new(0).map_err(s)?;
+    let stream = ctx.default_stream();
+    // [0, N): what the peer puts; [N, 2N): what this rank sends.
+    let host: Vec<u8> = (0..2 * N)
+        .map(|k| if k < N { 0 } else { pattern(0, rank, peer, k - N) })
+        .collect();
+    let buf = stream.clone_htod(&host).map_err(s)?;
+    stream.synchronize().map_err(s)?;
+    let ptr = buf.device_ptr(&stream).0;
+    let mut state = Box::new(DeviceErrorState::default());
+    // SAFETY: `state` outlives the transport, which is shut down below.
+    let sink = unsafe { ErrorSink::new(&mut *state) };
+    let config = NetConfig::from_config(&devcomm::Config::from_env().map_err(s)?);
+    // SAFETY: as above.
+    let mut net = unsafe { NetTransport::new(&store, &[peer], sink, config) }.map_err(s)?;
+    // SAFETY: `buf` (device memory of 2N bytes) lives until after the shutdown.
+    let data_key = unsafe { net.register(&store, ptr, (2 * N) as u64, true) }.map_err(s)?;
+    let pad: Box<[AtomicU64]> = (0..2).map(|_| AtomicU64::new(0)).collect();
+    // SAFETY: `pad` outlives the transport.
+    let pad_key =
+        unsafe { net.register(&store, pad.as_ptr() as u64, 16, false) }.map_err(s)?;
+    let q = net.queues().queue(peer, 0).map_err(s)?;
+    let piece = N / PIECES;
+    for i in 0..PIECES {
+        let d = NetDescriptor {
+            op: NetOp::Put as u32,
+            key: data_key,
+            src_offset: (N + i * piece) as u64,
+            dst_offset: (i * piece) as u64,
+            bytes: piece as u64,
+            ..NetDescriptor::default()
+        };
+        q.enqueue(d, rank, &sink, T).map_err(s)?;
+    }
+    let signal = NetDescriptor {
+        op: NetOp::Signal as u32,
+        signal_key: pad_key,
+        signal_op: SignalOp::Set as u32,
+        signal_offset: (rank * 8) as u64,
+        signal_value: 1,
+        ..NetDescriptor::default()
+    };
+    q.enqueue(signal, rank, &sink, T).map_err(s)?;
+    host::wait_signal(&pad[peer], 1, (rank, peer as i32, peer as u64), &sink, T).map_err(s)?;
+    let got = stream.clone_dtoh(&buf).map_err(s)?;
+    if let Some(k) = (0..N).find(|&k| got[k] != pattern(0, peer, rank, k)) {
+        return Err(format!(
+            "byte {k} from peer {peer} in GPU memory is {:#x}, expected {:#x}",
+            got[k],
+            pattern(0, peer, rank, k)
+        ));
+    }
+    store.barrier("gpu_put/done", T).map_err(s)?;
+    net.check().map_err(s)?;
+    net.shutdown(&store).map_err(s)?;
+    drop(buf);
+    println!("rank {rank}: {N} B put from GPU memory into peer {peer}'s GPU memory, verified");
+    Ok(())
 }
