@@ -463,6 +463,9 @@ fn net_gpu_memory_put_two_ranks() {
     let children = (0..2).map(|r| sp.rank(r)).collect();
     let outs = finish(children, Duration::from_secs(120));
     for (rank, out) in outs.iter().enumerate() {
-        assert!(out.contains("verified"), "rank {rank} did not verify: {out}");
+        assert!(
+            out.contains("verified"),
+            "rank {rank} did not verify: {out}"
+        );
     }
 }

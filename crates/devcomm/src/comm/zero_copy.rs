@@ -237,17 +237,7 @@ impl Comm {
         dst: RegisteredRange<'_>,
     ) -> Result<Transfer> {
         const OP: &str = "send_registered";
-        if dst.bytes != bytes {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: format!(
-                    "rank {}: the message to peer {peer} is {bytes} bytes, its registered range \
-                     {} bytes",
-                    self.rank(),
-                    dst.bytes
-                ),
-            });
-        }
+        self.zc_same_size(bytes, peer, dst)?;
         let Some(sizes) = self.registry.sizes(dst.handle) else {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -287,6 +277,22 @@ impl Comm {
         })
     }
 
+    /// Refuses a send whose message and registered range differ in size.
+    fn zc_same_size(&self, bytes: u64, peer: usize, dst: RegisteredRange<'_>) -> Result<()> {
+        if dst.bytes == bytes {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            op: "send_registered",
+            reason: format!(
+                "rank {}: the message to peer {peer} is {bytes} bytes, its registered range {} \
+                 bytes",
+                self.rank(),
+                dst.bytes
+            ),
+        })
+    }
+
     /// Resolves and bounds-checks the send role.
     fn zc_send(
         &self,
@@ -296,16 +302,7 @@ impl Comm {
         dst: RegisteredRange<'_>,
     ) -> Result<ZcRole> {
         const OP: &str = "send_registered";
-        if dst.bytes != bytes {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: format!(
-                    "rank {}: the message to peer {peer} is {bytes} bytes, its registered range                      {} bytes",
-                    self.rank(),
-                    dst.bytes
-                ),
-            });
-        }
+        self.zc_same_size(bytes, peer, dst)?;
         let (remote, reg) = self.zc_target(OP, dst, peer)?;
         Ok(ZcRole {
             buf: src,

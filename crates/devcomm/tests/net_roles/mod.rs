@@ -470,7 +470,13 @@ fn gpu_put(info: RankInfo) -> R {
     let stream = ctx.default_stream();
     // [0, N): what the peer puts; [N, 2N): what this rank sends.
     let host: Vec<u8> = (0..2 * N)
-        .map(|k| if k < N { 0 } else { pattern(0, rank, peer, k - N) })
+        .map(|k| {
+            if k < N {
+                0
+            } else {
+                pattern(0, rank, peer, k - N)
+            }
+        })
         .collect();
     let buf = stream.clone_htod(&host).map_err(s)?;
     stream.synchronize().map_err(s)?;
@@ -485,8 +491,7 @@ fn gpu_put(info: RankInfo) -> R {
     let data_key = unsafe { net.register(&store, ptr, (2 * N) as u64, true) }.map_err(s)?;
     let pad: Box<[AtomicU64]> = (0..2).map(|_| AtomicU64::new(0)).collect();
     // SAFETY: `pad` outlives the transport.
-    let pad_key =
-        unsafe { net.register(&store, pad.as_ptr() as u64, 16, false) }.map_err(s)?;
+    let pad_key = unsafe { net.register(&store, pad.as_ptr() as u64, 16, false) }.map_err(s)?;
     let q = net.queues().queue(peer, 0).map_err(s)?;
     let piece = N / PIECES;
     for i in 0..PIECES {
