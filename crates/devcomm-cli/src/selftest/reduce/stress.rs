@@ -3,6 +3,7 @@
 //! send/recv and all-to-all on one stream.
 
 use cudarc::driver::CudaSlice;
+use devcomm::reduce::{Algorithm, Collective};
 use devcomm::ReduceOp;
 use half::bf16;
 
@@ -145,9 +146,10 @@ pub(super) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
     cx.sync()?;
     cx.host_barrier()?;
     Ok(format!(
-        "{} calls on one stream (all-reduce one-shot + two-shot, reduce-scatter, all-gather, \
-         send/recv ring, all-to-all), {verified} poisoned and verified incl. the last round",
-        rounds * 6
+        "{} calls on one stream (all-reduce {}, reduce-scatter, all-gather, send/recv ring, \
+         all-to-all), {verified} poisoned and verified incl. the last round",
+        rounds * 6,
+        paths(cx)
     ))
 }
 
@@ -231,9 +233,22 @@ pub(super) fn check_graph(cx: &Ctx, replays: usize) -> Check {
     }
     cx.host_barrier()?;
     Ok(format!(
-        "{replays} replays of a graph of 4 reductions (one-shot and two-shot), fresh data each, \
-         every replay verified"
+        "{replays} replays of a graph of 4 reductions ({}), fresh data each, every replay \
+         verified",
+        paths(cx)
     ))
+}
+
+/// The algorithms the small and the larger all-reduces of these checks take: one-shot and
+/// two-shot, or with network links the network path.
+fn paths(cx: &Ctx) -> &'static str {
+    let plan = cx
+        .comm
+        .reduction_plan(Collective::AllReduce, devcomm::DataType::F32, 1);
+    match plan {
+        Ok(Some(p)) if p.algorithm == Algorithm::Network => "network path",
+        _ => "one-shot and two-shot",
+    }
 }
 
 fn diff<N: HostNum>(got: &[N], want: &[N]) -> Option<String> {
