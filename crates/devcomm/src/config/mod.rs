@@ -195,7 +195,7 @@ knobs! {
     /// Most blocks of a two-shot reduction; unset: 32, at most half the smallest GPU's SMs.
     reduce_max_blocks: Option<u32> = None, "32 (fitted)",
         env "DEVCOMM_REDUCE_MAX_BLOCKS", group "reductions", range range(1, 32), Must;
-    /// Largest one-shot reduction payload in KiB (`0`: never); unset: 512/64/32 by ranks.
+    /// Largest one-shot reduction payload in KiB (`0`: never); unset: 512/256/32 by ranks.
     reduce_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ONE_SHOT_KIB", group "reductions", range range(0, 1024), Must, experimental;
     /// MiB one two-shot reduction round stages per rank (the window holds two rounds).

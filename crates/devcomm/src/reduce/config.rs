@@ -34,7 +34,7 @@ mod tests {
         // Half the SMs of the smallest GPU (a 33-SM share: 16 blocks).
         assert_eq!(limits(4, None, None, 8, 33).max_blocks, 16);
         assert_eq!(limits(4, None, None, 8, 1).max_blocks, 1);
-        assert_eq!(limits(4, None, None, 8, 132).one_shot_bytes, 64 << 10);
+        assert_eq!(limits(4, None, None, 8, 132).one_shot_bytes, 256 << 10);
     }
 
     #[test]

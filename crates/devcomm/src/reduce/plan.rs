@@ -109,11 +109,14 @@ impl ReduceLimits {
 }
 
 /// The default largest payload (bytes per sender) of a one-shot call on `world` ranks: each
-/// rank reads `world` copies, so the cut-over comes earlier with more ranks.
+/// rank reads `world` copies, so the cut-over comes earlier with more ranks. 2 ranks: measured
+/// on 2 H200s (2026-11-24); 3-4 ranks: on 4 H200s, where a 128 KiB all-reduce took 11.8 us
+/// one-shot against 24.3 two-shot, 256 KiB 18.2 against 25.4, 512 KiB 31.5 against 26.4
+/// (2026-11-26, docs/PERFORMANCE.md); more ranks: not measured.
 pub const fn one_shot_max_bytes(world: usize) -> u64 {
     match world {
         0..=2 => 512 << 10,
-        3..=4 => 64 << 10,
+        3..=4 => 256 << 10,
         _ => 32 << 10,
     }
 }

@@ -84,7 +84,8 @@ pub(super) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
     let mut ar1 = reduction_op::<f32>(cx, "all_reduce f32", 0, (2000, 2000), 2, |a| {
         reduce(a, sum, 0, 2000)
     })?;
-    let n2 = 70_001;
+    // Past the one-shot limit (bf16: 2 bytes an element), so that this all-reduce is two-shot.
+    let n2 = cx.comm.reduction_limits().one_shot_bytes as usize / 2 + 1_001;
     let mut ar2 = reduction_op::<bf16>(cx, "all_reduce bf16", 1, (n2, n2), 2, |a| {
         reduce(a, sum, 0, n2)
     })?;
