@@ -61,6 +61,10 @@ net_mixed() { # the lower and upper half of N ranks joined by network links, NVL
   done
   echo "$spec"
 }
+net_selftest() { # step name, forced links, --only: the self-test on $n ranks over those links
+  step "$1" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$2" \
+    scripts/shared-gpu.sh "$n" dist/devcomm selftest --only "$3"
+}
 for w in "$@"; do
   case $w in
     selftest[0-9]) n=${w#selftest}; step "selftest-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest ;;
@@ -90,24 +94,16 @@ for w in "$@"; do
       # -P: the installed package, not the source folder beside the script.
       step "python-overhead-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 \
         scripts/shared-gpu.sh "$n" python3 -P python/bench_overhead.py ;;
-    net@*) n=${w#net@}
-      step "net-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
-        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only net ;;
-    net-mixed@*) n=${w#net-mixed@}
-      step "net-mixed-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_mixed "$n")" \
-        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only net ;;
+    net@*) n=${w#net@}; net_selftest "net-$n-ranks" "$(net_all "$n")" net ;;
+    net-mixed@*) n=${w#net-mixed@}; net_selftest "net-mixed-$n-ranks" "$(net_mixed "$n")" net ;;
     net-coll@*) n=${w#net-coll@}
-      step "net-coll-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
-        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only collectives,collective_mismatch ;;
+      net_selftest "net-coll-$n-ranks" "$(net_all "$n")" collectives,collective_mismatch ;;
     net-coll-mixed@*) n=${w#net-coll-mixed@}
-      step "net-coll-mixed-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_mixed "$n")" \
-        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only collectives,collective_mismatch ;;
+      net_selftest "net-coll-mixed-$n-ranks" "$(net_mixed "$n")" collectives,collective_mismatch ;;
     net-red@*) n=${w#net-red@}
-      step "net-red-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
-        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only reduce,comm_barrier,all_gather_ring ;;
+      net_selftest "net-red-$n-ranks" "$(net_all "$n")" reduce,comm_barrier,all_gather_ring ;;
     net-red-mixed@*) n=${w#net-red-mixed@}
-      step "net-red-mixed-$n-ranks" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_mixed "$n")" \
-        scripts/shared-gpu.sh "$n" dist/devcomm selftest --only reduce,comm_barrier,all_gather_ring ;;
+      net_selftest "net-red-mixed-$n-ranks" "$(net_mixed "$n")" reduce,comm_barrier,all_gather_ring ;;
     net-gpu-mem)
       step "net-gpu-memory-probe" env DEVCOMM_UCX_LIB="$PWD/dist/ucx/lib" \
         UCX_MODULE_DIR="$PWD/dist/ucx-cuda/lib/ucx" UCX_WARN_UNUSED_ENV_VARS=n DEVCOMM_REQUIRE_UCX=1 \

@@ -152,7 +152,7 @@ impl Comm {
                         chunk: s * es,
                         code: scatter,
                     };
-                    self.net_exchange(nr, c, x, false, stream)?;
+                    self.net_exchange(nr, c.name(), x, false, stream)?;
                     let mine = at(b, me * s);
                     let first = r.base + me * s;
                     self.net_reduce_step(
@@ -175,7 +175,7 @@ impl Comm {
                         chunk: s * es,
                         code: gather,
                     };
-                    self.net_exchange(nr, c, x, true, stream)?;
+                    self.net_exchange(nr, c.name(), x, true, stream)?;
                     self.net_copy(dtype, (a, 0), (at(output, r.base), 0), 1, r.len, stream)?;
                 }
                 Collective::ReduceScatter => {
@@ -192,7 +192,7 @@ impl Comm {
                         chunk: r.len * es,
                         code: scatter,
                     };
-                    self.net_exchange(nr, c, x, false, stream)?;
+                    self.net_exchange(nr, c.name(), x, false, stream)?;
                     // Hooked, the rows are reduced in place in the scratch, hooked, then copied
                     // to the output (whose old rows the hook sees as `dest`).
                     let (to, step) = match hooked {
@@ -221,7 +221,7 @@ impl Comm {
                         chunk: r.len * es,
                         code: gather,
                     };
-                    self.net_exchange(nr, c, x, true, stream)?;
+                    self.net_exchange(nr, c.name(), x, true, stream)?;
                     let to = (at(output, r.base), n);
                     self.net_copy(dtype, (a, r.len), to, w, r.len, stream)?;
                 }
@@ -241,24 +241,13 @@ impl Comm {
             chunk: 1,
             code: step_code(NetStep::Barrier, None, false),
         };
-        self.net_exchange_named(nr, "barrier", x, false, stream)
+        self.net_exchange(nr, "barrier", x, false, stream)
     }
 
-    /// One all-to-all step of reduction `c`: `x.chunk` bytes to every rank, from consecutive
-    /// chunks of `x.input` (`gather`: the same chunk to every rank, an all-to-all-v of one row
-    /// from offset 0), into consecutive chunks of `x.output`.
+    /// One all-to-all step of `op`: `x.chunk` bytes to every rank, from consecutive chunks of
+    /// `x.input` (`gather`: the same chunk to every rank, an all-to-all-v of one row from offset
+    /// 0), into consecutive chunks of `x.output`.
     fn net_exchange(
-        &self,
-        nr: &NetReduce,
-        c: Collective,
-        x: Exchange,
-        gather: bool,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        self.net_exchange_named(nr, c.name(), x, gather, stream)
-    }
-
-    fn net_exchange_named(
         &self,
         nr: &NetReduce,
         op: &'static str,

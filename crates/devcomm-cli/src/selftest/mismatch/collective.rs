@@ -43,7 +43,7 @@ const AFTER: usize = 1_000;
 const AFTER_SIZES: &[usize] = &[8, 64, 4096, 65_536, 262_144];
 
 pub(super) fn collective_mismatch(cx: &Ctx, timeout: Duration) -> Result<String, String> {
-    let net = job_has_network_links(cx)?;
+    let net = cx.comm.has_network_links();
     let one = |f: &Fresh, _, _, call| one_case(cx, f, call, timeout);
     let after_what = format!("{AFTER} verified all-to-alls");
     let done = run_cases(cx, "collective", timeout, CASES, one, |f| after(cx, f), &after_what)?;
@@ -52,20 +52,6 @@ pub(super) fn collective_mismatch(cx: &Ctx, timeout: Duration) -> Result<String,
     } else {
         done
     })
-}
-
-/// Whether some rank of the job has a network peer (the same answer on every rank).
-fn job_has_network_links(cx: &Ctx) -> Result<bool, String> {
-    let all = cx
-        .comm
-        .store()
-        .all_gather(
-            "__devcomm_cli/mismatch/network-links",
-            &[u8::from(cx.comm.has_network_peers())],
-            cx.comm.setup_timeout(),
-        )
-        .map_err(|e| e.to_string())?;
-    Ok(all.iter().any(|v| v.first() == Some(&1)))
 }
 
 /// One mismatched collective; the error this rank saw.

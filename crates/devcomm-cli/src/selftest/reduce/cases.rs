@@ -204,21 +204,20 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
     };
     // A job with network links runs every reduction as all-to-alls in rounds of the network
     // scratch (docs/NETWORK.md): its sizes straddle that round as well.
-    let network = cx
-        .comm
-        .reduction_plan(coll, dtype, 1)
-        .ok()
-        .flatten()
-        .filter(|p| p.algorithm == Algorithm::Network);
+    let network = cx.comm.has_network_links();
     let expect = |n: usize| match n {
         0 => None,
-        _ if network.is_some() => Some(Algorithm::Network),
+        _ if network => Some(Algorithm::Network),
         n if n <= one => Some(Algorithm::OneShot),
         n if n <= round => Some(Algorithm::TwoShot),
         _ => Some(Algorithm::Pipelined),
     };
     let mut counts = vec![0, 1, 3, 1001, one.saturating_sub(1), one, one + 1, round, round + 1];
-    let net_round = network.map(|p| match coll {
+    let net_round = match network {
+        true => cx.comm.reduction_plan(coll, dtype, 1).ok().flatten(),
+        false => None,
+    }
+    .map(|p| match coll {
         Collective::AllReduce => p.chunk as usize * w,
         _ => p.chunk as usize,
     });

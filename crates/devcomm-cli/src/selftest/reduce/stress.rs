@@ -3,7 +3,6 @@
 //! send/recv and all-to-all on one stream.
 
 use cudarc::driver::CudaSlice;
-use devcomm::reduce::{Algorithm, Collective};
 use devcomm::ReduceOp;
 use half::bf16;
 
@@ -243,12 +242,9 @@ pub(super) fn check_graph(cx: &Ctx, replays: usize) -> Check {
 /// The algorithms the small and the larger all-reduces of these checks take: one-shot and
 /// two-shot, or with network links the network path.
 fn paths(cx: &Ctx) -> &'static str {
-    let plan = cx
-        .comm
-        .reduction_plan(Collective::AllReduce, devcomm::DataType::F32, 1);
-    match plan {
-        Ok(Some(p)) if p.algorithm == Algorithm::Network => "network path",
-        _ => "one-shot and two-shot",
+    match cx.comm.has_network_links() {
+        true => "network path",
+        false => "one-shot and two-shot",
     }
 }
 
