@@ -13,7 +13,8 @@
 #          kill@N                          a rank dies in a loop of all-to-alls, then of all-reduces
 #                                          (devcomm kill-test --op)
 #          net@N                           the `net` group with every link forced to the network
-#                                          (UCX from dist/ucx over loopback TCP)
+#                                          (UCX from dist/ucx over loopback TCP, with its CUDA
+#                                          copy transport from dist/ucx-cuda)
 #          net-mixed@N                     the `net` group with the lower and upper half of the
 #                                          ranks joined by network links, NVLink within (N >= 4)
 #          net-coll@N                      the `collectives` group and `collective_mismatch` with
@@ -47,8 +48,11 @@ step() { # name, command...
   summary+=("$(printf '%-24s rc=%-4s %4ss' "$name" "$rc" $((SECONDS - t0)))")
 }
 nvidia-smi -L > "$out/gpu.txt" 2>&1
-# The network route's steps: UCX from dist/ucx (scripts/stage.sh) over loopback TCP.
-net_env=(DEVCOMM_UCX_LIB="$PWD/dist/ucx/lib" UCX_TLS=tcp UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n)
+# The network route's steps: UCX from dist/ucx (scripts/stage.sh) over loopback TCP, with its
+# CUDA modules (dist/ucx-cuda) and the CUDA copy transport, so that windows' GPU memory can be
+# registered for users' kernels (the `net_window` check).
+net_env=(DEVCOMM_UCX_LIB="$PWD/dist/ucx/lib" UCX_MODULE_DIR="$PWD/dist/ucx-cuda/lib/ucx"
+  UCX_TLS=tcp,cuda_copy UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n)
 net_all() { # every link of N ranks forced to the network: 0-*=net,1-*=net,...
   local n=$1 r spec=""
   for ((r = 0; r < n; r++)); do spec+="${spec:+,}$r-*=net"; done

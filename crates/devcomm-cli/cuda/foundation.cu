@@ -215,3 +215,91 @@ extern "C" __global__ void copy_bandwidth_tma(void* dst, const void* src, dc_u64
   }
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
+
+// Byte i of what rank `from` puts into rank `to`'s window in round r (fresh every round).
+// Twin of `routed_byte` in src/selftest/net/window.rs.
+__device__ __forceinline__ unsigned char routed_byte(int from, int to, dc_u64 r, dc_u64 i) {
+  dc_u64 x = (i + 1) * 0x9E3779B97F4A7C15ull;
+  x ^= r * 0xD1B54A32D192ED03ull + (static_cast<dc_u64>(from) << 40) +
+       (static_cast<dc_u64>(to) << 52);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return static_cast<unsigned char>(x >> 56);
+}
+
+// Rounds [first, first + rounds) of puts with signals between every pair of ranks, each peer
+// over its own route (NVLink stores or the network queues: window_net.cuh). Block p serves peer
+// p (one producer per (peer, channel), channel 0). Window data: [p * chunk, (p + 1) * chunk) is
+// the source for peer p, [(W + p) * chunk, ...) what p put here; user slots [0, W): p's round
+// (set), [W, 2W): p's acknowledgements (a counter). Round r: wait until p took round r - 1
+// (acknowledged), flush, write the source, put it with signal r, wait for p's round r, compare
+// every byte (mismatches added to *bad), acknowledge. Rounds count from 1 across launches on one
+// window. status[0] = 0 when a wait gave up (recorded in the error state).
+extern "C" __global__ void routed_rounds(DeviceWindow w, devcomm::WindowNet n, dc_u64 chunk,
+                                         dc_u64 first, dc_u64 rounds, unsigned long long* bad,
+                                         int* status) {
+  const Block block;
+  const int p = static_cast<int>(blockIdx.x);
+  if (p >= w.world_size || p == w.rank) return;
+  const dc_u64 world = static_cast<dc_u64>(w.world_size);
+  unsigned char* data = static_cast<unsigned char*>(devcomm::get_nvlink_address(w, w.rank));
+  bool ok = true;
+  for (dc_u64 r = first; r < first + rounds && ok; ++r) {
+    if (r > 1) ok = devcomm::wait_signal(block, w, world + p, r - 1, devcomm::Cmp::Ge, p);
+    ok = ok && devcomm::flush_routed(block, w, n, p);
+    if (!ok) break;
+    unsigned char* src = data + static_cast<dc_u64>(p) * chunk;
+    for (dc_u64 i = threadIdx.x; i < chunk; i += blockDim.x) src[i] = routed_byte(w.rank, p, r, i);
+    ok = devcomm::put_signal_routed(block, w, n, p, (world + w.rank) * chunk,
+                                    static_cast<dc_u64>(p) * chunk, chunk, w.rank, r);
+    ok = ok && devcomm::wait_signal(block, w, p, r, devcomm::Cmp::Ge, p);
+    if (!ok) break;
+    const unsigned char* got = data + (world + p) * chunk;
+    unsigned long long wrong = 0;
+    for (dc_u64 i = threadIdx.x; i < chunk; i += blockDim.x)
+      wrong += got[i] != routed_byte(p, w.rank, r, i);
+    if (wrong != 0) atomicAdd(bad, wrong);
+    ok = devcomm::signal_add_routed(block, w, n, p, world + w.rank, 1);
+  }
+  ok = ok && devcomm::flush_routed(block, w, n, p);
+  if (!ok && threadIdx.x == 0) *status = 0;
+}
+
+// barrier_loop over every peer with the routed operations (one block, blockDim.x >= world_size):
+// iteration i, thread p puts i + 1 from word W + p of this rank's window into word `rank` of
+// p's window (put_routed, channel 0), barrier_routed (channel 0: ordered after the puts), every
+// peer's word in OUR window must be i + 1, barrier_routed again. status[0] = 1 when every
+// iteration passed; otherwise 0 and scratch[0..3) = {iteration, peer, value seen}.
+extern "C" __global__ void routed_barrier_loop(DeviceWindow w, devcomm::WindowNet n, dc_u64 iters,
+                                               dc_u64* scratch, int* status) {
+  const Block block;
+  const int p = static_cast<int>(threadIdx.x);
+  const bool mine = p < w.world_size && p != w.rank;
+  dc_u64* own = static_cast<dc_u64*>(devcomm::get_nvlink_address(w, w.rank));
+  const dc_u64 world = static_cast<dc_u64>(w.world_size);
+  for (dc_u64 i = 0; i < iters; ++i) {
+    bool ok = true;
+    if (mine) {
+      own[world + p] = i + 1;
+      ok = devcomm::put_routed(Thread{}, w, n, p, static_cast<dc_u64>(w.rank) * 8,
+                               (world + p) * 8, 8);
+    }
+    ok = !block.any(!ok) && devcomm::barrier_routed(block, w, n);
+    if (!ok) {
+      if (threadIdx.x == 0) *status = 0;
+      return;
+    }
+    const dc_u64 seen = mine ? reinterpret_cast<volatile dc_u64*>(own)[p] : i + 1;
+    const bool bad = seen != i + 1;
+    if (bad) {
+      scratch[0] = i;
+      scratch[1] = static_cast<dc_u64>(p);
+      scratch[2] = seen;
+    }
+    if (block.any(bad) || !devcomm::barrier_routed(block, w, n)) {
+      if (threadIdx.x == 0) *status = 0;
+      return;
+    }
+  }
+  if (threadIdx.x == 0) *status = 1;
+}

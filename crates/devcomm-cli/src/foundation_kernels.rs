@@ -11,6 +11,9 @@
 //! - `wait_forever(DeviceWindow w, int peer, u64 slot, int* status)`
 //! - `pingpong(DeviceWindow w, int peer, u64 iters, u64 base, u64* elapsed_ns)`
 //! - `put_bandwidth(DeviceWindow w, int peer, const void* src, u64 bytes)`
+//! - `routed_rounds(DeviceWindow w, WindowNet n, u64 chunk, u64 first, u64 rounds, u64* bad,
+//!   int* status)`
+//! - `routed_barrier_loop(DeviceWindow w, WindowNet n, u64 iters, u64* scratch, int* status)`
 
 use devcomm::jit::KernelSpec;
 
@@ -29,6 +32,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "wait_forever",
     "pingpong",
     "put_bandwidth",
+    "routed_rounds",
+    "routed_barrier_loop",
 ];
 
 /// The spec of the foundation module: [`SOURCE`] with every kernel of [`KERNELS`].

@@ -44,6 +44,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("collective.cuh"),
     embed!("net.cuh"),
     embed!("net_p2p.cuh"),
+    embed!("window_net.cuh"),
     embed!("reduce.cuh"),
     embed!("devcomm.cuh"),
 ];

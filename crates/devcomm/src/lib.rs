@@ -53,6 +53,7 @@ pub mod testing;
 #[allow(unreachable_pub)]
 pub mod topology;
 pub(crate) mod window;
+pub(crate) mod window_net;
 
 pub use abi::{DeviceOp, DeviceWindow, RegisteredBuffer};
 pub use collective::{AllToAllVCounts, Hooks, RawHooks};
@@ -62,6 +63,7 @@ pub use config::Config;
 pub use cuda::ensure_driver;
 pub use cuda::info::DeviceInfo;
 pub use error::{Error, Result};
+pub use net::WindowNetHandle;
 pub use reduce::{DataType, ReduceOp, Reducible};
 pub use topology::{LinkKind, Topology};
 pub use window::Window;

@@ -16,6 +16,8 @@ use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::handles::DeviceWindow;
 use crate::memory::SymmetricMemory;
+use crate::net::WindowNetHandle;
+use crate::window_net::NetPath;
 
 /// A symmetric buffer of `len` elements of `T` on every rank, plus a signal pad and this
 /// rank's barrier counter.
@@ -26,7 +28,9 @@ pub struct Window<T> {
     len: usize,
     signal_count: usize,
     handle: DeviceWindow,
-    /// Dropped first: synchronises the device and waits for all ranks before unmapping.
+    /// The network path (dropped first: its registrations go before the memory).
+    net: NetPath,
+    /// Dropped next: synchronises the device and waits for all ranks before unmapping.
     data: SymmetricMemory,
     signals: SymmetricMemory,
     /// This rank's barrier epoch (`u64`, device memory, not shared).
@@ -43,6 +47,7 @@ impl<T> std::fmt::Debug for Window<T> {
             .field("len", &self.len)
             .field("signal_count", &self.signal_count)
             .field("handle", &self.handle)
+            .field("net", &self.net)
             .field("data", &self.data)
             .field("signals", &self.signals)
             .finish()
@@ -84,6 +89,7 @@ impl<T: DeviceRepr> Window<T> {
             len,
             signal_count,
             handle,
+            net: NetPath::NotNeeded,
             data,
             signals,
             _epoch: epoch,
@@ -95,6 +101,21 @@ impl<T: DeviceRepr> Window<T> {
     /// The plain handle kernels receive by value.
     pub fn device_handle(&self) -> DeviceWindow {
         self.handle
+    }
+
+    /// The network path kernels receive by value beside [`device_handle`](Self::device_handle)
+    /// for the routed operations of `window_net.cuh` (`put_routed`, `put_signal_routed`,
+    /// `signal_routed`, `flush_routed`, `barrier_routed`, ...): all zero in a job without
+    /// network links (every peer is reached over NVLink). [`Error::Network`] when the job has
+    /// network links but the transport could not register the window (UCX without CUDA
+    /// memory support: the message says what to set) or `DEVCOMM_NET_USER_CHANNELS` is 0.
+    pub fn net_handle(&self) -> Result<WindowNetHandle> {
+        self.net.handle(self.group.rank)
+    }
+
+    /// Attaches the window's network path (`Comm::window`).
+    pub(crate) fn set_net_path(&mut self, net: NetPath) {
+        self.net = net;
     }
 
     /// `peer`'s data region as mapped here (this rank's own for `peer == rank()`), or `None`

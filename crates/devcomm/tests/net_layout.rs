@@ -1,5 +1,6 @@
-//! Checks that `cuda/devcomm/net.cuh`, compiled by the host C++ compiler, lays out the network
-//! queue structs exactly as Rust does (`devcomm::net::descriptor::LAYOUT`). Needs `c++` (or `$CXX`).
+//! Checks that `cuda/devcomm/net.cuh`, `net_p2p.cuh` and `window_net.cuh`, compiled by the host
+//! C++ compiler, lay out the network structs exactly as Rust does
+//! (`devcomm::net::descriptor::LAYOUT`, `route::LAYOUT`). Needs `c++` (or `$CXX`).
 
 #[path = "common/cxx.rs"]
 #[allow(dead_code)] // run_ok: this test reads the probes' output itself
@@ -21,6 +22,7 @@ fn net_cuh_layout_equals_rust_layout() {
         "NetQueues",
         "NetChunkHeader",
         "NetP2PLaunch",
+        "WindowNet",
     ] {
         assert!(
             layout.iter().any(|(s, ..)| *s == strukt),
@@ -29,7 +31,11 @@ fn net_cuh_layout_equals_rust_layout() {
     }
     assert_layout(
         "net-layout",
-        &["devcomm/net.cuh", "devcomm/net_p2p.cuh"],
+        &[
+            "devcomm/net.cuh",
+            "devcomm/net_p2p.cuh",
+            "devcomm/window_net.cuh",
+        ],
         &layout,
     );
 }

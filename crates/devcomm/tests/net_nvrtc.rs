@@ -39,3 +39,36 @@ extern "C" __global__ void net_probe(NetQueues q, int peer, dc_u64* out, int* ok
     assert_eq!(&module.cubin[..4], b"\x7fELF");
     assert_eq!(module.lowered_names["net_probe"], "net_probe");
 }
+
+/// The routed window operations (`window_net.cuh`) for every thread group.
+#[test]
+fn routed_window_operations_compile_for_every_group() {
+    if !nvrtc_available() {
+        return;
+    }
+    let source = r#"#include "devcomm/devcomm.cuh"
+using namespace devcomm;
+
+template <class G>
+__device__ bool all_ops(const G& g, const DeviceWindow& w, const WindowNet& n, int peer) {
+  bool ok = put_routed(g, w, n, peer, 0, 64, 4096);
+  ok = put_signal_routed(g, w, n, peer, 128, 0, 64, 1, 7, 1) && ok;
+  ok = signal_routed(g, w, n, peer, 2, 9) && ok;
+  ok = signal_add_routed(g, w, n, peer, 3, 1, 2) && ok;
+  ok = flush_routed(g, w, n, peer, 1) && ok;
+  ok = barrier_routed(g, w, n) && ok;
+  return ok && is_network_peer(w, n, peer);
+}
+
+extern "C" __global__ void routed_probe(DeviceWindow w, WindowNet n, int peer, int* ok) {
+  bool good = all_ops(Thread{}, w, n, peer);
+  good = all_ops(Warp{}, w, n, peer) && good;
+  good = all_ops(Block{}, w, n, peer) && good;
+  if (!good) *ok = 0;
+}
+"#;
+    let spec = KernelSpec::new("routed_probe", source).name_expression("routed_probe");
+    let module = jit::compile(&spec, SM90).unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(&module.cubin[..4], b"\x7fELF");
+    assert!(module.log.is_empty(), "warnings:\n{}", module.log);
+}

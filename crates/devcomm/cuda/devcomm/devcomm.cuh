@@ -10,6 +10,9 @@
 //   barrier.cuh     cross-rank barrier
 //   put.cuh         put, put_signal
 //   registered.cuh  peer addresses of registered user buffers
+//   net.cuh         descriptors into the network queues (net_put, net_signal, net_flush)
+//   window_net.cuh  a window's operations routed per peer: NVLink stores or network queues
+//                   (put_routed, put_signal_routed, signal_routed, flush_routed, ...)
 #pragma once
 
 #include "devcomm/handles.cuh"
@@ -21,3 +24,5 @@
 #include "devcomm/barrier.cuh"
 #include "devcomm/put.cuh"
 #include "devcomm/registered.cuh"
+#include "devcomm/net.cuh"
+#include "devcomm/window_net.cuh"

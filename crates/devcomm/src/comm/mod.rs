@@ -5,6 +5,7 @@ mod builder;
 mod collectives;
 mod net_p2p;
 mod net_reduce;
+mod net_window;
 mod p2p;
 pub mod raw;
 mod raw_registered;

@@ -22,6 +22,8 @@ use crate::topology::LinkKind;
 pub(crate) struct NetPeers {
     transport: Option<NetTransport>,
     key: u32,
+    /// Queue channels of users' kernels, after the routes' (`route::CHANNELS`).
+    user_channels: u32,
     layout: StagingLayout,
     handle: crate::net::NetQueuesHandle,
     /// Owns the memory `counters_base` points into.
@@ -64,10 +66,11 @@ impl NetPeers {
         let config = &group.config;
         let slot_bytes = u64::from(config.net_slot_kib) * 1024;
         let capacity = config.net_queue_capacity;
+        let channels = route::CHANNELS + config.net_user_channels;
         let local = (|| {
             let layout = StagingLayout::new(world, config.net_slots, slot_bytes)?;
             let total = layout.total().expect("checked by StagingLayout::new");
-            let qbytes = queue_bytes(world as u32, route::CHANNELS, capacity)?;
+            let qbytes = queue_bytes(world as u32, channels, capacity)?;
             let queues = HostMapped::new(&group.ctx, qbytes)?;
             let staging = HostMapped::new(&group.ctx, total as usize)?;
             let counters = group
@@ -92,7 +95,7 @@ impl NetPeers {
                 queues.len(),
                 queues.device_ptr(),
                 world as u32,
-                route::CHANNELS,
+                channels,
                 capacity,
             )
         };
@@ -100,13 +103,14 @@ impl NetPeers {
         // transport.
         let sink = unsafe { ErrorSink::new(group.errors.host_ptr()) };
         let net_config = NetConfig {
-            channels: route::CHANNELS,
+            channels,
             ..NetConfig::from_config(config)
         };
         // SAFETY: as above: the sink's state outlives the transport.
-        let mut transport =
+        let transport =
             unsafe { NetTransport::with_queues(&group.store, &net_peers, sink, net_config, qm) }?;
         let total = layout.total().expect("checked");
+        let user_channels = config.net_user_channels;
         // SAFETY: the staging stays allocated until `self` drops, after the transport.
         let key =
             unsafe { transport.register(&group.store, staging.host_ptr() as u64, total, false) }?;
@@ -126,6 +130,7 @@ impl NetPeers {
         Ok(Some(Self {
             transport: Some(transport),
             key,
+            user_channels,
             layout,
             handle,
             _counters: counters,
@@ -135,6 +140,33 @@ impl NetPeers {
             side: std::sync::OnceLock::new(),
             group: group.clone(),
         }))
+    }
+
+    /// The transport (present until the communicator tears it down).
+    pub(crate) fn transport(&self) -> Result<&NetTransport> {
+        self.transport.as_ref().ok_or_else(|| Error::Network {
+            rank: self.group.rank as i32,
+            peer: -1,
+            message: format!(
+                "rank {}: the network transport is shut down",
+                self.group.rank
+            ),
+        })
+    }
+
+    /// The communicator's group.
+    pub(crate) fn group(&self) -> &Arc<Group> {
+        &self.group
+    }
+
+    /// The queues as kernels receive them.
+    pub(crate) fn queues_handle(&self) -> crate::net::NetQueuesHandle {
+        self.handle
+    }
+
+    /// Queue channels of users' kernels per peer.
+    pub(crate) fn user_channels(&self) -> u32 {
+        self.user_channels
     }
 
     /// The kernel argument for the roles (each non-empty, with a network peer).

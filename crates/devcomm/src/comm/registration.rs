@@ -145,8 +145,25 @@ impl RegisteredRange<'_> {
 impl Comm {
     /// Collective: a symmetric window of `len` elements and `signal_count` user signal slots
     /// on every rank.
+    ///
+    /// In a job with network links the window's data and pad are also registered with the
+    /// network transport, so that kernels reach network peers through
+    /// [`Window::net_handle`] (docs/NETWORK.md, "Users' kernels and network peers").
     pub fn window<T: DeviceRepr>(&self, len: usize, signal_count: usize) -> Result<Window<T>> {
-        Window::new(&self.group, len, signal_count)
+        let mut window = Window::new(&self.group, len, signal_count)?;
+        if let Some(net) = &self.net {
+            let h = window.device_handle();
+            let pad_bytes = (h.world_size as u64 + h.signal_count) * 8;
+            let path = net.window_path((h.data, h.data_bytes.max(1)), (h.signals, pad_bytes))?;
+            if let crate::window_net::NetPath::Unavailable(reason) = &path {
+                log::warn!(
+                    "rank {}: window without a network path: {reason}",
+                    self.group.rank
+                );
+            }
+            window.set_net_path(path);
+        }
+        Ok(window)
     }
 
     /// Collective: registers `bytes` bytes at device address `ptr` (each rank its own buffer),

@@ -229,9 +229,14 @@ knobs! {
     /// halves; a call larger than half runs in rounds).
     net_reduce_scratch_mib: u32 = 64, "64",
         env "DEVCOMM_NET_REDUCE_SCRATCH_MIB", group "network", range range(1, 65536), Must;
-    /// Descriptors per network queue (two queues per network peer: data and credits).
+    /// Descriptors per network queue (per network peer: the data and credit queues of the
+    /// library's routes, then the users' channels).
     net_queue_capacity: u32 = 64, "64",
         env "DEVCOMM_NET_QUEUE_CAPACITY", group "network", range range(4, 65536), Local;
+    /// Queues per network peer for users' kernels (`WindowNet::channels`: one producer per
+    /// queue at a time); 0 leaves windows without a network path.
+    net_user_channels: u32 = 4, "4",
+        env "DEVCOMM_NET_USER_CHANNELS", group "network", range range(0, 64), Local;
     /// How long the proxy lets one UCX operation run before it declares the peer failed.
     net_op_timeout: Duration = Duration::from_millis(10_000), "10000",
         env "DEVCOMM_NET_OP_TIMEOUT_MS", group "network", range range(1, 86_400_000), Local;

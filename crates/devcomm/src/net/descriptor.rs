@@ -121,6 +121,31 @@ pub struct NetQueuesHandle {
     pub timeout_ns: u64,
 }
 
+/// A window's network path as a kernel receives it (`WindowNet` in `window_net.cuh`), beside
+/// its [`DeviceWindow`](crate::DeviceWindow); passed by value. All zero: no network path.
+///
+/// The window's data and signal pad are registered with the transport under `data_key` and
+/// `signal_key` (the same keys on every rank); a kernel's operations towards a network peer
+/// go through queue channel `first_channel + c` of that peer, `c < channels`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowNetHandle {
+    /// The communicator's queues.
+    pub queues: NetQueuesHandle,
+    /// The first queue channel of users' kernels.
+    pub first_channel: u32,
+    /// Channels users' kernels may use (`DEVCOMM_NET_USER_CHANNELS`).
+    pub channels: u32,
+    /// Registration of every rank's window data.
+    pub data_key: u32,
+    /// Registration of every rank's signal pad.
+    pub signal_key: u32,
+}
+
+// SAFETY: plain `#[repr(C)]` integers without padding; the layout equals the C++ struct's
+// (asserted below and in tests/net_layout.rs).
+unsafe impl cudarc::driver::DeviceRepr for WindowNetHandle {}
+
 const _: () = {
     use std::mem::{offset_of, size_of};
     assert!(size_of::<NetDescriptor>() == 64);
@@ -133,6 +158,9 @@ const _: () = {
     assert!(size_of::<NetQueuesHandle>() == 48);
     assert!(offset_of!(NetQueuesHandle, capacity) == 16);
     assert!(offset_of!(NetQueuesHandle, error_state) == 32);
+    assert!(size_of::<WindowNetHandle>() == 64);
+    assert!(offset_of!(WindowNetHandle, first_channel) == 48);
+    assert!(offset_of!(WindowNetHandle, signal_key) == 60);
 };
 
 /// Layout of the structs shared with `net.cuh`: (C++ struct, field, offset, size of struct),
@@ -275,6 +303,36 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
         "timeout_ns",
         std::mem::offset_of!(NetQueuesHandle, timeout_ns),
         std::mem::size_of::<NetQueuesHandle>(),
+    ),
+    (
+        "WindowNet",
+        "queues",
+        std::mem::offset_of!(WindowNetHandle, queues),
+        std::mem::size_of::<WindowNetHandle>(),
+    ),
+    (
+        "WindowNet",
+        "first_channel",
+        std::mem::offset_of!(WindowNetHandle, first_channel),
+        std::mem::size_of::<WindowNetHandle>(),
+    ),
+    (
+        "WindowNet",
+        "channels",
+        std::mem::offset_of!(WindowNetHandle, channels),
+        std::mem::size_of::<WindowNetHandle>(),
+    ),
+    (
+        "WindowNet",
+        "data_key",
+        std::mem::offset_of!(WindowNetHandle, data_key),
+        std::mem::size_of::<WindowNetHandle>(),
+    ),
+    (
+        "WindowNet",
+        "signal_key",
+        std::mem::offset_of!(WindowNetHandle, signal_key),
+        std::mem::size_of::<WindowNetHandle>(),
     ),
 ];
 

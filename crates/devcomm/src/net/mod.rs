@@ -36,7 +36,9 @@ use std::time::Duration;
 
 use devcomm_bootstrap::Store;
 
-pub use descriptor::{NetDescriptor, NetOp, NetQueueHeader, NetQueuesHandle, SignalOp};
+pub use descriptor::{
+    NetDescriptor, NetOp, NetQueueHeader, NetQueuesHandle, SignalOp, WindowNetHandle,
+};
 pub use error::{NetError, Result};
 pub use queue::{QueueMemory, QueueRef};
 pub use record::ErrorSink;
@@ -139,7 +141,9 @@ pub struct NetTransport {
     proxy: Option<JoinHandle<()>>,
     rank: usize,
     world: usize,
-    next_key: u32,
+    /// The key the next registration gets (registrations are collective and in the same
+    /// order everywhere, so keys agree on every rank).
+    next_key: Mutex<u32>,
     config: NetConfig,
 }
 
@@ -276,7 +280,7 @@ impl NetTransport {
             proxy: Some(proxy),
             rank,
             world,
-            next_key: 1,
+            next_key: Mutex::new(1),
             config,
         })
     }
@@ -315,14 +319,14 @@ impl NetTransport {
     /// # Safety
     /// The memory must stay allocated until [`deregister`](Self::deregister) (or the drop of
     /// the transport).
-    pub unsafe fn register(
-        &mut self,
-        store: &Store,
-        base: u64,
-        len: u64,
-        cuda: bool,
-    ) -> Result<u32> {
-        let key = self.next_key;
+    pub unsafe fn register(&self, store: &Store, base: u64, len: u64, cuda: bool) -> Result<u32> {
+        // Every rank takes the key before anything can fail, so a failed registration (on
+        // every rank alike: the steps agree) never reuses its store tags.
+        let key = {
+            let mut next_key = self.next_key.lock().unwrap_or_else(PoisonError::into_inner);
+            *next_key += 1;
+            *next_key - 1
+        };
         // SAFETY: the caller keeps the memory alive until deregistration.
         let local = unsafe { self.ucx.map(base, len, cuda) }.and_then(|r| Ok((r.pack_rkey()?, r)));
         let payload = local
@@ -346,7 +350,6 @@ impl NetTransport {
         let remote = unpacked?;
         let mut inner = self.shared.lock();
         inner.regs.insert(key, Registration { local, remote });
-        self.next_key += 1;
         Ok(key)
     }
 
@@ -375,19 +378,25 @@ impl NetTransport {
     /// Collective: forgets registration `key` on every rank (a barrier first, so that no
     /// peer still starts operations on it), releasing the remote keys and the UCX mapping.
     /// Producers must have flushed their operations on it.
-    pub fn deregister(&mut self, store: &Store, key: u32) -> Result<()> {
+    pub fn deregister(&self, store: &Store, key: u32) -> Result<()> {
         if !self.shared.lock().regs.contains_key(&key) {
             return Err(NetError::InvalidArgument {
                 op: "network deregistration",
                 reason: format!("rank {}: no registration with key {key}", self.rank),
             });
         }
-        store.barrier(
-            &format!("{}/dereg/{key}", self.config.tag),
-            self.config.setup_timeout,
-        )?;
-        self.shared.lock().regs.remove(&key);
-        Ok(())
+        self.releaser().release(store, key)
+    }
+
+    /// What releases registrations without borrowing the transport: an owner of registered
+    /// memory that may outlive the transport's owner (a window) keeps it. After the
+    /// transport is gone, releasing forgets nothing (its close released every registration).
+    pub(crate) fn releaser(&self) -> KeyReleaser {
+        KeyReleaser {
+            shared: self.shared.clone(),
+            tag: self.config.tag.clone(),
+            timeout: self.config.setup_timeout,
+        }
     }
 
     /// `Ok(())` while no failure was recorded; else the failure (naming the peer).
@@ -428,6 +437,31 @@ impl NetTransport {
         inner.regs.clear();
         let eps: Vec<Endpoint> = inner.eps.iter_mut().filter_map(Option::take).collect();
         inner.worker.close(eps, force, Duration::from_secs(2));
+    }
+}
+
+/// Releases registrations of a transport ([`NetTransport::releaser`]).
+pub(crate) struct KeyReleaser {
+    shared: Arc<Shared>,
+    tag: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for KeyReleaser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyReleaser")
+            .field("tag", &self.tag)
+            .finish()
+    }
+}
+
+impl KeyReleaser {
+    /// Collective: a barrier (no peer starts operations on `key` after it), then forgets
+    /// registration `key` here (its remote keys and UCX mapping).
+    pub(crate) fn release(&self, store: &Store, key: u32) -> Result<()> {
+        store.barrier(&format!("{}/dereg/{key}", self.tag), self.timeout)?;
+        self.shared.lock().regs.remove(&key);
+        Ok(())
     }
 }
 

@@ -60,7 +60,7 @@ impl Rank {
             ..NetConfig::from_config(&devcomm::Config::from_env().map_err(s)?)
         };
         // SAFETY: see above.
-        let mut net = unsafe { NetTransport::new(&store, &peers, sink, config) }.map_err(s)?;
+        let net = unsafe { NetTransport::new(&store, &peers, sink, config) }.map_err(s)?;
         let data = vec![0u8; 2 * world * CHUNK];
         let pad: Box<[AtomicU64]> = (0..2 * world).map(|_| AtomicU64::new(0)).collect();
         // SAFETY: `data` and `pad` are never reallocated and outlive the transport.
@@ -486,7 +486,7 @@ fn gpu_put(info: RankInfo) -> R {
     let sink = unsafe { ErrorSink::new(&mut *state) };
     let config = NetConfig::from_config(&devcomm::Config::from_env().map_err(s)?);
     // SAFETY: as above.
-    let mut net = unsafe { NetTransport::new(&store, &[peer], sink, config) }.map_err(s)?;
+    let net = unsafe { NetTransport::new(&store, &[peer], sink, config) }.map_err(s)?;
     // SAFETY: `buf` (device memory of 2N bytes) lives until after the shutdown.
     let data_key = unsafe { net.register(&store, ptr, (2 * N) as u64, true) }.map_err(s)?;
     let pad: Box<[AtomicU64]> = (0..2).map(|_| AtomicU64::new(0)).collect();

@@ -50,7 +50,7 @@ impl RouteRank {
             ..NetConfig::from_config(&devcomm::Config::from_env().map_err(s)?)
         };
         // SAFETY: as above.
-        let mut net = unsafe { NetTransport::new(&store, &peers, sink, config) }.map_err(s)?;
+        let net = unsafe { NetTransport::new(&store, &peers, sink, config) }.map_err(s)?;
         let layout = StagingLayout::new(world, SLOTS, SLOT_BYTES).map_err(s)?;
         let total = layout.total().ok_or("staging size overflows")?;
         let staging = vec![0u64; total.div_ceil(8) as usize];

@@ -7,7 +7,8 @@
 //! Files: `calls.rs` (sizes one way and both ways, back-to-back calls, graph replays),
 //! `mesh.rs` (a ring over network links, network and NVLink partners in turn, a ring of calls
 //! split between the two routes), `errors.rs` (a size mismatch), `zero_copy.rs` (the
-//! `*_registered` calls with network peers). All-to-all(-v), the hooked collectives and the
+//! `*_registered` calls with network peers), `window.rs` (a user's kernel routing every peer of
+//! a window). All-to-all(-v), the hooked collectives and the
 //! reductions with network peers are checked by the `collectives` and `reduce` groups and the
 //! `mismatch` group run with the same forced links (scripts/gpu-check.sh, `net-coll@N`,
 //! `net-red@N`).
@@ -19,6 +20,7 @@ use super::harness::{Check, Ctx, Outcome, Ranks, Skip};
 mod calls;
 mod errors;
 mod mesh;
+mod window;
 mod zero_copy;
 
 /// The group's checks.
@@ -74,6 +76,14 @@ pub(super) const CHECKS: &[Check] = &[
                 1 MiB + 3, guard bytes), a range past the peer's buffer refused, \
                 all_to_all_registered; one NVLink and one network role refused as not built",
         run: |cx, _| zero_copy::zero_copy(cx),
+    },
+    Check {
+        name: "net_window",
+        ranks: Ranks::AtLeast(2),
+        about: "a user's kernel with a window: puts with signals, counters and flushes to every \
+                peer by its route (NVLink stores or the network queues) in one launch, 1 B to \
+                3 MiB + 5 over 54 rounds, every byte checked; 50 routed barriers",
+        run: |cx, _| window::routed(cx),
     },
     Check {
         name: "net_mismatch",

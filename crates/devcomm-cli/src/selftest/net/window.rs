@@ -1,0 +1,161 @@
+//! A user's kernel with NVLink and network peers (docs/NETWORK.md, "Users' kernels and network
+//! peers"): the foundation kernels `routed_rounds` and `routed_barrier_loop` (`cuda/foundation.cu`)
+//! reach every peer of a window by its own route in one launch, NVLink stores or the network
+//! queues of `window_net.cuh`; every byte is compared on the device against the sender's
+//! pattern, and the last round's data again here against [`routed_byte`].
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::super::harness::{Checked, Ctx, Outcome, Skip};
+use super::job;
+
+/// (bytes per peer, rounds) of each launch; rounds continue from launch to launch.
+const LAUNCHES: &[(usize, u64)] = &[(1, 20), (4099, 20), (1 << 20, 10), ((3 << 20) + 5, 4)];
+/// Iterations of the routed barrier loop.
+const BARRIER_ITERS: u64 = 50;
+
+/// Byte `i` of what rank `from` puts into rank `to`'s window in round `r` (twin of
+/// `routed_byte` in `foundation.cu`).
+pub(crate) fn routed_byte(from: usize, to: usize, r: u64, i: u64) -> u8 {
+    let mut x = (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= r
+        .wrapping_mul(0xD1B5_4A32_D192_ED03)
+        .wrapping_add((from as u64) << 40)
+        .wrapping_add((to as u64) << 52);
+    x ^= x >> 29;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (x >> 56) as u8
+}
+
+pub(super) fn routed(cx: &Ctx) -> Checked {
+    if let Err(skip) = job(cx, "net_window")? {
+        return Ok(skip);
+    }
+    let (comm, stream) = (&cx.comm, &cx.stream);
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let max_chunk = LAUNCHES.iter().map(|l| l.0).max().unwrap_or(1);
+    let win = comm
+        .window::<u8>(2 * world * max_chunk, 2 * world)
+        .map_err(|e| e.to_string())?;
+    let net = match win.net_handle() {
+        Ok(n) => n,
+        Err(e) => return Ok(Outcome::Skip(Skip::Unavailable(e.to_string()))),
+    };
+    let handle = win.device_handle();
+    let module = cx.foundation()?;
+    let rounds_fn = module
+        .function("routed_rounds")
+        .map_err(|e| e.to_string())?;
+    let barrier_fn = module
+        .function("routed_barrier_loop")
+        .map_err(|e| e.to_string())?;
+    let d = |e: cudarc::driver::DriverError| e.to_string();
+    let bad = stream.alloc_zeros::<u64>(1).map_err(d)?;
+    let status = stream.clone_htod(&[1i32]).map_err(d)?;
+    let mut first = 1u64;
+    let mut moved = 0u64;
+    for &(chunk, rounds) in LAUNCHES {
+        cx.host_barrier()?;
+        let n = chunk as u64;
+        let mut l = stream.launch_builder(&rounds_fn);
+        l.arg(&handle)
+            .arg(&net)
+            .arg(&n)
+            .arg(&first)
+            .arg(&rounds)
+            .arg(&bad)
+            .arg(&status);
+        let cfg = LaunchConfig {
+            grid_dim: (world as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: routed_rounds(DeviceWindow, WindowNet, u64, u64, u64, u64*, int*); the window
+        // holds 2 * world * max_chunk bytes and 2 * world user slots; bad and status are
+        // one-element device buffers.
+        unsafe { l.launch(cfg) }.map_err(d)?;
+        cx.sync()?;
+        let (b, st) = (
+            stream.clone_dtoh(&bad).map_err(d)?[0],
+            stream.clone_dtoh(&status).map_err(d)?[0],
+        );
+        if st != 1 || b != 0 {
+            return Err(format!(
+                "{chunk} B per peer, rounds {first}..{}: status {st}, {b} wrong bytes",
+                first + rounds
+            ));
+        }
+        // The last round's data, read back here.
+        let last = first + rounds - 1;
+        let got = cx.read_ptr(handle.data, 2 * world * chunk)?;
+        for p in (0..world).filter(|&p| p != rank) {
+            let region = &got[(world + p) * chunk..(world + p + 1) * chunk];
+            if let Some(i) =
+                (0..chunk).find(|&i| region[i] != routed_byte(p, rank, last, i as u64))
+            {
+                return Err(format!(
+                    "{chunk} B from peer {p} ({:?}), round {last}: byte {i} is {:#x}, expected \
+                     {:#x}",
+                    comm.topology().kind(p),
+                    region[i],
+                    routed_byte(p, rank, last, i as u64)
+                ));
+            }
+        }
+        moved += n * rounds * (world as u64 - 1);
+        first += rounds;
+    }
+    let scratch = stream.alloc_zeros::<u64>(3).map_err(d)?;
+    cx.host_barrier()?;
+    let mut l = stream.launch_builder(&barrier_fn);
+    l.arg(&handle)
+        .arg(&net)
+        .arg(&BARRIER_ITERS)
+        .arg(&scratch)
+        .arg(&status);
+    let threads = (world as u32).div_ceil(32) * 32;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: routed_barrier_loop(DeviceWindow, WindowNet, u64, u64*, int*); the window holds
+    // 2 * world words and more; scratch has 3 words; one block of at least world threads.
+    unsafe { l.launch(cfg) }.map_err(d)?;
+    cx.sync()?;
+    let st = stream.clone_dtoh(&status).map_err(d)?[0];
+    if st != 1 {
+        let s = stream.clone_dtoh(&scratch).map_err(d)?;
+        return Err(format!(
+            "routed barrier: iteration {} saw {} from peer {}",
+            s[0], s[2], s[1]
+        ));
+    }
+    let kinds: Vec<String> = (0..world)
+        .filter(|&p| p != rank)
+        .map(|p| format!("{p}:{:?}", comm.topology().kind(p)))
+        .collect();
+    Ok(Outcome::Pass(format!(
+        "{moved} bytes put and verified in {} rounds with peers [{}] from one kernel, \
+         {BARRIER_ITERS} routed barriers",
+        first - 1,
+        kinds.join(", ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::routed_byte;
+
+    #[test]
+    fn the_pattern_changes_with_every_input() {
+        let base = (0..64).map(|i| routed_byte(0, 1, 1, i)).collect::<Vec<_>>();
+        for other in [
+            (0..64).map(|i| routed_byte(1, 0, 1, i)).collect::<Vec<_>>(),
+            (0..64).map(|i| routed_byte(0, 1, 2, i)).collect(),
+            (0..64).map(|i| routed_byte(0, 2, 1, i)).collect(),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+}
