@@ -303,3 +303,35 @@ extern "C" __global__ void routed_barrier_loop(DeviceWindow w, devcomm::WindowNe
   }
   if (threadIdx.x == 0) *status = 1;
 }
+
+// One round of puts from this rank's buffer of registration `reg` into every peer's buffer of
+// it (put_registered_routed on channel 1: NVLink stores, or a network put under reg->lkey),
+// each followed by signal_routed of `round` in user slot `rank` of the window (same channel:
+// ordered after the put); then the peer's data is compared (mismatches added to *bad) and the
+// channel flushed. Buffer: [p * chunk, ...) the source for peer p, [(W + p) * chunk, ...) what
+// p put here. Block p serves peer p. Rounds grow from launch to launch; the host synchronises
+// every rank between launches. status[0] = 0 when a wait gave up.
+extern "C" __global__ void routed_registered(DeviceWindow w, devcomm::WindowNet n,
+                                             const devcomm::RegisteredBuffer* reg, dc_u64 chunk,
+                                             dc_u64 round, unsigned long long* bad, int* status) {
+  const Block block;
+  const int p = static_cast<int>(blockIdx.x);
+  if (p >= w.world_size || p == w.rank) return;
+  const dc_u64 world = static_cast<dc_u64>(w.world_size);
+  unsigned char* data = reinterpret_cast<unsigned char*>(reg->base_ptr);
+  unsigned char* src = data + static_cast<dc_u64>(p) * chunk;
+  for (dc_u64 i = threadIdx.x; i < chunk; i += blockDim.x) src[i] = routed_byte(w.rank, p, round, i);
+  bool ok = devcomm::put_registered_routed(block, w, n, reg, p, (world + w.rank) * chunk,
+                                           static_cast<dc_u64>(p) * chunk, chunk, 1);
+  ok = ok && devcomm::signal_routed(block, w, n, p, static_cast<dc_u64>(w.rank), round, 1);
+  ok = ok && devcomm::wait_signal(block, w, static_cast<dc_u64>(p), round, devcomm::Cmp::Ge, p);
+  if (ok) {
+    const unsigned char* got = data + (world + p) * chunk;
+    unsigned long long wrong = 0;
+    for (dc_u64 i = threadIdx.x; i < chunk; i += blockDim.x)
+      wrong += got[i] != routed_byte(p, w.rank, round, i);
+    if (wrong != 0) atomicAdd(bad, wrong);
+  }
+  ok = ok && devcomm::flush_routed(block, w, n, p, 1);
+  if (!ok && threadIdx.x == 0) *status = 0;
+}

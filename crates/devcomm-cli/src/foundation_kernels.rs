@@ -14,6 +14,8 @@
 //! - `routed_rounds(DeviceWindow w, WindowNet n, u64 chunk, u64 first, u64 rounds, u64* bad,
 //!   int* status)`
 //! - `routed_barrier_loop(DeviceWindow w, WindowNet n, u64 iters, u64* scratch, int* status)`
+//! - `routed_registered(DeviceWindow w, WindowNet n, const RegisteredBuffer* reg, u64 chunk,
+//!   u64 round, u64* bad, int* status)`
 
 use devcomm::jit::KernelSpec;
 
@@ -34,6 +36,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "put_bandwidth",
     "routed_rounds",
     "routed_barrier_loop",
+    "routed_registered",
 ];
 
 /// The spec of the foundation module: [`SOURCE`] with every kernel of [`KERNELS`].

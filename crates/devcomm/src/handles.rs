@@ -209,7 +209,8 @@ pub struct RegisteredBuffer {
     pub size: u64,
     /// `DevicePeerTable*` for NVLink registrations.
     pub backend_window: u64,
-    /// Network memory key; 0 for NVLink.
+    /// The buffer's key with the network transport (a job with network links whose UCX can
+    /// register GPU memory: docs/NETWORK.md); 0 otherwise (NVLink only).
     pub lkey: u32,
     /// Padding; keep zero.
     pub reserved: u32,

@@ -21,46 +21,67 @@ pub(crate) enum NetPath {
     Ready(Registered),
 }
 
-/// The window's registrations; released (collectively) on drop.
+/// A window's registered path: the handle kernels receive and the keys it names.
+#[derive(Debug)]
 pub(crate) struct Registered {
     handle: WindowNetHandle,
+    _keys: NetKeys,
+}
+
+impl Registered {
+    /// The path of `handle`, whose keys `keys` holds.
+    pub(crate) fn new(handle: WindowNetHandle, keys: NetKeys) -> Self {
+        Self {
+            handle,
+            _keys: keys,
+        }
+    }
+}
+
+/// Registrations with the network transport, released (collectively) on drop: the device is
+/// synchronised (kernels that still enqueue on the keys are done), then every key is forgotten
+/// after the communicator's tear-down barrier (which a failed communicator does not wait in).
+pub(crate) struct NetKeys {
+    keys: Vec<u32>,
     releaser: KeyReleaser,
     group: Arc<Group>,
 }
 
-impl Registered {
-    /// Registrations `handle.data_key` and `handle.signal_key`, released by `releaser` on drop.
-    pub(crate) fn new(handle: WindowNetHandle, releaser: KeyReleaser, group: Arc<Group>) -> Self {
+impl NetKeys {
+    /// `keys` of the transport of `releaser`, in registration order.
+    pub(crate) fn new(keys: Vec<u32>, releaser: KeyReleaser, group: Arc<Group>) -> Self {
         Self {
-            handle,
+            keys,
             releaser,
             group,
         }
     }
-}
 
-impl std::fmt::Debug for Registered {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registered")
-            .field("data_key", &self.handle.data_key)
-            .field("signal_key", &self.handle.signal_key)
-            .finish()
+    /// The keys, in registration order.
+    pub(crate) fn keys(&self) -> &[u32] {
+        &self.keys
     }
 }
 
-impl Drop for Registered {
+impl std::fmt::Debug for NetKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetKeys").field("keys", &self.keys).finish()
+    }
+}
+
+impl Drop for NetKeys {
     fn drop(&mut self) {
-        // Kernels that still enqueue on the keys must be done before the peers forget them.
         if let Err(e) = self.group.ctx.synchronize() {
-            log::warn!("rank {}: window release: {e}", self.group.rank);
+            log::warn!("rank {}: network keys release: {e}", self.group.rank);
         }
-        for key in [self.handle.data_key, self.handle.signal_key] {
-            if let Err(e) = self.releaser.release(&self.group.store, key) {
+        for &key in &self.keys {
+            if let Err(e) = self.group.teardown_barrier(&self.releaser.barrier_tag(key)) {
                 log::warn!(
-                    "rank {}: window release of network key {key}: {e}",
+                    "rank {}: release of network key {key}: {e}",
                     self.group.rank
                 );
             }
+            self.releaser.forget(key);
         }
     }
 }

@@ -50,20 +50,23 @@ fn routed_window_operations_compile_for_every_group() {
 using namespace devcomm;
 
 template <class G>
-__device__ bool all_ops(const G& g, const DeviceWindow& w, const WindowNet& n, int peer) {
+__device__ bool all_ops(const G& g, const DeviceWindow& w, const WindowNet& n,
+                        const RegisteredBuffer* reg, int peer) {
   bool ok = put_routed(g, w, n, peer, 0, 64, 4096);
   ok = put_signal_routed(g, w, n, peer, 128, 0, 64, 1, 7, 1) && ok;
   ok = signal_routed(g, w, n, peer, 2, 9) && ok;
   ok = signal_add_routed(g, w, n, peer, 3, 1, 2) && ok;
   ok = flush_routed(g, w, n, peer, 1) && ok;
   ok = barrier_routed(g, w, n) && ok;
+  ok = put_registered_routed(g, w, n, reg, peer, 0, 16, 32, 3) && ok;
   return ok && is_network_peer(w, n, peer);
 }
 
-extern "C" __global__ void routed_probe(DeviceWindow w, WindowNet n, int peer, int* ok) {
-  bool good = all_ops(Thread{}, w, n, peer);
-  good = all_ops(Warp{}, w, n, peer) && good;
-  good = all_ops(Block{}, w, n, peer) && good;
+extern "C" __global__ void routed_probe(DeviceWindow w, WindowNet n, const RegisteredBuffer* reg,
+                                        int peer, int* ok) {
+  bool good = all_ops(Thread{}, w, n, reg, peer);
+  good = all_ops(Warp{}, w, n, reg, peer) && good;
+  good = all_ops(Block{}, w, n, reg, peer) && good;
   if (!good) *ok = 0;
 }
 "#;

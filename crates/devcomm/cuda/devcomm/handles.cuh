@@ -117,7 +117,7 @@ struct RegisteredBuffer {
   dc_u64 base_ptr;        // @0
   dc_u64 size;            // @8
   dc_u64 backend_window;  // @16 DevicePeerTable* for NVLink registrations
-  dc_u32 lkey;            // @24 network memory key; 0 for NVLink
+  dc_u32 lkey;            // @24 key with the network transport; 0: none (NVLink only)
   dc_u32 reserved;        // @28
 };
 

@@ -32,6 +32,7 @@
 #include "devcomm/copy.cuh"
 #include "devcomm/window.cuh"
 #include "devcomm/put.cuh"
+#include "devcomm/registered.cuh"
 #include "devcomm/net.cuh"
 
 namespace devcomm {
@@ -171,6 +172,32 @@ __device__ inline bool flush_routed(const G& g, const DeviceWindow& w, const Win
     return true;
   }
   return net_flush(g, n.queues, peer, user_queue_channel(w, n, peer, channel));
+}
+
+// Copies `bytes` of this rank's buffer of registration `reg` at `src_offset` into `peer`'s
+// buffer of the same registration at `dst_offset`: stores when the registration maps `peer`
+// here, else a network put under the registration's key (reg->lkey) through the window's
+// queues. Traps when the source range exceeds this rank's buffer, or when `peer` has neither
+// route (no mapping, and no key or no network path in `n`). The peer's bounds: over NVLink the
+// caller's (as for get_nvlink_address); over the network the proxy refuses a put past the
+// peer's buffer (kOpNetBadDescriptor recorded, nothing written). Signal it with signal_routed
+// on the same channel, which orders it.
+template <class G>
+__device__ inline bool put_registered_routed(const G& g, const DeviceWindow& w, const WindowNet& n,
+                                             const RegisteredBuffer* reg, int peer,
+                                             dc_u64 dst_offset, dc_u64 src_offset, dc_u64 bytes,
+                                             dc_u32 channel = 0) {
+  if (reg == nullptr || src_offset > reg->size || bytes > reg->size - src_offset) __trap();
+  const unsigned char* src = reinterpret_cast<const unsigned char*>(reg->base_ptr) + src_offset;
+  unsigned char* dst = static_cast<unsigned char*>(get_nvlink_address(reg, peer));
+  if (dst != nullptr) {
+    copy_bytes(g, dst + dst_offset, src, bytes);
+    return true;
+  }
+  const dc_u32 key = reg->lkey;
+  if (key == 0) __trap();
+  const dc_u32 ch = user_queue_channel(w, n, peer, channel);
+  return group_enqueued(g, net_put(g, n.queues, peer, ch, key, src_offset, dst_offset, bytes));
 }
 
 // barrier() over every peer, NVLink and network: arrival at a network peer is a signal set to

@@ -5,43 +5,80 @@
 
 use super::net_p2p::NetPeers;
 use crate::error::Result;
+use crate::memory::NetworkKey;
 use crate::net::{route, WindowNetHandle};
-use crate::window_net::{NetPath, Registered};
+use crate::window_net::{NetKeys, NetPath, Registered};
 
 impl NetPeers {
-    /// Collective (every rank of a job with network links, in the same order): registers a
-    /// window's data and signal pad, both GPU memory, with the transport. A registration
-    /// refused on any rank (UCX without its CUDA memory support) gives every rank the same
-    /// [`NetPath::Unavailable`]; only a failure of the store is an error.
-    pub(crate) fn window_path(&self, data: (u64, u64), signals: (u64, u64)) -> Result<NetPath> {
+    /// Collective (every rank of a job with network links, in the same order): registers
+    /// GPU memory regions `(address, bytes)` with the transport. A registration refused on any
+    /// rank (UCX without its CUDA memory support) gives every rank the same `Err(reason)`, the
+    /// regions registered before it released; only a failure of the store is an error.
+    pub(crate) fn register_gpu(
+        &self,
+        regions: &[(u64, u64)],
+    ) -> Result<std::result::Result<NetKeys, String>> {
         let transport = self.transport()?;
         let store = &self.group().store;
-        // SAFETY: the window owns both allocations and drops its `NetPath` (which releases the
-        // registrations) before them.
-        let data_key = match unsafe { transport.register(store, data.0, data.1, true) } {
-            Ok(key) => key,
-            Err(e) => return Ok(NetPath::Unavailable(unavailable(&e.to_string()))),
-        };
-        // SAFETY: as above.
-        let signal_key = match unsafe { transport.register(store, signals.0, signals.1, true) } {
-            Ok(key) => key,
-            Err(e) => {
-                transport.releaser().release(store, data_key)?;
-                return Ok(NetPath::Unavailable(unavailable(&e.to_string())));
+        let mut keys = Vec::new();
+        for &(base, bytes) in regions {
+            // SAFETY: the caller keeps every region allocated until the returned keys drop.
+            match unsafe { transport.register(store, base, bytes.max(1), true) } {
+                Ok(key) => keys.push(key),
+                Err(e) => {
+                    for key in keys {
+                        transport.releaser().release(store, key)?;
+                    }
+                    return Ok(Err(unavailable(&e.to_string())));
+                }
             }
+        }
+        Ok(Ok(NetKeys::new(
+            keys,
+            transport.releaser(),
+            self.group().clone(),
+        )))
+    }
+
+    /// Collective: the network path of a window (its data and signal pad registered), or why
+    /// there is none (the same on every rank).
+    pub(crate) fn window_path(&self, data: (u64, u64), signals: (u64, u64)) -> Result<NetPath> {
+        let keys = match self.register_gpu(&[data, signals])? {
+            Ok(keys) => keys,
+            Err(reason) => return Ok(NetPath::Unavailable(reason)),
         };
         let handle = WindowNetHandle {
             queues: self.queues_handle(),
             first_channel: route::CHANNELS,
             channels: self.user_channels(),
-            data_key,
-            signal_key,
+            data_key: keys.keys()[0],
+            signal_key: keys.keys()[1],
         };
-        Ok(NetPath::Ready(Registered::new(
-            handle,
-            transport.releaser(),
-            self.group().clone(),
-        )))
+        Ok(NetPath::Ready(Registered::new(handle, keys)))
+    }
+}
+
+impl super::Comm {
+    /// Collective, in a job with network links: registers a user buffer (GPU memory) with the
+    /// network transport, for its `RegisteredBuffer::lkey`. `None` without network links, or
+    /// when the transport could not register it (logged; the same on every rank).
+    pub(super) fn network_key(&self, ptr: u64, bytes: usize) -> Result<Option<NetworkKey>> {
+        let Some(net) = &self.net else {
+            return Ok(None);
+        };
+        match net.register_gpu(&[(ptr, bytes as u64)])? {
+            Ok(keys) => Ok(Some(NetworkKey {
+                lkey: keys.keys()[0],
+                _release: Box::new(keys),
+            })),
+            Err(reason) => {
+                log::warn!(
+                    "rank {}: registered buffer without a network key: {reason}",
+                    self.group.rank
+                );
+                Ok(None)
+            }
+        }
     }
 }
 

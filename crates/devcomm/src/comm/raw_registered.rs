@@ -67,7 +67,8 @@ impl Comm {
     /// As [`Comm::register`]: `[ptr, ptr + bytes)` must stay allocated until
     /// [`Comm::deregister_raw`] of the handle has returned on this rank.
     pub unsafe fn register_raw(&self, ptr: u64, bytes: usize) -> Result<u64> {
-        self.registry.register(&self.group, ptr, bytes)
+        self.registry
+            .register(&self.group, ptr, bytes, || self.network_key(ptr, bytes))
     }
 
     /// Collective: releases a registration of [`Comm::register_raw`] (every rank, in the same

@@ -154,7 +154,7 @@ impl Comm {
         if let Some(net) = &self.net {
             let h = window.device_handle();
             let pad_bytes = (h.world_size as u64 + h.signal_count) * 8;
-            let path = net.window_path((h.data, h.data_bytes.max(1)), (h.signals, pad_bytes))?;
+            let path = net.window_path((h.data, h.data_bytes), (h.signals, pad_bytes))?;
             if let crate::window_net::NetPath::Unavailable(reason) = &path {
                 log::warn!(
                     "rank {}: window without a network path: {reason}",
@@ -178,7 +178,9 @@ impl Comm {
     /// dropped (or released): peers write into it during the zero-copy calls that name it.
     /// [`Comm::register_slice`] is the safe form for cudarc slices.
     pub unsafe fn register(&self, ptr: u64, bytes: usize) -> Result<Registration<'_>> {
-        let handle = self.registry.register(&self.group, ptr, bytes)?;
+        let handle = self
+            .registry
+            .register(&self.group, ptr, bytes, || self.network_key(ptr, bytes))?;
         Ok(Registration {
             comm: self,
             handle,

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::topology::Topology;
 
-pub(crate) use registration::Registry;
+pub(crate) use registration::{NetworkKey, Registry};
 
 /// Physical memory and its mapping in this process. Fields drop in order: the mapping
 /// (unmap, free the range) before the physical memory (release).

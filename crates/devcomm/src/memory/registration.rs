@@ -86,7 +86,17 @@ impl PeerMapping {
     }
 }
 
-/// A user buffer made reachable from every NVLink peer's kernels.
+/// A registration's key with the network transport (`RegisteredBuffer::lkey`) and what
+/// releases it (collectively) when dropped; made by the communicator's layer.
+pub(crate) struct NetworkKey {
+    /// The key, the same on every rank; never 0.
+    pub(crate) lkey: u32,
+    /// Dropped when the registration closes, before its NVLink mappings.
+    pub(crate) _release: Box<dyn std::any::Any + Send + Sync>,
+}
+
+/// A user buffer made reachable from every NVLink peer's kernels (and, with a
+/// [`NetworkKey`], from network peers' puts).
 ///
 /// [`handle`](Self::handle) is the device address of a [`RegisteredBuffer`] whose
 /// `backend_window` points to a [`DevicePeerTable`]. Dropping it (or
@@ -105,6 +115,8 @@ pub(crate) struct Registration {
     _peer_table: DeviceBuffer,
     _table: DeviceBuffer,
     mappings: Vec<PeerMapping>,
+    /// The network registration, if any (released first).
+    network: Option<NetworkKey>,
     closed: bool,
     /// Last, so the communicator outlives everything above.
     group: Arc<Group>,
@@ -119,6 +131,7 @@ impl std::fmt::Debug for Registration {
             .field("bytes", &self.bytes)
             .field("handle", &format_args!("{:#x}", self.handle.ptr()))
             .field("peer_ptrs", &self.peer_ptrs)
+            .field("lkey", &self.network.as_ref().map(|n| n.lkey))
             .finish()
     }
 }
@@ -128,7 +141,15 @@ impl Registration {
     /// its own buffer). `cudaMalloc`/`cuMemAlloc` memory is shared through CUDA IPC; VMM memory
     /// must have been created with the POSIX-fd handle type. Other memory (e.g. stream-ordered
     /// pool allocations) is refused with [`Error::InvalidArgument`] on every rank.
-    pub(crate) fn register(group: &Arc<Group>, ptr: u64, bytes: usize) -> Result<Self> {
+    ///
+    /// `network` runs on every rank once the peers' buffers are mapped (collective): the
+    /// registration with the network transport, whose key goes into the handle's `lkey`.
+    pub(crate) fn register(
+        group: &Arc<Group>,
+        ptr: u64,
+        bytes: usize,
+        network: impl FnOnce() -> Result<Option<NetworkKey>>,
+    ) -> Result<Self> {
         let tag = group.next_tag("reg");
         let rank = group.rank;
         let at_rank = |e: Error| with_rank(e, rank);
@@ -173,7 +194,9 @@ impl Registration {
                 .iter()
                 .map(|(p, m)| (*p, m.base() + infos[*p].offset)),
         );
-        let published = publish(group, ptr, bytes, &peer_ptrs);
+        let network = network()?;
+        let lkey = network.as_ref().map_or(0, |n| n.lkey);
+        let published = publish(group, ptr, bytes, &peer_ptrs, lkey);
         let (handle, peer_table, table) =
             group.agree("register: publish", published.map_err(at_rank))?;
 
@@ -187,6 +210,7 @@ impl Registration {
             _peer_table: peer_table,
             _table: table,
             mappings: opened.into_iter().map(|(_, m)| m).collect(),
+            network,
             closed: false,
             group: group.clone(),
         })
@@ -216,6 +240,7 @@ impl Registration {
             return Ok(());
         }
         let synced = cuda::synchronize(&self.group.ctx).map_err(|e| with_rank(e, self.group.rank));
+        self.network = None;
         self.mappings.clear();
         // A failed communicator does not meet its peers (Group::teardown_barrier).
         let barrier = self.group.teardown_barrier(&format!("{}/free", self.tag));
@@ -378,6 +403,7 @@ fn publish(
     ptr: u64,
     bytes: usize,
     peer_ptrs: &[u64],
+    lkey: u32,
 ) -> Result<(DeviceBuffer, DeviceBuffer, DeviceBuffer)> {
     let table = DeviceBuffer::from_slice(&group.ctx, peer_ptrs)?;
     let peer_table = DevicePeerTable {
@@ -390,7 +416,7 @@ fn publish(
         base_ptr: ptr,
         size: bytes as u64,
         backend_window: peer_table.ptr(),
-        lkey: 0,
+        lkey,
         reserved: 0,
     };
     let handle = DeviceBuffer::from_slice(&group.ctx, &[handle])?;
@@ -433,8 +459,17 @@ impl Registry {
 
     /// Collective: registers `[ptr, ptr+bytes)` (see [`Registration::register`]) and returns
     /// its handle, the device address of its [`RegisteredBuffer`].
-    pub(crate) fn register(&self, group: &Arc<Group>, ptr: u64, bytes: usize) -> Result<u64> {
-        let registration = Registration::register(group, ptr, bytes)?;
+    ///
+    /// `network` registers the buffer with the network transport (see
+    /// [`Registration::register`]).
+    pub(crate) fn register(
+        &self,
+        group: &Arc<Group>,
+        ptr: u64,
+        bytes: usize,
+        network: impl FnOnce() -> Result<Option<NetworkKey>>,
+    ) -> Result<u64> {
+        let registration = Registration::register(group, ptr, bytes, network)?;
         let handle = registration.handle();
         let mut entries = self.lock();
         let index = entries.next;

@@ -459,9 +459,20 @@ impl KeyReleaser {
     /// Collective: a barrier (no peer starts operations on `key` after it), then forgets
     /// registration `key` here (its remote keys and UCX mapping).
     pub(crate) fn release(&self, store: &Store, key: u32) -> Result<()> {
-        store.barrier(&format!("{}/dereg/{key}", self.tag), self.timeout)?;
-        self.shared.lock().regs.remove(&key);
+        store.barrier(&self.barrier_tag(key), self.timeout)?;
+        self.forget(key);
         Ok(())
+    }
+
+    /// The store tag of the barrier before `key` is forgotten (for callers with a barrier of
+    /// their own, such as a communicator's tear-down barrier).
+    pub(crate) fn barrier_tag(&self, key: u32) -> String {
+        format!("{}/dereg/{key}", self.tag)
+    }
+
+    /// Forgets registration `key` here, without a barrier (the caller had one).
+    pub(crate) fn forget(&self, key: u32) {
+        self.shared.lock().regs.remove(&key);
     }
 }
 

@@ -86,6 +86,14 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, _| window::routed(cx),
     },
     Check {
+        name: "net_registered_put",
+        ranks: Ranks::AtLeast(2),
+        about: "a user's registered buffer carries its network key (lkey); a kernel puts from \
+                it into every peer's buffer of the registration by its route, 8 B to 1 MiB + 3, \
+                every byte checked",
+        run: |cx, _| window::registered(cx),
+    },
+    Check {
         name: "net_mismatch",
         ranks: Ranks::AtLeast(2),
         about: "send/recv of different sizes with a network peer: CallMismatch naming the peer \

@@ -6,7 +6,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::super::harness::{Checked, Ctx, Outcome, Skip};
+use super::super::harness::{Checked, Ctx, Outcome, RegBuf, Skip};
 use super::job;
 
 /// (bytes per peer, rounds) of each launch; rounds continue from launch to launch.
@@ -140,6 +140,99 @@ pub(super) fn routed(cx: &Ctx) -> Checked {
          {BARRIER_ITERS} routed barriers",
         first - 1,
         kinds.join(", ")
+    )))
+}
+
+/// Sizes of the registered-buffer rounds, one launch each.
+const REGISTERED: &[usize] = &[8, 4099, (1 << 20) + 3];
+
+/// A user's buffer registered in a job with network links carries a network key in its
+/// `RegisteredBuffer` (read back from the device), and a kernel puts from it into every peer's
+/// buffer of the registration by its route (`put_registered_routed`), signalling on the same
+/// channel; every byte is compared on the device and the last size again here.
+pub(super) fn registered(cx: &Ctx) -> Checked {
+    if let Err(skip) = job(cx, "net_registered")? {
+        return Ok(skip);
+    }
+    let (comm, stream) = (&cx.comm, &cx.stream);
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let win = comm
+        .window::<u8>(64, world)
+        .map_err(|e| e.to_string())?;
+    let net = match win.net_handle() {
+        Ok(n) => n,
+        Err(e) => return Ok(Outcome::Skip(Skip::Unavailable(e.to_string()))),
+    };
+    let max = REGISTERED.iter().copied().max().unwrap_or(1);
+    let buf = RegBuf::new(cx, 2 * world * max)?;
+    let handle = buf.reg.device_handle();
+    // The RegisteredBuffer as kernels read it: base, size, peer table, lkey (@24).
+    let raw = cx.read_ptr(handle, 32)?;
+    let lkey = u32::from_le_bytes(raw[24..28].try_into().expect("4 bytes"));
+    if lkey == 0 {
+        return Err("the registered buffer's network key (lkey) is 0 in a job with network \
+                    links whose windows have a network path"
+            .into());
+    }
+    let module = cx.foundation()?;
+    let f = module
+        .function("routed_registered")
+        .map_err(|e| e.to_string())?;
+    let d = |e: cudarc::driver::DriverError| e.to_string();
+    let bad = stream.alloc_zeros::<u64>(1).map_err(d)?;
+    let status = stream.clone_htod(&[1i32]).map_err(d)?;
+    let h = win.device_handle();
+    let mut moved = 0u64;
+    for (k, &chunk) in REGISTERED.iter().enumerate() {
+        let round = k as u64 + 1;
+        cx.host_barrier()?;
+        let n = chunk as u64;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&h)
+            .arg(&net)
+            .arg(&handle)
+            .arg(&n)
+            .arg(&round)
+            .arg(&bad)
+            .arg(&status);
+        let cfg = LaunchConfig {
+            grid_dim: (world as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: routed_registered(DeviceWindow, WindowNet, const RegisteredBuffer*, u64,
+        // u64, u64*, int*); the registered buffer holds 2 * world * max bytes, the window
+        // world user slots; bad and status are one-element device buffers.
+        unsafe { l.launch(cfg) }.map_err(d)?;
+        cx.sync()?;
+        let (b, st) = (
+            stream.clone_dtoh(&bad).map_err(d)?[0],
+            stream.clone_dtoh(&status).map_err(d)?[0],
+        );
+        if st != 1 || b != 0 {
+            return Err(format!(
+                "{chunk} B per peer from the registered buffer: status {st}, {b} wrong bytes"
+            ));
+        }
+        let got = cx.read_ptr(buf.ptr, 2 * world * chunk)?;
+        for p in (0..world).filter(|&p| p != rank) {
+            let region = &got[(world + p) * chunk..(world + p + 1) * chunk];
+            if let Some(i) = (0..chunk).find(|&i| region[i] != routed_byte(p, rank, round, i as u64))
+            {
+                return Err(format!(
+                    "{chunk} B from peer {p}'s registered buffer: byte {i} is {:#x}, expected \
+                     {:#x}",
+                    region[i],
+                    routed_byte(p, rank, round, i as u64)
+                ));
+            }
+        }
+        moved += n * (world as u64 - 1);
+        cx.host_barrier()?;
+    }
+    Ok(Outcome::Pass(format!(
+        "network key {lkey} in the handle; {moved} bytes put from registered buffers into \
+         every peer's by its route, sizes {REGISTERED:?}, every byte checked"
     )))
 }
 
