@@ -4,7 +4,8 @@
 //! queues of `window_net.cuh`; every byte is compared on the device against the sender's
 //! pattern, and the last round's data again here against [`routed_byte`].
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use devcomm::{Window, WindowNetHandle};
 
 use super::super::harness::{Checked, Ctx, Outcome, RegBuf, Skip};
 use super::job;
@@ -27,6 +28,71 @@ pub(crate) fn routed_byte(from: usize, to: usize, r: u64, i: u64) -> u8 {
     (x >> 56) as u8
 }
 
+/// A window of `bytes` bytes and `slots` user slots with its network path, or the skip of a
+/// job whose transport cannot register it (UCX without CUDA memory support).
+fn window_with_path(
+    cx: &Ctx,
+    bytes: usize,
+    slots: usize,
+) -> Result<Result<(Window<u8>, WindowNetHandle), Outcome>, String> {
+    let win = cx
+        .comm
+        .window::<u8>(bytes, slots)
+        .map_err(|e| e.to_string())?;
+    Ok(match win.net_handle() {
+        Ok(net) => Ok((win, net)),
+        Err(e) => Err(Outcome::Skip(Skip::Unavailable(e.to_string()))),
+    })
+}
+
+/// One block of 256 threads per peer.
+fn per_peer(world: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (world as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Waits for the launch, then `Err` naming `what` unless the kernel's status is 1 and it
+/// counted no wrong byte.
+fn device_verdict(
+    cx: &Ctx,
+    bad: &CudaSlice<u64>,
+    status: &CudaSlice<i32>,
+    what: &str,
+) -> Result<(), String> {
+    cx.sync()?;
+    let d = |e: cudarc::driver::DriverError| e.to_string();
+    let b = cx.stream.clone_dtoh(bad).map_err(d)?[0];
+    let st = cx.stream.clone_dtoh(status).map_err(d)?[0];
+    if st != 1 || b != 0 {
+        return Err(format!("{what}: status {st}, {b} wrong bytes"));
+    }
+    Ok(())
+}
+
+/// Reads back what every peer put at `[(W + p) * chunk, ...)` of the buffer at `ptr` in
+/// `round` and compares it with [`routed_byte`] here.
+fn host_verdict(cx: &Ctx, ptr: u64, chunk: usize, round: u64, what: &str) -> Result<(), String> {
+    let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
+    let got = cx.read_ptr(ptr, 2 * world * chunk)?;
+    for p in (0..world).filter(|&p| p != rank) {
+        let region = &got[(world + p) * chunk..(world + p + 1) * chunk];
+        let expect = |i: usize| routed_byte(p, rank, round, i as u64);
+        if let Some(i) = (0..chunk).find(|&i| region[i] != expect(i)) {
+            return Err(format!(
+                "{what}: {chunk} B from peer {p} ({:?}), round {round}: byte {i} is {:#x}, \
+                 expected {:#x}",
+                cx.comm.topology().kind(p),
+                region[i],
+                expect(i)
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn routed(cx: &Ctx) -> Checked {
     if let Err(skip) = job(cx, "net_window")? {
         return Ok(skip);
@@ -34,12 +100,9 @@ pub(super) fn routed(cx: &Ctx) -> Checked {
     let (comm, stream) = (&cx.comm, &cx.stream);
     let (rank, world) = (comm.rank(), comm.world_size());
     let max_chunk = LAUNCHES.iter().map(|l| l.0).max().unwrap_or(1);
-    let win = comm
-        .window::<u8>(2 * world * max_chunk, 2 * world)
-        .map_err(|e| e.to_string())?;
-    let net = match win.net_handle() {
-        Ok(n) => n,
-        Err(e) => return Ok(Outcome::Skip(Skip::Unavailable(e.to_string()))),
+    let (win, net) = match window_with_path(cx, 2 * world * max_chunk, 2 * world)? {
+        Ok(w) => w,
+        Err(skip) => return Ok(skip),
     };
     let handle = win.device_handle();
     let module = cx.foundation()?;
@@ -65,43 +128,14 @@ pub(super) fn routed(cx: &Ctx) -> Checked {
             .arg(&rounds)
             .arg(&bad)
             .arg(&status);
-        let cfg = LaunchConfig {
-            grid_dim: (world as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: routed_rounds(DeviceWindow, WindowNet, u64, u64, u64, u64*, int*); the window
         // holds 2 * world * max_chunk bytes and 2 * world user slots; bad and status are
         // one-element device buffers.
-        unsafe { l.launch(cfg) }.map_err(d)?;
-        cx.sync()?;
-        let (b, st) = (
-            stream.clone_dtoh(&bad).map_err(d)?[0],
-            stream.clone_dtoh(&status).map_err(d)?[0],
-        );
-        if st != 1 || b != 0 {
-            return Err(format!(
-                "{chunk} B per peer, rounds {first}..{}: status {st}, {b} wrong bytes",
-                first + rounds
-            ));
-        }
+        unsafe { l.launch(per_peer(world)) }.map_err(d)?;
+        let what = format!("{chunk} B per peer, rounds {first}..{}", first + rounds);
+        device_verdict(cx, &bad, &status, &what)?;
         // The last round's data, read back here.
-        let last = first + rounds - 1;
-        let got = cx.read_ptr(handle.data, 2 * world * chunk)?;
-        for p in (0..world).filter(|&p| p != rank) {
-            let region = &got[(world + p) * chunk..(world + p + 1) * chunk];
-            if let Some(i) =
-                (0..chunk).find(|&i| region[i] != routed_byte(p, rank, last, i as u64))
-            {
-                return Err(format!(
-                    "{chunk} B from peer {p} ({:?}), round {last}: byte {i} is {:#x}, expected \
-                     {:#x}",
-                    comm.topology().kind(p),
-                    region[i],
-                    routed_byte(p, rank, last, i as u64)
-                ));
-            }
-        }
+        host_verdict(cx, handle.data, chunk, first + rounds - 1, &what)?;
         moved += n * rounds * (world as u64 - 1);
         first += rounds;
     }
@@ -155,13 +189,10 @@ pub(super) fn registered(cx: &Ctx) -> Checked {
         return Ok(skip);
     }
     let (comm, stream) = (&cx.comm, &cx.stream);
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let win = comm
-        .window::<u8>(64, world)
-        .map_err(|e| e.to_string())?;
-    let net = match win.net_handle() {
-        Ok(n) => n,
-        Err(e) => return Ok(Outcome::Skip(Skip::Unavailable(e.to_string()))),
+    let world = comm.world_size();
+    let (win, net) = match window_with_path(cx, 64, world)? {
+        Ok(w) => w,
+        Err(skip) => return Ok(skip),
     };
     let max = REGISTERED.iter().copied().max().unwrap_or(1);
     let buf = RegBuf::new(cx, 2 * world * max)?;
@@ -195,38 +226,13 @@ pub(super) fn registered(cx: &Ctx) -> Checked {
             .arg(&round)
             .arg(&bad)
             .arg(&status);
-        let cfg = LaunchConfig {
-            grid_dim: (world as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: routed_registered(DeviceWindow, WindowNet, const RegisteredBuffer*, u64,
         // u64, u64*, int*); the registered buffer holds 2 * world * max bytes, the window
         // world user slots; bad and status are one-element device buffers.
-        unsafe { l.launch(cfg) }.map_err(d)?;
-        cx.sync()?;
-        let (b, st) = (
-            stream.clone_dtoh(&bad).map_err(d)?[0],
-            stream.clone_dtoh(&status).map_err(d)?[0],
-        );
-        if st != 1 || b != 0 {
-            return Err(format!(
-                "{chunk} B per peer from the registered buffer: status {st}, {b} wrong bytes"
-            ));
-        }
-        let got = cx.read_ptr(buf.ptr, 2 * world * chunk)?;
-        for p in (0..world).filter(|&p| p != rank) {
-            let region = &got[(world + p) * chunk..(world + p + 1) * chunk];
-            if let Some(i) = (0..chunk).find(|&i| region[i] != routed_byte(p, rank, round, i as u64))
-            {
-                return Err(format!(
-                    "{chunk} B from peer {p}'s registered buffer: byte {i} is {:#x}, expected \
-                     {:#x}",
-                    region[i],
-                    routed_byte(p, rank, round, i as u64)
-                ));
-            }
-        }
+        unsafe { l.launch(per_peer(world)) }.map_err(d)?;
+        let what = format!("{chunk} B per peer from the registered buffer");
+        device_verdict(cx, &bad, &status, &what)?;
+        host_verdict(cx, buf.ptr, chunk, round, &what)?;
         moved += n * (world as u64 - 1);
         cx.host_barrier()?;
     }
