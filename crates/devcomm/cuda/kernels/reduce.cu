@@ -118,10 +118,10 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
 // at index q * shard + k * chunk + j of the whole buffer. Block b owns piece [lo, hi) of the
 // round (the same in every shard and on every rank):
 //   1. wait until every rank's every block is done with round s - 2 (kDone; the half is then
-//      free), stage this rank's data of the piece into its window (all-gather: its own shard
-//      only), publish kReady (all-gather: kReduced);
+//      free), stage this rank's data of the piece (all-gather: its own shard only), publish
+//      kReady (all-gather: kReduced);
 //   2. (all-reduce, reduce-scatter) wait for kReady of block b of every rank, reduce shard
-//      `me` reading every rank's window in rank order; all-reduce: write the result into the
+//      `me` from every rank's data in rank order; all-reduce: write the result into the
 //      own window (then the epilogue hook, one warp per row) and publish kReduced;
 //      reduce-scatter: write the output and publish kDone;
 //   3. (all-reduce, all-gather) wait for kReduced of block b of every rank, copy every rank's
@@ -130,6 +130,18 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
 // round's staging, before it reads a peer's window or writes the output.
 // Blocks beyond this launch's count read nothing: block 0 advances their counters and kDone
 // slots at the end, and waits on them only ask for what a previous call left.
+//
+// Where step 1 stages: DC_TWO_SHOT_PUSH (1, the default) pushes this rank's data of shard q
+// into rank q's window (shard slot `me` there), so that step 2 reduces from its own window with
+// local loads (NVLink stores need no round trip; remote loads do). The reduced shard goes into
+// the own slot, where step 3 reads it as before. 0 stages into the own window (shard slot q)
+// and reduces with loads from every peer's window (the earlier form, kept for comparison:
+// DEVCOMM_REDUCE_OPTIONS="-DDC_TWO_SHOT_PUSH=0", the same on every rank). Pushing before the
+// call agreement writes only peers' two-shot areas, never their outputs: a mismatched call is
+// refused on every rank before anything is read from them.
+#ifndef DC_TWO_SHOT_PUSH
+#define DC_TWO_SHOT_PUSH 1
+#endif
 
 // Waits (block) until every rank's every block has published kDone >= target, where blocks
 // not in this launch only need to have reached `before` (what the previous call left).
@@ -232,13 +244,15 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
              (dc_u64)q * a.chunk;
     };
     if (!wait_all_done(g, a, s >= 2 ? s - 2 : 0, before)) return;
-    // 1. Stage.
+    // 1. Stage (push: into rank q's window, the slot of this rank; else into the own window,
+    // the slot of shard q). Every rank's every block is done with this half (the wait above).
     for (int q = 0; q < world; ++q) {
       if (a.mode == kAllGather && q != me) continue;
       const dc_u64 n = clip(a, q, k, lo, hi);
       const T* src = a.mode == kAllGather ? in + k * a.chunk + lo
                                           : in + (dc_u64)q * a.shard + k * a.chunk + lo;
-      if (n > 0) copy_elems<T>(g, slot(me, q) + lo, src, n);
+      T* dst = DC_TWO_SHOT_PUSH ? slot(q, me) : slot(me, q);
+      if (n > 0) copy_elems<T>(g, dst + lo, src, n);
     }
     publish(g, a, a.mode == kAllGather ? kReduced : kReady, b, s);
     if (k == 0 && !agree_all(g, a, b, ag)) return;
@@ -251,7 +265,11 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
       constexpr bool kHooked = HasEpilogue<H>::value;
       T* const to_out = out + (a.mode == kAllReduce ? (dc_u64)me * a.shard : 0) + k * a.chunk + lo;
       T* dst = a.mode == kAllReduce || kHooked ? slot(me, me) + lo : to_out;
-      if (n > 0) reduce_elems<T, OP>(g, dst, [&](int p) -> const T* { return slot(p, me) + lo; }, world, n);
+      // Rank p's data of this shard: pushed into the own window (slot p), or in p's window.
+      auto part = [&](int p) -> const T* {
+        return (DC_TWO_SHOT_PUSH ? slot(me, p) : slot(p, me)) + lo;
+      };
+      if (n > 0) reduce_elems<T, OP>(g, dst, part, world, n);
       if constexpr (kHooked) {
         static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
         g.sync();
