@@ -6,6 +6,22 @@
 namespace devcomm {
 namespace red {
 
+// DC_REDUCE_STAGGER (1, the default): where the two-shot's blocks write to (or read from)
+// every rank in turn, rank me starts with rank me + 1, so that at each step every rank talks
+// to another rank instead of all of them to rank 0, then rank 1, ... (each link busy instead
+// of one link for all). 0 keeps rank order, for comparison (DEVCOMM_REDUCE_OPTIONS, every
+// rank). 4 H200s, bf16 all-reduce: 4 MiB 48.3 -> 39.2 us, 16 MiB 148.8 -> 113.3 (with the
+// push below; docs/PERFORMANCE.md). The one-shot keeps rank order: staggering its line stores
+// made it slower (reduce-scatter 1 MiB 17.2 -> 19.9 us).
+#ifndef DC_REDUCE_STAGGER
+#define DC_REDUCE_STAGGER 1
+#endif
+
+// The rank of step i (0 <= i < world) of a two-shot loop over every rank.
+__device__ __forceinline__ int turn(int i, int me, int world) {
+  return DC_REDUCE_STAGGER ? (me + 1 + i) % world : i;
+}
+
 // ---- One-shot ------------------------------------------------------------------------------
 //
 // Call seq (per-block counters, equal in every block) uses line parity seq & 1. Block b owns
@@ -246,7 +262,8 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
     if (!wait_all_done(g, a, s >= 2 ? s - 2 : 0, before)) return;
     // 1. Stage (push: into rank q's window, the slot of this rank; else into the own window,
     // the slot of shard q). Every rank's every block is done with this half (the wait above).
-    for (int q = 0; q < world; ++q) {
+    for (int i = 0; i < world; ++i) {
+      const int q = DC_TWO_SHOT_PUSH ? turn(i, me, world) : i;
       if (a.mode == kAllGather && q != me) continue;
       const dc_u64 n = clip(a, q, k, lo, hi);
       const T* src = a.mode == kAllGather ? in + k * a.chunk + lo
@@ -284,7 +301,8 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
     // 3. Gather every rank's reduced shard.
     if (a.mode != kReduceScatter) {
       if (!wait_every_rank(g, a, kReduced, b, s)) return;
-      for (int q = 0; q < world; ++q) {
+      for (int i = 0; i < world; ++i) {
+        const int q = turn(i, me, world);
         const dc_u64 n = clip(a, q, k, lo, hi);
         if (n > 0) copy_elems<T>(g, out + (dc_u64)q * a.shard + k * a.chunk + lo, slot(q, q) + lo, n);
       }
