@@ -227,6 +227,16 @@ __device__ __forceinline__ unsigned char routed_byte(int from, int to, dc_u64 r,
   return static_cast<unsigned char>(x >> 56);
 }
 
+// Adds to *bad the bytes of got[0, chunk) (what `from` put for `to` in round r) that differ
+// from routed_byte; the threads of the block share the range.
+__device__ inline void count_wrong(const unsigned char* got, int from, int to, dc_u64 r,
+                                   dc_u64 chunk, unsigned long long* bad) {
+  unsigned long long wrong = 0;
+  for (dc_u64 i = threadIdx.x; i < chunk; i += blockDim.x)
+    wrong += got[i] != routed_byte(from, to, r, i);
+  if (wrong != 0) atomicAdd(bad, wrong);
+}
+
 // Rounds [first, first + rounds) of puts with signals between every pair of ranks, each peer
 // over its own route (NVLink stores or the network queues: window_net.cuh). Block p serves peer
 // p (one producer per (peer, channel), channel 0). Window data: [p * chunk, (p + 1) * chunk) is
@@ -254,11 +264,7 @@ extern "C" __global__ void routed_rounds(DeviceWindow w, devcomm::WindowNet n, d
                                     static_cast<dc_u64>(p) * chunk, chunk, w.rank, r);
     ok = ok && devcomm::wait_signal(block, w, p, r, devcomm::Cmp::Ge, p);
     if (!ok) break;
-    const unsigned char* got = data + (world + p) * chunk;
-    unsigned long long wrong = 0;
-    for (dc_u64 i = threadIdx.x; i < chunk; i += blockDim.x)
-      wrong += got[i] != routed_byte(p, w.rank, r, i);
-    if (wrong != 0) atomicAdd(bad, wrong);
+    count_wrong(data + (world + p) * chunk, p, w.rank, r, chunk, bad);
     ok = devcomm::signal_add_routed(block, w, n, p, world + w.rank, 1);
   }
   ok = ok && devcomm::flush_routed(block, w, n, p);
@@ -320,17 +326,14 @@ extern "C" __global__ void routed_registered(DeviceWindow w, devcomm::WindowNet 
   const dc_u64 world = static_cast<dc_u64>(w.world_size);
   unsigned char* data = reinterpret_cast<unsigned char*>(reg->base_ptr);
   unsigned char* src = data + static_cast<dc_u64>(p) * chunk;
-  for (dc_u64 i = threadIdx.x; i < chunk; i += blockDim.x) src[i] = routed_byte(w.rank, p, round, i);
+  for (dc_u64 i = threadIdx.x; i < chunk; i += blockDim.x)
+    src[i] = routed_byte(w.rank, p, round, i);
   bool ok = devcomm::put_registered_routed(block, w, n, reg, p, (world + w.rank) * chunk,
                                            static_cast<dc_u64>(p) * chunk, chunk, 1);
   ok = ok && devcomm::signal_routed(block, w, n, p, static_cast<dc_u64>(w.rank), round, 1);
   ok = ok && devcomm::wait_signal(block, w, static_cast<dc_u64>(p), round, devcomm::Cmp::Ge, p);
   if (ok) {
-    const unsigned char* got = data + (world + p) * chunk;
-    unsigned long long wrong = 0;
-    for (dc_u64 i = threadIdx.x; i < chunk; i += blockDim.x)
-      wrong += got[i] != routed_byte(p, w.rank, round, i);
-    if (wrong != 0) atomicAdd(bad, wrong);
+    count_wrong(data + (world + p) * chunk, p, w.rank, round, chunk, bad);
   }
   ok = ok && devcomm::flush_routed(block, w, n, p, 1);
   if (!ok && threadIdx.x == 0) *status = 0;

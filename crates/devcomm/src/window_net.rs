@@ -17,25 +17,13 @@ pub(crate) enum NetPath {
     NotNeeded,
     /// The transport could not register the window (on some rank): the reason.
     Unavailable(String),
-    /// Registered: the handle kernels receive, and the release of its keys on drop.
-    Ready(Registered),
-}
-
-/// A window's registered path: the handle kernels receive and the keys it names.
-#[derive(Debug)]
-pub(crate) struct Registered {
-    handle: WindowNetHandle,
-    _keys: NetKeys,
-}
-
-impl Registered {
-    /// The path of `handle`, whose keys `keys` holds.
-    pub(crate) fn new(handle: WindowNetHandle, keys: NetKeys) -> Self {
-        Self {
-            handle,
-            _keys: keys,
-        }
-    }
+    /// Registered: the handle kernels receive, and the keys it names (released on drop).
+    Ready {
+        /// What kernels receive.
+        handle: WindowNetHandle,
+        /// The window's data and pad registrations.
+        _keys: NetKeys,
+    },
 }
 
 /// Registrations with the network transport, released (collectively) on drop: the device is
@@ -92,7 +80,7 @@ impl NetPath {
     pub(crate) fn handle(&self, rank: usize) -> Result<WindowNetHandle> {
         match self {
             NetPath::NotNeeded => Ok(WindowNetHandle::default()),
-            NetPath::Ready(r) if r.handle.channels == 0 => Err(Error::Network {
+            NetPath::Ready { handle, .. } if handle.channels == 0 => Err(Error::Network {
                 rank: rank as i32,
                 peer: -1,
                 message: format!(
@@ -100,7 +88,7 @@ impl NetPath {
                      (DEVCOMM_NET_USER_CHANNELS=0)"
                 ),
             }),
-            NetPath::Ready(r) => Ok(r.handle),
+            NetPath::Ready { handle, .. } => Ok(*handle),
             NetPath::Unavailable(reason) => Err(Error::Network {
                 rank: rank as i32,
                 peer: -1,

@@ -31,6 +31,7 @@
 #include "devcomm/group.cuh"
 #include "devcomm/copy.cuh"
 #include "devcomm/window.cuh"
+#include "devcomm/barrier.cuh"
 #include "devcomm/put.cuh"
 #include "devcomm/registered.cuh"
 #include "devcomm/net.cuh"
@@ -207,33 +208,19 @@ __device__ inline bool put_registered_routed(const G& g, const DeviceWindow& w, 
 template <class G>
 __device__ inline bool barrier_routed(const G& g, const DeviceWindow& w, const WindowNet& n,
                                       dc_u32 channel = 0) {
-  g.sync();  // the group's stores happen before thread 0 announces arrival
-  bool ok = true;
-  if (g.thread_rank() == 0) {
-    dc_u64* epoch_ptr = reinterpret_cast<dc_u64*>(w.barrier_epoch);
-    const dc_u64 epoch = *epoch_ptr + 1;
-    *epoch_ptr = epoch;
-    fence_acq_rel_sys();
-    for (int p = 0; p < w.world_size && ok; ++p) {
-      if (p == w.rank) continue;
-      if (!is_network_peer(w, n, p)) {
-        dc_u64* pad = peer_signal_pad(w, p);
-        if (pad == nullptr) __trap();
-        red_add_release_sys(pad + w.rank, 1);
-      } else {
+  return barrier_over(
+      g, w, [](int) { return true; },
+      [&](int p, dc_u64 epoch) {
+        if (!is_network_peer(w, n, p)) {
+          dc_u64* pad = peer_signal_pad(w, p);
+          if (pad == nullptr) __trap();
+          red_add_release_sys(pad + w.rank, 1);
+          return true;
+        }
         const NetDescriptor d =
             net_signal_desc(n.signal_key, static_cast<dc_u64>(w.rank), kNetSignalSet, epoch);
-        ok = net_enqueue(n.queues, p, user_queue_channel(w, n, p, channel), d) != 0;
-      }
-    }
-    const dc_u64* own = reinterpret_cast<const dc_u64*>(w.signals);
-    for (int p = 0; p < w.world_size && ok; ++p) {
-      if (p == w.rank) continue;
-      const WaitSite site{kOpBarrier, p, static_cast<dc_u64>(p)};
-      ok = wait_until(error_state(w), w.timeout_ns, w.rank, own + p, epoch, Cmp::Ge, site);
-    }
-  }
-  return !g.any(!ok);
+        return net_enqueue(n.queues, p, user_queue_channel(w, n, p, channel), d) != 0;
+      });
 }
 
 #endif  // __CUDACC__

@@ -7,7 +7,7 @@ use super::net_p2p::NetPeers;
 use crate::error::Result;
 use crate::memory::NetworkKey;
 use crate::net::{route, WindowNetHandle};
-use crate::window_net::{NetKeys, NetPath, Registered};
+use crate::window_net::{NetKeys, NetPath};
 
 impl NetPeers {
     /// Collective (every rank of a job with network links, in the same order): registers
@@ -54,7 +54,10 @@ impl NetPeers {
             data_key: keys.keys()[0],
             signal_key: keys.keys()[1],
         };
-        Ok(NetPath::Ready(Registered::new(handle, keys)))
+        Ok(NetPath::Ready {
+            handle,
+            _keys: keys,
+        })
     }
 }
 

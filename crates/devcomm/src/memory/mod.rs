@@ -13,6 +13,7 @@
 //! ranks, and unmaps peers' memory before its own.
 
 mod registration;
+mod registry;
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -23,7 +24,8 @@ use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::topology::Topology;
 
-pub(crate) use registration::{NetworkKey, Registry};
+pub(crate) use registration::NetworkKey;
+pub(crate) use registry::Registry;
 
 /// Physical memory and its mapping in this process. Fields drop in order: the mapping
 /// (unmap, free the range) before the physical memory (release).
