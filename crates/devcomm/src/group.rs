@@ -88,10 +88,36 @@ impl Group {
     /// the failure in the store instead, and a healthy rank waiting at a tear-down barrier
     /// stops waiting when it sees that mark (its peer will not come).
     pub(crate) fn teardown_barrier(&self, tag: &str) -> Result<()> {
+        if self.mark_failure_instead()? {
+            return Ok(());
+        }
+        teardown_arrive(&self.store, self.rank, tag)?;
+        teardown_wait(
+            &self.store,
+            self.rank,
+            self.world_size,
+            tag,
+            self.setup_timeout,
+        )
+    }
+
+    /// The arrival half of [`teardown_barrier`](Self::teardown_barrier): marks this rank as
+    /// arrived at step `tag` and returns at once. A rank that releases something alone (a
+    /// registration dropped on one rank) arrives this way, so that peers meeting at the same
+    /// step later count it and never wait for it.
+    pub(crate) fn teardown_arrive(&self, tag: &str) -> Result<()> {
+        if self.mark_failure_instead()? {
+            return Ok(());
+        }
+        teardown_arrive(&self.store, self.rank, tag)
+    }
+
+    /// The waiting half of [`teardown_barrier`](Self::teardown_barrier), after
+    /// [`teardown_arrive`](Self::teardown_arrive): returns once every rank arrived at `tag`
+    /// (or a peer marked its failure); an error naming the ranks that did not arrive within the
+    /// setup timeout.
+    pub(crate) fn teardown_wait(&self, tag: &str) -> Result<()> {
         if self.errors.is_aborted() {
-            if !self.marked_failed.swap(true, Ordering::AcqRel) {
-                self.store.add(FAILED_KEY, 1)?;
-            }
             return Ok(());
         }
         teardown_wait(
@@ -101,6 +127,18 @@ impl Group {
             tag,
             self.setup_timeout,
         )
+    }
+
+    /// A failed communicator marks its failure in the store (once) instead of meeting its
+    /// peers at a tear-down step; true when it did.
+    fn mark_failure_instead(&self) -> Result<bool> {
+        if !self.errors.is_aborted() {
+            return Ok(false);
+        }
+        if !self.marked_failed.swap(true, Ordering::AcqRel) {
+            self.store.add(FAILED_KEY, 1)?;
+        }
+        Ok(true)
     }
 
     /// A tag unique to this collective call: every rank makes setup calls in the same order,
@@ -160,6 +198,18 @@ const FAILED_KEY: &str = "__devcomm/teardown-failed";
 
 /// A healthy rank's tear-down barrier: arrives at `tag`, then waits for every rank, or until a
 /// rank marks a failure ([`FAILED_KEY`]), at most `timeout`.
+/// The store key of `rank`'s arrival at tear-down step `tag`.
+fn arrival_key(tag: &str, rank: usize) -> String {
+    format!("{tag}/arrived/{rank}")
+}
+
+/// Marks `rank` as arrived at tear-down step `tag`.
+fn teardown_arrive(store: &Store, rank: usize, tag: &str) -> Result<()> {
+    Ok(store.set(&arrival_key(tag, rank), b"1")?)
+}
+
+/// Waits until every rank arrived at tear-down step `tag`, or a peer marked its failure;
+/// after `timeout`, an error naming the ranks that have not arrived.
 fn teardown_wait(
     store: &Store,
     rank: usize,
@@ -167,9 +217,7 @@ fn teardown_wait(
     tag: &str,
     timeout: Duration,
 ) -> Result<()> {
-    let key = |r: usize| format!("{tag}/arrived/{r}");
-    store.set(&key(rank), b"1")?;
-    let keys: Vec<String> = (0..world_size).map(key).collect();
+    let keys: Vec<String> = (0..world_size).map(|r| arrival_key(tag, r)).collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     let start = std::time::Instant::now();
     loop {
@@ -180,11 +228,16 @@ fn teardown_wait(
             return Ok(()); // a peer failed and tears down alone
         }
         if start.elapsed() >= timeout {
+            let missing: Vec<usize> = (0..world_size)
+                .filter(|&r| store.wait(&[keys[r]], Duration::ZERO).is_err())
+                .collect();
             return Err(Error::Setup {
                 step: format!("tear-down barrier `{tag}`"),
                 failures: vec![(
                     rank,
-                    format!("not every rank arrived within the setup timeout ({timeout:?})"),
+                    format!(
+                        "rank(s) {missing:?} did not arrive within the setup timeout ({timeout:?})"
+                    ),
                 )],
             });
         }
@@ -426,17 +479,39 @@ mod tests {
         let (s0, info1) = two_stores();
         let peer = std::thread::spawn(move || {
             let s1 = Store::connect(&info1, T).expect("rank 1 store");
+            teardown_arrive(&s1, 1, "a").expect("arrive");
             teardown_wait(&s1, 1, 2, "a", T).expect("healthy barrier");
             std::thread::sleep(Duration::from_millis(200));
             s1.add(FAILED_KEY, 1).expect("mark failed"); // then tears "b" down alone
             s1
         });
+        teardown_arrive(&s0, 0, "a").expect("arrive");
         teardown_wait(&s0, 0, 2, "a", T).expect("healthy barrier");
         let t0 = std::time::Instant::now();
+        teardown_arrive(&s0, 0, "b").expect("arrive");
         teardown_wait(&s0, 0, 2, "b", T).expect("stops at the failed peer's mark");
         assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
         let _s1 = peer.join().expect("thread");
         let err = teardown_wait(&s0, 0, 3, "c", Duration::from_millis(10));
         assert!(err.is_ok(), "the failure mark stays: {err:?}");
+    }
+
+    #[test]
+    fn a_rank_that_arrives_alone_is_counted_and_a_missing_one_is_named() {
+        let (s0, info1) = two_stores();
+        let s1 = Store::connect(&info1, T).expect("rank 1 store");
+        // Rank 1 releases alone (a dropped registration): it marks its arrival, waits for none.
+        let t0 = std::time::Instant::now();
+        teardown_arrive(&s1, 1, "r").expect("arrive");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        // Rank 0's collective release later finds it counted.
+        teardown_arrive(&s0, 0, "r").expect("arrive");
+        teardown_wait(&s0, 0, 2, "r", T).expect("rank 1 counted");
+        // A step that rank 1 never reaches: rank 0's wait names it.
+        teardown_arrive(&s0, 0, "never").expect("arrive");
+        let err = teardown_wait(&s0, 0, 2, "never", Duration::from_millis(100))
+            .expect_err("rank 1 never arrives")
+            .to_string();
+        assert!(err.contains("[1]") && err.contains("never"), "{err}");
     }
 }

@@ -12,10 +12,18 @@ use crate::window::Window;
 /// A user buffer registered with every rank ([`Comm::register`], [`Comm::register_slice`]).
 ///
 /// It borrows the communicator, and for [`Comm::register_slice`] the slice, so it can outlive
-/// neither. Dropping it releases the registration, which is collective: every rank drops its
-/// registrations in the same order. The release is bounded by the setup timeout; a failure
-/// (a peer that never releases) is logged, not raised. [`Registration::release`] does the same
-/// and returns the error instead.
+/// neither.
+///
+/// **Release.** Dropping it releases this rank's side at once and waits for no peer (an early
+/// return on one rank never blocks it): the rank waits for its device's work, closes its
+/// mappings of the peers' buffers and marks the release; each peer closes its mapping of this
+/// rank's buffer when it releases its own (docs/ARCHITECTURE.md, "Registered buffers"). So the
+/// *memory* must stay allocated until every rank has released: [`Registration::release`] is the
+/// collective form that returns once every rank has released (dropped or released) this
+/// registration, after which the buffer may be freed, and names the ranks that did not
+/// within the setup timeout. A call that still uses the registration on a peer after this rank
+/// released it is refused here (unknown handle) and fails there within the device timeout,
+/// naming this rank.
 pub struct Registration<'a> {
     comm: &'a Comm,
     handle: u64,
@@ -73,8 +81,9 @@ impl Registration<'_> {
         }
     }
 
-    /// Collective: releases the registration now and reports a failure (dropping does the same
-    /// and logs it). The user may free the buffer once this returns.
+    /// Collective: releases this rank's side (as dropping does), then waits until every rank
+    /// has released the registration; the user may free the buffer once this returns `Ok`. An
+    /// error names the ranks that did not release within the setup timeout.
     pub fn release(mut self) -> Result<()> {
         self.released = true;
         self.comm.registry.deregister(&self.comm.group, self.handle)
@@ -86,7 +95,11 @@ impl Drop for Registration<'_> {
         if self.released {
             return;
         }
-        if let Err(e) = self.comm.registry.deregister(&self.comm.group, self.handle) {
+        if let Err(e) = self
+            .comm
+            .registry
+            .release_local(&self.comm.group, self.handle)
+        {
             log::warn!(
                 "devcomm: rank {}: releasing the registration of {:#x} (+{} bytes): {e}",
                 self.comm.rank(),

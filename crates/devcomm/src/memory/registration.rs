@@ -238,8 +238,11 @@ impl Registration {
         &self.peer_bytes
     }
 
-    /// Collective tear-down: waits for this device's work, closes peers' buffers, then waits
-    /// for every rank (so no peer maps this rank's buffer any more). Runs once.
+    /// This rank's release, which waits for no peer: waits for this device's work, closes
+    /// peers' buffers here and the network key, and marks the release in the store (the
+    /// arrival at the registration's tear-down step). Peers keep this rank's buffer mapped
+    /// until they release their own, so the buffer must stay allocated until every rank has
+    /// released ([`wait_released`](Self::wait_released) tells when). Runs once.
     pub(super) fn close(&mut self) -> Result<()> {
         if std::mem::replace(&mut self.closed, true) {
             return Ok(());
@@ -247,11 +250,23 @@ impl Registration {
         let synced = cuda::synchronize(&self.group.ctx).map_err(|e| with_rank(e, self.group.rank));
         self.network = None;
         self.mappings.clear();
-        // A failed communicator does not meet its peers (Group::teardown_barrier).
-        let barrier = self.group.teardown_barrier(&format!("{}/free", self.tag));
+        // A failed communicator marks its failure instead (Group::teardown_arrive).
+        let arrived = self.group.teardown_arrive(&self.free_tag());
         synced?;
-        barrier?;
+        arrived?;
         Ok(())
+    }
+
+    /// After [`close`](Self::close): waits until every rank has released this registration
+    /// (dropped or released it), so that no peer maps this rank's buffer any more; an error
+    /// naming the ranks that did not within the setup timeout.
+    pub(super) fn wait_released(&self) -> Result<()> {
+        self.group.teardown_wait(&self.free_tag())
+    }
+
+    /// The tear-down step of this registration: its creation tag, the same on every rank.
+    fn free_tag(&self) -> String {
+        format!("{}/free", self.tag)
     }
 }
 

@@ -10,8 +10,8 @@ use crate::group::Group;
 
 /// The registrations of one communicator, by handle.
 ///
-/// Dropping it releases the remaining registrations in creation order, which is the same on
-/// every rank (each release waits for all ranks).
+/// Dropping it releases the remaining registrations on this rank (each marks its release;
+/// none waits for a peer: the communicator's own tear-down meets the peers after).
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     entries: Mutex<Entries>,
@@ -63,33 +63,41 @@ impl Registry {
     }
 
     /// Collective: releases the registration `handle` returned by [`register`](Self::register)
-    /// on this rank. Every rank must call it (with its own handle of the same registration);
-    /// an unknown handle on any rank fails on every rank and releases nothing.
+    /// on this rank ([`release_local`](Self::release_local)), then waits until every rank has
+    /// released its own (released or dropped it), so that no peer maps this rank's buffer any
+    /// more and the buffer may be freed. A rank that does not release within the setup timeout
+    /// is named in the error. An unknown handle is refused at once, here only.
     pub(crate) fn deregister(&self, group: &Arc<Group>, handle: u64) -> Result<()> {
-        let known = self.lock().by_handle.contains_key(&handle);
-        let lookup = if known {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument {
+        let registration = self.take(group, handle)?;
+        let mut registration = registration;
+        let closed = registration.close();
+        let waited = registration.wait_released();
+        closed?;
+        waited
+    }
+
+    /// Releases the registration `handle` on this rank alone, without waiting for any peer
+    /// (what dropping a [`Registration`](crate::Registration) does): this rank stops using it
+    /// and closes its peers' buffers; each peer closes this rank's buffer when it releases its
+    /// own. Calls of peers that still use the registration with this rank fail (this rank's
+    /// side refuses the unknown handle; theirs times out naming this rank).
+    pub(crate) fn release_local(&self, group: &Arc<Group>, handle: u64) -> Result<()> {
+        self.take(group, handle)?.close()
+    }
+
+    /// Removes `handle` from the registry; an error naming it when it is not registered here.
+    fn take(&self, group: &Arc<Group>, handle: u64) -> Result<Registration> {
+        let removed = self.lock().by_handle.remove(&handle);
+        removed
+            .map(|(_, r)| r)
+            .ok_or_else(|| Error::InvalidArgument {
                 op: "deregister",
                 reason: format!(
-                    "rank {}: {handle:#x} is not a registered handle",
+                    "rank {}: {handle:#x} is not a registered handle (never registered, or \
+                     released already)",
                     group.rank
                 ),
             })
-        };
-        group.agree("deregister", lookup)?;
-        let registration = self.lock().by_handle.remove(&handle);
-        match registration {
-            Some((_, mut registration)) => registration.close(),
-            None => Err(Error::InvalidArgument {
-                op: "deregister",
-                reason: format!(
-                    "rank {}: {handle:#x} was deregistered concurrently",
-                    group.rank
-                ),
-            }),
-        }
     }
 
     /// `peer`'s buffer of registration `handle`, as mapped here.
@@ -132,7 +140,7 @@ impl Drop for Registry {
         let entries = std::mem::take(&mut *self.lock());
         let mut remaining: Vec<(u64, Registration)> = entries.by_handle.into_values().collect();
         remaining.sort_by_key(|(index, _)| *index);
-        // Each registration's drop synchronises and waits for every rank, in creation order.
+        // Each registration's drop synchronises and marks its release, in creation order.
         drop(remaining);
     }
 }

@@ -73,9 +73,9 @@ pub(crate) fn compare(got: &[u8], expect: &[u8], what: &str) -> Result<(), Strin
 
 /// A `cuMemAlloc` buffer registered with every rank; deregistered and freed on drop.
 pub(crate) struct RegBuf<'a> {
-    /// Released first (fields drop in order): deregistration is collective and synchronises
-    /// the device.
-    pub(crate) reg: Registration<'a>,
+    /// Released collectively in `drop` before the memory is freed (`Registration::release`
+    /// returns once no peer maps this rank's buffer); `None` only inside `drop`.
+    reg: Option<Registration<'a>>,
     /// Freed after the registration above.
     _memory: DeviceBuffer,
     pub(crate) ptr: u64,
@@ -94,7 +94,7 @@ impl<'a> RegBuf<'a> {
         // above) has been released.
         let reg = unsafe { cx.comm.register(ptr, bytes) }.map_err(|e| e.to_string())?;
         Ok(Self {
-            reg,
+            reg: Some(reg),
             _memory: memory,
             ptr,
             bytes,
@@ -108,9 +108,14 @@ impl<'a> RegBuf<'a> {
         std::mem::ManuallyDrop::new(unsafe { stream.upgrade_device_ptr(self.ptr, self.bytes) })
     }
 
+    /// The registration.
+    pub(crate) fn reg(&self) -> &Registration<'a> {
+        self.reg.as_ref().expect("released only in drop")
+    }
+
     /// The registered range of `bytes` at `offset`.
     pub(crate) fn at(&self, offset: usize, bytes: usize) -> RegisteredRange<'_> {
-        self.reg.range(offset as u64, bytes as u64)
+        self.reg().range(offset as u64, bytes as u64)
     }
 
     /// Fills the whole buffer with [`POISON`] on `stream` (also inside a capture).
@@ -119,6 +124,17 @@ impl<'a> RegBuf<'a> {
         // deregistration (which synchronises the device); ordered on the rank's stream.
         unsafe { devcomm::testing::memset_d8_async(self.ptr, POISON, self.bytes, stream) }
             .map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for RegBuf<'_> {
+    fn drop(&mut self) {
+        // Collective, so that the memory (freed after this) is mapped by no peer any more.
+        if let Some(reg) = self.reg.take() {
+            if let Err(e) = reg.release() {
+                log::warn!("self-test: releasing a registered buffer: {e}");
+            }
+        }
     }
 }
 
@@ -147,7 +163,7 @@ impl<'a> BenchDst<'a> {
     /// The registration (if registered) and the destination as a cudarc slice.
     pub(crate) fn parts(&mut self) -> (Option<&Registration<'a>>, &mut CudaSlice<u8>) {
         match self {
-            Self::Registered(r, v) => (Some(&r.reg), v),
+            Self::Registered(r, v) => (Some(r.reg()), v),
             Self::Owned(o) => (None, o),
         }
     }

@@ -196,7 +196,7 @@ pub(super) fn registered(cx: &Ctx) -> Checked {
     };
     let max = REGISTERED.iter().copied().max().unwrap_or(1);
     let buf = RegBuf::new(cx, 2 * world * max)?;
-    let handle = buf.reg.device_handle();
+    let handle = buf.reg().device_handle();
     // The RegisteredBuffer as kernels read it: base, size, peer table, lkey (@24).
     let raw = cx.read_ptr(handle, 32)?;
     let lkey = u32::from_le_bytes(raw[24..28].try_into().expect("4 bytes"));
