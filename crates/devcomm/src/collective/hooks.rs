@@ -186,6 +186,11 @@ impl RawHooks {
         self.source.is_empty()
     }
 
+    /// Bytes of the input and output elements.
+    pub(crate) fn elem_sizes(&self) -> (usize, usize) {
+        (self.in_size, self.out_size)
+    }
+
     /// Checks that these hooks were declared for the buffers' element sizes (`None`: that
     /// side is not used by the call).
     pub(crate) fn check_sizes(

@@ -4,6 +4,7 @@
 
 pub mod handle;
 
+mod aliasing;
 mod hooks;
 mod shape;
 
@@ -22,6 +23,7 @@ use crate::topology::LinkKind;
 use handle::CollLaunch;
 pub use handle::{MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
 
+pub(crate) use aliasing::{first_written_overlap, Buf};
 pub use hooks::{Hooks, RawHooks};
 pub use shape::{
     coll_shape, fit_low_latency, CollShape, LL_BLOCK_BYTES, LL_MAX_BYTES, MAX_BLOCKS_PER_PEER,

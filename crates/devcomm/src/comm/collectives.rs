@@ -8,7 +8,8 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use super::Comm;
 use crate::collective::{
-    AllToAllVCounts, CollCall, Hooks, RawHooks, MODE_DEVICE_COUNTS, MODE_UNIFORM,
+    first_written_overlap, AllToAllVCounts, Buf, CollCall, Hooks, RawHooks, MODE_DEVICE_COUNTS,
+    MODE_UNIFORM,
 };
 use crate::error::{Error, Result};
 use crate::p2p::Transfer;
@@ -25,7 +26,6 @@ impl Comm {
         recv: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("all_gather_ring", stream)?;
         let world = self.world_size();
         let rank = self.rank();
         let bytes = send.num_bytes() as u64;
@@ -39,8 +39,8 @@ impl Comm {
                 ),
             });
         }
-        let (sp, _s) = send.device_ptr(stream);
-        let (rp, _r) = recv.device_ptr_mut(stream);
+        let (sp, _s) = self.slice_ptr("all_gather_ring", send, stream)?;
+        let (rp, _r) = self.slice_ptr_mut("all_gather_ring", recv, stream)?;
         let block = |i: usize| rp + (i as u64) * bytes;
         crate::cuda::memcpy_dtod_async(block(rank), sp, bytes as usize, stream)
             .map_err(|e| crate::cuda::with_rank(e, rank))?;
@@ -127,6 +127,52 @@ impl Comm {
         call: CollCall,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let (in_size, out_size) = hooks.elem_sizes();
+        let counts = self.world_size() as u64 * 8;
+        let bufs = [
+            Buf {
+                name: "send",
+                ptr: call.input,
+                bytes: call.in_elems.saturating_mul(in_size as u64),
+                written: false,
+            },
+            Buf {
+                name: "recv",
+                ptr: call.output,
+                bytes: call.out_elems.saturating_mul(out_size as u64),
+                written: true,
+            },
+            Buf {
+                name: "send_counts",
+                ptr: call.send_counts,
+                bytes: counts,
+                written: false,
+            },
+            Buf {
+                name: "send_offsets",
+                ptr: call.send_offsets,
+                bytes: counts,
+                written: false,
+            },
+            Buf {
+                name: "recv_counts",
+                ptr: call.recv_counts,
+                bytes: counts,
+                written: true,
+            },
+            Buf {
+                name: "recv_offsets",
+                ptr: call.recv_offsets,
+                bytes: counts,
+                written: true,
+            },
+        ];
+        if let Some(reason) = first_written_overlap(&bufs) {
+            return Err(Error::InvalidArgument {
+                op: call.op,
+                reason: format!("rank {}: {reason}", self.rank()),
+            });
+        }
         let net = self.net.as_ref().map(|n| n.coll_args());
         self.coll
             .launch(&self.group, &self.jit, &self.p2p, net, hooks, call, stream)
@@ -155,10 +201,9 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("all_to_all_hooked", stream)?;
         let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
-        let (input, _s) = send.device_ptr(stream);
-        let (output, _r) = recv.device_ptr_mut(stream);
+        let (input, _s) = self.slice_ptr("all_to_all_hooked", send, stream)?;
+        let (output, _r) = self.slice_ptr_mut("all_to_all_hooked", recv, stream)?;
         self.all_to_all_at(
             hooks.raw(),
             (input, in_elems),
@@ -250,7 +295,6 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("all_to_allv_hooked", stream)?;
         const OP: &str = "all_to_allv";
         let world = self.world_size();
         let short = [
@@ -272,15 +316,18 @@ impl Comm {
         }
         let row_len = args.cols();
         let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
-        let (input, _s) = send.device_ptr(stream);
-        let (output, _r) = recv.device_ptr_mut(stream);
-        let (send_counts, _a) = counts.send_counts.device_ptr(stream);
+        let (input, _s) = self.slice_ptr("all_to_allv_hooked", send, stream)?;
+        let (output, _r) = self.slice_ptr_mut("all_to_allv_hooked", recv, stream)?;
+        let (send_counts, _a) =
+            self.slice_ptr("all_to_allv_hooked", &counts.send_counts, stream)?;
         let send_offsets = match &counts.send_offsets {
-            Some(o) => o.device_ptr(stream).0,
+            Some(o) => self.slice_ptr("all_to_allv_hooked", o, stream)?.0,
             None => 0,
         };
-        let (recv_counts, _c) = counts.recv_counts.device_ptr_mut(stream);
-        let (recv_offsets, _d) = counts.recv_offsets.device_ptr_mut(stream);
+        let (recv_counts, _c) =
+            self.slice_ptr_mut("all_to_allv_hooked", &mut counts.recv_counts, stream)?;
+        let (recv_offsets, _d) =
+            self.slice_ptr_mut("all_to_allv_hooked", &mut counts.recv_offsets, stream)?;
         let call = CollCall {
             op: OP,
             input,

@@ -18,7 +18,7 @@ mod zero_copy;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use devcomm_bootstrap::{RankInfo, Store};
 
 use crate::collective::Collective;
@@ -132,7 +132,7 @@ impl Comm {
         // The barrier kernel reaches NVLink peers only; in a job with network links the
         // barrier is an all-to-all of one byte, which reaches every peer.
         if let Some(nr) = &self.net_reduce {
-            self.check()?;
+            self.group.errors.check_before_launch()?;
             return self.net_barrier(nr, stream);
         }
         self.p2p.launch_barrier(&self.group, &self.jit, stream)
@@ -174,6 +174,30 @@ impl Comm {
     /// The bound of host setup steps.
     pub fn setup_timeout(&self) -> Duration {
         self.group.setup_timeout
+    }
+
+    /// The device address of a cudarc slice that call `op` reads, with the guard that orders
+    /// the slice's uses on `stream`: the one way a call turns a slice into an address, so that
+    /// no call skips its graph-capture readiness check ([`Comm::capture_ready`], made first).
+    pub(crate) fn slice_ptr<'s, T, S: DevicePtr<T>>(
+        &self,
+        op: &'static str,
+        slice: &'s S,
+        stream: &'s Arc<CudaStream>,
+    ) -> Result<(u64, SyncOnDrop<'s>)> {
+        self.capture_ready(op, stream)?;
+        Ok(slice.device_ptr(stream))
+    }
+
+    /// [`Comm::slice_ptr`] for a slice that call `op` writes.
+    pub(crate) fn slice_ptr_mut<'s, T, S: DevicePtrMut<T>>(
+        &self,
+        op: &'static str,
+        slice: &'s mut S,
+        stream: &'s Arc<CudaStream>,
+    ) -> Result<(u64, SyncOnDrop<'s>)> {
+        self.capture_ready(op, stream)?;
+        Ok(slice.device_ptr_mut(stream))
     }
 
     /// Graph-capture readiness of a call that takes cudarc slices: refused while `stream` is

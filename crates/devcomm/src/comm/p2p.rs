@@ -23,8 +23,7 @@ impl Comm {
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("send", stream)?;
-        let (ptr, _sync) = buf.device_ptr(stream);
+        let (ptr, _sync) = self.slice_ptr("send", buf, stream)?;
         let t = Transfer {
             ptr,
             bytes: buf.num_bytes() as u64,
@@ -41,9 +40,8 @@ impl Comm {
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("recv", stream)?;
         let bytes = buf.num_bytes() as u64;
-        let (ptr, _sync) = buf.device_ptr_mut(stream);
+        let (ptr, _sync) = self.slice_ptr_mut("recv", buf, stream)?;
         let t = Transfer {
             ptr,
             bytes,
@@ -63,10 +61,9 @@ impl Comm {
         recv_peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("sendrecv", stream)?;
-        let (sp, _s) = send_buf.device_ptr(stream);
+        let (sp, _s) = self.slice_ptr("sendrecv", send_buf, stream)?;
         let bytes = recv_buf.num_bytes() as u64;
-        let (rp, _r) = recv_buf.device_ptr_mut(stream);
+        let (rp, _r) = self.slice_ptr_mut("sendrecv", recv_buf, stream)?;
         let send = Transfer {
             ptr: sp,
             bytes: send_buf.num_bytes() as u64,

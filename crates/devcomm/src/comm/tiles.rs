@@ -26,9 +26,8 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("send_hooked", stream)?;
         let n = elems::<I>(buf.num_bytes());
-        let (ptr, _s) = buf.device_ptr(stream);
+        let (ptr, _s) = self.slice_ptr("send_hooked", buf, stream)?;
         self.tiles(hooks.raw(), Some((ptr, n, peer)), None, args, stream)
     }
 
@@ -41,9 +40,8 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("recv_hooked", stream)?;
         let n = elems::<O>(buf.num_bytes());
-        let (ptr, _r) = buf.device_ptr_mut(stream);
+        let (ptr, _r) = self.slice_ptr_mut("recv_hooked", buf, stream)?;
         self.tiles(hooks.raw(), None, Some((ptr, n, peer)), args, stream)
     }
 
@@ -60,10 +58,9 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("sendrecv_hooked", stream)?;
         let (ns, nr) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
-        let (sp, _s) = send.device_ptr(stream);
-        let (rp, _r) = recv.device_ptr_mut(stream);
+        let (sp, _s) = self.slice_ptr("sendrecv_hooked", send, stream)?;
+        let (rp, _r) = self.slice_ptr_mut("sendrecv_hooked", recv, stream)?;
         self.tiles(
             hooks.raw(),
             Some((sp, ns, send_peer)),
