@@ -101,6 +101,13 @@ bool check_desc() {
       {call_desc(kAllReduce, 2, kSum, 0, (1ull << 39) + 4096), 0, 0, 0},  // bytes: 39 bits
   };
   if (desc_differs(base, base) != 0) return false;
+  // A refused call's type (7, REFUSED_DTYPE in reduce/launch.rs) packs whole and is no type's.
+  const dc_u64 refused = call_desc(kAllReduce, kRefusedDtype, kSum, 0, 4096);
+  if (kRefusedDtype != 7 || desc_field(refused, kFieldDtype) != 7 ||
+      desc_differs(base, refused) != kFieldDtype) {
+    std::printf("FAIL refused descriptor\n");
+    return false;
+  }
   for (const auto& c : cases) {
     const dc_u32 f = desc_differs(base, c.other);
     if (f != c.field) {

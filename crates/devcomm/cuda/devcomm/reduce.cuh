@@ -118,6 +118,11 @@ DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 bloc
 // operator: op 7.
 constexpr dc_u32 kDescBytesBits = 39;
 constexpr dc_u32 kNoReduceOp = 7;
+// The element type of a refused call (no type has it): a rank that refused its buffers in a
+// layout another rank may accept (that rank's in-place shard) still takes part with this in
+// its word, so that every rank's agreement fails before any output is written (its own too:
+// agree_compare fails on its own refused word, whatever the peers announce).
+constexpr dc_u32 kRefusedDtype = 7;
 // Fields of a mismatch (error_record.rs, call_mismatch_field, names them).
 constexpr dc_u32 kFieldMode = 6, kFieldDtype = 7, kFieldOp = 8, kFieldHooked = 9, kFieldBytes = 10;
 
@@ -317,7 +322,8 @@ __device__ __forceinline__ const volatile dc_u64* agree_entry(const ReduceLaunch
 // Compares peer p's word of this call with this side's descriptor: false on a mismatch
 // (recorded as kOpCallMismatch: the field, this side's value, the peer's).
 __device__ inline bool agree_compare(const ReduceLaunch& a, const Agree& ag, int p, dc_u64 w) {
-  const dc_u32 field = desc_differs(ag.desc, w);
+  const bool refused = desc_field(ag.desc, kFieldDtype) == kRefusedDtype;
+  const dc_u32 field = refused ? kFieldDtype : desc_differs(ag.desc, w);
   if (field == 0) return true;
   record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, p, field},
                       desc_field(ag.desc, field), desc_field(w, field), 0);
@@ -358,7 +364,8 @@ __device__ inline bool agree_check(const ReduceLaunch& a, dc_u32 b, const Agree&
 template <class G>
 __device__ __forceinline__ bool agree_all(const G& g, const ReduceLaunch& a, dc_u32 b,
                                           const Agree& ag) {
-  if (!DC_AGREE) return true;
+  // Without the agreement a refused call still writes nothing.
+  if (!DC_AGREE) return desc_field(ag.desc, kFieldDtype) != kRefusedDtype;
   bool ok = true;
   for (dc_u32 p = g.thread_rank(); p < (dc_u32)a.w.world_size; p += g.size()) {
     if ((int)p != a.w.rank) ok = ok && agree_check(a, b, ag, (int)p);

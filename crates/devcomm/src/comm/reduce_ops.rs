@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use super::{Comm, HookArgs};
 use crate::collective::{Hooks, RawHooks};
@@ -13,6 +13,16 @@ use crate::error::{Error, Result};
 use crate::reduce::args::{count_of, in_place_count, resolve};
 use crate::reduce::launch::ReduceCall;
 use crate::reduce::{Collective, DataType, Plan, ReduceOp, Reducible};
+
+/// The type an all-gather of `T` moves, and how many of it make one `T`.
+fn gather_type<T>(op: &'static str, rank: usize) -> Result<(DataType, u64)> {
+    DataType::for_gather(std::mem::size_of::<T>(), std::mem::align_of::<T>())
+        .map(|(t, per)| (t, per as u64))
+        .ok_or_else(|| Error::InvalidArgument {
+            op,
+            reason: format!("rank {rank}: the element type has size 0"),
+        })
+}
 
 /// `InvalidArgument` for operation `c` on `rank`, with `reason`.
 fn invalid(c: Collective, rank: usize) -> impl Fn(String) -> Error {
@@ -50,9 +60,8 @@ impl Comm {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("all_reduce_in_place", stream)?;
         let count = buf.len() as u64;
-        let (p, _r) = buf.device_ptr_mut(stream);
+        let (p, _r) = self.slice_ptr_mut("all_reduce_in_place", buf, stream)?;
         self.reduction(
             Collective::AllReduce,
             T::DTYPE,
@@ -100,34 +109,51 @@ impl Comm {
     }
 
     /// Out-of-place all-gather: `output` (`world_size` x `input`'s length) gets every rank's
-    /// `input` in rank order.
-    pub fn all_gather<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+    /// `input` in rank order. A copy, so the element may be any type (a `u16`, a struct of 16
+    /// bytes): it moves as the widest integer that divides its size and alignment
+    /// ([`DataType::for_gather`]).
+    pub fn all_gather<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         input: &S,
         output: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.out_of_place(
-            "all_gather",
-            Collective::AllGather,
+        const NAME: &str = "all_gather";
+        let c = Collective::AllGather;
+        let (dtype, per) = gather_type::<T>(NAME, self.rank())?;
+        let count = count_of(c, self.world_size(), input.len(), output.len())
+            .map_err(invalid(c, self.rank()))?;
+        let (i, _s) = self.slice_ptr(NAME, input, stream)?;
+        let (o, _r) = self.slice_ptr_mut(NAME, output, stream)?;
+        self.reduction(
+            c,
+            dtype,
             None,
-            input,
-            output,
+            (i, o, count.saturating_mul(per)),
+            None,
             stream,
         )
     }
 
-    /// In-place all-gather: this rank's shard of `buf` is its input.
-    pub fn all_gather_in_place<T: Reducible, R: DevicePtrMut<T>>(
+    /// In-place all-gather: this rank's shard of `buf` is its input (any element type, as
+    /// [`Comm::all_gather`]).
+    pub fn all_gather_in_place<T: DeviceRepr, R: DevicePtrMut<T>>(
         &self,
         buf: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.sharded_in_place(
-            "all_gather_in_place",
-            Collective::AllGather,
+        const NAME: &str = "all_gather_in_place";
+        let c = Collective::AllGather;
+        let (dtype, per) = gather_type::<T>(NAME, self.rank())?;
+        let count =
+            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
+        let (p, _r) = self.slice_ptr_mut(NAME, buf, stream)?;
+        self.reduction(
+            c,
+            dtype,
             None,
-            buf,
+            (p, p, count.saturating_mul(per)),
+            None,
             stream,
         )
     }
@@ -235,12 +261,11 @@ impl Comm {
         args: &HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("all_reduce_hooked", stream)?;
         let c = Collective::AllReduce;
         let count = count_of(c, self.world_size(), input.len(), output.len())
             .map_err(invalid(c, self.rank()))?;
-        let (i, _s) = input.device_ptr(stream);
-        let (o, _r) = output.device_ptr_mut(stream);
+        let (i, _s) = self.slice_ptr("all_reduce_hooked", input, stream)?;
+        let (o, _r) = self.slice_ptr_mut("all_reduce_hooked", output, stream)?;
         // SAFETY: both addresses come from cudarc slices of `count` elements of T, which the
         // guards above keep alive and ordered on `stream`.
         unsafe {
@@ -268,7 +293,7 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let count = buf.len() as u64;
-        let (p, _r) = buf.device_ptr_mut(stream);
+        let (p, _r) = self.slice_ptr_mut("all_reduce_hooked_in_place", buf, stream)?;
         let c = Collective::AllReduce;
         self.hooked(c, T::DTYPE, op, (p, p, count), (hooks.raw(), args), stream)
     }
@@ -319,8 +344,8 @@ impl Comm {
         let c = Collective::ReduceScatter;
         let count = count_of(c, self.world_size(), input.len(), output.len())
             .map_err(invalid(c, self.rank()))?;
-        let (i, _s) = input.device_ptr(stream);
-        let (o, _r) = output.device_ptr_mut(stream);
+        let (i, _s) = self.slice_ptr("reduce_scatter_hooked", input, stream)?;
+        let (o, _r) = self.slice_ptr_mut("reduce_scatter_hooked", output, stream)?;
         self.hooked(c, T::DTYPE, op, (i, o, count), (hooks.raw(), args), stream)
     }
 
@@ -428,9 +453,11 @@ impl Comm {
         hooks: Option<(&RawHooks, u64, u64)>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.check()?;
+        // Not `check`: a soft error of an earlier call belongs to that call's synchronise;
+        // returning it here would leave the peers, which launch, to time out.
+        self.group.errors.check_before_launch()?;
         let es = dtype.size_bytes() as u64;
-        let r = resolve(
+        let resolved = resolve(
             collective,
             self.rank(),
             self.world_size(),
@@ -438,8 +465,33 @@ impl Comm {
             output,
             count,
             es,
-        )
-        .map_err(invalid(collective, self.rank()))?;
+        );
+        let r = match resolved {
+            Ok(r) => r,
+            Err(refusal) => {
+                let e = invalid(collective, self.rank())(refusal.reason);
+                if refusal.a_peer_may_accept && self.net_reduce.is_none() {
+                    // The shard's owner may have accepted this very layout as its in-place
+                    // call and launched: take part, refused, so that every rank's call fails
+                    // at once (docs/PROTOCOL.md, "Refused buffers") instead of the owner
+                    // waiting out the device timeout. Nothing is written.
+                    self.p2p.bind(&self.group, stream)?;
+                    let refused = ReduceCall {
+                        collective,
+                        dtype,
+                        op,
+                        input,
+                        output: input,
+                        count,
+                        hooks,
+                        refused: true,
+                    };
+                    self.reduce
+                        .launch(&self.group, &self.jit, refused, stream)?;
+                }
+                return Err(e);
+            }
+        };
         if r.count == 0 {
             // Every rank passes the same count, so every rank skips alike: counters and
             // signals are untouched and the ranks stay in step.
@@ -454,6 +506,7 @@ impl Comm {
             output: r.output,
             count: r.count,
             hooks,
+            refused: false,
         };
         if let Some(nr) = &self.net_reduce {
             return self.net_reduction(nr, call, stream);
@@ -473,11 +526,10 @@ impl Comm {
         output: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready(name, stream)?;
         let count = count_of(c, self.world_size(), input.len(), output.len())
             .map_err(invalid(c, self.rank()))?;
-        let (i, _s) = input.device_ptr(stream);
-        let (o, _r) = output.device_ptr_mut(stream);
+        let (i, _s) = self.slice_ptr(name, input, stream)?;
+        let (o, _r) = self.slice_ptr_mut(name, output, stream)?;
         self.reduction(c, T::DTYPE, op, (i, o, count), None, stream)
     }
 
@@ -490,10 +542,9 @@ impl Comm {
         buf: &mut R,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready(name, stream)?;
         let count =
             in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
-        let (p, _r) = buf.device_ptr_mut(stream);
+        let (p, _r) = self.slice_ptr_mut(name, buf, stream)?;
         self.reduction(c, T::DTYPE, op, (p, p, count), None, stream)
     }
 }

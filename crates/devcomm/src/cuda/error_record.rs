@@ -118,7 +118,9 @@ pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
         ),
         7 => (
             "a reduction",
-            "the element type (0: f32, 1: f16, 2: bf16, 3: f64, 4: i32, 5: i64, 6: u8)",
+            "the element type (0: f32, 1: f16, 2: bf16, 3: f64, 4: i32, 5: i64, 6: u8; 7: the \
+             rank refused the call's buffers, an overlap that only the owner of that shard may \
+             pass, and launched it so that no peer waits: nothing is written)",
         ),
         8 => (
             "a reduction",

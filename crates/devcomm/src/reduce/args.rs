@@ -12,6 +12,27 @@ pub(crate) struct Resolved {
     pub count: u64,
 }
 
+/// Why a call's buffers were refused, and whether a peer may have accepted the same layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub reason: String,
+    /// The buffers overlap at exactly another rank's shard (a reduce-scatter output inside the
+    /// input, an all-gather input inside the output): the in-place layout of that rank, which
+    /// it accepts if it passes the same buffers. The refusing rank must then take part in the
+    /// call (refused, writing nothing), or that rank would wait for it until the device
+    /// timeout.
+    pub a_peer_may_accept: bool,
+}
+
+impl Refusal {
+    fn local(reason: String) -> Self {
+        Self {
+            reason,
+            a_peer_may_accept: false,
+        }
+    }
+}
+
 /// Byte ranges `[a, a + an)` and `[b, b + bn)` overlap.
 fn overlap(a: u64, an: u64, b: u64, bn: u64) -> bool {
     an > 0 && bn > 0 && a < b.saturating_add(bn) && b < a.saturating_add(an)
@@ -32,21 +53,25 @@ pub(crate) fn resolve(
     output: u64,
     count: u64,
     elem_bytes: u64,
-) -> Result<Resolved, String> {
+) -> Result<Resolved, Refusal> {
     let w = world as u64;
     let bytes = count
         .checked_mul(elem_bytes)
         .filter(|b| b.checked_mul(w).is_some())
-        .ok_or_else(|| format!("{count} elements of {elem_bytes} bytes x {world} overflow"))?;
+        .ok_or_else(|| {
+            Refusal::local(format!(
+                "{count} elements of {elem_bytes} bytes x {world} overflow"
+            ))
+        })?;
     let whole = bytes * w;
     if count > 0 && (input == 0 || output == 0) {
-        return Err("a buffer is a null pointer".into());
+        return Err(Refusal::local("a buffer is a null pointer".into()));
     }
     for (name, p) in [("input", input), ("output", output)] {
         if p % elem_bytes != 0 {
-            return Err(format!(
+            return Err(Refusal::local(format!(
                 "{name} {p:#x} is not aligned to its {elem_bytes}-byte elements"
-            ));
+            )));
         }
     }
     let own = rank as u64 * bytes;
@@ -67,10 +92,23 @@ pub(crate) fn resolve(
         Collective::AllGather => input == output + own,
     };
     if !allowed && overlap(input, in_bytes, output, out_bytes) {
-        return Err(format!(
-            "input [{input:#x}, +{in_bytes}) and output [{output:#x}, +{out_bytes}) overlap; \
-             in place, pass the same buffer (the `_in_place` method or input == output)"
-        ));
+        // Another rank's shard: that rank's in-place layout (see `Refusal`).
+        let shard_of = |inner: u64, outer: u64| {
+            inner > outer && bytes > 0 && (inner - outer) % bytes == 0 && (inner - outer) < whole
+        };
+        let a_peer_may_accept = match collective {
+            Collective::AllReduce => false,
+            Collective::ReduceScatter => shard_of(output, input),
+            Collective::AllGather => shard_of(input, output),
+        };
+        return Err(Refusal {
+            reason: format!(
+                "input [{input:#x}, +{in_bytes}) and output [{output:#x}, +{out_bytes}) \
+                 overlap; only the in-place layouts may: the same buffer (the `_in_place` \
+                 method or input == output), or this rank's own shard"
+            ),
+            a_peer_may_accept,
+        });
     }
     Ok(Resolved {
         input,
@@ -159,20 +197,68 @@ mod tests {
     #[test]
     fn partial_overlap_is_refused() {
         let e = resolve(AllReduce, 0, 2, A, A + 4, 10, 4).unwrap_err();
-        assert!(e.contains("overlap"), "{e}");
+        assert!(e.reason.contains("overlap"), "{e:?}");
+        assert!(!e.a_peer_may_accept);
         assert!(resolve(ReduceScatter, 1, 3, A, A + 4, 10, 4).is_err());
         assert!(resolve(AllGather, 0, 2, B + 8, B, 10, 4).is_err());
         // Adjacent is fine.
         assert!(resolve(AllReduce, 0, 2, A, A + 40, 10, 4).is_ok());
     }
 
+    /// Every layout in which one buffer starts at a shard boundary of the other, on every rank
+    /// of worlds of 2 to 5: accepted only as the rank's own in-place layout; refused
+    /// otherwise, and flagged as one a peer may accept exactly when it is another rank's
+    /// shard (that rank's in-place layout), so the refusing rank takes part in the call.
+    #[test]
+    fn every_shard_overlap_is_the_owners_or_refused_and_flagged() {
+        let n = 10u64;
+        for world in 2..=5usize {
+            let bytes = n * 4;
+            for rank in 0..world {
+                for k in 0..world as u64 {
+                    // Reduce-scatter: output at shard k of the input.
+                    let rs = resolve(ReduceScatter, rank, world, A, A + k * bytes, n, 4);
+                    // All-gather: input at shard k of the output.
+                    let ag = resolve(AllGather, rank, world, B + k * bytes, B, n, 4);
+                    for (what, r) in [("rs", rs), ("ag", ag)] {
+                        if k == 0 || k == rank as u64 {
+                            // k == 0 is input == output: the in-place form on every rank.
+                            assert!(r.is_ok(), "{what} world {world} rank {rank} k {k}: {r:?}");
+                        } else {
+                            let e = r.expect_err("another rank's shard");
+                            assert!(e.a_peer_may_accept, "{what} {world} {rank} {k}: {e:?}");
+                        }
+                    }
+                }
+                // Overlaps off a shard boundary are refused everywhere alike, unflagged.
+                let e = resolve(ReduceScatter, rank, world, A, A + 4, n, 4).unwrap_err();
+                assert!(!e.a_peer_may_accept, "{e:?}");
+                let e = resolve(AllGather, rank, world, B + bytes + 4, B, n, 4).unwrap_err();
+                assert!(!e.a_peer_may_accept, "{e:?}");
+                // The output past the input's end is no overlap.
+                assert!(resolve(
+                    ReduceScatter,
+                    rank,
+                    world,
+                    A,
+                    A + world as u64 * bytes,
+                    n,
+                    4
+                )
+                .is_ok());
+            }
+        }
+    }
+
     #[test]
     fn null_and_misaligned_buffers_are_refused() {
         assert!(resolve(AllReduce, 0, 2, 0, B, 10, 4)
             .unwrap_err()
+            .reason
             .contains("null"));
         assert!(resolve(AllReduce, 0, 2, A + 2, B, 10, 4)
             .unwrap_err()
+            .reason
             .contains("aligned"));
         assert!(resolve(AllReduce, 0, 2, A, B, u64::MAX / 2, 4).is_err());
         // Zero elements: nothing is read, a null pointer is fine.

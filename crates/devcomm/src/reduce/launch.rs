@@ -34,7 +34,14 @@ pub(crate) struct ReduceCall<'h> {
     /// All-reduce: elements; reduce-scatter: output elements; all-gather: input elements.
     pub count: u64,
     pub hooks: Option<(&'h RawHooks, u64, u64)>,
+    /// The call takes part refused: its announcement carries [`REFUSED_DTYPE`], which fails
+    /// every rank's call agreement (its own too) before any output is written.
+    pub refused: bool,
 }
+
+/// The element-type code of a refused call's announcement (no type has it:
+/// `devcomm::red::kRefusedDtype`).
+pub(crate) const REFUSED_DTYPE: u32 = 7;
 
 /// The name expression of a kernel instantiation.
 pub fn kernel_expression(
@@ -367,7 +374,11 @@ impl Reduce {
             blocks: pl.blocks,
             mode: call.collective.code(),
             op: op.code(),
-            dtype: call.dtype.code(),
+            dtype: if call.refused {
+                REFUSED_DTYPE
+            } else {
+                call.dtype.code()
+            },
         };
         debug_assert!(pl.chunk * world as u64 * es <= self.limits.chunk_bytes);
         let cfg = linear_launch(pl.blocks, THREADS);
@@ -429,5 +440,18 @@ impl Reduce {
     /// The SMs of the group's smallest GPU.
     pub(crate) fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::REFUSED_DTYPE;
+    use crate::reduce::DataType;
+
+    #[test]
+    fn no_element_type_has_the_refused_code() {
+        // `kRefusedDtype` in reduce.cuh (checked there by tests/reduce_loops.rs).
+        assert_eq!(REFUSED_DTYPE, 7);
+        assert!(DataType::ALL.iter().all(|t| t.code() != REFUSED_DTYPE));
     }
 }

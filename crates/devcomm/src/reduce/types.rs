@@ -93,6 +93,28 @@ impl DataType {
         )
     }
 
+    /// How an all-gather moves elements of `size` bytes aligned to `align` (a copy, so any
+    /// type of the same size serves): as `(type, n)`, `n` elements of `type` per element, with
+    /// the widest integer or 16-bit type that divides both; `None` for a zero-sized type.
+    /// It depends only on the type, so every rank of a call chooses alike (the kernels' call
+    /// agreement compares the type).
+    pub fn for_gather(size: usize, align: usize) -> Option<(DataType, usize)> {
+        if size == 0 {
+            return None;
+        }
+        let fits = |width: usize| size % width == 0 && align % width == 0;
+        let t = if fits(8) {
+            DataType::I64
+        } else if fits(4) {
+            DataType::I32
+        } else if fits(2) {
+            DataType::F16
+        } else {
+            DataType::U8
+        };
+        Some((t, size / t.size_bytes()))
+    }
+
     /// Parses a [`DataType::name`].
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.name() == name)
@@ -193,6 +215,20 @@ reducible!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gather_moves_any_type_as_the_widest_copy_that_fits() {
+        assert_eq!(DataType::for_gather(1, 1), Some((DataType::U8, 1)));
+        assert_eq!(DataType::for_gather(2, 2), Some((DataType::F16, 1)));
+        assert_eq!(DataType::for_gather(4, 4), Some((DataType::I32, 1)));
+        assert_eq!(DataType::for_gather(8, 8), Some((DataType::I64, 1)));
+        assert_eq!(DataType::for_gather(16, 16), Some((DataType::I64, 2)));
+        // [f32; 4]: 16 bytes aligned to 4; [u8; 16]: aligned to 1; [u16; 3]: 6 bytes.
+        assert_eq!(DataType::for_gather(16, 4), Some((DataType::I32, 4)));
+        assert_eq!(DataType::for_gather(16, 1), Some((DataType::U8, 16)));
+        assert_eq!(DataType::for_gather(6, 2), Some((DataType::F16, 3)));
+        assert_eq!(DataType::for_gather(0, 1), None);
+    }
 
     #[test]
     fn names_round_trip_and_sizes_match_rust() {
