@@ -21,6 +21,9 @@ from . import _native
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 HOST_ENV = "DEVCOMM_STORE_HOST"
 LOOPBACK = "127.0.0.1"
+# What rank 0 publishes instead of an address when it cannot host the store (no address
+# starts with it).
+FAILED = "failed: "
 
 
 def agent_store_in_use(env):
@@ -133,7 +136,12 @@ def rendezvous(store, rank, world_size, prefix, host, *, local=None, timeout_ms=
     n = int(store.add(counter_key(prefix, rank), 1))
     key = address_key(prefix, n)
     if rank == 0:
-        s = native.host(world_size, host(), local_rank, local_world, timeout_ms)
+        try:
+            s = native.host(world_size, host(), local_rank, local_world, timeout_ms)
+        except Exception as e:
+            # The others fail at once with rank 0's reason instead of waiting out the timeout.
+            store.set(key, FAILED + f"{type(e).__name__}: {e}")
+            raise
         store.set(key, s.address)
         return s
     try:
@@ -145,6 +153,8 @@ def rendezvous(store, rank, world_size, prefix, host, *, local=None, timeout_ms=
         ) from None
     address = store.get(key)
     address = address.decode() if isinstance(address, (bytes, bytearray)) else str(address)
+    if address.startswith(FAILED):
+        raise _native.SetupError(f"devcomm.init: rank {rank}: rank 0 could not host devcomm's store: {address[len(FAILED):]}")
     return native.join(address, rank, world_size, local_rank, local_world, timeout_ms)
 
 

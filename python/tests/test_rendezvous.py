@@ -170,10 +170,18 @@ def test_ranks_meet_on_a_fresh_store_per_init():
         s = rdv.rendezvous(torch_store, rank, world, prefix, host, local=(rank, world), timeout_ms=20_000)
         assert (s.rank, s.world_size) == (rank, world)
         s.barrier("met", 20_000)
-        return s.address
+        return s
 
-    first = run_ranks(world, init)
-    second = run_ranks(world, init)
+    def addresses(stores):
+        # Rank 0's store, when dropped, waits (holding the GIL) for the others to leave it:
+        # drop theirs first.
+        out = [s.address for s in stores]
+        del stores[1:]
+        del stores[0]
+        return out
+
+    first = addresses(run_ranks(world, init))
+    second = addresses(run_ranks(world, init))
     assert len(set(first)) == 1 and len(set(second)) == 1, "every rank joined rank 0's store"
     assert first[0] != second[0], "the second init hosts a store of its own"
     assert hosts == [1, 1], "only rank 0 chooses an address"
@@ -184,3 +192,16 @@ def test_ranks_meet_on_a_fresh_store_per_init():
 def test_a_rank_whose_rank_0_never_comes_names_the_key():
     with pytest.raises(devcomm.SetupError, match="devcomm/group/7/1/address"):
         rdv.rendezvous(FakeTorchStore(), 1, 2, rdv.group_prefix("7"), lambda: "127.0.0.1", timeout_ms=200)
+
+
+def test_rank_0_failing_to_host_fails_the_others_at_once():
+    torch_store, prefix = FakeTorchStore(), rdv.group_prefix("0")
+
+    def init(rank):
+        # TEST-NET-1: never an address of this host, so rank 0 cannot bind it.
+        return rdv.rendezvous(torch_store, rank, 2, prefix, lambda: "192.0.2.1", timeout_ms=20_000)
+
+    with pytest.raises(devcomm.Error, match="not an address of this host"):
+        init(0)
+    with pytest.raises(devcomm.SetupError, match="rank 0 could not host devcomm's store.*not an address of this host"):
+        init(1)
