@@ -9,6 +9,10 @@
 #          GROUP@N                         one self-test group (--only GROUP) on N ranks
 #          examples@N                      the Rust examples on N ranks
 #          python@N                        the Python GPU tests on N ranks (wheel in dist/)
+#          torchrun@N                      devcomm.init() on N ranks started by torchrun: standalone
+#                                          (two communicators), after init_process_group and on a
+#                                          new group, and with a c10d rendezvous endpoint
+#                                          (python/tests/gpu/torchrun_init.py; wheel in dist/)
 #          reduce-smoke@N                  the reduction benchmark as a smoke test on N ranks
 #          kill@N                          a rank dies in a loop of all-to-alls, then of all-reduces
 #                                          (devcomm kill-test --op)
@@ -84,6 +88,18 @@ for w in "$@"; do
         step "python-$(basename "$py" .py)-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 \
           scripts/shared-gpu.sh "$n" python3 -P "$py"
       done ;;
+    torchrun@*) n=${w#torchrun@}
+      python3 -m pip install -q --no-index --no-deps --target /tmp/devcomm-py dist/*.whl > "$out/pip.log" 2>&1
+      run=(python3 -m torch.distributed.run --nproc-per-node "$n")
+      script=python/tests/gpu/torchrun_init.py
+      step "torchrun-standalone-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 LAUNCHER=none \
+        scripts/shared-gpu.sh "$n" "${run[@]}" --standalone "$script" plain
+      step "torchrun-process-group-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 LAUNCHER=none \
+        scripts/shared-gpu.sh "$n" "${run[@]}" --standalone "$script" pg
+      port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+      step "torchrun-rdzv-endpoint-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 LAUNCHER=none \
+        scripts/shared-gpu.sh "$n" "${run[@]}" --nnodes 1 --rdzv-backend c10d \
+        --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "devcomm-$port" "$script" plain ;;
     reduce-smoke@*) n=${w#reduce-smoke@}
       for op in all_reduce reduce_scatter all_gather; do
         step "bench-$op-smoke-$n" scripts/shared-gpu.sh "$n" dist/devcomm bench --op "$op" \

@@ -13,6 +13,9 @@
 # own (pipe and log folders per GPU), so that runs on different GPUs can go on side by side;
 # the server is started with CUDA_VISIBLE_DEVICES=N and the ranks without it, as MPS wants.
 #
+# LAUNCHER=none: CMD starts the ranks itself (torchrun, say) and runs once, under the same
+# settings; otherwise `devcomm launch -n RANKS` starts RANKS copies of CMD.
+#
 #   usage: scripts/shared-gpu.sh RANKS CMD...      e.g. scripts/shared-gpu.sh 4 dist/devcomm selftest
 # Runs from the repository root with dist/ carried there (scripts/stage.sh).
 set -uo pipefail
@@ -63,7 +66,11 @@ stop_mps() {
 }
 trap stop_mps EXIT
 echo "shared-gpu: $ranks ranks on $(nvidia-smi -L | wc -l) GPU(s), MPS=$use_mps${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:+, $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE% of the SMs each}${DEVCOMM_P2P_MAX_BLOCKS:+, DEVCOMM_P2P_MAX_BLOCKS=$DEVCOMM_P2P_MAX_BLOCKS}"
-dist/devcomm launch -n "$ranks" -- "$@"
+if [ "${LAUNCHER:-devcomm}" = none ]; then
+  "$@"
+else
+  dist/devcomm launch -n "$ranks" -- "$@"
+fi
 rc=$?
 if [ "$use_mps" = 1 ] && [ "$rc" != 0 ]; then
   tail -n 20 "$CUDA_MPS_LOG_DIRECTORY"/*.log 2>/dev/null

@@ -46,14 +46,18 @@ __all__ = [
 ]
 
 
-def init(device=None):
-    """Joins the process group described by the environment (RANK, WORLD_SIZE, LOCAL_RANK,
-    MASTER_ADDR, MASTER_PORT: torchrun or `devcomm launch`), opens this rank's GPU (the local
-    rank's, or `device`), makes it torch's current device and returns a `devcomm.Comm`.
-    Collective: every rank calls it."""
+def init(device=None, group=None):
+    """Joins the process group, opens this rank's GPU (the local rank's, or `device`), makes it
+    torch's current device and returns a `devcomm.Comm`. Collective: every rank of the group
+    calls it.
+
+    The group: `group` (a torch.distributed process group: its ranks, met through its store),
+    else torch.distributed's default group once it is initialised, else the environment
+    (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) of torchrun,
+    met through torchrun's store, or of `devcomm launch` (docs/PYTHON.md, "Starting ranks")."""
     from ._comm import Comm
 
-    return Comm._from_env(device)
+    return Comm._from_env(device, group)
 
 
 def __getattr__(name):

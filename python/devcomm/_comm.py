@@ -5,9 +5,11 @@ In eager mode a method calls its op's implementation directly (no dispatcher on 
 while torch.compile traces, it calls `torch.ops.devcomm.*`, so the op lands in the graph.
 """
 
+import os
+
 import torch
 
-from . import _native, _ops
+from . import _native, _ops, _rendezvous
 from ._ops import hooks_id
 from ._registration import Registration
 
@@ -45,8 +47,20 @@ class Comm:
         self._ordinal = native.device
 
     @classmethod
-    def _from_env(cls, device=None):
-        native = _native.Comm.from_env(device)
+    def _from_env(cls, device=None, group=None):
+        import torch.distributed as dist
+
+        initialized = dist.is_available() and dist.is_initialized()
+        joined = _rendezvous.join(group, os.environ, initialized)
+        if joined is None:
+            native = _native.Comm.from_env(device)
+        else:
+            store, local = joined
+            if device is None and local is None:
+                # A subgroup, or a process group started without a launcher: the GPU this
+                # process gave torch.
+                device = torch.cuda.current_device()
+            native = _native.Comm.from_store(store, device)
         torch.cuda.set_device(native.device)
         return cls(native)
 

@@ -20,6 +20,7 @@ use crate::errors::{invalid, IntoPy};
 use crate::hooks::PyHooks;
 use crate::reduce::{gather_dtype, reduce_dtype, reduce_op, same_dtype, sharded};
 use crate::registered::Table;
+use crate::store::PyStore;
 use crate::tensor::{describe, DType, TensorDesc};
 
 /// Whether this build has the reductions (`all_reduce`, `reduce_scatter`, `all_gather`).
@@ -50,6 +51,19 @@ fn copy_index(size: usize) -> usize {
 }
 
 impl PyComm {
+    fn wrap(comm: Comm) -> Self {
+        let copy =
+            [1usize, 2, 4, 8, 16].map(|s| copy_hooks(s).expect("sizes 1-16 have copy hooks"));
+        Self {
+            ordinal: comm.device_info().ordinal as i64,
+            comm,
+            stream: Mutex::new(None),
+            copy,
+            regs: Table::default(),
+            agreements: AtomicU64::new(0),
+        }
+    }
+
     pub(crate) fn comm(&self) -> &Comm {
         &self.comm
     }
@@ -236,16 +250,35 @@ impl PyComm {
                 b.build()
             })
             .py()?;
-        let copy =
-            [1usize, 2, 4, 8, 16].map(|s| copy_hooks(s).expect("sizes 1-16 have copy hooks"));
-        Ok(Self {
-            ordinal: comm.device_info().ordinal as i64,
-            comm,
-            stream: Mutex::new(None),
-            copy,
-            regs: Table::default(),
-            agreements: AtomicU64::new(0),
-        })
+        Ok(Self::wrap(comm))
+    }
+
+    /// Builds on a fresh `Store` (`Store.host` / `Store.join`), which the communicator takes.
+    /// Collective over the store's ranks. `device`: the CUDA ordinal; required when the store
+    /// was joined without a local rank (the default device is the local rank).
+    #[staticmethod]
+    #[pyo3(signature = (store, device = None))]
+    fn from_store(py: Python<'_>, store: &PyStore, device: Option<usize>) -> PyResult<Self> {
+        if device.is_none() && !store.local_known() {
+            return Err(invalid(
+                "Comm.from_store",
+                "the store was joined without a local rank, so the device must be given",
+            ));
+        }
+        let (store, local_known) = store.take()?;
+        let comm = py
+            .detach(|| {
+                let mut b = devcomm::CommBuilder::on_store(store)?;
+                if let Some(d) = device {
+                    b = b.device(d);
+                }
+                if !local_known {
+                    b = b.local_rank_from_topology();
+                }
+                b.build()
+            })
+            .py()?;
+        Ok(Self::wrap(comm))
     }
 
     #[getter]

@@ -9,6 +9,7 @@ mod hooks;
 mod memory;
 mod reduce;
 mod registered;
+mod store;
 mod tensor;
 
 use pyo3::prelude::*;
@@ -58,8 +59,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<comm::PyComm>()?;
     m.add_class::<hooks::PyHooks>()?;
+    m.add_class::<store::PyStore>()?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(check_tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(store::setup_timeout_ms, m)?)?;
     for f in [
         wrap_pyfunction!(registered::register, m)?,
         wrap_pyfunction!(registered::alloc_registered, m)?,

@@ -7,6 +7,10 @@ pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1";
 /// Default `MASTER_PORT` when the variable is absent.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
+/// Set to `True` by torchrun when its agent hosts the store on `MASTER_ADDR:MASTER_PORT`
+/// (the c10d rendezvous, `--standalone` included).
+pub const AGENT_STORE_ENV: &str = "TORCHELASTIC_USE_AGENT_STORE";
+
 fn env_err(var: &'static str, reason: impl Into<String>) -> Error {
     Error::Env {
         var,
@@ -43,6 +47,17 @@ impl RankInfo {
     /// As [`RankInfo::from_env`].
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let lookup: &dyn Fn(&str) -> Option<String> = &lookup;
+        // torchrun's agent already listens on MASTER_PORT; binding it would fail on rank 0
+        // with a bare "address in use" and leave the other ranks talking devcomm's protocol
+        // to torch's store until they time out.
+        if lookup(AGENT_STORE_ENV).as_deref() == Some("True") {
+            return Err(env_err(
+                AGENT_STORE_ENV,
+                "is True: torchrun's agent store listens on MASTER_PORT, so devcomm cannot host \
+                 its store there. Start Rust programs with `devcomm launch`, or use the Python \
+                 package, whose devcomm.init() joins through torchrun's store (docs/PYTHON.md)",
+            ));
+        }
         let rank = required_usize(lookup, "RANK")?;
         let world_size = required_usize(lookup, "WORLD_SIZE")?;
         let local_rank = required_usize(lookup, "LOCAL_RANK")?;
@@ -270,6 +285,28 @@ mod tests {
         let err = RankInfo::from_lookup(lookup(&with("RANK", "abc"))).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("RANK") && msg.contains("abc"), "{msg}");
+    }
+
+    #[test]
+    fn torchruns_agent_store_is_refused_with_what_to_do() {
+        let err = RankInfo::from_lookup(lookup(&with(AGENT_STORE_ENV, "True"))).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(
+                err,
+                Error::Env {
+                    var: AGENT_STORE_ENV,
+                    ..
+                }
+            ),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("devcomm launch") && msg.contains("devcomm.init()"),
+            "{msg}"
+        );
+        // torch compares with "True" exactly; anything else leaves MASTER_PORT to rank 0.
+        RankInfo::from_lookup(lookup(&with(AGENT_STORE_ENV, "False"))).expect("valid");
     }
 
     #[test]

@@ -33,7 +33,6 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::unistd::Pid;
-use rand::Rng;
 
 use crate::limits::LINE_PIECE;
 use crate::{Error, Result};
@@ -263,11 +262,6 @@ fn free_port(addr: &str) -> Result<u16> {
         .map_err(|e| Error::io(format!("launch: finding a free port on {addr}"), e))
 }
 
-fn job_token() -> String {
-    let bytes: [u8; 16] = rand::thread_rng().gen();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Exit code of a status: the code, or 128 + the signal.
 fn exit_code(status: &ExitStatus) -> i32 {
     match (status.code(), status.signal()) {
@@ -318,7 +312,7 @@ fn run(opts: LaunchOptions, out: Sink, err: Sink) -> Result<i32> {
         Some(p) => p,
         None => free_port(&opts.master_addr)?,
     };
-    let token = job_token();
+    let token = crate::fresh_token();
     let n = opts.nprocs;
     let _forwarding = SignalForwarding::install();
     let (done_tx, done_rx) = mpsc::channel();
@@ -334,6 +328,9 @@ fn run(opts: LaunchOptions, out: Sink, err: Sink) -> Result<i32> {
             .env("MASTER_ADDR", &opts.master_addr)
             .env("MASTER_PORT", port.to_string())
             .env("DEVCOMM_JOB_TOKEN", &token)
+            // A launch inside a torchrun worker: the ranks use the launcher's port, not
+            // torchrun's agent store.
+            .env_remove(crate::env::AGENT_STORE_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -15,6 +15,9 @@
 //!   line piece) and [`StoreLimits`] for [`Store::connect_with`].
 //! - [`Store::exchange_fds`]: passing file descriptors between the ranks of one host over
 //!   abstract-namespace Unix sockets with `SCM_RIGHTS`, with credential checks.
+//! - [`Store::host_fresh`] / [`Store::join_address`]: a store of a group that meets through
+//!   another channel (torchrun's or torch.distributed's store): rank 0 hosts it on an
+//!   ephemeral port with a fresh token and publishes its [`StoreAddress`] there.
 //! - [`launcher`]: `devcomm launch -n N -- CMD`: starts N ranks with the variables set, prefixes
 //!   their output with the rank and stops them all when one fails.
 //!
@@ -79,11 +82,14 @@ mod fdpass;
 mod fdrecv;
 pub mod launcher;
 pub mod limits;
+mod rendezvous;
 mod server;
 mod store;
 mod wire;
 
+pub use env::AGENT_STORE_ENV;
 pub use limits::StoreLimits;
+pub use rendezvous::{fresh_token, StoreAddress};
 pub use store::Store;
 
 /// Errors of the bootstrap layer.

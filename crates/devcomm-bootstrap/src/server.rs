@@ -116,6 +116,18 @@ fn bind_reuse(addr: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::bind(addr)
 }
 
+/// Why rank 0 cannot host the store on a port that another process holds, and what to do.
+fn addr_in_use(addr: &str, port: u16, a: SocketAddr) -> String {
+    format!(
+        "rank 0 cannot host the store on {addr}:{port} ({a}): port {port} is already taken by \
+         another process (another job, or the store of torch.distributed or torchrun on the \
+         same MASTER_PORT). Choose a free MASTER_PORT, start the ranks with `devcomm launch` \
+         (which picks a free port), or from Python call devcomm.init() after \
+         torch.distributed.init_process_group or under torchrun, where it joins through \
+         torch's store (docs/PYTHON.md)"
+    )
+}
+
 /// Binds the first address `addr` resolves to that the store may listen on and that belongs
 /// to this host; never falls back to another address.
 fn bind_master(addr: &str, port: u16, has_token: bool) -> Result<TcpListener> {
@@ -132,6 +144,10 @@ fn bind_master(addr: &str, port: u16, has_token: bool) -> Result<TcpListener> {
                          store (rank 0) must run on the host MASTER_ADDR names",
                         a.ip()
                     ),
+                },
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => Error::Env {
+                    var: "MASTER_PORT",
+                    reason: addr_in_use(addr, port, a),
                 },
                 Err(e) => Error::io(
                     format!("rank 0: binding the store server on {addr}:{port} ({a})"),
@@ -550,5 +566,20 @@ mod tests {
             other => panic!("expected a token error, got {other:?}"),
         }
         assert!(bind_master("127.0.0.1", 0, false).is_ok());
+    }
+
+    #[test]
+    fn a_taken_port_is_named_with_what_to_do() {
+        let held = bind_reuse(([127, 0, 0, 1], 0).into()).expect("bind");
+        let port = held.local_addr().expect("addr").port();
+        match bind_master("127.0.0.1", port, false) {
+            Err(Error::Env { var, reason }) => {
+                assert_eq!(var, "MASTER_PORT");
+                for part in [&format!("port {port}"), "already taken", "devcomm launch"] {
+                    assert!(reason.contains(part), "{part}: {reason}");
+                }
+            }
+            other => panic!("expected a MASTER_PORT error, got {other:?}"),
+        }
     }
 }

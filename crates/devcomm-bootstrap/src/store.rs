@@ -133,7 +133,9 @@ impl Store {
     ///   beyond loopback and there is no job token;
     /// - [`Error::Protocol`] if the rank already joined the store (from this or another
     ///   process);
-    /// - [`Error::Io`] if rank 0 cannot bind the port, or the fd-passing socket is taken.
+    /// - [`Error::Env`] (`MASTER_PORT`) on rank 0 if the port is taken by another process;
+    /// - [`Error::Io`] if rank 0 cannot bind the port otherwise, or the fd-passing socket is
+    ///   taken.
     pub fn connect(info: &RankInfo, timeout: Duration) -> Result<Self> {
         Self::connect_with(info, timeout, StoreLimits::default())
     }

@@ -283,7 +283,8 @@ pub(crate) fn gate_gives_up(
 ///
 /// The announcement's key names the kernel and the rank. It needs no communicator id: every
 /// communicator joins a store of its own (`CommBuilder::build` connects to the store server
-/// that its rank 0 starts on the job's port), so no two communicators share keys.
+/// that its rank 0 starts on the job's port, or is given a fresh one by
+/// `CommBuilder::on_store`), so no two communicators share keys.
 #[derive(Debug)]
 pub(crate) struct KernelGate {
     name: String,

@@ -16,7 +16,8 @@ built and refuse to start, naming the setting and the ranks, when they differ. B
 kernel constants or switch between measured alternatives; they exist for benchmarks.\n\n\
 The process-group variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,\n\
 `MASTER_ADDR`, `MASTER_PORT`, `DEVCOMM_JOB_TOKEN`) are read by `devcomm_bootstrap`\n\
-(docs/ARCHITECTURE.md); `DEVCOMM_NPROCS` by the CLI.\n\n";
+(docs/ARCHITECTURE.md); `DEVCOMM_NPROCS` by the CLI; `DEVCOMM_STORE_HOST` by the Python\n\
+package under torchrun (docs/PYTHON.md, \"Starting ranks\").\n\n";
 
 #[test]
 fn config_md_matches_the_settings_table() {

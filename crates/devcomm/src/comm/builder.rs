@@ -20,9 +20,13 @@ use crate::p2p::{P2PLimits, TuneTable, P2P};
 use crate::topology::Topology;
 
 /// Builds a [`Comm`] with explicit settings. [`Comm::from_env`] is the usual way in.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct CommBuilder {
     info: RankInfo,
+    /// A store joined by the caller ([`CommBuilder::on_store`]); otherwise `build` connects.
+    store: Option<Store>,
+    /// Whether [`Comm::local_rank`] comes from the topology rather than `info`.
+    local_from_topology: bool,
     device: Option<usize>,
     config: Config,
     /// A window given in code ([`CommBuilder::p2p_limits`]); otherwise the configuration's.
@@ -43,12 +47,39 @@ impl CommBuilder {
     pub fn with_config(info: RankInfo, config: Config) -> Self {
         Self {
             info,
+            store: None,
+            local_from_topology: false,
             device: None,
             config,
             p2p_limits: None,
             tune: None,
             stream: None,
         }
+    }
+
+    /// Builds on a store the caller has joined already (rank, world size and local rank are
+    /// the store's), with the settings of the environment: for groups that meet through
+    /// another channel (`Store::host_fresh` / `Store::join_address`), where no port is known
+    /// before rank 0 binds one. The store must be fresh: every communicator needs a store of
+    /// its own (its setup keys carry no communicator id).
+    pub fn on_store(store: Store) -> Result<Self> {
+        Ok(Self::on_store_with_config(store, Config::from_env()?))
+    }
+
+    /// Like [`CommBuilder::on_store`] with settings made in code.
+    pub fn on_store_with_config(store: Store, config: Config) -> Self {
+        let mut b = Self::with_config(store.info().clone(), config);
+        b.store = Some(store);
+        b
+    }
+
+    /// [`Comm::local_rank`] becomes this rank's position among the ranks that the topology
+    /// finds on its host, for a group whose launcher gave no local rank (a subgroup, a
+    /// process group started without torchrun). Give the device ([`CommBuilder::device`]):
+    /// the default device is the local rank of the rank description.
+    pub fn local_rank_from_topology(mut self) -> Self {
+        self.local_from_topology = true;
+        self
     }
 
     /// Replaces every setting (docs/CONFIG.md); `build` validates them and compares the ones
@@ -122,11 +153,14 @@ impl CommBuilder {
 
     /// Collective: joins the group, opens the GPU, discovers the topology and creates the
     /// communicator's send/recv window. Every rank gets the communicator or an error.
-    pub fn build(self) -> Result<Comm> {
+    pub fn build(mut self) -> Result<Comm> {
         self.config.validate()?;
         let rank = self.info.rank;
         let setup_timeout = self.config.setup_timeout;
-        let store = Store::connect(&self.info, setup_timeout)?;
+        let store = match self.store.take() {
+            Some(store) => store,
+            None => Store::connect(&self.info, setup_timeout)?,
+        };
         // Before any CUDA call: ranks whose must-agree settings differ fail here, all alike.
         agree_on_config(&store, rank, &self.config)?;
         let (window, max_blocks_explicit) = self.window();
@@ -216,6 +250,12 @@ impl CommBuilder {
             ErrorState::new(&ctx, rank),
             setup_timeout,
         )?;
+        let local_rank = if self.local_from_topology {
+            let local = topology.local_ranks();
+            local.iter().position(|&r| r == rank).unwrap_or(0)
+        } else {
+            self.info.local_rank
+        };
         let group = Arc::new(Group::new(
             rank,
             self.info.world_size,
@@ -239,7 +279,7 @@ impl CommBuilder {
             p2p,
             coll,
             reduce,
-            local_rank: self.info.local_rank,
+            local_rank,
             device,
             jit: Jit::from_config(&self.config),
             registry: Registry::new(),
@@ -259,6 +299,45 @@ impl CommBuilder {
             (Some(table), _) => Ok(table.clone()),
             (None, Some(path)) => TuneTable::load(path).map(Some),
             (None, None) => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devcomm_bootstrap::StoreAddress;
+
+    const T: Duration = Duration::from_secs(20);
+
+    /// Two ranks (rank 1 on a thread) join a fresh store first, as a caller meeting through
+    /// another channel would, and build on it with settings that disagree: the agreement,
+    /// which runs on the given store before any CUDA call, fails on both ranks alike. Had
+    /// `build` connected a store of its own (on 127.0.0.1:29500), the ranks would not meet.
+    #[test]
+    #[allow(clippy::field_reassign_with_default)] // one setting changed on purpose
+    fn builds_on_a_store_joined_first() {
+        let s0 = Store::host_fresh(&RankInfo::new(0, 2), "127.0.0.1", T).expect("host");
+        let address = s0.address().expect("token").encode();
+        let rank1 = std::thread::spawn(move || {
+            let a = StoreAddress::parse(&address).expect("address");
+            let s1 = Store::join_address(&RankInfo::new(1, 2), &a, T).expect("join");
+            let mut other = Config::default();
+            other.p2p_ll128 = false;
+            let b = CommBuilder::on_store_with_config(s1, other);
+            assert_eq!((b.info.rank, b.info.world_size), (1, 2));
+            b.build().map(|_| ())
+        });
+        let b = CommBuilder::on_store_with_config(s0, Config::default());
+        assert_eq!((b.info.rank, b.info.world_size), (0, 2));
+        let r0 = b.build().map(|_| ());
+        let r1 = rank1.join().expect("rank 1 thread");
+        for r in [r0, r1] {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("DEVCOMM_P2P_LL128") && e.contains("on rank(s) [1]"),
+                "{e}"
+            );
         }
     }
 }
