@@ -513,11 +513,11 @@ impl PyComm {
         let o = self.tensor(OP, "out", out, stream)?;
         let i = self.tensor(OP, "inp", inp, stream)?;
         same_dtype(OP, &o, &i)?;
-        let dtype = gather_dtype(OP, &i)?;
+        let (dtype, per) = gather_dtype(OP, &i)?;
         let (rank, world) = (self.comm.rank() as u64, self.comm.world_size() as u64);
         let input = sharded(OP, (&o, "out"), (&i, "inp"), rank, world)?;
         let s = self.stream(stream)?;
-        let count = i.numel() as usize;
+        let count = i.numel() as usize * per;
         // SAFETY: both checked; `out` spans world x `count` elements and `inp` `count`, or
         // `inp` is this rank's shard of `out` and the call is in place (input == output).
         py.detach(|| unsafe { self.comm.all_gather_raw(input, o.ptr, count, dtype, &s) })

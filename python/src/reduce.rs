@@ -31,13 +31,13 @@ pub fn reduce_dtype(op: &str, d: &TensorDesc) -> PyResult<DataType> {
 }
 
 /// All-gather moves bytes: a type the reductions lack goes as one of their types of its size.
-pub fn gather_dtype(op: &str, d: &TensorDesc) -> PyResult<DataType> {
-    reduce_dtype(op, d).or_else(|e| match d.dtype.size() {
-        1 => Ok(DataType::U8),
-        2 => Ok(DataType::F16),
-        4 => Ok(DataType::I32),
-        8 => Ok(DataType::I64),
-        _ => Err(e),
+/// The type an all-gather moves a tensor's elements as, and how many of it make one element:
+/// the tensor's own type where devcomm reduces it, else a copy type of the element's size
+/// (`DataType::for_gather`: complex128, int16, bool, float8 ... all gather).
+pub fn gather_dtype(op: &str, d: &TensorDesc) -> PyResult<(DataType, usize)> {
+    reduce_dtype(op, d).map(|t| (t, 1)).or_else(|e| {
+        let size = d.dtype.size();
+        DataType::for_gather(size, size).ok_or(e)
     })
 }
 

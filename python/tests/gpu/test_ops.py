@@ -197,6 +197,26 @@ def test_reductions(comm, seed):
     torch.testing.assert_close(gathered, torch.cat([x[:8] for x in xs]))
 
 
+@pytest.mark.parametrize("dtype", [torch.int16, torch.bool, torch.complex64, torch.complex128, torch.float8_e4m3fn])
+def test_all_gather_of_any_dtype(comm, seed, dtype):
+    """A gather reduces nothing: types devcomm does not reduce move bitwise (complex128: 16
+    bytes)."""
+    w, r = comm.world_size, comm.rank
+    n = 1001
+    g = torch.Generator().manual_seed(seed + r)
+    bits = torch.randint(0, 256, (n * torch.empty((), dtype=dtype).element_size(),), generator=g, dtype=torch.uint8)
+    mine = (bits & 1 if dtype == torch.bool else bits).view(dtype).to(comm.device)
+    out = torch.zeros(w * n, dtype=dtype, device=comm.device)
+    comm.all_gather_into_tensor(out, mine)
+    gathered = [torch.empty_like(mine) for _ in range(w)]
+    for p in range(w):
+        gp = torch.Generator().manual_seed(seed + p)
+        pb = torch.randint(0, 256, (bits.numel(),), generator=gp, dtype=torch.uint8)
+        gathered[p] = (pb & 1 if dtype == torch.bool else pb).view(dtype)
+    want = torch.cat(gathered).view(torch.uint8)
+    assert torch.equal(out.cpu().view(torch.uint8), want), "the gathered bytes differ"
+
+
 class OnlyDlpack:
     """A tensor seen only through DLPack."""
 
