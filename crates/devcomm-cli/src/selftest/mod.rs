@@ -11,7 +11,7 @@
 //!   (poison and guard bytes, seeded random data, comparison, registered buffers) and the
 //!   runner (cross-rank agreement, the table, the exit status). It imports no group.
 //! - one module per group (`foundation`, `p2p`, `zero_copy`, `collectives`, `mismatch`,
-//!   `net`, `timeout`): its
+//!   `net`, `adversarial`, `timeout`): its
 //!   checks and a `CHECKS` list. A group imports only the harness, never another group; a
 //!   group that grows may be a folder whose files import each other without a cycle.
 //!
@@ -66,6 +66,7 @@ groups!(
     reduce,
     mismatch,
     net,
+    adversarial,
     timeout
 );
 
