@@ -1,16 +1,19 @@
 //! `devcomm precompile`: fills the kernel cache for a GPU architecture without a GPU, so that
 //! a machine (or a container image) starts with every kernel compiled: the send/recv kernels,
 //! the collective kernel for the copy hooks of every element size and for both examples'
-//! hooks, and any f32 hooks given with `--hooks`. The cache is `DEVCOMM_CACHE_DIR` (or the
-//! default of `devcomm::jit::Jit::new`); `DEVCOMM_COLL_OPTIONS` applies as it would at run
-//! time. The cache key holds NVRTC's version: the machine that reads the cache must have the
-//! same NVRTC major.minor, or it compiles again.
+//! hooks, the reductions, and any f32 hooks given with `--hooks`. Every spec comes from
+//! `devcomm::kernel_spec`, which the library's own loads use, under the configuration read
+//! from the environment: the cache is `DEVCOMM_CACHE_DIR` (or the default of
+//! `Config::kernel_cache_dir`), and `DEVCOMM_P2P_OPTIONS`, `DEVCOMM_COLL_OPTIONS` and
+//! `DEVCOMM_REDUCE_OPTIONS` apply as they do at run time. The cache key holds NVRTC's
+//! version: the machine that reads the cache must have the same NVRTC major.minor, or it
+//! compiles again.
 
 use std::sync::Mutex;
 use std::time::Instant;
 
 use devcomm::jit::{CacheOutcome, Jit, KernelSpec};
-use devcomm::{Hooks, RawHooks};
+use devcomm::{kernel_spec, Config, Hooks, KernelKind, RawHooks};
 
 #[derive(Debug, clap::Args)]
 pub struct PrecompileArgs {
@@ -59,22 +62,20 @@ pub(crate) fn example_hooks() -> [Hooks<f32>; 2] {
 }
 
 /// The reduction kernels: every element type, and the RMSNorm and accumulate epilogues (f32
-/// sum); `net`: the network path's local steps instead (docs/NETWORK.md).
-fn reduce_specs(options: &[String], net: bool) -> Vec<(String, KernelSpec)> {
-    use devcomm::reduce::{hooked_kernel_spec, hooked_net_step_spec, kernel_spec, net_step_spec};
+/// sum); `net`: the network path's local steps and the byte-copy collective instead
+/// (docs/NETWORK.md).
+fn reduce_specs(config: &Config, net: bool) -> Vec<(String, KernelSpec)> {
     use devcomm::{DataType, ReduceOp};
     let tag = if net { " (network peers)" } else { "" };
-    let mut v: Vec<_> = DataType::ALL
-        .into_iter()
-        .map(|t| {
-            let spec = if net {
-                net_step_spec(t)
-            } else {
-                kernel_spec(t)
-            };
-            (format!("reduce {t}{tag}"), spec)
-        })
-        .collect();
+    let mut v = Vec::new();
+    let mut add = |what: String, kinds: Vec<KernelKind<'_>>| {
+        for kind in kinds {
+            v.push((format!("{what}{tag}"), kernel_spec(kind, config, net)));
+        }
+    };
+    for t in DataType::ALL {
+        add(format!("reduce {t}"), KernelKind::reduction(t, None, net));
+    }
     for (name, source) in [
         (
             "RmsNorm",
@@ -86,16 +87,11 @@ fn reduce_specs(options: &[String], net: bool) -> Vec<(String, KernelSpec)> {
         ),
     ] {
         let hooks = Hooks::<f32, f32>::new(name, source);
-        let (f32, sum) = (DataType::F32, ReduceOp::Sum);
-        let spec = if net {
-            hooked_net_step_spec(f32, sum, hooks.raw())
-        } else {
-            hooked_kernel_spec(f32, sum, hooks.raw())
-        };
-        v.push((format!("reduce {name}{tag}"), spec));
-    }
-    for (_, spec) in &mut v {
-        spec.options.extend(options.iter().cloned());
+        let hooked = Some((ReduceOp::Sum, hooks.raw()));
+        add(
+            format!("reduce {name}"),
+            KernelKind::reduction(DataType::F32, hooked, net),
+        );
     }
     v
 }
@@ -109,31 +105,31 @@ pub(crate) fn f32_hooks(arg: &str) -> Result<Hooks<f32>, String> {
     Ok(Hooks::<f32, f32>::new(name, source))
 }
 
-pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
-    let arch = parse_arch(&args.arch)?;
-    // The settings that enter the kernels' cache keys (their experiment options).
-    let config = devcomm::Config::from_env().map_err(|e| e.to_string())?;
+/// What `args` asks to compile under `config`: a name for the output, and the spec that a
+/// communicator with these settings loads ([`devcomm::kernel_spec`]), each module once.
+fn specs(args: &PrecompileArgs, config: &Config) -> Result<Vec<(String, KernelSpec)>, String> {
     let mut specs: Vec<(String, KernelSpec)> = Vec::new();
     let collective = |h: &RawHooks| -> (String, KernelSpec) {
         let net = if args.net { " (network peers)" } else { "" };
+        let kind = KernelKind::Collective { hooks: h };
         (
             format!("collective {}{net}", h.name()),
-            h.spec_for(&config.coll_options, args.net),
+            kernel_spec(kind, config, args.net),
         )
     };
-    let copy = |h: RawHooks| -> Result<(String, KernelSpec), String> { Ok(collective(&h)) };
     for what in args.builtin.split(',').map(str::trim) {
-        let spec = match what {
+        let hooks: RawHooks = match what {
             "none" => continue,
-            "sendrecv" => Ok((
-                "sendrecv".into(),
-                devcomm::p2p::sendrecv_spec(&config.p2p_options),
-            )),
-            "copy1" => copy(Hooks::<u8>::copy().into()),
-            "copy2" => copy(Hooks::<u16>::copy().into()),
-            "copy4" => copy(Hooks::<f32>::copy().into()),
-            "copy8" => copy(Hooks::<u64>::copy().into()),
-            "copy16" => copy(Hooks::<[u32; 4]>::copy().into()),
+            "sendrecv" => {
+                let spec = kernel_spec(KernelKind::SendRecv, config, args.net);
+                specs.push(("sendrecv".into(), spec));
+                continue;
+            }
+            "copy1" => Hooks::<u8>::copy().into(),
+            "copy2" => Hooks::<u16>::copy().into(),
+            "copy4" => Hooks::<f32>::copy().into(),
+            "copy8" => Hooks::<u64>::copy().into(),
+            "copy16" => Hooks::<[u32; 4]>::copy().into(),
             "examples" => {
                 for h in example_hooks() {
                     specs.push(collective(h.raw()));
@@ -141,17 +137,32 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
                 continue;
             }
             "reduce" => {
-                specs.extend(reduce_specs(&config.reduce_options, args.net));
+                specs.extend(reduce_specs(config, args.net));
                 continue;
             }
             other => return Err(format!("--builtin: unknown kernel set `{other}`")),
         };
-        specs.push(spec.map_err(|e| e.to_string())?);
+        specs.push(collective(&hooks));
     }
     for spec in &args.hooks {
         let hooks = f32_hooks(spec)?;
         specs.push(collective(hooks.raw()));
     }
+    // The network reductions and `copy1` name the same byte-copy collective: compile it once.
+    let mut unique: Vec<(String, KernelSpec)> = Vec::with_capacity(specs.len());
+    for (what, spec) in specs {
+        if !unique.iter().any(|(_, s)| *s == spec) {
+            unique.push((what, spec));
+        }
+    }
+    Ok(unique)
+}
+
+pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
+    let arch = parse_arch(&args.arch)?;
+    // The settings that enter the kernels' cache keys (their experiment options).
+    let config = Config::from_env().map_err(|e| e.to_string())?;
+    let specs = specs(args, &config)?;
     let jit = Jit::from_config(&config);
     println!(
         "compiling {} kernels for sm_{}{} into {}",
@@ -195,5 +206,82 @@ pub fn run(args: &PrecompileArgs) -> Result<i32, String> {
             "{} kernels failed to compile: {failed:?}",
             failed.len()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: PrecompileArgs,
+    }
+
+    fn args(line: &[&str]) -> PrecompileArgs {
+        Cli::parse_from(std::iter::once("precompile").chain(line.iter().copied())).args
+    }
+
+    /// Settings as `DEVCOMM_*_OPTIONS` give them.
+    fn config() -> Config {
+        Config::from_lookup(|name| match name {
+            "DEVCOMM_P2P_OPTIONS" => Some("-DDC_TEST_P2P=1".into()),
+            "DEVCOMM_COLL_OPTIONS" => Some("-DDC_TEST_COLL=1".into()),
+            "DEVCOMM_REDUCE_OPTIONS" => Some("-DDC_TEST_REDUCE=1".into()),
+            _ => None,
+        })
+        .expect("valid settings")
+    }
+
+    /// The cache key of `spec`, or its whole text where NVRTC (whose version enters the key)
+    /// is missing: either way equal exactly when the cache entry is the same.
+    fn key(spec: &KernelSpec) -> String {
+        devcomm::jit::cache_key(spec, (9, 0)).unwrap_or_else(|_| format!("{spec:?}"))
+    }
+
+    /// What `devcomm precompile` compiles under `DEVCOMM_*_OPTIONS` is what a communicator
+    /// with the same settings loads for each kind, with and without network links.
+    #[test]
+    fn precompile_fills_the_keys_the_library_asks_for() {
+        let config = config();
+        for net in [false, true] {
+            let line: &[&str] = if net { &["--net"] } else { &[] };
+            let keys: Vec<String> = specs(&args(line), &config)
+                .expect("specs")
+                .iter()
+                .map(|(_, s)| key(s))
+                .collect();
+            let byte_copy = RawHooks::from(Hooks::<u8>::copy());
+            let f32_copy = RawHooks::from(Hooks::<f32>::copy());
+            let mut wanted = vec![
+                KernelKind::SendRecv,
+                KernelKind::Collective { hooks: &byte_copy },
+                KernelKind::Collective { hooks: &f32_copy },
+            ];
+            for dtype in devcomm::DataType::ALL {
+                wanted.extend(KernelKind::reduction(dtype, None, net));
+            }
+            for kind in wanted {
+                let library = kernel_spec(kind, &config, net);
+                assert!(library.options.iter().any(|o| o.starts_with("-DDC_TEST_")));
+                assert!(
+                    keys.contains(&key(&library)),
+                    "{kind:?} (net {net}) is not precompiled with the library's key"
+                );
+                let unset = kernel_spec(kind, &Config::default(), net);
+                assert!(!keys.contains(&key(&unset)), "{kind:?}: options ignored");
+            }
+        }
+    }
+
+    #[test]
+    fn every_module_is_compiled_once() {
+        let all = specs(&args(&["--net"]), &Config::default()).expect("specs");
+        for (i, (what, spec)) in all.iter().enumerate() {
+            assert!(!all[..i].iter().any(|(_, s)| s == spec), "{what} twice");
+        }
+        assert!(specs(&args(&["--builtin", "nope"]), &Config::default()).is_err());
     }
 }

@@ -15,11 +15,12 @@
 //! | 5 | [`device`]: the embedded CUDA headers (device API) |
 //! | 6 | [`jit`]: compilation through `cuda::nvrtc` with an on-disk cache |
 //! | 8 | `window`: [`Window<T>`](Window) and its [`DeviceWindow`] handle |
-//! | 9 | [`p2p`] (`plan` decides, `launch` carries out), [`collective`]: send/recv and the hooked collectives on its protocol |
+//! | 9 | [`p2p`] (`plan` decides, `launch` carries out), [`collective`]: send/recv and the hooked collectives on its protocol; [`kernels`]: every kernel module by kind, its spec, the one load path |
 //! | top | [`Comm`] (`comm`: builder, setup, send/recv, collectives, hooked send/recv, zero-copy, registration); [`testing`]: helpers of the self-test on raw device memory |
 //!
 //! The public surface is what a user needs: [`Comm`] and the types its calls take and return
-//! (re-exported here), the kernel ABI ([`abi`]), the kernel compiler ([`jit`]), the send/recv
+//! (re-exported here), the kernel ABI ([`abi`]), the kernel compiler ([`jit`]) and the kernels'
+//! specs by kind ([`kernels`]), the send/recv
 //! settings ([`p2p`]), the device headers ([`device`]) and [`testing`] (helpers of the
 //! self-test on raw device memory). Everything else is crate-private. The naming of the
 //! communicator's calls is in `docs/ARCHITECTURE.md`, "API naming".
@@ -42,6 +43,7 @@ pub(crate) mod group;
 pub(crate) mod handles;
 #[allow(unreachable_pub)]
 pub mod jit;
+pub mod kernels;
 pub(crate) mod memory;
 #[allow(unreachable_pub)]
 pub mod net;
@@ -63,6 +65,7 @@ pub use config::Config;
 pub use cuda::ensure_driver;
 pub use cuda::info::DeviceInfo;
 pub use error::{Error, Result};
+pub use kernels::{kernel_spec, KernelKind};
 pub use net::WindowNetHandle;
 pub use reduce::{DataType, ReduceOp, Reducible};
 pub use topology::{LinkKind, Topology};

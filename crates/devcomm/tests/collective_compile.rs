@@ -8,10 +8,17 @@
 mod common;
 use common::{nvrtc_available, SM90};
 use devcomm::jit;
-use devcomm::{Error, Hooks};
+use devcomm::{Config, Error, Hooks, KernelKind};
+
+/// The collective's spec for `hooks`, as a communicator with default settings loads it
+/// (`net`: with network links).
+fn spec<I, O>(hooks: &Hooks<I, O>, net: bool) -> jit::KernelSpec {
+    let kind = KernelKind::Collective { hooks: hooks.raw() };
+    devcomm::kernel_spec(kind, &Config::default(), net)
+}
 
 fn compiles<I, O>(hooks: &Hooks<I, O>) {
-    compiles_spec(hooks, hooks.spec(), 2);
+    compiles_spec(hooks, spec(hooks, false), 2);
 }
 
 fn compiles_spec<I, O>(hooks: &Hooks<I, O>, spec: jit::KernelSpec, kernels: usize) {
@@ -48,7 +55,7 @@ fn network_instantiation_compiles() {
     // The kernel of a communicator with network links: the two NVLink instantiations and the
     // one whose network peers' roles go through the staging (docs/NETWORK.md).
     let copy = Hooks::<u16>::copy();
-    let spec = copy.raw().spec_for(&[], true);
+    let spec = spec(&copy, true);
     assert!(spec.name_expressions[2].ends_with(", true, true>"));
     compiles_spec(&copy, spec, 3);
 }
@@ -91,7 +98,7 @@ fn a_hook_that_does_not_compile_names_its_line() {
                   static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
                   return undefined_thing(c);\n  }\n  \
                   static __device__ void consume(const devcomm::Ctx&, const devcomm::Tile<float>&) {}\n};\n";
-    let err = jit::compile(&Hooks::<f32, f32>::new("Bad", source).spec(), SM90).unwrap_err();
+    let err = jit::compile(&spec(&Hooks::<f32, f32>::new("Bad", source), false), SM90).unwrap_err();
     let Error::Compile { log, .. } = err else {
         panic!("expected a compile error, got {err}");
     };
@@ -106,7 +113,7 @@ fn hooks_for_other_element_sizes_are_refused_by_the_compiler() {
     }
     // Declared for f64 buffers, but the struct says float.
     let hooks = Hooks::<f64, f64>::new("devcomm::CopyHooks<float>", "");
-    let err = jit::compile(&hooks.spec(), SM90).unwrap_err();
+    let err = jit::compile(&spec(&hooks, false), SM90).unwrap_err();
     let Error::Compile { log, .. } = err else {
         panic!("expected a compile error, got {err}");
     };

@@ -114,7 +114,9 @@ fn sendrecv_kernels_compile() {
         "-DDC_AGREE_TIMING=1".to_owned(),
     ];
     for options in [vec![], measurement] {
-        let spec = devcomm::p2p::sendrecv_spec(&options);
+        let mut config = devcomm::Config::default();
+        config.p2p_options = options.clone();
+        let spec = devcomm::kernel_spec(devcomm::KernelKind::SendRecv, &config, false);
         let module = compile_timed(&spec);
         assert_eq!(module.lowered_names.len(), spec.name_expressions.len());
         for expr in &spec.name_expressions {

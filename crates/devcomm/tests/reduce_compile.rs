@@ -9,8 +9,41 @@
 mod common;
 use common::{nvrtc_available, SM90};
 use devcomm::jit;
-use devcomm::reduce::{hooked_kernel_spec, hooked_net_step_spec, kernel_spec, net_step_spec};
-use devcomm::{DataType, Error, Hooks, ReduceOp};
+use devcomm::{
+    kernel_spec as spec_of, Config, DataType, Error, Hooks, KernelKind, RawHooks, ReduceOp,
+};
+
+fn kernel_spec(dtype: DataType) -> jit::KernelSpec {
+    let kind = KernelKind::Reduce {
+        dtype,
+        hooked: None,
+    };
+    spec_of(kind, &Config::default(), false)
+}
+
+fn hooked_kernel_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> jit::KernelSpec {
+    let kind = KernelKind::Reduce {
+        dtype,
+        hooked: Some((op, hooks)),
+    };
+    spec_of(kind, &Config::default(), false)
+}
+
+fn net_step_spec(dtype: DataType) -> jit::KernelSpec {
+    let kind = KernelKind::ReduceNetStep {
+        dtype,
+        hooked: None,
+    };
+    spec_of(kind, &Config::default(), true)
+}
+
+fn hooked_net_step_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> jit::KernelSpec {
+    let kind = KernelKind::ReduceNetStep {
+        dtype,
+        hooked: Some((op, hooks)),
+    };
+    spec_of(kind, &Config::default(), true)
+}
 
 #[test]
 fn every_type_and_operation_compiles() {

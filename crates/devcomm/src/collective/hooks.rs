@@ -1,5 +1,6 @@
 //! [`Hooks`]: the user's `produce`/`consume` CUDA C++ pair, typed by the element types it
-//! reads and writes, the built-in copy hooks, and the collective kernel's spec for a pair;
+//! reads and writes, the built-in copy hooks, and the collective kernel's spec for a pair (public through
+//! `crate::kernels::kernel_spec`);
 //! [`RawHooks`]: the same without the types, for callers that know element sizes only at run
 //! time (bindings), checked against the buffers at each call.
 
@@ -118,11 +119,6 @@ impl<I, O> Hooks<I, O> {
     pub fn name(&self) -> &str {
         self.raw.name()
     }
-
-    /// The kernel spec (see [`RawHooks::spec`]).
-    pub fn spec(&self) -> KernelSpec {
-        self.raw.spec()
-    }
 }
 
 impl<I, O> From<Hooks<I, O>> for RawHooks {
@@ -230,7 +226,7 @@ impl RawHooks {
 
     /// The kernel's name expression: `mixed` peer tuning classes; `net`: some peer is reached
     /// over the network (its roles take the network path).
-    pub(super) fn expression(&self, mixed: bool, net: bool) -> String {
+    pub(crate) fn expression(&self, mixed: bool, net: bool) -> String {
         format!(
             "devcomm::coll::coll_kernel<{}, {THREADS}, {mixed}, {net}>",
             self.name
@@ -238,21 +234,11 @@ impl RawHooks {
     }
 
     /// The kernel spec: the collective header, the user's source, checks of the element sizes,
-    /// and both instantiations for NVLink peers (uniform and mixed peer tuning).
-    pub fn spec(&self) -> KernelSpec {
-        self.spec_with_options(&[])
-    }
-
-    /// [`Hooks::spec`] with extra NVRTC options (`DEVCOMM_COLL_OPTIONS`, experiments; part of
-    /// the kernel cache's key, so a communicator and `devcomm precompile` must pass the same).
-    pub fn spec_with_options(&self, options: &[String]) -> KernelSpec {
-        self.spec_for(options, false)
-    }
-
-    /// [`Hooks::spec_with_options`], with `net` also the instantiation for network peers
-    /// (docs/NETWORK.md; only a communicator with network links compiles it, since it adds
-    /// half again to the compile time).
-    pub fn spec_for(&self, options: &[String], net: bool) -> KernelSpec {
+    /// and both instantiations for NVLink peers (uniform and mixed peer tuning); `net`: also
+    /// the instantiation for network peers (docs/NETWORK.md; only a communicator with network
+    /// links compiles it, since it adds half again to the compile time). Without the
+    /// configuration's options: `crate::kernels::kernel_spec` adds `DEVCOMM_COLL_OPTIONS`.
+    pub(crate) fn spec(&self, net: bool) -> KernelSpec {
         let source = format!(
             "#include \"devcomm/collective.cuh\"\n#line 1 \"hooks.cu\"\n{src}\n#line 1 \"devcomm-checks\"\n\
              static_assert(sizeof({name}::In) == {i}, \"the hooks' In type is not the size of the \
@@ -270,7 +256,6 @@ impl RawHooks {
         if net {
             spec = spec.name_expression(self.expression(true, true));
         }
-        spec.options.extend(options.iter().cloned());
         spec
     }
 }

@@ -110,8 +110,6 @@ pub(crate) struct Collective {
     fit_grid: bool,
     /// Own-chunk bytes per block of the own chunk's role (`DEVCOMM_COLL_SELF_BLOCK_KIB`).
     self_block_bytes: u64,
-    /// Extra NVRTC options of the collective kernel (`DEVCOMM_COLL_OPTIONS`).
-    options: Vec<String>,
 }
 
 impl Collective {
@@ -144,7 +142,6 @@ impl Collective {
             functions: Mutex::new(HashMap::new()),
             fit_grid: group.config.coll_fit_grid,
             self_block_bytes: group.config.coll_self_block_kib << 10,
-            options: group.config.coll_options.clone(),
         })
     }
 
@@ -189,10 +186,9 @@ impl Collective {
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(f.clone());
         }
-        let f = group.loading(|| {
-            let module = jit.load(&group.ctx, &hooks.spec_for(&self.options, net))?;
-            module.function(&hooks.expression(mixed, net))
-        })?;
+        let kind = crate::kernels::KernelKind::Collective { hooks };
+        let f =
+            crate::kernels::load(group, jit, kind, net)?.function(&hooks.expression(mixed, net))?;
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
             .cuda(

@@ -25,7 +25,8 @@ use crate::collective::Collective;
 use crate::cuda::info::DeviceInfo;
 use crate::error::{CudaResultExt, Result};
 use crate::group::Group;
-use crate::jit::Jit;
+use crate::jit::{Jit, KernelSpec};
+use crate::kernels::KernelKind;
 use crate::memory::Registry;
 use crate::p2p::P2P;
 use crate::topology::Topology;
@@ -101,6 +102,31 @@ impl Comm {
     /// The kernel compiler and cache.
     pub fn jit(&self) -> &Jit {
         &self.jit
+    }
+
+    /// The spec of `kind`'s module exactly as this communicator's calls load it: its settings'
+    /// kernel options (`DEVCOMM_*_OPTIONS`) and whether the job has network links
+    /// ([`crate::kernel_spec`]). What `devcomm precompile` or a prewarming step should compile.
+    pub fn kernel_spec(&self, kind: KernelKind<'_>) -> KernelSpec {
+        crate::kernels::kernel_spec(kind, &self.group.config, self.net_links())
+    }
+
+    /// Compiles (or reads from the kernel cache) and loads the modules of `kinds` now, so
+    /// that the first call using them does not compile. Local to this rank: no peer takes part
+    /// (each may prewarm different kinds). While it loads, the rank is marked as loading, so
+    /// a peer already waiting at one of these kernels' gates keeps waiting. Compile errors
+    /// (bad hooks) come back as [`crate::Error::Compile`].
+    pub fn prewarm(&self, kinds: &[KernelKind<'_>]) -> Result<()> {
+        for &kind in kinds {
+            crate::kernels::load(&self.group, &self.jit, kind, self.net_links())?;
+        }
+        Ok(())
+    }
+
+    /// Whether the job has network links (then the collectives load their instantiation for
+    /// network peers, and the reductions and barrier take the network path).
+    pub fn net_links(&self) -> bool {
+        self.net.is_some()
     }
 
     /// The stream this communicator was built with ([`CommBuilder::stream`]), to which its

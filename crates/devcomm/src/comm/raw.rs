@@ -248,11 +248,11 @@ mod tests {
         let copy = copy_hooks(4).unwrap();
         let typed_copy = crate::Hooks::<f32>::copy();
         assert_eq!(copy.name(), typed_copy.name());
-        assert_eq!(copy.spec().source, typed_copy.spec().source);
+        assert_eq!(copy.spec(false).source, typed_copy.raw().spec(false).source);
         assert_eq!(copy.key(), typed_copy.raw().key());
         let h = hooks_with_sizes("Fp8", "struct Fp8 {};", 4, 1).unwrap();
         let typed = crate::Hooks::<f32, u8>::new("Fp8", "struct Fp8 {};");
-        assert_eq!(h.spec().source, typed.spec().source);
+        assert_eq!(h.spec(true).source, typed.raw().spec(true).source);
         assert_eq!(h.key(), typed.raw().key());
         h.check_sizes("test", Some(4), Some(1)).unwrap();
         assert!(h.check_sizes("test", Some(2), Some(1)).is_err());

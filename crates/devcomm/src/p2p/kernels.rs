@@ -95,9 +95,9 @@ fn ce_recv_expression(threads: u32) -> String {
     format!("devcomm::p2p::p2p_ce_recv_kernel<{threads}>")
 }
 
-/// The kernel spec with every (send threads, recv threads) instantiation; `options`: extra
-/// NVRTC options (`DEVCOMM_P2P_OPTIONS`, experiments; part of the cache key).
-pub fn sendrecv_spec(options: &[String]) -> KernelSpec {
+/// The kernel spec with every (send threads, recv threads) instantiation, without the
+/// configuration's options (`crate::kernels::kernel_spec` adds `DEVCOMM_P2P_OPTIONS`).
+pub(crate) fn sendrecv_spec() -> KernelSpec {
     let mut spec = KernelSpec::new("sendrecv", SENDRECV_SOURCE)
         .name_expression(zc_expression())
         .name_expression(ce_send_expression())
@@ -119,6 +119,5 @@ pub fn sendrecv_spec(options: &[String]) -> KernelSpec {
             }
         }
     }
-    spec.options.extend(options.iter().cloned());
     spec
 }

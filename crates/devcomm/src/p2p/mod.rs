@@ -33,8 +33,8 @@ pub use config::{
     CE_DEC_R, CE_DEC_S, CE_DEFAULT_MIN, CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SIZE, CE_SLOTS,
     CE_WORDS, P2P_SIDE_ANNOUNCE, P2P_SIDE_GATED, P2P_SIDE_PULL,
 };
-pub use kernels::{sendrecv_spec, SENDRECV_SOURCE};
-pub(crate) use kernels::{KernelKey, NET_THREADS};
+pub use kernels::SENDRECV_SOURCE;
+pub(crate) use kernels::{sendrecv_spec, KernelKey, NET_THREADS};
 pub use switches::Switches;
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 pub(crate) use zero_copy::ZcRole;
@@ -304,11 +304,7 @@ impl P2P {
         // for kernels already running, and a negotiating role's kernels are enqueued behind
         // one that waits on the peer (seen on 2 H200s: the first large both-ways call stalled
         // until that wait timed out).
-        let m = group.loading(|| {
-            let m = jit.load(&group.ctx, &sendrecv_spec(&group.config.p2p_options))?;
-            m.load_every_kernel()?;
-            Ok(m)
-        })?;
+        let m = crate::kernels::load(group, jit, crate::kernels::KernelKind::SendRecv, false)?;
         Ok(self.module.get_or_init(|| m))
     }
 

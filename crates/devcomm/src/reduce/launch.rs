@@ -16,6 +16,7 @@ use crate::cuda::{linear_launch, DeviceBuffer};
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, KernelSpec};
+use crate::kernels::KernelKind;
 use crate::topology::LinkKind;
 use crate::window::Window;
 
@@ -63,7 +64,7 @@ pub fn kernel_expression(
 
 /// The module of `dtype`'s plain kernels: one-shot and two-shot for every operation (the
 /// all-gather runs the sum's instantiations, which it never reduces with).
-pub fn kernel_spec(dtype: DataType) -> KernelSpec {
+pub(crate) fn kernel_spec(dtype: DataType) -> KernelSpec {
     let mut spec = KernelSpec::new(format!("reduce_{}", dtype.name()), KERNEL_SOURCE);
     for op in ReduceOp::ALL {
         for a in [Algorithm::OneShot, Algorithm::TwoShot] {
@@ -75,7 +76,7 @@ pub fn kernel_spec(dtype: DataType) -> KernelSpec {
 
 /// The module of an all-reduce of `dtype` and `op` with the epilogue of `hooks`: the kernels'
 /// source, then the user's (its own line numbers in errors), then the check of the hook's type.
-pub fn hooked_kernel_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> KernelSpec {
+pub(crate) fn hooked_kernel_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> KernelSpec {
     KernelSpec::new(
         format!("reduce_hooked_{}", dtype.name()),
         hooked_source(dtype, hooks),
@@ -113,7 +114,7 @@ pub fn net_step_expression(dtype: DataType, op: ReduceOp, hook: Option<&str>) ->
 
 /// The module of `dtype`'s local steps with network peers, every operation: loaded only by
 /// communicators with network links, so NVLink jobs compile exactly what they did before.
-pub fn net_step_spec(dtype: DataType) -> KernelSpec {
+pub(crate) fn net_step_spec(dtype: DataType) -> KernelSpec {
     let mut spec = KernelSpec::new(format!("reduce_net_{}", dtype.name()), KERNEL_SOURCE);
     for op in ReduceOp::ALL {
         spec = spec.name_expression(net_step_expression(dtype, op, None));
@@ -122,7 +123,7 @@ pub fn net_step_spec(dtype: DataType) -> KernelSpec {
 }
 
 /// The module of a hooked reduction's local step with network peers.
-pub fn hooked_net_step_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> KernelSpec {
+pub(crate) fn hooked_net_step_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> KernelSpec {
     KernelSpec::new(
         format!("reduce_net_hooked_{}", dtype.name()),
         hooked_source(dtype, hooks),
@@ -221,18 +222,15 @@ impl Reduce {
         if let Some(l) = self.modules.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(l.clone());
         }
-        let mut spec = match (hooked, net) {
-            (Some((op, h)), false) => hooked_kernel_spec(dtype, op, h),
-            (None, false) => kernel_spec(dtype),
-            (Some((op, h)), true) => hooked_net_step_spec(dtype, op, h),
-            (None, true) => net_step_spec(dtype),
+        let kind = match net {
+            false => KernelKind::Reduce { dtype, hooked },
+            true => KernelKind::ReduceNetStep { dtype, hooked },
         };
-        spec.options
-            .extend(group.config.reduce_options.iter().cloned());
-        let module = jit.load(&group.ctx, &spec)?;
-        module.load_every_kernel()?;
+        // Through the one load path: marked as loading, so that peers already at this
+        // module's gate wait for the compile instead of giving up after the device timeout.
+        let module = crate::kernels::load(group, jit, kind, net)?;
         let mut functions = HashMap::new();
-        for expression in &spec.name_expressions {
+        for expression in module.lowered_names().keys() {
             let f = module.function(expression)?;
             let per_sm = f
                 .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)

@@ -16,9 +16,6 @@ pub mod net_plan;
 pub mod plan;
 pub mod types;
 
-pub use launch::{
-    hooked_kernel_spec, hooked_net_step_spec, kernel_expression, kernel_spec, net_step_expression,
-    net_step_spec, KERNEL_SOURCE,
-};
+pub use launch::{kernel_expression, net_step_expression, KERNEL_SOURCE};
 pub use plan::{Algorithm, Collective, Plan, ReduceLimits};
 pub use types::{DataType, ReduceOp, Reducible};

@@ -6,6 +6,7 @@
 use super::harness::{verified, Check, Ranks};
 
 mod calls;
+mod cold_compile;
 mod overlap;
 mod soft_errors;
 
@@ -49,5 +50,18 @@ pub(super) const CHECKS: &[Check] = &[
         about: "rank 0 drops a registration alone: its drop returns at once, the peers' \
                 collective release counts it, a new registration works",
         run: |cx, _| verified(calls::registration_dropped_alone(cx)),
+    },
+    Check {
+        name: "cold_compile_rank0",
+        ranks: Ranks::AtLeast(2),
+        about: "rank 0 compiles every kernel (empty cache) while its peers load theirs, short \
+                device timeout: the first call of every kind passes",
+        run: |cx, p| verified(cold_compile::cold_round(cx, p, "cold_compile_rank0", |r| r == 0)),
+    },
+    Check {
+        name: "cold_compile_peers",
+        ranks: Ranks::AtLeast(2),
+        about: "every rank but 0 compiles every kernel (empty caches) while rank 0 loads its own",
+        run: |cx, p| verified(cold_compile::cold_round(cx, p, "cold_compile_peers", |r| r != 0)),
     },
 ];
