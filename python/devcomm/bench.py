@@ -195,7 +195,9 @@ class Bench:
                 status[lib.name] = f"skipped: {type(e).__name__}: {e}"
         self.torch.cuda.synchronize(self.device)
         status.update(self.check(p, ready, fill, dtype_name, seed))
-        timed = [lib for lib in ready if status.get(lib.name) == "ok" or status[lib.name].startswith("failed")]
+        # A library that failed its check is still timed (and marked): only one that did not
+        # run is left out.
+        timed = [lib for lib in ready if not status.get(lib.name, "skipped").startswith("skipped")]
         times = self.time(p, timed, nbytes)
         for lib in ready:
             lib.release()
@@ -245,8 +247,8 @@ class Bench:
         for name in verdict:
             if name == "devcomm/ranks":
                 continue
-            bad = [(r, v[name]) for r, v in enumerate(everyone) if v.get(name) != "ok"]
-            agreed[name] = "ok" if not bad else f"rank {bad[0][0]}: {bad[0][1]}"
+            bad = [(r, v.get(name, "skipped: not run")) for r, v in enumerate(everyone) if v.get(name) != "ok"]
+            agreed[name] = "ok" if not bad else f"{bad[0][1]} (rank {bad[0][0]})"
         if "devcomm" in agreed and len(sums) > 1 and agreed["devcomm"] == "ok":
             agreed["devcomm"] = "failed: the ranks' results differ (devcomm reduces in rank order: they must be identical)"
         return agreed
@@ -376,7 +378,7 @@ class Bench:
             "bytes": "the all-reduce buffer, the reduce-scatter input, the all-gather output (nccl-tests' size)",
             "libraries": self.info,
             "results": results,
-            "failures": sum(1 for r in results if r["check"].startswith(("failed", "rank"))),
+            "failures": sum(1 for r in results if r["check"].startswith("failed")),
         }
 
 
@@ -399,6 +401,8 @@ def _checksum(torch, t):
 
 
 def _progress(rows):
+    if not rows:
+        return "devcomm.bench: no library to run"
     r0 = rows[0]
     cells = [f"{r['library']}/{r['mode']} {r['us']:.1f}" for r in rows if r["us"] is not None]
     bad = [f"{r['library']}: {r['check']}" for r in rows if r["check"] != "ok" and r["mode"] == "eager"]
