@@ -14,6 +14,12 @@
 #                                          new group, and with a c10d rendezvous endpoint
 #                                          (python/tests/gpu/torchrun_init.py; wheel in dist/)
 #          reduce-smoke@N                  the reduction benchmark as a smoke test on N ranks
+#          pybench@N                       python -m devcomm.bench all_reduce under torchrun on N
+#                                          ranks (wheel in dist/; PYBENCH_OPS for more ops):
+#                                          devcomm against NCCL and PyTorch's symmetric memory,
+#                                          JSON and PNG into $OUT. With N GPUs or more, one rank
+#                                          per GPU, the whole sweep to 1 GiB; with fewer, ranks
+#                                          share a GPU: devcomm alone up to 16 MiB (a smoke test)
 #          kill@N                          a rank dies in a loop of all-to-alls, then of all-reduces
 #                                          (devcomm kill-test --op)
 #          net@N                           the `net` group with every link forced to the network
@@ -105,6 +111,21 @@ for w in "$@"; do
         step "bench-$op-smoke-$n" scripts/shared-gpu.sh "$n" dist/devcomm bench --op "$op" \
           --reference none --max-bytes $((16 << 20)) --json "$out/$op-smoke.json"
       done ;;
+    pybench@*) n=${w#pybench@}
+      python3 -m pip install -q --no-index --no-deps --target /tmp/devcomm-py dist/*.whl > "$out/pip.log" 2>&1
+      run=(python3 -m torch.distributed.run --standalone --nproc-per-node "$n" -m devcomm.bench)
+      if [ "$(nvidia-smi -L | wc -l)" -ge "$n" ]; then
+        launch=(env) extra=()   # a GPU per rank, no MPS share: the figures that count
+      else
+        launch=(env LAUNCHER=none scripts/shared-gpu.sh "$n") extra=(--max-bytes 16M)
+      fi
+      # The full sweep of both dtypes takes minutes: its own limit.
+      saved_limit=$step_limit step_limit=${PYBENCH_LIMIT:-900}
+      for op in ${PYBENCH_OPS:-all_reduce}; do
+        step "pybench-$op-$n" env PYTHONPATH=/tmp/devcomm-py PYTHONUNBUFFERED=1 "${launch[@]}" "${run[@]}" \
+          "$op" ${extra[@]+"${extra[@]}"} --json "$out/pybench-$op-$n.json" --plot "$out/pybench-$op-$n.png"
+      done
+      step_limit=$saved_limit ;;
     kill@*) n=${w#kill@}
       for op in all_to_all all_reduce; do
         step "kill-test-$op-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm kill-test --op "$op"
