@@ -76,7 +76,7 @@ enum NetStepKind : dc_u32 { kStepCopy = 0, kStepReduce = 1, kStepReduceToDest = 
 enum Mode : dc_u32 { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
 enum Op : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
 
-constexpr dc_u32 kMaxBlocks = 32;
+constexpr dc_u32 kMaxBlocks = 64;
 constexpr dc_u32 kThreads = 512;
 
 // Signal slots of the reduce window (user slots), kMaxBlocks per (kind, rank):

@@ -192,9 +192,16 @@ knobs! {
     coll_fit_grid: bool = true, "1",
         env "DEVCOMM_COLL_FIT_GRID", group "collectives", range None, Must, experimental;
 
-    /// Most blocks of a two-shot reduction; unset: 32, at most half the smallest GPU's SMs.
+    /// Most blocks of a reduction; unset: 32, at most half the smallest GPU's SMs.
     reduce_max_blocks: Option<u32> = None, "32 (fitted)",
-        env "DEVCOMM_REDUCE_MAX_BLOCKS", group "reductions", range range(1, 32), Must;
+        env "DEVCOMM_REDUCE_MAX_BLOCKS", group "reductions", range range(1, 64), Must;
+    /// KiB of a two-shot round that one block reduces: the block count grows with the size
+    /// by this step (up to the most blocks).
+    reduce_block_kib: u32 = 64, "64",
+        env "DEVCOMM_REDUCE_BLOCK_KIB", group "reductions", range range(1, 1 << 20), Must, experimental;
+    /// Most blocks of a one-shot reduction (one per 8 KiB of payload up to this).
+    reduce_one_shot_blocks: u32 = 16, "16",
+        env "DEVCOMM_REDUCE_ONE_SHOT_BLOCKS", group "reductions", range range(1, 64), Must, experimental;
     /// Largest one-shot reduction payload in KiB (`0`: never); unset: 512/256/32 by ranks.
     reduce_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ONE_SHOT_KIB", group "reductions", range range(0, 1024), Must, experimental;

@@ -16,6 +16,8 @@ pub(crate) fn limits(
 ) -> ReduceLimits {
     let d = ReduceLimits::for_world(world);
     ReduceLimits {
+        block_bytes: d.block_bytes,
+        one_shot_blocks: d.one_shot_blocks,
         max_blocks: max_blocks
             .unwrap_or(d.max_blocks)
             .min((fewest_sms / 2).max(1)),
@@ -31,6 +33,7 @@ mod tests {
     #[test]
     fn defaults_fit_the_gpu() {
         assert_eq!(limits(2, None, None, 32, 132), ReduceLimits::for_world(2));
+        assert_eq!(limits(2, Some(64), None, 32, 100).max_blocks, 50);
         // Half the SMs of the smallest GPU (a 33-SM share: 16 blocks).
         assert_eq!(limits(4, None, None, 8, 33).max_blocks, 16);
         assert_eq!(limits(4, None, None, 8, 1).max_blocks, 1);

@@ -182,6 +182,11 @@ impl Reduce {
             c.reduce_chunk_mib,
             sms,
         );
+        let limits = ReduceLimits {
+            block_bytes: u64::from(c.reduce_block_kib.max(1)) << 10,
+            one_shot_blocks: c.reduce_one_shot_blocks.clamp(1, MAX_BLOCKS),
+            ..limits
+        };
         let world = group.world_size;
         let slots = plan::SLOT_KINDS * world.min(plan::MAX_WORLD) * MAX_BLOCKS as usize;
         let bytes = plan::window_bytes(world, &limits) as usize;

@@ -10,7 +10,7 @@
 //! `[base, base + len)` of every rank's shard, one of an all-gather `[base, base + len)` of the
 //! input.
 
-use super::plan::{plan, Collective, Shape, BLOCK_BYTES, MAX_BLOCKS};
+use super::plan::{plan, Collective, Shape, BLOCK_BYTES, DEFAULT_MAX_BLOCKS};
 use super::types::{DataType, ReduceOp};
 use super::ReduceLimits;
 
@@ -138,7 +138,7 @@ fn lcm(a: u64, b: u64) -> u64 {
 pub fn step_blocks(bytes: u64, sm_count: u32) -> u32 {
     bytes
         .div_ceil(BLOCK_BYTES)
-        .clamp(1, u64::from(MAX_BLOCKS.min(sm_count.max(1)))) as u32
+        .clamp(1, u64::from(DEFAULT_MAX_BLOCKS.min(sm_count.max(1)))) as u32
 }
 
 /// The all-to-alls of a reduction with network peers, and the barrier.

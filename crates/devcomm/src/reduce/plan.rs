@@ -65,13 +65,20 @@ impl Algorithm {
 
 /// Most blocks of a reduction kernel; also the signal slots per (rank, kind) and the
 /// per-block sequence counters (`kMaxBlocks` in `reduce.cuh`).
-pub const MAX_BLOCKS: u32 = 32;
+pub const MAX_BLOCKS: u32 = 64;
 
 /// Threads per block of the reduction kernels (`kThreads` in `reduce.cuh`).
 pub const THREADS: u32 = 512;
 
-/// Bytes one block of the two-shot reduces per round, by which the block count grows.
+/// Bytes one block of the two-shot reduces per round, by which the block count grows (the
+/// default of [`ReduceLimits::block_bytes`]; the network path's local steps use it as it is).
 pub const BLOCK_BYTES: u64 = 64 << 10;
+
+/// Most blocks of a launch by default ([`ReduceLimits::max_blocks`]).
+pub const DEFAULT_MAX_BLOCKS: u32 = 32;
+
+/// Most blocks of a one-shot call by default ([`ReduceLimits::one_shot_blocks`]).
+pub const ONE_SHOT_BLOCKS: u32 = 16;
 
 /// Bytes of flag-in-data lines per 8 bytes of payload.
 pub const LINE_BYTES: u64 = 16;
@@ -91,8 +98,12 @@ pub struct ReduceLimits {
     pub one_shot_bytes: u64,
     /// Bytes of one half of the two-shot area: one round stages at most this much per rank.
     pub chunk_bytes: u64,
-    /// Most blocks of a two-shot launch (1 to [`MAX_BLOCKS`]).
+    /// Most blocks of a launch (1 to [`MAX_BLOCKS`]).
     pub max_blocks: u32,
+    /// Bytes of a two-shot round per block: the block count grows with the size by this step.
+    pub block_bytes: u64,
+    /// Most blocks of a one-shot call (at most `max_blocks`).
+    pub one_shot_blocks: u32,
 }
 
 impl ReduceLimits {
@@ -103,7 +114,9 @@ impl ReduceLimits {
         Self {
             one_shot_bytes: one_shot_max_bytes(world),
             chunk_bytes: 32 << 20,
-            max_blocks: MAX_BLOCKS,
+            max_blocks: DEFAULT_MAX_BLOCKS,
+            block_bytes: BLOCK_BYTES,
+            one_shot_blocks: ONE_SHOT_BLOCKS,
         }
     }
 }
@@ -189,7 +202,15 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
         let units = payload.div_ceil(8);
         return Ok(Plan {
             algorithm: Algorithm::OneShot,
-            blocks: units.div_ceil(2 * THREADS as u64).clamp(1, 16) as u32,
+            blocks: units.div_ceil(2 * THREADS as u64).clamp(
+                1,
+                u64::from(
+                    limits
+                        .one_shot_blocks
+                        .min(limits.max_blocks)
+                        .clamp(1, MAX_BLOCKS),
+                ),
+            ) as u32,
             shard: s.count,
             chunk: 0,
             rounds: 1,
@@ -242,7 +263,7 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
             Algorithm::Pipelined
         },
         blocks: round_bytes
-            .div_ceil(BLOCK_BYTES)
+            .div_ceil(limits.block_bytes.max(1))
             .clamp(1, limits.max_blocks.clamp(1, MAX_BLOCKS) as u64) as u32,
         shard,
         chunk,
@@ -336,7 +357,7 @@ mod tests {
         assert_eq!(big.algorithm, Algorithm::Pipelined);
         assert!(big.chunk * 3 * 4 <= L.chunk_bytes);
         assert!(big.rounds * big.chunk >= big.shard);
-        assert_eq!(big.blocks, MAX_BLOCKS);
+        assert_eq!(big.blocks, DEFAULT_MAX_BLOCKS);
     }
 
     #[test]
