@@ -101,7 +101,7 @@ pub(super) fn zero_copy_mixed(cx: &Ctx) -> Checked {
     Ok(Outcome::Pass(format!(
         "ring {order:?}, to {next} ({}) and from {prev} ({}) and the reverse: {} B, every byte, \
          the poison before and {GUARD} guard bytes after each range checked; the mixed call \
-         against one-role calls of its peers; ranges past a registration refused before \
+         both ways against one-role calls of its peers; ranges past a registration refused before \
          launch; {REPLAYS} replays of a captured graph of two mixed calls",
         kind(next),
         kind(prev),
@@ -132,15 +132,19 @@ fn ring(cx: &Ctx, reg: &RegBuf<'_>, sizes: &[usize], next: usize, prev: usize) -
     Ok(())
 }
 
-/// The ring's first rank makes the mixed call; its send peer receives with a one-role call and
-/// its receive peer sends with one: over a network link the plain `recv`/`send`, over NVLink
+/// The ring's first rank makes the mixed call, in both directions of the ring (so with its
+/// send role on either kind of link); its send peer receives with a one-role call and its
+/// receive peer sends with one: over a network link the plain `recv`/`send`, over NVLink
 /// `recv_registered`/`send_registered`. Every other rank waits.
 fn against_one_role_calls(cx: &Ctx, reg: &RegBuf<'_>, order: &[usize]) -> Result<(), String> {
     let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
-    let (lead, to, from) = (order[0], order[1], order[world - 1]);
+    let (lead, after, before) = (order[0], order[1], order[world - 1]);
     // Whether this rank reaches `lead` over the network (as `lead` reaches it).
     let by_net = cx.comm.topology().kind(lead) == LinkKind::Net;
-    for (i, n) in [4099usize, (1 << 20) + 3].into_iter().enumerate() {
+    let cases = [(after, before), (before, after)]
+        .into_iter()
+        .flat_map(|peers| [4099usize, (1 << 20) + 3].map(|n| (peers, n)));
+    for (i, ((to, from), n)) in cases.enumerate() {
         let tag = 7200 + i as u64;
         let src = upload(cx, rank, tag, n)?;
         let mut plain = poisoned(cx, n)?;
