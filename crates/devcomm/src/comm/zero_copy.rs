@@ -411,7 +411,8 @@ impl Comm {
 /// How a `sendrecv_registered` call runs, by whether each role's peer is a network peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ZcPath {
-    /// Zero-copy over NVLink (both roles NVLink, or an empty role's peer either way).
+    /// Zero-copy over NVLink: neither peer is a network peer (one that is not another rank is
+    /// refused by the NVLink path).
     Nvlink,
     /// Both roles through the network route, staged.
     Network,
