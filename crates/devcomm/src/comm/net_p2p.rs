@@ -208,22 +208,29 @@ impl NetPeers {
         self.launch_on(p2p, jit, send, recv, stream)
     }
 
-    /// A call whose two roles take different routes (`P2PRoute::Split`): the NVLink role on
-    /// `stream`, the network role beside it on this communicator's side stream, which starts
-    /// after `stream`'s earlier work and which `stream` waits for at the end (an event fork and
-    /// join: graph-capturable, and both roles run at once, so neither waits for a peer that
-    /// waits for the other). Nothing is launched when the NVLink role is refused.
+    /// A call whose two roles take different routes (`P2PRoute::Split`, or a
+    /// `sendrecv_registered` with one NVLink and one network peer): the NVLink role, which
+    /// `nvlink` enqueues on the stream it is given (the caller's), and the network role beside
+    /// it on this communicator's side stream, which starts after `stream`'s earlier work and
+    /// which `stream` waits for at the end (an event fork and join: graph-capturable, and both
+    /// roles run at once, so neither waits for a peer that waits for the other). The network
+    /// kernel is resolved first and nothing is launched when the NVLink role is refused.
     pub(crate) fn launch_split(
         &self,
         p2p: &P2P,
         jit: &Jit,
         network: [Option<Transfer>; 2],
-        nvlink: [Option<Transfer>; 2],
+        nvlink: impl FnOnce(&Arc<CudaStream>) -> Result<()>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let group = &self.group;
         let rank = group.rank as i32;
         group.errors.check_before_launch()?;
+        // Loaded (and the network peers' loads awaited) before the NVLink role launches, so
+        // that a failure here leaves no role of this call waiting on its peer.
+        let peer = |t: Option<Transfer>| t.filter(|t| t.bytes > 0).map_or(-1, |t| t.peer as i32);
+        p2p.ready(group, jit, network.map(peer))?;
+        p2p.function(group, jit, KernelKey::Net)?;
         let side = match self.side.get() {
             Some(s) => s.clone(),
             None => {
@@ -234,7 +241,7 @@ impl NetPeers {
         let before = stream
             .record_event(None)
             .cuda(rank, "cuEventRecord (split send/recv)")?;
-        p2p.launch(group, jit, nvlink[0], nvlink[1], stream)?;
+        nvlink(stream)?;
         side.wait(&before)
             .cuda(rank, "cuStreamWaitEvent (split send/recv)")?;
         let launched = self.launch_on(p2p, jit, network[0], network[1], &side);
@@ -358,14 +365,20 @@ impl Comm {
                     true => ([send, None], [None, recv]),
                     false => ([None, recv], [send, None]),
                 };
-                self.net_peers()?
-                    .launch_split(&self.p2p, &self.jit, network, nvlink, stream)
+                let (p2p, group, jit) = (&self.p2p, &self.group, &self.jit);
+                self.net_peers()?.launch_split(
+                    p2p,
+                    jit,
+                    network,
+                    |s| p2p.launch(group, jit, nvlink[0], nvlink[1], s),
+                    stream,
+                )
             }
         }
     }
 
     /// The network side, which a job with a network link has on every rank.
-    fn net_peers(&self) -> Result<&NetPeers> {
+    pub(super) fn net_peers(&self) -> Result<&NetPeers> {
         self.net.as_ref().ok_or_else(|| Error::InvalidArgument {
             op: "sendrecv",
             reason: format!(

@@ -29,8 +29,8 @@ use crate::p2p::{zero_copy_route, Transfer, ZcRole, ZcRoute};
 /// range (staged through host memory, docs/NETWORK.md: not zero-copy): the sender checks the
 /// range against the size the peer registered, the receiver its own range and, through the
 /// chunk headers, the message's size. Such a call pairs with the peer's `*_registered` call or
-/// its plain `recv`/`send` alike. `sendrecv_registered` with one NVLink and one network peer is
-/// not built (`Error::NotImplemented`).
+/// its plain `recv`/`send` alike. A `sendrecv_registered` with one NVLink and one network peer
+/// runs each role as the one-role call to its peer would, side by side (see there).
 impl Comm {
     /// Sends `buf` to `peer`, straight into `peer`'s buffer of `dst`'s registration at
     /// `dst.offset` (`dst.bytes` must be `buf`'s size). The peer must post a matching
@@ -71,10 +71,27 @@ impl Comm {
             .launch_zero_copy(&self.group, &self.jit, None, Some(recv), stream)
     }
 
-    /// Both at once, in one kernel: sends `send_buf` into `send_peer`'s buffer of `send_dst`'s
-    /// registration and receives `recv_dst.bytes` from `recv_peer` into this rank's `recv_dst`.
-    /// The peers may be the same (an exchange) or differ (a ring step). The order is that of
+    /// Both at once: sends `send_buf` into `send_peer`'s buffer of `send_dst`'s registration
+    /// and receives `recv_dst.bytes` from `recv_peer` into this rank's `recv_dst`. The peers
+    /// may be the same (an exchange) or differ (a ring step). The order is that of
     /// [`Comm::sendrecv`], with the send's destination after its peer.
+    ///
+    /// Two NVLink peers: one zero-copy launch. Two network peers: one launch of the network
+    /// route. One of each (a ring across hosts): each role runs exactly as the one-role call
+    /// to its peer would ([`Comm::send_registered`] / [`Comm::recv_registered`]), so either
+    /// peer's matching call pairs with it, with the same per-peer call counts: the NVLink role
+    /// on `stream`, the network role beside it on the communicator's side stream, forked from
+    /// and joined back into `stream` as [`Comm::sendrecv`] splits such a pair. Both ranges are
+    /// checked before anything is launched.
+    ///
+    /// Why no cycle of waits can form: a role waits only for its partner's role of the same
+    /// kind (an NVLink role for the peer's descriptor, DONE flags or low-latency lines, which
+    /// the peer's NVLink role posts; a network role for the peer's chunks or credits, which
+    /// the peer's network kernel and proxy post), and every rank enqueues each of its roles
+    /// behind its own earlier calls only, never behind its role of the other kind (the two
+    /// start together after the fork). A rank with two NVLink peers runs both roles in one
+    /// kernel, one with two network peers in one network kernel, so in a ring over mixed links
+    /// the NVLink roles complete among themselves and the network roles among themselves.
     pub fn sendrecv_registered<T: DeviceRepr, S: DevicePtr<T>>(
         &self,
         send_buf: &S,
@@ -93,11 +110,26 @@ impl Comm {
                 let recv = self.zc_net_recv(recv_dst, recv_peer)?;
                 self.sendrecv_routed(Some(send), Some(recv), stream)
             }
-            ZcPath::Mixed => Err(Error::NotImplemented {
-                feature: "sendrecv_registered with one NVLink and one network peer (the \
-                          NVLink role is zero-copy, the network role a staged send/recv; \
-                          sendrecv runs such a pair in one call)",
-            }),
+            ZcPath::Mixed { send_by_network } => {
+                // Both roles resolved and their ranges checked before anything is launched.
+                let (network, nvlink) = if send_by_network {
+                    let send = self.zc_net_send(ptr, bytes, send_peer, send_dst)?;
+                    let recv = self.zc_recv(recv_dst, recv_peer)?;
+                    ([Some(send), None], [None, Some(recv)])
+                } else {
+                    let send = self.zc_send(ptr, bytes, send_peer, send_dst)?;
+                    let recv = self.zc_net_recv(recv_dst, recv_peer)?;
+                    ([None, Some(recv)], [Some(send), None])
+                };
+                let (p2p, group, jit) = (&self.p2p, &self.group, &self.jit);
+                self.net_peers()?.launch_split(
+                    p2p,
+                    jit,
+                    network,
+                    |s| p2p.launch_zero_copy(group, jit, nvlink[0], nvlink[1], s),
+                    stream,
+                )
+            }
             ZcPath::Nvlink => {
                 let send = self.zc_send(ptr, bytes, send_peer, send_dst)?;
                 let recv = self.zc_recv(recv_dst, recv_peer)?;
@@ -376,26 +408,32 @@ impl Comm {
     }
 }
 
-/// The first rank whose registered size cannot hold `bytes` at `offset`, with that size (pure).
 /// How a `sendrecv_registered` call runs, by whether each role's peer is a network peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ZcPath {
-    /// Zero-copy over NVLink (both roles NVLink, or an empty role's peer either way).
+    /// Zero-copy over NVLink: neither peer is a network peer (one that is not another rank is
+    /// refused by the NVLink path).
     Nvlink,
     /// Both roles through the network route, staged.
     Network,
-    /// One role of each kind: not built.
-    Mixed,
+    /// One role of each kind: the NVLink role zero-copy on the caller's stream, the network
+    /// role (the send role when `send_by_network`) staged beside it on the side stream.
+    Mixed {
+        /// Whether the send role is the network one.
+        send_by_network: bool,
+    },
 }
 
+/// The path of a `sendrecv_registered` call (pure).
 fn zc_path(send_net: bool, recv_net: bool) -> ZcPath {
     match (send_net, recv_net) {
         (false, false) => ZcPath::Nvlink,
         (true, true) => ZcPath::Network,
-        _ => ZcPath::Mixed,
+        (send_by_network, _) => ZcPath::Mixed { send_by_network },
     }
 }
 
+/// The first rank whose registered size cannot hold `bytes` at `offset`, with that size (pure).
 fn first_too_small(offset: u64, bytes: u64, sizes: &[u64]) -> Option<(usize, u64)> {
     let end = offset.checked_add(bytes);
     sizes
@@ -410,11 +448,21 @@ mod tests {
     use super::{first_too_small, zc_path, ZcPath};
 
     #[test]
-    fn a_call_with_one_role_of_each_kind_is_refused() {
+    fn a_call_with_one_role_of_each_kind_is_split_by_kind() {
         assert_eq!(zc_path(false, false), ZcPath::Nvlink);
         assert_eq!(zc_path(true, true), ZcPath::Network);
-        assert_eq!(zc_path(true, false), ZcPath::Mixed);
-        assert_eq!(zc_path(false, true), ZcPath::Mixed);
+        assert_eq!(
+            zc_path(true, false),
+            ZcPath::Mixed {
+                send_by_network: true
+            }
+        );
+        assert_eq!(
+            zc_path(false, true),
+            ZcPath::Mixed {
+                send_by_network: false
+            }
+        );
     }
 
     #[test]

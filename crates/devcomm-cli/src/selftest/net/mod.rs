@@ -7,7 +7,8 @@
 //! Files: `calls.rs` (sizes one way and both ways, back-to-back calls, graph replays),
 //! `mesh.rs` (a ring over network links, network and NVLink partners in turn, a ring of calls
 //! split between the two routes), `errors.rs` (a size mismatch), `zero_copy.rs` (the
-//! `*_registered` calls with network peers), `window.rs` (a user's kernel routing every peer of
+//! `*_registered` calls with network peers), `zero_copy_mixed.rs` (`sendrecv_registered` with
+//! one NVLink and one network peer), `window.rs` (a user's kernel routing every peer of
 //! a window). All-to-all(-v), the hooked collectives and the
 //! reductions with network peers are checked by the `collectives` and `reduce` groups and the
 //! `mismatch` group run with the same forced links (scripts/gpu-check.sh, `net-coll@N`,
@@ -22,6 +23,7 @@ mod errors;
 mod mesh;
 mod window;
 mod zero_copy;
+mod zero_copy_mixed;
 
 /// The group's checks.
 pub(super) const CHECKS: &[Check] = &[
@@ -74,8 +76,17 @@ pub(super) const CHECKS: &[Check] = &[
         ranks: Ranks::AtLeast(2),
         about: "send/recv_registered and sendrecv_registered with a network peer (8 B to \
                 1 MiB + 3, guard bytes), a range past the peer's buffer refused, \
-                all_to_all_registered; one NVLink and one network role refused as not built",
+                all_to_all_registered",
         run: |cx, _| zero_copy::zero_copy(cx),
+    },
+    Check {
+        name: "net_zero_copy_mixed",
+        ranks: Ranks::AtLeast(3),
+        about: "sendrecv_registered with one NVLink and one network peer (a mixed topology): \
+                a ring over registered buffers both ways, 1 B to the copy-engine size, guard \
+                bytes; the call against one-role calls of its peers; ranges past a \
+                registration refused before launch; 10 replays of a captured graph",
+        run: |cx, _| zero_copy_mixed::zero_copy_mixed(cx),
     },
     Check {
         name: "net_window",

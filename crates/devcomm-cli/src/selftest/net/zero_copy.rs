@@ -1,8 +1,8 @@
 //! Zero-copy calls (`*_registered`) with network peers: each is a send/recv of the network
 //! route into the registered range (docs/NETWORK.md), checked byte for byte with guard bytes
 //! around the range; a range past the peer's registration is refused before launch; the
-//! all-to-all into a registered output runs its fused kernel; a `sendrecv_registered` with one
-//! NVLink and one network peer is refused as not built.
+//! all-to-all into a registered output runs its fused kernel. A `sendrecv_registered` with one
+//! NVLink and one network peer is `zero_copy_mixed.rs`'s.
 
 use std::time::{Duration, Instant};
 
@@ -91,15 +91,6 @@ pub(super) fn zero_copy(cx: &Ctx) -> Checked {
             return Err("the refusal of a range past the buffer took over 1 s".into());
         }
     }
-    // A call with one NVLink and one network peer: not built, refused at once.
-    let mut mixed = "";
-    if let (Some(peer), Some(nvl)) = (net.partner, net.nvl_partner) {
-        let src = stream.alloc_zeros::<u8>(64).map_err(d)?;
-        match comm.sendrecv_registered(&src, nvl, reg.at(0, 64), reg.at(0, 64), peer, stream) {
-            Err(Error::NotImplemented { .. }) => mixed = "; one NVLink and one network role: refused as not built",
-            other => return Err(format!("sendrecv_registered to NVLink peer {nvl} from network peer {peer}: {other:?}")),
-        }
-    }
     cx.host_barrier()?;
     // The all-to-all into a registered output, every rank: the fused kernel.
     let chunk = 4099;
@@ -124,7 +115,7 @@ pub(super) fn zero_copy(cx: &Ctx) -> Checked {
         None => "no network partner on this rank".into(),
     };
     Ok(Outcome::Pass(format!(
-        "{pairs}, guard bytes untouched; a range past the peer's buffer refused{mixed}; \
+        "{pairs}, guard bytes untouched; a range past the peer's buffer refused; \
          all_to_all_registered of {chunk} B per peer verified"
     )))
 }
