@@ -269,6 +269,49 @@ fn capture_refusal(
 mod tests {
     use super::capture_refusal;
 
+    /// The classes of bug behind two defects: a call that takes a slice's address without its
+    /// capture readiness check, and a launch path that checks the recorded error with `check`
+    /// (which returns an earlier call's soft error and launches nothing, leaving the peers to
+    /// time out) instead of the guard before launch. Every source file of the communicator is
+    /// read: a slice's address comes only from `slice_ptr`/`slice_ptr_mut`, and `check()` is
+    /// called only by `synchronize`.
+    #[test]
+    fn every_call_takes_slices_through_the_capture_check_and_launches_through_the_guard() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/comm");
+        let mut offenders = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("src/comm") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("source");
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            let mut function = "";
+            // The tests below a file's `#[cfg(test)]` are not calls.
+            let calls = text.split("#[cfg(test)]").next().unwrap_or("");
+            for (i, line) in calls.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                if let Some(rest) = code.split("fn ").nth(1) {
+                    function = rest.split(['(', '<']).next().unwrap_or("");
+                }
+                let takes_slice = code.contains(".device_ptr(stream)")
+                    || code.contains(".device_ptr_mut(stream)");
+                let in_helper = name == "mod.rs" && code.trim_start().starts_with("Ok(slice.");
+                if takes_slice && !in_helper {
+                    offenders.push(format!("{name}:{}: {}", i + 1, line.trim()));
+                }
+                if code.contains("self.check()") && function != "synchronize" {
+                    offenders.push(format!("{name}:{}: {}", i + 1, line.trim()));
+                }
+            }
+        }
+        assert!(offenders.is_empty(), "{offenders:#?}");
+    }
+
     #[test]
     fn capture_is_refused_only_when_cudarc_tracks_events() {
         assert!(capture_refusal("send", 0, false, false).is_none());

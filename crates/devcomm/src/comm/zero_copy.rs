@@ -43,8 +43,7 @@ impl Comm {
         dst: RegisteredRange<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("send_registered", stream)?;
-        let (ptr, _sync) = buf.device_ptr(stream);
+        let (ptr, _sync) = self.slice_ptr("send_registered", buf, stream)?;
         if self.is_net_peer(peer) {
             let send = self.zc_net_send(ptr, buf.num_bytes() as u64, peer, dst)?;
             return self.sendrecv_routed(Some(send), None, stream);
@@ -101,8 +100,7 @@ impl Comm {
         recv_peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.capture_ready("sendrecv_registered", stream)?;
-        let (ptr, _sync) = send_buf.device_ptr(stream);
+        let (ptr, _sync) = self.slice_ptr("sendrecv_registered", send_buf, stream)?;
         let bytes = send_buf.num_bytes() as u64;
         match zc_path(self.is_net_peer(send_peer), self.is_net_peer(recv_peer)) {
             ZcPath::Network => {
@@ -212,7 +210,7 @@ impl Comm {
         if chunk == 0 {
             return Ok(());
         }
-        let (src, _sync) = send.device_ptr(stream);
+        let (src, _sync) = self.slice_ptr("all_to_all_registered", send, stream)?;
         let at = |p: usize| recv.shifted(p as u64 * chunk, chunk);
         // In a job with network links the fused kernel reaches every peer (NVLink and network
         // roles in one launch); the copy-engine steps reach NVLink peers only.
