@@ -3,15 +3,17 @@
 # so that a device run can carry it: the GPU machine has no Rust toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The build folder (CARGO_TARGET_DIR, else target/).
+tgt=${CARGO_TARGET_DIR:-target}
 cargo build --release -p devcomm-cli
 cargo build --release -p devcomm --examples
 mkdir -p dist
-cp target/release/devcomm dist/devcomm
-cp target/release/examples/transpose_all_to_all target/release/examples/fp8_all_to_all dist/
+cp "$tgt/release/devcomm" dist/devcomm
+cp "$tgt/release/examples/transpose_all_to_all" "$tgt/release/examples/fp8_all_to_all" dist/
 cp scripts/gpu-run.sh dist/gpu-run.sh
 cp scripts/gpu-check.sh dist/gpu-check.sh
 for ex in all_reduce_rmsnorm; do
-  if [ -x "target/release/examples/$ex" ]; then cp "target/release/examples/$ex" dist/; fi
+  if [ -x "$tgt/release/examples/$ex" ]; then cp "$tgt/release/examples/$ex" dist/; fi
 done
 strip dist/devcomm dist/transpose_all_to_all dist/fp8_all_to_all
 [ -x dist/all_reduce_rmsnorm ] && strip dist/all_reduce_rmsnorm
@@ -63,7 +65,7 @@ cp -L "$ucx_wheel"/../../libucx_cu13.libs/libcudart-*.so.* dist/libucx_cu13.libs
 chmod u+w dist/ucx-cuda/lib/ucx/*.so.0
 strip --strip-debug dist/ucx-cuda/lib/ucx/*.so.0
 net_test=$(cargo test -p devcomm --release --test net_ucx --no-run 2>&1 |
-  grep -o 'target/release/deps/net_ucx-[0-9a-f]*' | head -n 1)
+  grep -o '[^ (]*/release/deps/net_ucx-[0-9a-f]*' | head -n 1)
 cp "$net_test" dist/net_ucx_test
 strip --strip-debug dist/net_ucx_test
 du -sh dist/ucx dist/ucx-cuda
@@ -73,6 +75,6 @@ if [ ! -x .tools/py/bin/maturin ]; then
   python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
     --target .tools/py 'maturin>=1.5,<2' 'pytest>=7'
 fi
-(cd python && PYTHONPATH="$(pwd)/../.tools/py" CARGO_TARGET_DIR="$(pwd)/../target" \
+(cd python && PYTHONPATH="$(pwd)/../.tools/py" CARGO_TARGET_DIR="$(cd .. && realpath -m "$tgt")" \
   ../.tools/py/bin/maturin build --release --quiet --out ../dist)
 ls -la dist
