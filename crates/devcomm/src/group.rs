@@ -244,6 +244,36 @@ fn teardown_wait(
     }
 }
 
+/// Waits until no rank of the `world` is loading a kernel ([`Group::loading`]); an error naming
+/// the ranks still loading after `timeout`.
+fn wait_while_loading(store: &Store, rank: usize, world: usize, timeout: Duration) -> Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        let mut loading = Vec::new();
+        for r in (0..world).filter(|&r| r != rank) {
+            if store.add(&loading_key(r), 0)? > 0 {
+                loading.push(r);
+            }
+        }
+        if loading.is_empty() {
+            return Ok(());
+        }
+        if start.elapsed() >= timeout {
+            return Err(Error::Setup {
+                step: "kernel load gate".into(),
+                failures: vec![(
+                    rank,
+                    format!(
+                        "rank(s) {loading:?} still loading kernels after the setup timeout \
+                         ({timeout:?})"
+                    ),
+                )],
+            });
+        }
+        std::thread::sleep(GATE_POLL);
+    }
+}
+
 /// How often a gate looks at the store while it waits.
 const GATE_POLL: Duration = Duration::from_millis(50);
 
@@ -324,6 +354,7 @@ impl KernelGate {
             store.set(&self.key(rank), b"1")?;
             self.announced.store(true, Ordering::Release);
         }
+        let mut first = false;
         for peer in peers {
             let Some(flag) = self.ready.get(peer) else {
                 continue; // out of range: the caller's own checks report it
@@ -333,6 +364,14 @@ impl KernelGate {
             }
             self.wait_for(store, peer, setup_timeout, device_timeout)?;
             flag.store(true, Ordering::Release);
+            first = true;
+        }
+        if first {
+            // A peer may itself wait at a gate for a rank that compiles (a ring: this rank
+            // receives from a peer that receives from the compiling rank): this kernel's
+            // device waits would then time out behind that compile. So a first launch also
+            // waits until no rank of the group is loading a kernel.
+            wait_while_loading(store, rank, self.ready.len(), setup_timeout)?;
         }
         Ok(())
     }
@@ -514,5 +553,35 @@ mod tests {
             .expect_err("rank 1 never arrives")
             .to_string();
         assert!(err.contains("[1]") && err.contains("never"), "{err}");
+    }
+
+    #[test]
+    fn a_first_pass_waits_while_any_rank_loads() {
+        let (s0, info1) = two_stores();
+        let s1 = Store::connect(&info1, T).expect("rank 1 store");
+        // Rank 1 announces the kernel, then marks itself loading another one for 300 ms.
+        let gate1 = KernelGate::new("ring", 2);
+        gate1.pass_with(&s1, 1, (T, T), []).expect("announce");
+        s1.add(&loading_key(1), 1).expect("mark loading");
+        let loader = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            s1.add(&loading_key(1), -1).expect("unmark");
+            s1
+        });
+        let gate0 = KernelGate::new("ring", 2);
+        let t0 = std::time::Instant::now();
+        gate0
+            .pass_with(&s0, 0, (T, T), [1])
+            .expect("passes once rank 1 loads nothing");
+        assert!(
+            t0.elapsed() >= Duration::from_millis(250),
+            "{:?}",
+            t0.elapsed()
+        );
+        let _s1 = loader.join().expect("thread");
+        // Later passes look at nothing.
+        let t1 = std::time::Instant::now();
+        gate0.pass_with(&s0, 0, (T, T), [1]).expect("second pass");
+        assert!(t1.elapsed() < Duration::from_millis(50));
     }
 }

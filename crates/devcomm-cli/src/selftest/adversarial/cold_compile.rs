@@ -211,6 +211,7 @@ fn sendrecv(comm: &Comm, stream: &Arc<CudaStream>, cx: &Ctx) -> Result<(), Strin
     let mut recv = stream.alloc_zeros::<u8>(bytes).map_err(err)?;
     comm.sendrecv(&send, next, &mut recv, prev, stream)
         .map_err(err)?;
+    comm.synchronize(stream).map_err(err)?;
     let got = stream.clone_dtoh(&recv).map_err(err)?;
     compare(&got, &cx.data_of(prev, 9_100, bytes), "from the previous rank")
 }
@@ -348,10 +349,12 @@ fn hooked_all_reduce(comm: &Comm, stream: &Arc<CudaStream>, twice: &Hooks<f32>) 
 fn zero_copy(comm: &Comm, stream: &Arc<CudaStream>, cx: &Ctx) -> Result<bool, String> {
     let (next, prev) = ring(comm);
     let bytes = (1 << 20) + 5;
-    let dst = stream.alloc_zeros::<u8>(bytes).map_err(err)?;
-    stream.synchronize().map_err(err)?;
+    // cuMemAlloc memory (cudarc's stream-ordered pool memory cannot be shared).
+    let dst = devcomm::testing::DeviceBuffer::zeroed(comm.context(), bytes).map_err(err)?;
+    devcomm::testing::synchronize(comm.context()).map_err(err)?;
     // Registration is collective: every rank registers, whatever its peers' links.
-    let reg = comm.register_slice(&dst).map_err(err)?;
+    // SAFETY: `dst` outlives `reg` (dropped in reverse order of declaration).
+    let reg = unsafe { comm.register(dst.ptr(), bytes) }.map_err(err)?;
     let nvl = |p: usize| comm.topology().kind(p) == LinkKind::Nvl;
     let runs = comm.topology().kind(next) == comm.topology().kind(prev) && nvl(next);
     // Every rank must agree whether the ring runs, or a rank would wait for a peer that
@@ -371,7 +374,8 @@ fn zero_copy(comm: &Comm, stream: &Arc<CudaStream>, cx: &Ctx) -> Result<bool, St
     comm.sendrecv_registered(&src, next, at, at, prev, stream)
         .map_err(err)?;
     comm.synchronize(stream).map_err(err)?;
-    let got = stream.clone_dtoh(&dst).map_err(err)?;
+    let got = cx.read_ptr(dst.ptr(), bytes)?;
+    reg.release().map_err(err)?;
     compare(&got, &cx.data_of(prev, 9_200, bytes), "from the previous rank")?;
     Ok(true)
 }
