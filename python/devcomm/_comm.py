@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from . import _native, _ops, _rendezvous
+from . import _native, _ops, _pool, _rendezvous
 from ._ops import hooks_id
 from ._registration import Registration
 
@@ -244,16 +244,61 @@ class Comm:
         `recv_registered` (or `sendrecv_registered`) with a tensor at that offset of its buffer
         of the same registration, of the same size; a mismatch writes nothing and raises
         `devcomm.Error` (zero-copy mismatch) at the next check. A range past the peer's
-        registered size is refused before anything runs."""
+        registered size is refused before anything runs. `registration` may also be a tensor
+        of the memory pool: `t` then lands in `peer`'s pool memory at that tensor's address
+        plus `offset` (symmetric when the ranks allocated in the same order)."""
+        if isinstance(registration, torch.Tensor):
+            # A tensor of the memory pool: the peer's pool memory at the same address.
+            offset = self._offset("send_registered", offset)
+            dst = registration.data_ptr() + offset
+            return _native.pool_send(self._native, self._describe(t), peer, dst, _ops._stream(self._native))
         rid = Registration._check(registration, "send_registered", self)
         offset = self._offset("send_registered", offset)
         f = torch.ops.devcomm.send_registered if _compiling() else _ops.send_registered
         f(self._id, self._token, t, peer, rid, offset)
 
+    # --- the memory pool -----------------------------------------------------------------
+
+    def grow_pool(self, nbytes):
+        """Collective: adds a segment of at least `nbytes` (rounded up to the allocation
+        granularity) to the communicator's memory pool; returns its index. Every rank calls
+        it with the same size. `DEVCOMM_POOL_MIB` grows a first segment at `init()`."""
+        return _native.pool_grow(self._native, int(nbytes))
+
+    def mem_pool(self):
+        """The `torch.cuda.MemPool` of the communicator's memory pool: tensors allocated
+        inside `with torch.cuda.use_mem_pool(comm.mem_pool()):` live in memory every NVLink
+        peer has mapped. Allocating is local; torch's caching allocator takes whole segments
+        from the pool (2 MiB for small tensors, 20 MiB up to 10 MiB, else the size rounded to
+        2 MiB), so the pool must hold those. An exhausted pool makes torch raise its
+        out-of-memory error; devcomm's reason (the pool's segments, free bytes and the request)
+        is printed and kept in `pool_last_error()`."""
+        return _pool.mem_pool(self)
+
+    def empty(self, shape, dtype=torch.float32):
+        """A contiguous tensor of `shape` and `dtype` from the memory pool (local, not
+        collective; uninitialised). `devcomm.PoolExhausted` when the pool has no room. Tensors
+        that all ranks allocate in the same order lie at the same pool offset (symmetric)."""
+        return _pool.empty(self, shape, dtype)
+
+    def pool_usage(self):
+        """The pool's `segments` (their sizes), `free` bytes, `largest_free` range and live
+        `allocations`, as a dict."""
+        return _native.pool_usage(self._native)
+
+    def pool_lookup(self, t):
+        """Where tensor `t` lies in the memory pool: `(segment, offset, segment_base,
+        segment_bytes, device_handle)`, or None when it is not pool memory."""
+        return _pool.lookup(self, t)
+
+    def pool_last_error(self):
+        """The last error of the pool's torch allocator on this device (None if none)."""
+        return _native.pool_last_error(self._ordinal)
+
     def recv_registered(self, t, peer, registration=None):
         """Zero-copy receive: `peer` writes `t`'s size straight into `t`, which must lie
-        inside `registration` (or, when None, inside some registration of this rank: the
-        oldest that holds it)."""
+        inside `registration` (or, when None, inside some registration of this rank, the
+        oldest that holds it, or inside the memory pool)."""
         rid = 0 if registration is None else Registration._check(registration, "recv_registered", self)
         f = torch.ops.devcomm.recv_registered if _compiling() else _ops.recv_registered
         f(self._id, self._token, t, peer, rid)

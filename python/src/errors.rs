@@ -39,6 +39,13 @@ create_exception!(
 );
 create_exception!(
     devcomm,
+    PoolExhausted,
+    Error,
+    "The communicator's memory pool has no room for a request; nothing was allocated. Fields: \
+     rank, requested, segments, free, largest_free."
+);
+create_exception!(
+    devcomm,
     CudaError,
     Error,
     "A CUDA driver call failed. Fields: rank, call."
@@ -71,6 +78,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Aborted", py.get_type::<Aborted>())?;
     m.add("CountOverflow", py.get_type::<CountOverflow>())?;
     m.add("CudaError", py.get_type::<CudaError>())?;
+    m.add("PoolExhausted", py.get_type::<PoolExhausted>())?;
     m.add("CompileError", py.get_type::<CompileError>())?;
     m.add("SetupError", py.get_type::<SetupError>())?;
     m.add("NotBuiltError", py.get_type::<NotBuiltError>())?;
@@ -173,6 +181,23 @@ pub fn to_py(e: devcomm::Error) -> PyErr {
                     ("op", obj(py, *op)),
                     ("rank", obj(py, *rank)),
                     ("peer", obj(py, *peer)),
+                ],
+            ),
+            E::PoolExhausted {
+                rank,
+                requested,
+                segments,
+                free,
+                largest_free,
+                ..
+            } => (
+                PoolExhausted::new_err(text),
+                vec![
+                    ("rank", obj(py, *rank)),
+                    ("requested", obj(py, *requested)),
+                    ("segments", obj(py, segments.clone())),
+                    ("free", obj(py, *free)),
+                    ("largest_free", obj(py, *largest_free)),
                 ],
             ),
             E::Cuda { rank, call, .. } => (

@@ -7,6 +7,7 @@ mod comm;
 mod errors;
 mod hooks;
 mod memory;
+mod pool;
 mod reduce;
 mod registered;
 mod store;
@@ -72,6 +73,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(registered::sendrecv_registered, m)?,
         wrap_pyfunction!(registered::locate_in, m)?,
         wrap_pyfunction!(registered::check_send_offset, m)?,
+        wrap_pyfunction!(pool::pool_attach, m)?,
+        wrap_pyfunction!(pool::pool_last_error, m)?,
+        wrap_pyfunction!(pool::pool_grow, m)?,
+        wrap_pyfunction!(pool::pool_usage, m)?,
+        wrap_pyfunction!(pool::pool_lookup, m)?,
+        wrap_pyfunction!(pool::pool_empty, m)?,
+        wrap_pyfunction!(pool::pool_send, m)?,
     ] {
         m.add_function(f)?;
     }

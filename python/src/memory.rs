@@ -1,5 +1,6 @@
 //! Device memory the package allocates for `Comm.alloc_registered` (`cuMemAlloc`, so that it
-//! can be registered: stream-ordered pool memory cannot), and its export as a DLPack capsule
+//! can be registered: stream-ordered pool memory cannot) or takes from the communicator's
+//! memory pool for `Comm.empty`, and its export as a DLPack capsule
 //! (`dltensor`) that `torch.from_dlpack` turns into a tensor. The capsule's tensor holds a
 //! reference to the memory; so does the registration (`registered.rs`). The memory is freed
 //! when the last of them goes.
@@ -8,17 +9,20 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::{result, CudaContext};
+use devcomm::PoolAllocator;
 use pyo3::prelude::*;
 
 use crate::errors::{invalid, IntoPy};
 use crate::tensor::{DLDataType, DLDevice, DLTensor, DType, KDL_CUDA};
 
-/// `bytes` of `cuMemAlloc` memory of one context.
+/// `bytes` of `cuMemAlloc` memory of one context, or of its communicator's memory pool.
 #[derive(Debug)]
 pub struct DeviceMemory {
     pub ptr: u64,
     pub bytes: u64,
     ctx: Arc<CudaContext>,
+    /// The pool the memory came from (`None`: `cuMemAlloc`).
+    pool: Option<PoolAllocator>,
 }
 
 impl DeviceMemory {
@@ -49,7 +53,18 @@ impl DeviceMemory {
             ptr,
             bytes,
             ctx: ctx.clone(),
+            pool: None,
         })
+    }
+
+    /// Takes over `bytes` at `ptr`, an allocation of `pool`, which gets it back on drop.
+    pub fn from_pool(ctx: &Arc<CudaContext>, pool: PoolAllocator, ptr: u64, bytes: u64) -> Self {
+        Self {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+            pool: Some(pool),
+        }
     }
 }
 
@@ -60,6 +75,14 @@ impl Drop for DeviceMemory {
         // cannot be reported from here; a failed free leaks the memory, nothing worse.
         if self.ctx.bind_to_thread().is_ok() {
             let _ = self.ctx.synchronize();
+            if let Some(pool) = &self.pool {
+                // SAFETY: the allocation was taken over from the pool once and is returned
+                // only here; the device is idle, so no kernel uses it any more.
+                if let Err(e) = unsafe { pool.free(self.ptr) } {
+                    eprintln!("devcomm: returning a tensor's memory to the pool: {e}");
+                }
+                return;
+            }
             // SAFETY: `ptr` came from cuMemAlloc in this context and is freed only here; the
             // device is idle (synchronised above), so no kernel uses it any more.
             let _ = unsafe { result::free_sync(self.ptr) };

@@ -293,7 +293,8 @@ pub fn send_registered(
         .py()
 }
 
-/// This rank's range of `t` in registration `id` (or the oldest that holds it, for None).
+/// This rank's range of `t` in registration `id` (or, for None, the oldest that holds it, else
+/// the communicator's memory pool).
 fn recv_range(
     c: &PyComm,
     op: &str,
@@ -318,11 +319,20 @@ fn recv_range(
             .map(|(_, handle, offset)| unsafe {
                 RegisteredRange::from_raw(handle, offset, d.bytes())
             })
+            // Memory of the communicator's pool is registered as its segments, which live as
+            // long as the communicator.
+            .or_else(|| {
+                c.comm().pool_lookup(d.ptr, d.bytes()).map(|at| {
+                    // SAFETY: a pool segment's registration, live while the communicator is.
+                    unsafe { RegisteredRange::from_raw(at.device_handle, at.offset, d.bytes()) }
+                })
+            })
             .ok_or_else(|| {
                 invalid(
                     op,
                     format!(
-                        "recv [{:#x}, +{}) lies inside no registration of rank {rank}",
+                        "recv [{:#x}, +{}) lies inside no registration nor the memory pool of \
+                         rank {rank}",
                         d.ptr,
                         d.bytes()
                     ),

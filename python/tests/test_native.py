@@ -29,10 +29,28 @@ def test_exception_classes_form_one_hierarchy():
         devcomm.CompileError,
         devcomm.SetupError,
         devcomm.NotBuiltError,
+        devcomm.PoolExhausted,
     ):
         assert issubclass(cls, devcomm.Error) and cls is not devcomm.Error
     assert issubclass(devcomm.Error, Exception)
     assert devcomm.PeerTimeout.__module__ == "devcomm"
+
+
+def test_the_pool_allocator_functions_are_exported_and_refuse_without_a_pool():
+    # What torch.cuda.memory.CUDAPluggableAllocator looks up in the native library, with the
+    # signatures torch calls: void* alloc(ssize_t, int, cudaStream_t) and
+    # void free(void*, ssize_t, int, cudaStream_t).
+    import ctypes
+
+    lib = ctypes.CDLL(devcomm._native.__file__)
+    malloc, free = lib.devcomm_pool_malloc, lib.devcomm_pool_free
+    malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    free.restype, free.argtypes = None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    assert devcomm._native.pool_last_error(97) is None
+    assert malloc(1 << 20, 97, None) is None
+    assert "no devcomm memory pool on CUDA device 97" in devcomm._native.pool_last_error(97)
+    free(4096, 256, 98, None)
+    assert "pool free" in devcomm._native.pool_last_error(98)
 
 
 def test_joining_without_the_environment_names_the_variable(monkeypatch):

@@ -198,6 +198,30 @@ pub enum Error {
         /// Bytes available.
         capacity: u64,
     },
+    /// The communicator's memory pool has no free range for a request; nothing was allocated
+    /// and nothing written. Grow the pool ([`crate::Comm::grow_pool`], collective) or set a
+    /// larger first segment (`DEVCOMM_POOL_MIB`).
+    #[error(
+        "rank {rank}: devcomm memory pool exhausted: {requested} bytes requested ({rounded} \
+         rounded); the pool holds {} segment(s) of {segments:?} bytes with {free} bytes free, \
+         the largest free range {largest_free} bytes; grow it with grow_pool (collective) or \
+         DEVCOMM_POOL_MIB",
+        segments.len()
+    )]
+    PoolExhausted {
+        /// This rank.
+        rank: usize,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes the request needs once rounded up to the pool's 256-byte granule.
+        rounded: u64,
+        /// Each segment's size, in creation order.
+        segments: Vec<u64>,
+        /// Free bytes over all segments.
+        free: u64,
+        /// The largest free range (the largest request that would succeed).
+        largest_free: u64,
+    },
     /// A peer has no path this operation can use.
     #[error(
         "{op}: no NVLink path from rank {rank} to peer {peer} (link kind {kind}){}",

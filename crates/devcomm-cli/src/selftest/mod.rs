@@ -66,6 +66,7 @@ groups!(
     reduce,
     mismatch,
     adversarial,
+    pool,
     net,
     timeout
 );

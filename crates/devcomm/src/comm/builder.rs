@@ -15,7 +15,7 @@ use crate::cuda::ErrorState;
 use crate::error::{CudaResultExt, Result};
 use crate::group::Group;
 use crate::jit::Jit;
-use crate::memory::Registry;
+use crate::memory::{Pool, Registry};
 use crate::p2p::{P2PLimits, TuneTable, P2P};
 use crate::topology::Topology;
 
@@ -273,7 +273,9 @@ impl CommBuilder {
             Some(_) => Some(super::net_reduce::NetReduce::new(&group)?),
             None => None,
         };
+        let registry = Arc::new(Registry::new());
         let comm = Comm {
+            pool: Pool::new(&group, registry.clone()),
             net,
             net_reduce,
             p2p,
@@ -282,12 +284,15 @@ impl CommBuilder {
             local_rank,
             device,
             jit: Jit::from_config(&self.config),
-            registry: Registry::new(),
+            registry,
             stream: self.stream,
             group,
         };
         if let Some(stream) = &comm.stream {
             comm.p2p.bind(&comm.group, stream)?;
+        }
+        if self.config.pool_mib > 0 {
+            comm.grow_pool(self.config.pool_mib as usize * (1 << 20))?;
         }
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);
         Ok(comm)

@@ -7,6 +7,7 @@ mod net_p2p;
 mod net_reduce;
 mod net_window;
 mod p2p;
+mod pool;
 pub mod raw;
 mod raw_registered;
 mod reduce_ops;
@@ -27,18 +28,22 @@ use crate::error::{CudaResultExt, Result};
 use crate::group::Group;
 use crate::jit::{Jit, KernelSpec};
 use crate::kernels::KernelKind;
-use crate::memory::Registry;
+use crate::memory::{Pool, Registry};
 use crate::p2p::P2P;
 use crate::topology::Topology;
 
 pub use builder::CommBuilder;
 pub use collectives::HookArgs;
 pub use p2p::AGREE_SWITCH;
+pub use pool::PoolSlice;
 pub use registration::{RegisteredRange, Registration};
 
 /// A communicator: one per process, one GPU per process.
 #[derive(Debug)]
 pub struct Comm {
+    /// The memory pool's segments: torn down first (collectively), while the registry and
+    /// the network transport their registrations use are still there.
+    pool: Pool,
     /// Network peers (`None` when no link of the job is `Net`); torn down first.
     net: Option<net_p2p::NetPeers>,
     /// The reductions' and barrier's scratch in a job with network links (`None` otherwise).
@@ -46,7 +51,7 @@ pub struct Comm {
     local_rank: usize,
     device: DeviceInfo,
     jit: Jit,
-    registry: Registry,
+    registry: Arc<Registry>,
     p2p: P2P,
     coll: Collective,
     /// The stream given to the builder, bound at build.

@@ -145,6 +145,17 @@ impl RegisteredRange<'static> {
 }
 
 impl RegisteredRange<'_> {
+    /// A range of the registration `handle` of this crate's registry (a memory pool segment),
+    /// borrowed for as long as the caller's borrow of what keeps the registration alive.
+    pub(crate) fn of_handle(handle: u64, offset: u64, bytes: u64) -> Self {
+        Self {
+            handle,
+            offset,
+            bytes,
+            _registration: PhantomData,
+        }
+    }
+
     /// The range `bytes` further on, of the same length (`at(p)` of a chunked buffer).
     pub(crate) fn shifted(self, by: u64, bytes: u64) -> Self {
         Self {

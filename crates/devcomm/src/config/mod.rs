@@ -208,6 +208,10 @@ knobs! {
     /// MiB one two-shot reduction round stages per rank (the window holds two rounds).
     reduce_chunk_mib: u32 = 32, "32",
         env "DEVCOMM_REDUCE_CHUNK_MIB", group "reductions", range range(1, 256), Must, experimental;
+    /// MiB of the memory pool's first segment, grown when the communicator is built (`0`:
+    /// none until `grow_pool`); pool allocations come from its segments.
+    pool_mib: u32 = 0, "0",
+        env "DEVCOMM_POOL_MIB", group "memory", range range(0, 1 << 20), Must;
     /// `0` launches kernels without programmatic dependent launch.
     pdl: bool = true, "1",
         env "DEVCOMM_PDL", group "launch", range None, Local;

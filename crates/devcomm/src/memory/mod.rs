@@ -12,6 +12,8 @@
 //! object or every rank gets the same error. Tear-down synchronises the device, waits for all
 //! ranks, and unmaps peers' memory before its own.
 
+mod pool;
+mod pool_alloc;
 mod registration;
 mod registry;
 
@@ -24,6 +26,8 @@ use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::topology::Topology;
 
+pub(crate) use pool::Pool;
+pub use pool::{PoolAllocator, PoolLocation, PoolUsage};
 pub(crate) use registration::NetworkKey;
 pub(crate) use registry::Registry;
 

@@ -113,7 +113,7 @@ pub(crate) struct Registration {
     /// `RegisteredBuffer` (the handle), `DevicePeerTable`, and the `u64[world_size]` table.
     handle: DeviceBuffer,
     _peer_table: DeviceBuffer,
-    _table: DeviceBuffer,
+    table: DeviceBuffer,
     mappings: Vec<PeerMapping>,
     /// The network registration, if any (released first).
     network: Option<NetworkKey>,
@@ -208,7 +208,7 @@ impl Registration {
             peer_bytes: infos.iter().map(|i| i.bytes).collect(),
             handle,
             _peer_table: peer_table,
-            _table: table,
+            table,
             mappings: opened.into_iter().map(|(_, m)| m).collect(),
             network,
             closed: false,
@@ -226,6 +226,12 @@ impl Registration {
     /// an NVLink path.
     pub(crate) fn get_nvlink_address(&self, peer: usize) -> Option<u64> {
         self.peer_ptrs.get(peer).copied().filter(|&p| p != 0)
+    }
+
+    /// Device address of the `u64[world_size]` table of the buffer as mapped here, by rank
+    /// (0 without an NVLink path): what kernels index by peer.
+    pub(crate) fn peer_table(&self) -> u64 {
+        self.table.ptr()
     }
 
     /// Bytes `peer` registered in this registration.

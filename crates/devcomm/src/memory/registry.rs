@@ -122,6 +122,13 @@ impl Registry {
         })
     }
 
+    /// Device address of registration `handle`'s `u64[world_size]` peer table (see
+    /// [`Registration::peer_table`]); `None` for an unknown handle.
+    pub(crate) fn peer_table(&self, handle: u64) -> Option<u64> {
+        let entries = self.lock();
+        entries.by_handle.get(&handle).map(|(_, r)| r.peer_table())
+    }
+
     /// The size every rank registered under `handle` (this rank's handle), known to all since
     /// registration whether or not a peer's buffer is mapped here; `None` for an unknown handle.
     pub(crate) fn sizes(&self, handle: u64) -> Option<Vec<u64>> {
