@@ -113,7 +113,16 @@ class DevcommRegistered(Devcomm):
 
     def _alloc(self, numel, dtype):
         if self.how == "comm.empty":
-            return self.comm.empty((numel,), dtype=dtype), None
+            import devcomm
+
+            try:
+                return self.comm.empty((numel,), dtype=dtype), None
+            except devcomm.PoolExhausted:
+                # Every rank allocates the same sizes in the same order, so every rank runs out
+                # here alike: grow the pool (collective) by what this slab needs, and retry.
+                nbytes = numel * torch.empty((), dtype=dtype).element_size()
+                self.comm.grow_pool(max(nbytes, 64 << 20))
+                return self.comm.empty((numel,), dtype=dtype), None
         if self.how.startswith("comm.mem_pool"):
             if self.pool is None:
                 self.pool = self.comm.mem_pool()

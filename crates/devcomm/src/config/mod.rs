@@ -197,10 +197,10 @@ knobs! {
         env "DEVCOMM_REDUCE_MAX_BLOCKS", group "reductions", range range(1, 64), Must;
     /// KiB of a two-shot round that one block reduces: the block count grows with the size
     /// by this step (up to the most blocks).
-    reduce_block_kib: u32 = 64, "64",
+    reduce_block_kib: u32 = 16, "16",
         env "DEVCOMM_REDUCE_BLOCK_KIB", group "reductions", range range(1, 1 << 20), Must, experimental;
     /// Most blocks of a one-shot reduction (one per 8 KiB of payload up to this).
-    reduce_one_shot_blocks: u32 = 16, "16",
+    reduce_one_shot_blocks: u32 = 32, "32",
         env "DEVCOMM_REDUCE_ONE_SHOT_BLOCKS", group "reductions", range range(1, 64), Must, experimental;
     /// Largest one-shot reduction payload in KiB (`0`: never); unset: 512/256/32 by ranks.
     reduce_one_shot_kib: Option<u32> = None, "by ranks",

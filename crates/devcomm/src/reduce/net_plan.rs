@@ -10,7 +10,10 @@
 //! `[base, base + len)` of every rank's shard, one of an all-gather `[base, base + len)` of the
 //! input.
 
-use super::plan::{plan, Collective, Shape, BLOCK_BYTES, DEFAULT_MAX_BLOCKS};
+use super::plan::{plan, Collective, Shape, DEFAULT_MAX_BLOCKS};
+
+/// Bytes per block of a local step of the network path.
+const STEP_BLOCK_BYTES: u64 = 64 << 10;
 use super::types::{DataType, ReduceOp};
 use super::ReduceLimits;
 
@@ -137,7 +140,7 @@ fn lcm(a: u64, b: u64) -> u64 {
 /// Blocks of a local step over `bytes` (one per 64 KiB, at most `MAX_BLOCKS`, at most the SMs).
 pub fn step_blocks(bytes: u64, sm_count: u32) -> u32 {
     bytes
-        .div_ceil(BLOCK_BYTES)
+        .div_ceil(STEP_BLOCK_BYTES)
         .clamp(1, u64::from(DEFAULT_MAX_BLOCKS.min(sm_count.max(1)))) as u32
 }
 

@@ -71,14 +71,17 @@ pub const MAX_BLOCKS: u32 = 64;
 pub const THREADS: u32 = 512;
 
 /// Bytes one block of the two-shot reduces per round, by which the block count grows (the
-/// default of [`ReduceLimits::block_bytes`]; the network path's local steps use it as it is).
-pub const BLOCK_BYTES: u64 = 64 << 10;
+/// default of [`ReduceLimits::block_bytes`]). 16 KiB: on 4 H200s (bf16 all-reduce, 2026-11-27)
+/// 512 KiB took 23.7 us on 32 blocks against 25.7 on 8 (64 KiB a block), 8 MiB 62.4 against
+/// 67.5 (docs/PERFORMANCE.md, "Reduction block counts").
+pub const BLOCK_BYTES: u64 = 16 << 10;
 
 /// Most blocks of a launch by default ([`ReduceLimits::max_blocks`]).
 pub const DEFAULT_MAX_BLOCKS: u32 = 32;
 
-/// Most blocks of a one-shot call by default ([`ReduceLimits::one_shot_blocks`]).
-pub const ONE_SHOT_BLOCKS: u32 = 16;
+/// Most blocks of a one-shot call by default ([`ReduceLimits::one_shot_blocks`]): 32. On 4
+/// H200s a 256 KiB all-reduce took 15.8 us on 32 blocks against 18.6 on 16.
+pub const ONE_SHOT_BLOCKS: u32 = 32;
 
 /// Bytes of flag-in-data lines per 8 bytes of payload.
 pub const LINE_BYTES: u64 = 16;
@@ -363,7 +366,9 @@ mod tests {
     #[test]
     fn blocks_grow_with_the_round_and_stay_bounded() {
         let p = |n: u64| plan(&shape(Collective::AllReduce, n, 4, 2), &L).unwrap();
-        assert_eq!(p(200_000).blocks, 13); // 800 KB round
+        // 4 ranks, 300 KB (two-shot): a 300,032-byte round, one block per 16 KiB.
+        let mid = plan(&shape(Collective::AllReduce, 75_000, 4, 4), &lw(4)).unwrap();
+        assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 19));
         assert_eq!(p(1 << 20).blocks, 32); // 4 MiB: capped
         assert_eq!(p(64 << 20).blocks, 32); // 256 MiB: 32 blocks, at most 32 SMs
         let one = plan(&shape(Collective::AllReduce, 1, 4, 2), &L).unwrap();
