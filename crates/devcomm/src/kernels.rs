@@ -122,8 +122,15 @@ pub fn kernel_spec(kind: KernelKind<'_>, config: &Config, net_links: bool) -> Ke
         ),
     };
     spec.options.extend(options.iter().cloned());
+    if config.trace {
+        // Another cache key; without it the source and options are those of an untraced build.
+        spec.options.push(TRACE_OPTION.to_owned());
+    }
     spec
 }
+
+/// The NVRTC option that compiles the kernels' timeline events in (`cuda/devcomm/trace.cuh`).
+pub const TRACE_OPTION: &str = "-DDC_TRACE=1";
 
 /// Loads `kind`'s module ([`kernel_spec`] under the group's settings) with every kernel's code
 /// (not at its first launch: under the driver's lazy loading a kernel's first launch can wait
@@ -139,6 +146,9 @@ pub(crate) fn load(
     group.loading(|| {
         let module = jit.load(&group.ctx, &spec)?;
         module.load_every_kernel()?;
+        if let Some(trace) = group.trace.get() {
+            trace.attach(&module)?;
+        }
         Ok(module)
     })
 }

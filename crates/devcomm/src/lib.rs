@@ -54,6 +54,7 @@ pub mod reduce;
 pub mod testing;
 #[allow(unreachable_pub)]
 pub mod topology;
+pub mod trace;
 pub(crate) mod window;
 pub(crate) mod window_net;
 

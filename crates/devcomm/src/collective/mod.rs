@@ -324,6 +324,12 @@ impl Collective {
             op_pad: 0,
         };
         let cfg = linear_launch(grid, THREADS);
+        let _scope = group.call_scope(stream, || crate::trace::CallInfo {
+            op: call.op,
+            bytes: call.in_elems * hooks.in_size as u64,
+            peers: (0..world).filter(|&q| q != rank).collect(),
+            algorithm: format!("{grid} blocks, {} per peer", shape.per_peer),
+        });
         // SAFETY: coll_kernel<H, THREADS, MIXED, NET>(CollLaunch) takes exactly this struct by
         // value and enters through enter_after_previous_kernel. Its window, counters and network
         // staging and queues live as long as the communicator; the buffers and count arrays

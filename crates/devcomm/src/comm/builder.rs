@@ -289,6 +289,22 @@ impl CommBuilder {
         if let Some(stream) = &comm.stream {
             comm.p2p.bind(&comm.group, stream)?;
         }
+        if self.config.trace {
+            let trace = agree_on_store(
+                &comm.group.store,
+                "trace ring",
+                rank,
+                crate::trace::DeviceTrace::new(
+                    &comm.group.ctx,
+                    &comm.jit,
+                    rank,
+                    self.config.trace_events,
+                ),
+                setup_timeout,
+            )?;
+            // Set before any kernel module is loaded: `kernels::load` attaches each to it.
+            let _ = comm.group.trace.set(trace);
+        }
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);
         Ok(comm)
     }

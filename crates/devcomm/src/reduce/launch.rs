@@ -380,6 +380,12 @@ impl Reduce {
         };
         debug_assert!(pl.chunk * world as u64 * es <= self.limits.chunk_bytes);
         let cfg = linear_launch(pl.blocks, THREADS);
+        let _scope = group.call_scope(stream, || crate::trace::CallInfo {
+            op: op_name,
+            bytes: call.count * es,
+            peers: (0..world).filter(|&q| q != rank).collect(),
+            algorithm: format!("{:?}, {} blocks", pl.algorithm, pl.blocks),
+        });
         // SAFETY: both kernels take one ReduceLaunch by value and enter through
         // enter_after_previous_kernel. The window and counters live as long as the
         // communicator (this state is dropped before the group). The caller resolved and
