@@ -58,8 +58,7 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
       ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b, agree_none(), false);
       return;
     }
-    const bool lead = threadIdx.x == SEND_THREADS;
-    DC_TRACE_EVENT_BY(lead, kTracePhaseBegin, kPhaseRecv, a.recv.peer, 0, 0);
+    DC_TRACE_EVENT_BY(threadIdx.x == SEND_THREADS, kTracePhaseBegin, kPhaseRecv, a.recv.peer, 0, 0);
     const dc_u64 call = agree_recv_begin(a, a.recv.peer, b == 0 && threadIdx.x == SEND_THREADS);
     if (a.recv.low_latency) {
       ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b, recv_call(a, call),
@@ -71,8 +70,9 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
       NamedBarrier(2, SEND_THREADS, RECV_THREADS).sync();
       if (threadIdx.x == SEND_THREADS) agree_recv_done(a, a.recv.peer, call, a.recv.blocks);
     }
-    DC_TRACE_EVENT_BY(lead, kTracePhaseEnd, kPhaseRecv, a.recv.peer, 0, b == 0 ? a.recv.bytes : 0);
-    DC_TRACE_EVENT_BY(lead, kTraceKernelEnd, 0, -1, 0, 0);
+    DC_TRACE_EVENT_BY(threadIdx.x == SEND_THREADS, kTracePhaseEnd, kPhaseRecv, a.recv.peer, 0,
+                      b == 0 ? a.recv.bytes : 0);
+    DC_TRACE_EVENT_BY(threadIdx.x == SEND_THREADS, kTraceKernelEnd, 0, -1, 0, 0);
   }
 }
 
@@ -147,11 +147,11 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
   dc_u32 b;
   split_block(a.send.blocks, a.recv.blocks, INTERLEAVE, send, b);
   if (!send && b >= a.recv.blocks) return;
-  const P2PSide& side = send ? a.send : a.recv;
   DC_TRACE_KERNEL_BEGIN();
-  DC_TRACE_PHASE_BEGIN(send ? kPhaseSend : kPhaseRecv, side.peer);
+  DC_TRACE_PHASE_BEGIN(send ? kPhaseSend : kPhaseRecv, (send ? a.send : a.recv).peer);
   plain_role(a, send, b, THREADS, true, mirror_at);
-  DC_TRACE_PHASE_END(send ? kPhaseSend : kPhaseRecv, side.peer, b == 0 ? side.bytes : 0);
+  DC_TRACE_PHASE_END(send ? kPhaseSend : kPhaseRecv, (send ? a.send : a.recv).peer,
+                     b == 0 ? (send ? a.send : a.recv).bytes : 0);
   DC_TRACE_KERNEL_END(0);
 }
 

@@ -351,3 +351,6 @@ impl Drop for CallScope<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
