@@ -66,6 +66,7 @@ groups!(
     reduce,
     mismatch,
     adversarial,
+    trace,
     net,
     timeout
 );

@@ -94,6 +94,12 @@ impl RankTrace {
         out
     }
 
+    /// The trace as JSON (for the Python package: a dict of these fields).
+    pub fn to_json(&self) -> String {
+        // Serialising plain data to JSON cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
     /// The trace of [`RankTrace::to_bytes`]; an error names what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> std::result::Result<Self, String> {
         let len = bytes
