@@ -27,6 +27,7 @@ use crate::reduce::{DataType, ReduceOp};
 /// | `Collective { hooks }` | all-to-all, all-to-all-v, their hooked forms and hooked send/recv with `hooks` (the copy hooks of the element size for the plain forms: [`crate::raw::copy_hooks`]) |
 /// | `Reduce { dtype, hooked }` | all-reduce, reduce-scatter, all-gather of `dtype` without network links (`hooked`: the operation and epilogue of `all_reduce_hooked`; all-gather uses the plain module) |
 /// | `ReduceNetStep { dtype, hooked }` | the same calls with network links (their local steps; the data moves by the byte-copy collective, [`KernelKind::network_reduction`]) |
+/// | `TraceClock` | the GPU clock's offset, measured once at build with `DEVCOMM_TRACE=1` (docs/TRACING.md) |
 ///
 /// With network links the barrier is the byte-copy collective ([`KernelKind::barrier`]).
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +55,9 @@ pub enum KernelKind<'a> {
         /// A hooked all-reduce's operation and epilogue; `None`: every plain step.
         hooked: Option<(ReduceOp, &'a RawHooks)>,
     },
+    /// The kernel that reads `%globaltimer` for the trace's clock offset
+    /// ([`crate::trace::clock`]); it records no events itself.
+    TraceClock,
 }
 
 /// The byte-copy hooks of the network reductions' and barrier's all-to-alls.
@@ -120,6 +124,8 @@ pub fn kernel_spec(kind: KernelKind<'_>, config: &Config, net_links: bool) -> Ke
             },
             &config.reduce_options,
         ),
+        // Nothing to configure, and no events of its own to record.
+        KernelKind::TraceClock => return crate::trace::clock::spec(),
     };
     spec.options.extend(options.iter().cloned());
     if config.trace {

@@ -272,3 +272,32 @@ fn every_module_load_goes_through_the_one_load_path() {
         found.join("\n")
     );
 }
+
+/// With tracing on every module gets the one trace option (another cache key) and nothing
+/// else changes; the clock kernel of the trace's setup is the same either way.
+#[test]
+fn tracing_adds_its_option_to_every_module_but_the_clock() {
+    use crate::kernels::TRACE_OPTION;
+    let (copy, hooks) = (RawHooks::copy_of_size(4), user_hooks());
+    let traced = Config {
+        trace: true,
+        ..Config::default()
+    };
+    for (kind, _) in every_kind(&copy, &hooks) {
+        for net in [false, true] {
+            let plain = kernel_spec(kind, &Config::default(), net);
+            let mut with = kernel_spec(kind, &traced, net);
+            assert!(!plain.options.iter().any(|o| o == TRACE_OPTION), "{kind:?}");
+            assert_eq!(
+                with.options.iter().filter(|o| *o == TRACE_OPTION).count(),
+                1
+            );
+            with.options.retain(|o| o != TRACE_OPTION);
+            assert_eq!(with, plain, "{kind:?}");
+        }
+    }
+    assert_eq!(
+        kernel_spec(KernelKind::TraceClock, &traced, false),
+        kernel_spec(KernelKind::TraceClock, &Config::default(), false)
+    );
+}

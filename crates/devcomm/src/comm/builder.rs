@@ -290,16 +290,12 @@ impl CommBuilder {
             comm.p2p.bind(&comm.group, stream)?;
         }
         if self.config.trace {
+            // Every rank takes this step: the setting must agree (a setup error otherwise).
             let trace = agree_on_store(
                 &comm.group.store,
                 "trace ring",
                 rank,
-                crate::trace::DeviceTrace::new(
-                    &comm.group.ctx,
-                    &comm.jit,
-                    rank,
-                    self.config.trace_events,
-                ),
+                crate::trace::DeviceTrace::new(&comm.group, &comm.jit, self.config.trace_events),
                 setup_timeout,
             )?;
             // Set before any kernel module is loaded: `kernels::load` attaches each to it.

@@ -207,7 +207,7 @@ knobs! {
 
     /// `1` compiles every kernel with timeline events and records them (docs/TRACING.md).
     trace: bool = false, "0",
-        env "DEVCOMM_TRACE", group "tracing", range None, Local;
+        env "DEVCOMM_TRACE", group "tracing", range None, Must;
     /// Events the trace ring of a rank holds (32 bytes each); later events are dropped, counted.
     trace_events: u32 = 1 << 20, "1048576",
         env "DEVCOMM_TRACE_EVENTS", group "tracing", range range(16, 1 << 26), Local;

@@ -276,7 +276,8 @@ pub fn validate(trace: &Value) -> Result<(), String> {
 fn nested(events: &[Value]) -> Result<(), String> {
     // Timestamps are in µs with ns digits: allow for the rounding of the ns to f64.
     const SLACK: f64 = 1e-3;
-    let mut tracks: BTreeMap<(u64, u64), Vec<(f64, f64, usize)>> = BTreeMap::new();
+    type Slices = Vec<(f64, f64, usize)>;
+    let mut tracks: BTreeMap<(u64, u64), Slices> = BTreeMap::new();
     for (i, e) in events.iter().enumerate() {
         if e["ph"] == "X" {
             let (ts, dur) = (

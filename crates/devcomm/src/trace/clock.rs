@@ -10,14 +10,14 @@
 //! events land on one clock; across hosts the ranks are as aligned as their clocks
 //! (NTP or PTP; docs/TRACING.md).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, DeviceRepr, LaunchConfig};
+use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::now_ns;
 use crate::cuda::HostMapped;
 use crate::error::{CudaResultExt, Error, Result};
+use crate::group::Group;
 use crate::jit::{Jit, KernelSpec};
 
 /// Round trips measured.
@@ -85,12 +85,13 @@ pub fn best_offset(samples: &[Sample]) -> Option<(i64, u64)> {
 }
 
 /// Measures `(offset ns, round trip ns)` of `ctx`'s GPU (see the module's doc).
-pub(crate) fn measure(ctx: &Arc<CudaContext>, jit: &Jit, rank: usize) -> Result<(i64, u64)> {
+pub(crate) fn measure(group: &Group, jit: &Jit) -> Result<(i64, u64)> {
+    let (ctx, rank) = (&group.ctx, group.rank);
     let failed = |reason: String| Error::Setup {
         step: "trace: measuring the GPU clock".into(),
         failures: vec![(rank, reason)],
     };
-    let module = jit.load(ctx, &spec())?;
+    let module = crate::kernels::load(group, jit, crate::kernels::KernelKind::TraceClock, false)?;
     let func = module.function("dc_trace_clock")?;
     let words = HostMapped::new(ctx, 2 * SAMPLES * 8)?;
     let go = words.host_ptr().cast::<u64>();

@@ -154,19 +154,17 @@ impl std::fmt::Debug for DeviceTrace {
 impl DeviceTrace {
     /// Allocates a ring of `capacity` events on `ctx`'s device and measures the clock offset.
     pub(crate) fn new(
-        ctx: &Arc<CudaContext>,
+        group: &crate::group::Group,
         jit: &crate::jit::Jit,
-        rank: usize,
         capacity: u32,
     ) -> Result<Self> {
+        let (ctx, rank) = (&group.ctx, group.rank);
         bind(ctx)?;
         let bytes = ring::HEADER_BYTES + capacity as usize * std::mem::size_of::<RawEvent>();
         let mut ring: sys::CUdeviceptr = 0;
         // SAFETY: a valid out-pointer; the context is current.
-        check(
-            unsafe { sys::cuMemAlloc_v2(&mut ring, bytes) },
-            "cuMemAlloc (trace ring)",
-        )?;
+        let status = unsafe { sys::cuMemAlloc_v2(&mut ring, bytes) };
+        check(status, "cuMemAlloc (trace ring)")?;
         let mut trace = Self {
             ctx: ctx.clone(),
             rank,
@@ -177,7 +175,7 @@ impl DeviceTrace {
             calls: Mutex::new((Vec::new(), 0)),
         };
         trace.clear()?;
-        trace.clock = clock::measure(ctx, jit, rank)?;
+        trace.clock = clock::measure(group, jit)?;
         Ok(trace)
     }
 
@@ -227,18 +225,16 @@ impl DeviceTrace {
         bind(&self.ctx)?;
         let mut header = vec![0u8; ring::HEADER_BYTES];
         // SAFETY: the ring holds at least HEADER_BYTES bytes; `header` as many.
-        check(
-            unsafe { sys::cuMemcpyDtoH_v2(header.as_mut_ptr().cast(), self.ring, header.len()) },
-            "cuMemcpyDtoH (trace ring)",
-        )?;
+        let status =
+            unsafe { sys::cuMemcpyDtoH_v2(header.as_mut_ptr().cast(), self.ring, header.len()) };
+        check(status, "cuMemcpyDtoH (trace ring)")?;
         let (head, _) = ring::decode(&header);
         let n = head.claimed.min(self.capacity) as usize;
         let mut image = vec![0u8; ring::HEADER_BYTES + n * std::mem::size_of::<RawEvent>()];
         // SAFETY: `image` is no larger than the ring (n <= capacity).
-        check(
-            unsafe { sys::cuMemcpyDtoH_v2(image.as_mut_ptr().cast(), self.ring, image.len()) },
-            "cuMemcpyDtoH (trace ring)",
-        )?;
+        let status =
+            unsafe { sys::cuMemcpyDtoH_v2(image.as_mut_ptr().cast(), self.ring, image.len()) };
+        check(status, "cuMemcpyDtoH (trace ring)")?;
         let (head, events) = ring::decode(&image);
         self.clear()?;
         let (calls, dropped_calls) = {
@@ -260,18 +256,15 @@ impl DeviceTrace {
     fn clear(&self) -> Result<()> {
         let bytes = ring::HEADER_BYTES + self.capacity as usize * std::mem::size_of::<RawEvent>();
         // SAFETY: the ring is `bytes` long.
-        check(
-            unsafe { sys::cuMemsetD8_v2(self.ring, 0, bytes) },
-            "cuMemsetD8 (trace ring)",
-        )?;
+        let status = unsafe { sys::cuMemsetD8_v2(self.ring, 0, bytes) };
+        check(status, "cuMemsetD8 (trace ring)")?;
         let mut header = [0u8; 24];
         header[8..16].copy_from_slice(&self.capacity.to_le_bytes());
         header[20..24].copy_from_slice(&(self.rank as u32).to_le_bytes());
         // SAFETY: the header lies inside the ring.
-        check(
-            unsafe { sys::cuMemcpyHtoD_v2(self.ring, header.as_ptr().cast(), header.len()) },
-            "cuMemcpyHtoD (trace ring)",
-        )
+        let status =
+            unsafe { sys::cuMemcpyHtoD_v2(self.ring, header.as_ptr().cast(), header.len()) };
+        check(status, "cuMemcpyHtoD (trace ring)")
     }
 }
 
@@ -280,10 +273,8 @@ impl Drop for DeviceTrace {
         let freed = bind(&self.ctx).and_then(|()| {
             // SAFETY: allocated by cuMemAlloc in `new`, freed once; the communicator's kernels
             // are done by the time the group drops it.
-            check(
-                unsafe { sys::cuMemFree_v2(self.ring) },
-                "cuMemFree (trace ring)",
-            )
+            let status = unsafe { sys::cuMemFree_v2(self.ring) };
+            check(status, "cuMemFree (trace ring)")
         });
         crate::cuda::log_drop_error("freeing the trace ring", freed);
     }

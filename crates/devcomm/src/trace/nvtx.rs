@@ -77,6 +77,7 @@ struct ExportTableVersionInfo {
 struct Tables([[*mut c_void; SLOTS]; MODULES]);
 // SAFETY: the addresses point into the static slots; only the tool writes through them.
 unsafe impl Sync for Tables {}
+// SAFETY: as above.
 unsafe impl Send for Tables {}
 
 fn tables() -> &'static Tables {
@@ -206,6 +207,7 @@ pub fn push(message: impl FnOnce() -> String) -> bool {
     // call (the tool copies what it keeps).
     let push: unsafe extern "C" fn(*const EventAttributes) -> c_int =
         unsafe { std::mem::transmute(f) };
+    // SAFETY: the tool's function, with attributes valid for the call.
     unsafe { push(&attributes) };
     true
 }
@@ -218,6 +220,7 @@ pub fn pop() {
     }
     // SAFETY: the tool stored its nvtxRangePop here.
     let pop: unsafe extern "C" fn() -> c_int = unsafe { std::mem::transmute(f) };
+    // SAFETY: the tool's function, which takes nothing.
     unsafe { pop() };
 }
 

@@ -307,7 +307,7 @@ fn the_summary_averages_phases_and_finds_the_late_rank() {
     assert_eq!(s.last_rank, Some((1, 2_000.0)));
     assert_eq!(s.slowest_peer, None);
     assert!((s.gbps - (1 << 20) as f64 / 5_100.0).abs() < 1e-9);
-    let text = format(&[s.clone()], Some(400.0));
+    let text = format(std::slice::from_ref(s), Some(400.0));
     assert!(text.contains("all_reduce: 2 calls"), "{text}");
     assert!(
         text.contains("reduce") && text.contains("last rank to start 1"),
