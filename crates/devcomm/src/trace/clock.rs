@@ -97,7 +97,8 @@ pub(crate) fn measure(group: &Group, jit: &Jit) -> Result<(i64, u64)> {
     let go = words.host_ptr().cast::<u64>();
     // SAFETY: `words` holds 2 * SAMPLES words; the second half holds the stamps.
     let stamp = unsafe { go.add(SAMPLES) };
-    let stream = ctx.new_stream().cuda(-1, "cuStreamCreate (trace clock)")?;
+    // A stream of devcomm's own: the user's context stays in cudarc's single-stream mode.
+    let stream = crate::cuda::InternalStream::new(ctx)?;
     let args = ClockArgs {
         go: words.device_ptr(),
         stamp: words.device_ptr() + (SAMPLES * 8) as u64,

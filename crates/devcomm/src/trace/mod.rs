@@ -264,7 +264,10 @@ impl DeviceTrace {
         // SAFETY: the header lies inside the ring.
         let status =
             unsafe { sys::cuMemcpyHtoD_v2(self.ring, header.as_ptr().cast(), header.len()) };
-        check(status, "cuMemcpyHtoD (trace ring)")
+        check(status, "cuMemcpyHtoD (trace ring)")?;
+        // The memset may still run when these return; a kernel on a non-blocking stream must
+        // not record into the ring before it has.
+        crate::cuda::synchronize(&self.ctx)
     }
 }
 
