@@ -144,3 +144,34 @@ pub(crate) fn run_calls(
     }
     comm.synchronize(stream).map_err(d)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(op: &str, bytes: u64, iters: usize) -> TraceArgs {
+        TraceArgs {
+            op: op.into(),
+            bytes,
+            iters,
+            warmup: 0,
+            out: "unused.json".into(),
+            events: None,
+            link_gbps: None,
+        }
+    }
+
+    /// Bad arguments fail before any rank starts (no GPU, no launcher needed).
+    #[test]
+    fn bad_arguments_are_refused_by_name() {
+        let e = command(&args("all_gather", 1, 1)).unwrap_err();
+        assert!(
+            e.contains("\"all_gather\"") && e.contains("sendrecv"),
+            "{e}"
+        );
+        let e = command(&args("sendrecv", 0, 1)).unwrap_err();
+        assert!(e.contains("--bytes 0"), "{e}");
+        let e = command(&args("all_to_all", 8, 0)).unwrap_err();
+        assert!(e.contains("--iters 0"), "{e}");
+    }
+}
