@@ -15,6 +15,7 @@ use crate::cuda::ErrorState;
 use crate::error::{CudaResultExt, Result};
 use crate::group::Group;
 use crate::jit::Jit;
+use crate::kernels::KernelKind;
 use crate::memory::Registry;
 use crate::p2p::{P2PLimits, TuneTable, P2P};
 use crate::topology::Topology;
@@ -295,10 +296,20 @@ impl CommBuilder {
                 &comm.group.store,
                 "trace ring",
                 rank,
-                crate::trace::DeviceTrace::new(&comm.group, &comm.jit, self.config.trace_events),
+                crate::kernels::load(&comm.group, &comm.jit, KernelKind::TraceClock, false)
+                    .and_then(|clock| {
+                        let g = &comm.group;
+                        crate::trace::DeviceTrace::new(
+                            &g.ctx,
+                            rank,
+                            self.config.trace_events,
+                            &clock,
+                        )
+                    }),
                 setup_timeout,
             )?;
-            // Set before any kernel module is loaded: `kernels::load` attaches each to it.
+            // Set before any traced module is loaded (the clock kernel is not one):
+            // `kernels::load` attaches each to it.
             let _ = comm.group.trace.set(trace);
         }
         log::debug!("rank {rank}: communicator ready on {}", comm.device.name);

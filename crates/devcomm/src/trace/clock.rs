@@ -12,13 +12,14 @@
 
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{DeviceRepr, LaunchConfig};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, DeviceRepr, LaunchConfig};
 
 use super::now_ns;
 use crate::cuda::HostMapped;
 use crate::error::{CudaResultExt, Error, Result};
-use crate::group::Group;
-use crate::jit::{Jit, KernelSpec};
+use crate::jit::{KernelSpec, LoadedModule};
 
 /// Round trips measured.
 const SAMPLES: usize = 32;
@@ -84,14 +85,18 @@ pub fn best_offset(samples: &[Sample]) -> Option<(i64, u64)> {
         })
 }
 
-/// Measures `(offset ns, round trip ns)` of `ctx`'s GPU (see the module's doc).
-pub(crate) fn measure(group: &Group, jit: &Jit) -> Result<(i64, u64)> {
-    let (ctx, rank) = (&group.ctx, group.rank);
+/// Measures `(offset ns, round trip ns)` of `ctx`'s GPU (see the module's doc) with `module`,
+/// the clock kernel's (`KernelKind::TraceClock`, loaded by the caller through the one load
+/// path); `rank` names the rank in an error.
+pub(crate) fn measure(
+    ctx: &Arc<CudaContext>,
+    module: &LoadedModule,
+    rank: usize,
+) -> Result<(i64, u64)> {
     let failed = |reason: String| Error::Setup {
         step: "trace: measuring the GPU clock".into(),
         failures: vec![(rank, reason)],
     };
-    let module = crate::kernels::load(group, jit, crate::kernels::KernelKind::TraceClock, false)?;
     let func = module.function("dc_trace_clock")?;
     let words = HostMapped::new(ctx, 2 * SAMPLES * 8)?;
     let go = words.host_ptr().cast::<u64>();

@@ -153,12 +153,13 @@ impl std::fmt::Debug for DeviceTrace {
 
 impl DeviceTrace {
     /// Allocates a ring of `capacity` events on `ctx`'s device and measures the clock offset.
+    /// `clock_kernel`: the module of `KernelKind::TraceClock` on `ctx`'s device.
     pub(crate) fn new(
-        group: &crate::group::Group,
-        jit: &crate::jit::Jit,
+        ctx: &Arc<CudaContext>,
+        rank: usize,
         capacity: u32,
+        clock_kernel: &LoadedModule,
     ) -> Result<Self> {
-        let (ctx, rank) = (&group.ctx, group.rank);
         bind(ctx)?;
         let bytes = ring::HEADER_BYTES + capacity as usize * std::mem::size_of::<RawEvent>();
         let mut ring: sys::CUdeviceptr = 0;
@@ -175,7 +176,7 @@ impl DeviceTrace {
             calls: Mutex::new((Vec::new(), 0)),
         };
         trace.clear()?;
-        trace.clock = clock::measure(group, jit)?;
+        trace.clock = clock::measure(ctx, clock_kernel, rank)?;
         Ok(trace)
     }
 
