@@ -22,10 +22,10 @@ pub mod summary;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{sys, CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream};
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::{bind, check};
+use crate::cuda::{bind, memset_zero, stream_write, DeviceBuffer};
 use crate::error::{CudaResultExt, Result};
 use crate::jit::LoadedModule;
 pub use ring::{Kind, RawEvent};
@@ -134,7 +134,7 @@ pub fn now_ns() -> u64 {
 pub(crate) struct DeviceTrace {
     ctx: Arc<CudaContext>,
     rank: usize,
-    ring: u64,
+    ring: DeviceBuffer,
     capacity: u64,
     next_call: AtomicU32,
     clock: (i64, u64),
@@ -145,11 +145,14 @@ impl std::fmt::Debug for DeviceTrace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceTrace")
             .field("rank", &self.rank)
-            .field("ring", &format_args!("{:#x}", self.ring))
+            .field("ring", &self.ring)
             .field("capacity", &self.capacity)
             .finish()
     }
 }
+
+/// Offset of the header's `call` word (and `rank` above it, one 64-bit word).
+const CALL_WORD: u64 = 16;
 
 impl DeviceTrace {
     /// Allocates a ring of `capacity` events on `ctx`'s device and measures the clock offset.
@@ -160,16 +163,11 @@ impl DeviceTrace {
         capacity: u32,
         clock_kernel: &LoadedModule,
     ) -> Result<Self> {
-        bind(ctx)?;
         let bytes = ring::HEADER_BYTES + capacity as usize * std::mem::size_of::<RawEvent>();
-        let mut ring: sys::CUdeviceptr = 0;
-        // SAFETY: a valid out-pointer; the context is current.
-        let status = unsafe { sys::cuMemAlloc_v2(&mut ring, bytes) };
-        check(status, "cuMemAlloc (trace ring)")?;
         let mut trace = Self {
             ctx: ctx.clone(),
             rank,
-            ring,
+            ring: DeviceBuffer::zeroed(ctx, bytes)?,
             capacity: capacity as u64,
             next_call: AtomicU32::new(1),
             clock: (0, 0),
@@ -188,25 +186,24 @@ impl DeviceTrace {
         let rank = self.rank as i32;
         let mut global = match module.module().get_global(RING_GLOBAL, &stream) {
             Ok(g) => g,
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_FOUND => return Ok(()),
+            Err(e) if crate::cuda::is_not_found(&e) => return Ok(()),
             Err(e) => return Err(e).cuda(rank, "cuModuleGetGlobal (dc_trace_ring)"),
         };
-        let address = self.ring.to_le_bytes();
+        let address = self.ring.ptr().to_le_bytes();
         stream
             .memcpy_htod(&address[..], &mut global)
             .and_then(|()| stream.synchronize())
             .cuda(rank, "writing the trace ring's address")
     }
 
-    /// Starts call `op` on `stream`: its id, written into the ring in stream order.
+    /// Starts a call on `stream`: its id, written into the ring's header in stream order
+    /// (with the rank, the other half of that 64-bit word).
     fn begin_call(&self, stream: &CudaStream) -> u32 {
         let call = self.next_call.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the ring is this value's allocation; `call` lies inside its header.
-        let status =
-            unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), self.ring + 16, call, 0) };
-        if let Err(e) = check(status, "cuStreamWriteValue32 (trace call id)") {
+        let word = (self.rank as u64) << 32 | call as u64;
+        if let Err(e) = stream_write(stream, self.ring.ptr() + CALL_WORD, word) {
             // The events then carry the previous id; the trace is still readable.
-            log::warn!("rank {}: {e}", self.rank);
+            log::warn!("rank {}: writing the trace's call id: {e}", self.rank);
         }
         call
     }
@@ -223,19 +220,12 @@ impl DeviceTrace {
     /// Reads and clears the ring and the host calls. The caller has synchronised every stream
     /// that ran traced kernels (events of kernels still running may be missing or partial).
     pub(crate) fn take(&self) -> Result<RankTrace> {
-        bind(&self.ctx)?;
         let mut header = vec![0u8; ring::HEADER_BYTES];
-        // SAFETY: the ring holds at least HEADER_BYTES bytes; `header` as many.
-        let status =
-            unsafe { sys::cuMemcpyDtoH_v2(header.as_mut_ptr().cast(), self.ring, header.len()) };
-        check(status, "cuMemcpyDtoH (trace ring)")?;
+        self.ring.read(0, &mut header)?;
         let (head, _) = ring::decode(&header);
         let n = head.claimed.min(self.capacity) as usize;
         let mut image = vec![0u8; ring::HEADER_BYTES + n * std::mem::size_of::<RawEvent>()];
-        // SAFETY: `image` is no larger than the ring (n <= capacity).
-        let status =
-            unsafe { sys::cuMemcpyDtoH_v2(image.as_mut_ptr().cast(), self.ring, image.len()) };
-        check(status, "cuMemcpyDtoH (trace ring)")?;
+        self.ring.read(0, &mut image)?;
         let (head, events) = ring::decode(&image);
         self.clear()?;
         let (calls, dropped_calls) = {
@@ -255,32 +245,16 @@ impl DeviceTrace {
 
     /// Zeroes the ring (every record's kind 0) and writes its header.
     fn clear(&self) -> Result<()> {
-        let bytes = ring::HEADER_BYTES + self.capacity as usize * std::mem::size_of::<RawEvent>();
-        // SAFETY: the ring is `bytes` long.
-        let status = unsafe { sys::cuMemsetD8_v2(self.ring, 0, bytes) };
-        check(status, "cuMemsetD8 (trace ring)")?;
+        // SAFETY: the ring is this value's allocation; no kernel records into it now (the
+        // caller synchronised the device, or none was launched yet).
+        unsafe { memset_zero(&self.ctx, self.ring.ptr(), self.ring.bytes()) }?;
         let mut header = [0u8; 24];
         header[8..16].copy_from_slice(&self.capacity.to_le_bytes());
         header[20..24].copy_from_slice(&(self.rank as u32).to_le_bytes());
-        // SAFETY: the header lies inside the ring.
-        let status =
-            unsafe { sys::cuMemcpyHtoD_v2(self.ring, header.as_ptr().cast(), header.len()) };
-        check(status, "cuMemcpyHtoD (trace ring)")?;
-        // The memset may still run when these return; a kernel on a non-blocking stream must
-        // not record into the ring before it has.
+        self.ring.write(0, &header)?;
+        // The memset and copy may still run when these return; a kernel on a non-blocking
+        // stream must not record into the ring before they have.
         crate::cuda::synchronize(&self.ctx)
-    }
-}
-
-impl Drop for DeviceTrace {
-    fn drop(&mut self) {
-        let freed = bind(&self.ctx).and_then(|()| {
-            // SAFETY: allocated by cuMemAlloc in `new`, freed once; the communicator's kernels
-            // are done by the time the group drops it.
-            let status = unsafe { sys::cuMemFree_v2(self.ring) };
-            check(status, "cuMemFree (trace ring)")
-        });
-        crate::cuda::log_drop_error("freeing the trace ring", freed);
     }
 }
 
