@@ -331,3 +331,44 @@ class Comm:
     def host_barrier(self):
         """A barrier of the processes through the store (no GPU work)."""
         self._native.host_barrier()
+
+    # --- tracing (docs/TRACING.md) ------------------------------------------------------
+
+    def trace_events(self):
+        """This rank's trace since the last read (a dict: host calls, device events, clock
+        offset), after synchronising the device; None unless DEVCOMM_TRACE=1."""
+        import json
+
+        text = self._native.trace_events()
+        return None if text is None else json.loads(text)
+
+    def write_trace(self, path, link_gbps=None):
+        """Collective: every rank's trace merged at rank 0 into one Chrome / Perfetto trace
+        file `path`. Rank 0 returns the per-operation summary (text), the others None."""
+        return self._native.write_trace(os.fspath(path), link_gbps)
+
+
+# Under torch.profiler each eager call is a range named devcomm::<op> (torch's own ops appear
+# under their names; devcomm's eager path skips the dispatcher). The check is one C call when
+# no profiler runs; while torch.compile traces, the op itself lands in the graph instead.
+_profiler_enabled = torch.autograd._profiler_enabled
+
+
+def _profiled(name, method):
+    def call(self, *args, **kwargs):
+        if not _compiling() and _profiler_enabled():
+            with torch.profiler.record_function("devcomm::" + name):
+                return method(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    call.__name__, call.__qualname__, call.__doc__ = method.__name__, method.__qualname__, method.__doc__
+    call.__wrapped__ = method
+    return call
+
+
+for _name in (
+    "all_to_all_single", "all_to_all_v", "send", "recv", "sendrecv", "barrier", "all_reduce",
+    "reduce_scatter_tensor", "all_gather_into_tensor", "send_registered", "recv_registered",
+    "sendrecv_registered",
+):
+    setattr(Comm, _name, _profiled(_name, getattr(Comm, _name)))

@@ -550,6 +550,31 @@ impl PyComm {
         py.detach(|| self.comm.host_barrier()).py()
     }
 
+    /// Whether this communicator records timeline events (`DEVCOMM_TRACE=1`).
+    #[getter]
+    fn tracing(&self) -> bool {
+        self.comm.tracing()
+    }
+
+    /// This rank's trace since the last read, as JSON (docs/TRACING.md), after synchronising
+    /// the device; `None` with tracing off.
+    fn trace_events(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let trace = py.detach(|| self.comm.trace_events()).py()?;
+        Ok(trace.map(|t| t.to_json()))
+    }
+
+    /// Collective: every rank's trace merged at rank 0 into the Chrome / Perfetto trace `path`;
+    /// rank 0 gets the per-operation summary, the others `None`.
+    #[pyo3(signature = (path, link_gbps=None))]
+    fn write_trace(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        link_gbps: Option<f64>,
+    ) -> PyResult<Option<String>> {
+        py.detach(|| self.comm.write_trace(&path, link_gbps)).py()
+    }
+
     /// For bench_overhead.py: `iters` calls of the Rust all-to-all on the same tensors (host
     /// time only; returns seconds), the argument checks of one Python call included once.
     fn bench_all_to_all_rust(

@@ -12,6 +12,7 @@ mod info;
 mod kill;
 mod precompile;
 mod selftest;
+mod trace;
 
 /// Device-initiated GPU communication: launcher, self-test and benchmarks.
 #[derive(Debug, Parser)]
@@ -60,6 +61,9 @@ enum Command {
     /// Compiles the kernels for a GPU architecture into the kernel cache, without a GPU (for
     /// machines or images that should start warm).
     Precompile(precompile::PrecompileArgs),
+    /// Runs one operation with tracing on, on every local GPU; writes one Chrome / Perfetto
+    /// trace of every rank's host calls and GPU blocks and prints a summary per operation.
+    Trace(trace::TraceArgs),
 }
 
 fn main() -> ExitCode {
@@ -89,6 +93,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::command(&args),
         Command::Tune(args) => autolaunch::or_run("tune", || bench::tune::run(&args)),
         Command::Precompile(args) => precompile::run(&args),
+        Command::Trace(args) => trace::command(&args),
         Command::KillTest(args) => autolaunch::or_run("kill-test", || kill::run(&args)),
     };
     match result {

@@ -25,6 +25,7 @@ macro_rules! embed {
 pub const HEADERS: &[(&str, &str)] = &[
     embed!("handles.cuh"),
     embed!("ordering.cuh"),
+    embed!("trace.cuh"),
     embed!("group.cuh"),
     embed!("copy.cuh"),
     embed!("wait.cuh"),

@@ -42,6 +42,8 @@ pub(crate) struct Group {
     seq: AtomicU64,
     /// Whether this rank marked its failure in the store ([`Group::teardown_barrier`]).
     marked_failed: std::sync::atomic::AtomicBool,
+    /// The trace ring and host calls (`DEVCOMM_TRACE=1`), set once at build.
+    pub(crate) trace: std::sync::OnceLock<crate::trace::DeviceTrace>,
 }
 
 impl Group {
@@ -68,7 +70,18 @@ impl Group {
             errors,
             seq: AtomicU64::new(0),
             marked_failed: false.into(),
+            trace: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The host side of one call launched on `stream` ([`crate::trace::CallScope`]): its
+    /// NVTX range and, tracing on, its record and id.
+    pub(crate) fn call_scope(
+        &self,
+        stream: &cudarc::driver::CudaStream,
+        info: impl FnOnce() -> crate::trace::CallInfo,
+    ) -> crate::trace::CallScope<'_> {
+        crate::trace::CallScope::open(self.trace.get(), stream, info)
     }
 
     /// Runs `load` (a kernel's compile or load) with this rank marked as loading in the store

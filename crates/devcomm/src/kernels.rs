@@ -27,6 +27,7 @@ use crate::reduce::{DataType, ReduceOp};
 /// | `Collective { hooks }` | all-to-all, all-to-all-v, their hooked forms and hooked send/recv with `hooks` (the copy hooks of the element size for the plain forms: [`crate::raw::copy_hooks`]) |
 /// | `Reduce { dtype, hooked }` | all-reduce, reduce-scatter, all-gather of `dtype` without network links (`hooked`: the operation and epilogue of `all_reduce_hooked`; all-gather uses the plain module) |
 /// | `ReduceNetStep { dtype, hooked }` | the same calls with network links (their local steps; the data moves by the byte-copy collective, [`KernelKind::network_reduction`]) |
+/// | `TraceClock` | the GPU clock's offset, measured once at build with `DEVCOMM_TRACE=1` (docs/TRACING.md) |
 ///
 /// With network links the barrier is the byte-copy collective ([`KernelKind::barrier`]).
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +55,9 @@ pub enum KernelKind<'a> {
         /// A hooked all-reduce's operation and epilogue; `None`: every plain step.
         hooked: Option<(ReduceOp, &'a RawHooks)>,
     },
+    /// The kernel that reads `%globaltimer` for the trace's clock offset
+    /// ([`crate::trace::clock`]); it records no events itself.
+    TraceClock,
 }
 
 /// The byte-copy hooks of the network reductions' and barrier's all-to-alls.
@@ -100,47 +104,36 @@ impl<'a> KernelKind<'a> {
 }
 
 /// The spec of `kind`'s module under `config` (its `DEVCOMM_*_OPTIONS`, part of the cache key)
-/// in a job with (`net_links`) or without network links: what the library loads for it.
+/// in a job with (`net_links`) or without network links: what the library loads for it (each
+/// family's `module_spec`, which its load path passes to [`crate::kernel_load::load`]).
 pub fn kernel_spec(kind: KernelKind<'_>, config: &Config, net_links: bool) -> KernelSpec {
-    use crate::reduce::launch as red;
-    let (mut spec, options) = match kind {
-        KernelKind::SendRecv => (crate::p2p::sendrecv_spec(), &config.p2p_options),
-        KernelKind::Collective { hooks } => (hooks.spec(net_links), &config.coll_options),
-        KernelKind::Reduce { dtype, hooked } => (
-            match hooked {
-                None => red::kernel_spec(dtype),
-                Some((op, hooks)) => red::hooked_kernel_spec(dtype, op, hooks),
-            },
-            &config.reduce_options,
-        ),
-        KernelKind::ReduceNetStep { dtype, hooked } => (
-            match hooked {
-                None => red::net_step_spec(dtype),
-                Some((op, hooks)) => red::hooked_net_step_spec(dtype, op, hooks),
-            },
-            &config.reduce_options,
-        ),
-    };
-    spec.options.extend(options.iter().cloned());
-    spec
+    match kind {
+        KernelKind::SendRecv => crate::p2p::module_spec(config),
+        KernelKind::Collective { hooks } => {
+            crate::collective::module_spec(hooks, config, net_links)
+        }
+        KernelKind::Reduce { dtype, hooked } => {
+            crate::reduce::launch::module_spec(dtype, hooked, false, config)
+        }
+        KernelKind::ReduceNetStep { dtype, hooked } => {
+            crate::reduce::launch::module_spec(dtype, hooked, true, config)
+        }
+        // Nothing to configure, and no events of its own to record.
+        KernelKind::TraceClock => crate::trace::clock::spec(),
+    }
 }
 
-/// Loads `kind`'s module ([`kernel_spec`] under the group's settings) with every kernel's code
-/// (not at its first launch: under the driver's lazy loading a kernel's first launch can wait
-/// for kernels already running, which may wait on a peer), the rank marked as loading in the
-/// store meanwhile. The only place where the library loads a kernel module.
+pub use crate::kernel_load::TRACE_OPTION;
+
+/// Loads `kind`'s module ([`kernel_spec`] under the group's settings) through the one load
+/// path ([`crate::kernel_load::load`]); for callers above the families (the communicator).
 pub(crate) fn load(
     group: &Group,
     jit: &Jit,
     kind: KernelKind<'_>,
     net_links: bool,
 ) -> Result<Arc<LoadedModule>> {
-    let spec = kernel_spec(kind, &group.config, net_links);
-    group.loading(|| {
-        let module = jit.load(&group.ctx, &spec)?;
-        module.load_every_kernel()?;
-        Ok(module)
-    })
+    crate::kernel_load::load(group, jit, &kernel_spec(kind, &group.config, net_links))
 }
 
 #[cfg(test)]

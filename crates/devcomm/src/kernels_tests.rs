@@ -226,9 +226,11 @@ fn sources() -> Vec<(String, String)> {
 }
 
 /// The class of bug where a kernel family loads its module itself and forgets to mark the
-/// rank as loading (its peers then give up at the gate while it compiles), or builds its spec
-/// apart from `kernel_spec` (a prewarmed spec then misses the cache): no file but this
-/// module and the JIT itself loads a module, and the spec builders are called only here.
+/// rank as loading (its peers then give up at the gate while it compiles), or builds the spec
+/// it loads apart from what `kernel_spec` returns (a prewarmed spec then misses the cache): no
+/// file but `kernel_load.rs` and the JIT itself loads a module, and the spec builders are
+/// called only by `kernel_spec` and the families' `module_spec` functions (which
+/// `kernel_spec` returns for their kinds).
 #[test]
 fn every_module_load_goes_through_the_one_load_path() {
     let loads = [
@@ -249,17 +251,30 @@ fn every_module_load_goes_through_the_one_load_path() {
     assert!(files.len() > 50, "found {} files", files.len());
     let mut found = Vec::new();
     for (name, text) in &files {
-        let exempt = name == "kernels.rs" || name == "kernels_tests.rs" || name.starts_with("jit/");
+        let exempt = name == "kernel_load.rs"
+            || name == "kernels.rs"
+            || name == "kernels_tests.rs"
+            || name.starts_with("jit/");
         if exempt {
             continue;
         }
+        let mut function = "";
         for (n, line) in text.lines().enumerate() {
             let code = line.trim_start();
-            if code.starts_with("//") || code.contains("fn ") {
-                continue; // comments and the builders' definitions
+            if code.starts_with("//") {
+                continue;
             }
-            for pattern in loads.iter().chain(&builders) {
+            if let Some(rest) = code.split("fn ").nth(1) {
+                function = rest.split(['(', '<']).next().unwrap_or("");
+                continue; // the builders' definitions
+            }
+            for pattern in &loads {
                 if code.contains(pattern) {
+                    found.push(format!("src/{name}:{}: {}", n + 1, code));
+                }
+            }
+            for pattern in &builders {
+                if code.contains(pattern) && function != "module_spec" {
                     found.push(format!("src/{name}:{}: {}", n + 1, code));
                 }
             }
@@ -267,8 +282,37 @@ fn every_module_load_goes_through_the_one_load_path() {
     }
     assert!(
         found.is_empty(),
-        "modules loaded or specs built outside crate::kernels (use kernels::load and \
-         kernel_spec):\n{}",
+        "modules loaded outside kernel_load::load, or specs built outside kernel_spec and the \
+         families' module_spec:\n{}",
         found.join("\n")
+    );
+}
+
+/// With tracing on every module gets the one trace option (another cache key) and nothing
+/// else changes; the clock kernel of the trace's setup is the same either way.
+#[test]
+fn tracing_adds_its_option_to_every_module_but_the_clock() {
+    use crate::kernels::TRACE_OPTION;
+    let (copy, hooks) = (RawHooks::copy_of_size(4), user_hooks());
+    let traced = Config {
+        trace: true,
+        ..Config::default()
+    };
+    for (kind, _) in every_kind(&copy, &hooks) {
+        for net in [false, true] {
+            let plain = kernel_spec(kind, &Config::default(), net);
+            let mut with = kernel_spec(kind, &traced, net);
+            assert!(!plain.options.iter().any(|o| o == TRACE_OPTION), "{kind:?}");
+            assert_eq!(
+                with.options.iter().filter(|o| *o == TRACE_OPTION).count(),
+                1
+            );
+            with.options.retain(|o| o != TRACE_OPTION);
+            assert_eq!(with, plain, "{kind:?}");
+        }
+    }
+    assert_eq!(
+        kernel_spec(KernelKind::TraceClock, &traced, false),
+        kernel_spec(KernelKind::TraceClock, &Config::default(), false)
     );
 }

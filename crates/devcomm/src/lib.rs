@@ -43,6 +43,7 @@ pub(crate) mod group;
 pub(crate) mod handles;
 #[allow(unreachable_pub)]
 pub mod jit;
+pub(crate) mod kernel_load;
 pub mod kernels;
 pub(crate) mod memory;
 #[allow(unreachable_pub)]
@@ -54,6 +55,7 @@ pub mod reduce;
 pub mod testing;
 #[allow(unreachable_pub)]
 pub mod topology;
+pub mod trace;
 pub(crate) mod window;
 pub(crate) mod window_net;
 

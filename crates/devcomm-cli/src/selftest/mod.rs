@@ -67,6 +67,7 @@ groups!(
     mismatch,
     adversarial,
     pool,
+    trace,
     net,
     timeout
 );

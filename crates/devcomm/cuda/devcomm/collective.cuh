@@ -740,14 +740,25 @@ __device__ __forceinline__ void coll_body(const CollLaunch& a, dc_u64 seq) {
     role = DC_COLL_INTERLEAVE ? blockIdx.x % roles : blockIdx.x / B;
     b = DC_COLL_INTERLEAVE ? blockIdx.x / roles : blockIdx.x % B;
   }
+  // Traced: one phase per block, its role's (the own chunk's copy is a stage).
+  const int peer = role == roles ? me
+                   : role < (dc_u32)(W - 1) ? (me + 1 + (int)role) % W
+                                            : (me + W - 1 - ((int)role - (W - 1))) % W;
+  const unsigned short phase = role == roles ? kPhaseStage
+                               : role < (dc_u32)(W - 1) ? kPhaseSend
+                                                        : kPhaseRecv;
+  DC_TRACE_KERNEL_BEGIN();
+  DC_TRACE_PHASE_BEGIN(phase, peer);
   if (role == roles) {
     self_role<H, THREADS>(a, b, seq);
   } else if (role < (dc_u32)(W - 1)) {
-    send_role<H, THREADS, MIXED, NET>(a, (me + 1 + (int)role) % W, b, seq);
+    send_role<H, THREADS, MIXED, NET>(a, peer, b, seq);
   } else {
-    const int i = (int)role - (W - 1);
-    recv_role<H, THREADS, MIXED, NET>(a, (me + W - 1 - i) % W, b, seq);
+    recv_role<H, THREADS, MIXED, NET>(a, peer, b, seq);
   }
+  DC_TRACE_PHASE_END(phase, peer, 0);
+  DC_TRACE_KERNEL_END(0);
+  (void)phase;
 }
 
 template <class H, int THREADS, bool MIXED, bool NET = false>

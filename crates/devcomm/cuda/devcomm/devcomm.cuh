@@ -3,6 +3,7 @@
 // Layers (each header includes what it needs and compiles on its own):
 //   handles.cuh     structs shared with Rust (DeviceWindow, DeviceErrorState, RegisteredBuffer)
 //   ordering.cuh    acquire/release loads and stores, fences, globaltimer
+//   trace.cuh       per-block timeline events (DC_TRACE_* macros; nothing without DC_TRACE)
 //   group.cuh       Thread, Warp, Block, NamedBarrier
 //   copy.cuh        copy_bytes
 //   wait.cuh        the bounded wait (timeouts, abort flag, error record)
@@ -17,6 +18,7 @@
 
 #include "devcomm/handles.cuh"
 #include "devcomm/ordering.cuh"
+#include "devcomm/trace.cuh"
 #include "devcomm/group.cuh"
 #include "devcomm/copy.cuh"
 #include "devcomm/wait.cuh"

@@ -13,6 +13,7 @@
 
 #include "devcomm/handles.cuh"
 #include "devcomm/ordering.cuh"
+#include "devcomm/trace.cuh"
 
 namespace devcomm {
 

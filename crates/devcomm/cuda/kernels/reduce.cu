@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   const int world = a.w.world_size, me = a.w.rank;
   dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters);
   const dc_u64 seq = counters[b] + 1;
+  DC_TRACE_KERNEL_BEGIN();
   const Agree ag = agree_begin(a, b, sizeof(T), false);
   agree_announce(g, a, b, ag);
   const dc_u64 payload = a.shard * sizeof(T);  // bytes each rank sends each peer
@@ -54,6 +55,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
     }
   }
   if (g.any(!ok)) return;
+  DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
   const unsigned char* in = reinterpret_cast<const unsigned char*>(a.in);
   const dc_u64 parity = (seq & 1) * a.ll_sender_bytes;
   for (int q = 0; q < world; ++q) {
@@ -67,6 +69,8 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
       line_store(lines + 4 * j, load8(src + 8 * j, n), (dc_u32)seq);
     }
   }
+  DC_TRACE_PHASE_END(kPhaseStage, -1, (world - 1) * 8 * (u1 - u0));
+  DC_TRACE_PHASE_BEGIN(kPhaseReduce, -1);
   const char* own = reinterpret_cast<const char*>(a.w.data) + a.ll_offset + parity;
   unsigned char* out = reinterpret_cast<unsigned char*>(a.out);
   const unsigned char* mine = in + (a.mode == kReduceScatter ? (dc_u64)me * payload : 0);
@@ -114,6 +118,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
     }
   }
   if (g.any(!ok)) return;  // barrier: every line of this block has been read
+  DC_TRACE_PHASE_END(kPhaseReduce, -1, 8 * (u1 - u0));
   for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
     const int p = (int)(k / kMaxBlocks);
     const dc_u32 i = k % kMaxBlocks;
@@ -125,6 +130,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
       }
     }
   }
+  DC_TRACE_KERNEL_END((world - 1) * 8 * (u1 - u0));
 }
 
 // ---- Two-shot, in rounds -------------------------------------------------------------------
@@ -244,6 +250,7 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
   const int world = a.w.world_size, me = a.w.rank;
   dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters) + kMaxBlocks;
   const dc_u64 before = counters[b];
+  DC_TRACE_KERNEL_BEGIN();
   const Agree ag = agree_begin(a, b, sizeof(T), HasEpilogue<H>::value);
   agree_announce(g, a, b, ag);
   const T* in = reinterpret_cast<const T*>(a.in);
@@ -259,7 +266,10 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
       return reinterpret_cast<T*>(static_cast<char*>(get_nvlink_address(a.w, p)) + half) +
              (dc_u64)q * a.chunk;
     };
+    DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
     if (!wait_all_done(g, a, s >= 2 ? s - 2 : 0, before)) return;
+    DC_TRACE_WAIT_END(-1, (dc_u32)s);
+    DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
     // 1. Stage (push: into rank q's window, the slot of this rank; else into the own window,
     // the slot of shard q). Every rank's every block is done with this half (the wait above).
     for (int i = 0; i < world; ++i) {
@@ -271,11 +281,15 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
       T* dst = DC_TWO_SHOT_PUSH ? slot(q, me) : slot(me, q);
       if (n > 0) copy_elems<T>(g, dst + lo, src, n);
     }
+    DC_TRACE_PHASE_END(kPhaseStage, -1, (hi - lo) * sizeof(T) * (a.mode == kAllGather ? 1 : world));
     publish(g, a, a.mode == kAllGather ? kReduced : kReady, b, s);
     if (k == 0 && !agree_all(g, a, b, ag)) return;
     // 2. Reduce this rank's shard.
     if (a.mode != kAllGather) {
+      DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
       if (!wait_every_rank(g, a, kReady, b, s)) return;
+      DC_TRACE_WAIT_END(-1, (dc_u32)s);
+      DC_TRACE_PHASE_BEGIN(kPhaseReduce, -1);
       const dc_u64 n = clip(a, me, k, lo, hi);
       // Where the reduced piece goes first: the own window (all-reduce: peers read it there;
       // hooked reduce-scatter: the hook rewrites it there), or straight to the output.
@@ -296,16 +310,21 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
           if (n > 0) copy_elems<T>(g, to_out, dst, n);
         }
       }
+      DC_TRACE_PHASE_END(kPhaseReduce, -1, n * sizeof(T) * world);
       publish(g, a, a.mode == kAllReduce ? kReduced : kDone, b, s);
     }
     // 3. Gather every rank's reduced shard.
     if (a.mode != kReduceScatter) {
+      DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
       if (!wait_every_rank(g, a, kReduced, b, s)) return;
+      DC_TRACE_WAIT_END(-1, (dc_u32)s);
+      DC_TRACE_PHASE_BEGIN(kPhaseWriteOut, -1);
       for (int i = 0; i < world; ++i) {
         const int q = turn(i, me, world);
         const dc_u64 n = clip(a, q, k, lo, hi);
         if (n > 0) copy_elems<T>(g, out + (dc_u64)q * a.shard + k * a.chunk + lo, slot(q, q) + lo, n);
       }
+      DC_TRACE_PHASE_END(kPhaseWriteOut, -1, (hi - lo) * sizeof(T) * world);
       publish(g, a, kDone, b, s);
     }
   }
@@ -325,6 +344,7 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
       if (p == 0) counters[kMaxBlocks + i] = ag.call;
     }
   }
+  DC_TRACE_KERNEL_END(0);  // the bytes are in the phases' ends
 }
 
 // ---- Steps of the reductions with network peers ---------------------------------------------

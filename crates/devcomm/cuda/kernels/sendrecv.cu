@@ -35,11 +35,13 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
   // low-latency sender's read of the mirror is one load, next to its other first loads.
   const dc_u64 mirror_at = mirror_address(a.w);
   enter_after_previous_kernel();
+  DC_TRACE_KERNEL_BEGIN();
   const dc_u32 b = blockIdx.x;
   const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
   const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
   if (SEND_THREADS > 0 && threadIdx.x < SEND_THREADS) {
     if (a.send.peer < 0 || b >= a.send.blocks) return;
+    DC_TRACE_PHASE_BEGIN(kPhaseSend, a.send.peer);
     if (a.send.low_latency) {
       ll_send(NamedBarrier(1, 0, SEND_THREADS), a, a.send, snd, b, agree_side_on(a.send),
               mirror_at);
@@ -48,12 +50,15 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
       if (b == 0 && threadIdx.x < 32 && !announce_call(a, a.send, kKindSendRecv)) return;
       bulk_send(Warp{}, a, a.send, snd, b * kWarps + threadIdx.x / 32, a.send.blocks * kWarps);
     }
+    DC_TRACE_PHASE_END(kPhaseSend, a.send.peer, b == 0 ? a.send.bytes : 0);
+    DC_TRACE_KERNEL_END(0);
   } else if (RECV_THREADS > 0) {
     if (a.recv.peer < 0 || b >= a.recv.blocks) return;
     if (a.recv.low_latency && !agree_side_on(a.recv)) {  // a measurement call, no agreement
       ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b, agree_none(), false);
       return;
     }
+    DC_TRACE_EVENT_BY(threadIdx.x == SEND_THREADS, kTracePhaseBegin, kPhaseRecv, a.recv.peer, 0, 0);
     const dc_u64 call = agree_recv_begin(a, a.recv.peer, b == 0 && threadIdx.x == SEND_THREADS);
     if (a.recv.low_latency) {
       ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b, recv_call(a, call),
@@ -65,6 +70,9 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
       NamedBarrier(2, SEND_THREADS, RECV_THREADS).sync();
       if (threadIdx.x == SEND_THREADS) agree_recv_done(a, a.recv.peer, call, a.recv.blocks);
     }
+    DC_TRACE_EVENT_BY(threadIdx.x == SEND_THREADS, kTracePhaseEnd, kPhaseRecv, a.recv.peer, 0,
+                      b == 0 ? a.recv.bytes : 0);
+    DC_TRACE_EVENT_BY(threadIdx.x == SEND_THREADS, kTraceKernelEnd, 0, -1, 0, 0);
   }
 }
 
@@ -139,7 +147,12 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
   dc_u32 b;
   split_block(a.send.blocks, a.recv.blocks, INTERLEAVE, send, b);
   if (!send && b >= a.recv.blocks) return;
+  DC_TRACE_KERNEL_BEGIN();
+  DC_TRACE_PHASE_BEGIN(send ? kPhaseSend : kPhaseRecv, (send ? a.send : a.recv).peer);
   plain_role(a, send, b, THREADS, true, mirror_at);
+  DC_TRACE_PHASE_END(send ? kPhaseSend : kPhaseRecv, (send ? a.send : a.recv).peer,
+                     b == 0 ? (send ? a.send : a.recv).bytes : 0);
+  DC_TRACE_KERNEL_END(0);
 }
 
 // ---- Comm::barrier: a call of its own on the agreement ring (devcomm/agree.cuh) ----
@@ -152,6 +165,7 @@ __global__ void __launch_bounds__(THREADS, 1) p2p_split_kernel(P2PLaunch a) {
 // arrival before anything this rank's stream does next.
 __global__ void __launch_bounds__(32, 1) p2p_barrier_kernel(P2PLaunch a) {
   enter_after_previous_kernel();
+  DC_TRACE_KERNEL_BEGIN();
   const DeviceWindow& w = a.w;
   const dc_u32 lane = threadIdx.x;
   fence_acq_rel_sys();
@@ -168,6 +182,7 @@ __global__ void __launch_bounds__(32, 1) p2p_barrier_kernel(P2PLaunch a) {
     if (ok) agree_recv_end(a, p, call);
   }
   fence_acq_rel_sys();
+  DC_TRACE_KERNEL_END(0);
 }
 
 }  // namespace p2p

@@ -17,6 +17,7 @@ use crate::cuda::linear_launch;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::Jit;
+use crate::jit::KernelSpec;
 use crate::net::route::NetP2PLaunch;
 use crate::p2p::P2P;
 use crate::topology::LinkKind;
@@ -92,6 +93,17 @@ pub(crate) struct CollCall {
     pub peer_rows: [[u64; 32]; 2],
     /// What both ends compare the call as (`CollLaunch::op`); 0: `mode + 1`.
     pub code: u32,
+}
+
+/// The module of `hooks`' collective kernels under `config` (`DEVCOMM_COLL_OPTIONS`, tracing),
+/// with the network instantiations in a job with network links: what its load path loads and
+/// `crate::kernels::kernel_spec` returns.
+pub(crate) fn module_spec(
+    hooks: &RawHooks,
+    config: &crate::config::Config,
+    net: bool,
+) -> KernelSpec {
+    crate::kernel_load::configured(hooks.spec(net), &config.coll_options, config.trace)
 }
 
 /// Per-communicator collective state.
@@ -186,9 +198,9 @@ impl Collective {
         if let Some(f) = self.functions.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(f.clone());
         }
-        let kind = crate::kernels::KernelKind::Collective { hooks };
+        let spec = module_spec(hooks, &group.config, net);
         let f =
-            crate::kernels::load(group, jit, kind, net)?.function(&hooks.expression(mixed, net))?;
+            crate::kernel_load::load(group, jit, &spec)?.function(&hooks.expression(mixed, net))?;
         let per_sm = f
             .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
             .cuda(
@@ -324,6 +336,12 @@ impl Collective {
             op_pad: 0,
         };
         let cfg = linear_launch(grid, THREADS);
+        let _scope = group.call_scope(stream, || crate::trace::CallInfo {
+            op: call.op,
+            bytes: call.in_elems * hooks.in_size as u64,
+            peers: (0..world).filter(|&q| q != rank).collect(),
+            algorithm: format!("{grid} blocks, {} per peer", shape.per_peer),
+        });
         // SAFETY: coll_kernel<H, THREADS, MIXED, NET>(CollLaunch) takes exactly this struct by
         // value and enters through enter_after_previous_kernel. Its window, counters and network
         // staging and queues live as long as the communicator; the buffers and count arrays

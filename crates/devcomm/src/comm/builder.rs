@@ -15,6 +15,7 @@ use crate::cuda::ErrorState;
 use crate::error::{CudaResultExt, Result};
 use crate::group::Group;
 use crate::jit::Jit;
+use crate::kernels::KernelKind;
 use crate::memory::{Pool, Registry};
 use crate::p2p::{P2PLimits, TuneTable, P2P};
 use crate::topology::Topology;
@@ -290,6 +291,28 @@ impl CommBuilder {
         };
         if let Some(stream) = &comm.stream {
             comm.p2p.bind(&comm.group, stream)?;
+        }
+        if self.config.trace {
+            // Every rank takes this step: the setting must agree (a setup error otherwise).
+            let trace = agree_on_store(
+                &comm.group.store,
+                "trace ring",
+                rank,
+                crate::kernels::load(&comm.group, &comm.jit, KernelKind::TraceClock, false)
+                    .and_then(|clock| {
+                        let g = &comm.group;
+                        crate::trace::DeviceTrace::new(
+                            &g.ctx,
+                            rank,
+                            self.config.trace_events,
+                            &clock,
+                        )
+                    }),
+                setup_timeout,
+            )?;
+            // Set before any traced module is loaded (the clock kernel is not one):
+            // `kernels::load` attaches each to it.
+            let _ = comm.group.trace.set(trace);
         }
         if self.config.pool_mib > 0 {
             comm.grow_pool(self.config.pool_mib as usize * (1 << 20))?;

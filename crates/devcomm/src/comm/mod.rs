@@ -14,6 +14,7 @@ mod reduce_ops;
 mod registration;
 mod setup;
 mod tiles;
+mod trace;
 mod zero_copy;
 
 use std::sync::Arc;

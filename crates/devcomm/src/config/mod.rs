@@ -216,6 +216,13 @@ knobs! {
     pdl: bool = true, "1",
         env "DEVCOMM_PDL", group "launch", range None, Local;
 
+    /// `1` compiles every kernel with timeline events and records them (docs/TRACING.md).
+    trace: bool = false, "0",
+        env "DEVCOMM_TRACE", group "tracing", range None, Must;
+    /// Events the trace ring of a rank holds (32 bytes each); later events are dropped, counted.
+    trace_events: u32 = 1 << 20, "1048576",
+        env "DEVCOMM_TRACE_EVENTS", group "tracing", range range(16, 1 << 26), Local;
+
     /// A send/recv tuning table from `devcomm tune` (its content is compared across ranks).
     tune_file: Option<PathBuf> = None, "",
         env "DEVCOMM_TUNE_FILE", group "tuning", range None, Local;

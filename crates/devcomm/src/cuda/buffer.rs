@@ -75,6 +75,44 @@ impl DeviceBuffer {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Copies `out.len()` bytes from `offset` into `out` (`cuMemcpyDtoH`: waits for the
+    /// legacy default stream; the caller synchronises the streams that write the buffer).
+    pub(crate) fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range("read", offset, out.len())?;
+        bind(&self.ctx)?;
+        // SAFETY: the range lies inside the allocation (checked); `out` is as long.
+        let status = unsafe {
+            sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + offset as u64, out.len())
+        };
+        check(status, "cuMemcpyDtoH")
+    }
+
+    /// Copies `bytes` to `offset` (`cuMemcpyHtoD`; may be in flight on return, as
+    /// [`DeviceBuffer::from_slice`]).
+    pub(crate) fn write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        self.check_range("write", offset, bytes.len())?;
+        bind(&self.ctx)?;
+        // SAFETY: the range lies inside the allocation (checked); the source stays borrowed
+        // for the whole (host-synchronous) call.
+        let status = unsafe {
+            sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, bytes.as_ptr().cast(), bytes.len())
+        };
+        check(status, "cuMemcpyHtoD")
+    }
+
+    fn check_range(&self, what: &'static str, offset: usize, len: usize) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.bytes) {
+            return Err(crate::error::Error::InvalidArgument {
+                op: "DeviceBuffer",
+                reason: format!(
+                    "{what} of {len} bytes at offset {offset} outside the buffer of {} bytes",
+                    self.bytes
+                ),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Sets `bytes` bytes at device address `ptr` to zero (`cuMemsetD8`). Like the other

@@ -156,6 +156,11 @@ pub(crate) fn stream_wait_geq(stream: &CudaStream, addr: u64, value: u64) -> Res
         .cuda(NO_RANK, "cuStreamWaitValue64")
 }
 
+/// Whether a driver error is `CUDA_ERROR_NOT_FOUND` (a symbol a module does not have).
+pub(crate) fn is_not_found(e: &cudarc::driver::DriverError) -> bool {
+    e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND
+}
+
 /// Writes `value` to the 64-bit word at `addr` once the stream's earlier work is done, after a
 /// memory barrier (the default flags), so what that work wrote is visible first.
 pub(crate) fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result<()> {

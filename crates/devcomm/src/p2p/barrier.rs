@@ -27,6 +27,12 @@ impl P2P {
         let func = self.function(group, jit, KernelKey::Barrier)?;
         self.gate.pass(group, group.topology.nvl_peers())?;
         let launch = self.base_launch();
+        let _scope = group.call_scope(stream, || crate::trace::CallInfo {
+            op: "barrier",
+            bytes: 0,
+            peers: group.topology.nvl_peers(),
+            algorithm: "agreement ring".into(),
+        });
         // SAFETY: p2p_barrier_kernel(P2PLaunch) takes exactly this struct by value and enters
         // through enter_after_previous_kernel; it writes only this namespace's agreement words
         // (own pad, and each NVLink peer's ring word for this rank).

@@ -45,6 +45,24 @@ impl P2P {
             return Ok(()); // nothing to move
         }
         self.ready(group, jit, p.peers())?;
+        let _scope = group.call_scope(stream, || {
+            let sides: Vec<_> = (0..2)
+                .filter_map(|i| p.sm[i].or(p.negotiated[i]).or(p.ce[i]))
+                .collect();
+            crate::trace::CallInfo {
+                op: "sendrecv",
+                bytes: p.sm[0]
+                    .or(p.negotiated[0])
+                    .or(p.ce[0])
+                    .map_or(0, |s| s.bytes),
+                peers: sides.iter().map(|s| s.peer).collect(),
+                algorithm: sides
+                    .iter()
+                    .map(|s| format!("{:?}", s.config.protocol))
+                    .collect::<Vec<_>>()
+                    .join("+"),
+            }
+        });
         if p.ce_send.is_some() || p.ce_recv.is_some() {
             return self.launch_with_copy_engine(group, jit, &p, stream);
         }

@@ -35,6 +35,12 @@ pub use config::{
 };
 pub use kernels::SENDRECV_SOURCE;
 pub(crate) use kernels::{sendrecv_spec, KernelKey, NET_THREADS};
+
+/// The send/recv module under `config` (`DEVCOMM_P2P_OPTIONS`, tracing): what its load path
+/// loads and `crate::kernels::kernel_spec` returns.
+pub(crate) fn module_spec(config: &crate::config::Config) -> crate::jit::KernelSpec {
+    crate::kernel_load::configured(sendrecv_spec(), &config.p2p_options, config.trace)
+}
 pub use switches::Switches;
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 pub(crate) use zero_copy::ZcRole;
@@ -304,7 +310,7 @@ impl P2P {
         // for kernels already running, and a negotiating role's kernels are enqueued behind
         // one that waits on the peer (seen on 2 H200s: the first large both-ways call stalled
         // until that wait timed out).
-        let m = crate::kernels::load(group, jit, crate::kernels::KernelKind::SendRecv, false)?;
+        let m = crate::kernel_load::load(group, jit, &module_spec(&group.config))?;
         Ok(self.module.get_or_init(|| m))
     }
 

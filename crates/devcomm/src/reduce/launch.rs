@@ -16,7 +16,6 @@ use crate::cuda::{linear_launch, DeviceBuffer};
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, KernelSpec};
-use crate::kernels::KernelKind;
 use crate::topology::LinkKind;
 use crate::window::Window;
 
@@ -131,6 +130,24 @@ pub(crate) fn hooked_net_step_spec(dtype: DataType, op: ReduceOp, hooks: &RawHoo
     .name_expression(net_step_expression(dtype, op, Some(hooks.name())))
 }
 
+/// The module of a reduction of `dtype` (with an epilogue: `hooked`) under `config`
+/// (`DEVCOMM_REDUCE_OPTIONS`, tracing): the NVLink kernels, or the local steps of the network
+/// path (`net_step`). What its load path loads and `crate::kernels::kernel_spec` returns.
+pub(crate) fn module_spec(
+    dtype: DataType,
+    hooked: Option<(ReduceOp, &RawHooks)>,
+    net_step: bool,
+    config: &crate::config::Config,
+) -> KernelSpec {
+    let spec = match (hooked, net_step) {
+        (None, false) => kernel_spec(dtype),
+        (Some((op, h)), false) => hooked_kernel_spec(dtype, op, h),
+        (None, true) => net_step_spec(dtype),
+        (Some((op, h)), true) => hooked_net_step_spec(dtype, op, h),
+    };
+    crate::kernel_load::configured(spec, &config.reduce_options, config.trace)
+}
+
 /// A loaded module's kernels by name expression, and its gate.
 #[derive(Debug, Clone)]
 struct Loaded {
@@ -227,13 +244,10 @@ impl Reduce {
         if let Some(l) = self.modules.lock().map_err(|_| poisoned())?.get(&key) {
             return Ok(l.clone());
         }
-        let kind = match net {
-            false => KernelKind::Reduce { dtype, hooked },
-            true => KernelKind::ReduceNetStep { dtype, hooked },
-        };
         // Through the one load path: marked as loading, so that peers already at this
         // module's gate wait for the compile instead of giving up after the device timeout.
-        let module = crate::kernels::load(group, jit, kind, net)?;
+        let spec = module_spec(dtype, hooked, net, &group.config);
+        let module = crate::kernel_load::load(group, jit, &spec)?;
         let mut functions = HashMap::new();
         for expression in module.lowered_names().keys() {
             let f = module.function(expression)?;
@@ -385,6 +399,12 @@ impl Reduce {
         };
         debug_assert!(pl.chunk * world as u64 * es <= self.limits.chunk_bytes);
         let cfg = linear_launch(pl.blocks, THREADS);
+        let _scope = group.call_scope(stream, || crate::trace::CallInfo {
+            op: op_name,
+            bytes: call.count * es,
+            peers: (0..world).filter(|&q| q != rank).collect(),
+            algorithm: format!("{:?}, {} blocks", pl.algorithm, pl.blocks),
+        });
         // SAFETY: both kernels take one ReduceLaunch by value and enter through
         // enter_after_previous_kernel. The window and counters live as long as the
         // communicator (this state is dropped before the group). The caller resolved and
