@@ -345,6 +345,11 @@ impl Comm {
         recv: Option<Transfer>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.refuse_overlap(
+            "sendrecv",
+            send.map(|t| (t.ptr, t.bytes)),
+            recv.map(|t| (t.ptr, t.bytes)),
+        )?;
         match route_of(&self.group, send, recv)? {
             P2PRoute::Nvlink => {
                 // An empty role with a network peer moves nothing: the NVLink path would refuse

@@ -79,6 +79,41 @@ impl Comm {
         self.sendrecv_routed(Some(send), Some(recv), stream)
     }
 
+    /// Refuses, on this rank before anything is launched, a call whose receive buffer
+    /// overlaps its send buffer: the peer's data would land while this rank still reads its
+    /// own, and the result would depend on timing (`collective::first_written_overlap`).
+    pub(super) fn refuse_overlap(
+        &self,
+        op: &'static str,
+        send: Option<(u64, u64)>,
+        recv: Option<(u64, u64)>,
+    ) -> Result<()> {
+        let (Some((sp, sb)), Some((rp, rb))) = (send, recv) else {
+            return Ok(());
+        };
+        let bufs = [
+            crate::collective::Buf {
+                name: "send",
+                ptr: sp,
+                bytes: sb,
+                written: false,
+            },
+            crate::collective::Buf {
+                name: "recv",
+                ptr: rp,
+                bytes: rb,
+                written: true,
+            },
+        ];
+        match crate::collective::first_written_overlap(&bufs) {
+            Some(reason) => Err(crate::Error::InvalidArgument {
+                op,
+                reason: format!("rank {}: {reason}", self.rank()),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Send/recv on raw device addresses with optional explicit launch knobs: either
     /// direction may be absent. The knobs choose NVLink protocols; a call with network peers
     /// takes the network route (docs/NETWORK.md) and does not use them.

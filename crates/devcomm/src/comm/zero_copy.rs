@@ -102,6 +102,11 @@ impl Comm {
     ) -> Result<()> {
         let (ptr, _sync) = self.slice_ptr("sendrecv_registered", send_buf, stream)?;
         let bytes = send_buf.num_bytes() as u64;
+        let own = self
+            .registry
+            .get_nvlink_address(recv_dst.handle, self.rank())
+            .map(|base| (base.saturating_add(recv_dst.offset), recv_dst.bytes));
+        self.refuse_overlap("sendrecv_registered", Some((ptr, bytes)), own)?;
         match zc_path(self.is_net_peer(send_peer), self.is_net_peer(recv_peer)) {
             ZcPath::Network => {
                 let send = self.zc_net_send(ptr, bytes, send_peer, send_dst)?;
@@ -211,6 +216,7 @@ impl Comm {
             return Ok(());
         }
         let (src, _sync) = self.slice_ptr("all_to_all_registered", send, stream)?;
+        self.refuse_overlap(OP, Some((src, total)), Some((own, total)))?;
         let at = |p: usize| recv.shifted(p as u64 * chunk, chunk);
         // In a job with network links the fused kernel reaches every peer (NVLink and network
         // roles in one launch); the copy-engine steps reach NVLink peers only.

@@ -17,16 +17,17 @@ pub(super) const CHECKS: &[Check] = &[
         ranks: Ranks::AtLeast(2),
         about: "an uncollected all-to-all-v count error on rank 0, then each kind of call \
                 (send/recv, all-to-all, all-to-all-v, one- and two-shot all-reduce, \
-                reduce-scatter, all-gather, barrier, zero-copy): launched and verified on \
-                every rank, the error with rank 0's synchronise alone",
+                reduce-scatter, all-gather, barrier, zero-copy, hooked all-to-all, hooked \
+                all-reduce, registered all-to-all): launched and verified on every rank, the \
+                error with rank 0's synchronise alone",
         run: |cx, p| verified(soft_errors::soft_error_before_every_call(cx, p.timeout)),
     },
     Check {
         name: "overlap_refused_everywhere",
         ranks: Ranks::AtLeast(2),
-        about: "partial overlaps of every raw reduction, hooked reduction, all-to-all and \
-                all-to-all-v: refused on every rank before launch; the in-place layouts \
-                verified after",
+        about: "partial overlaps of every raw reduction, hooked reduction, all-to-all, \
+                all-to-all-v, send/recv and zero-copy call: refused on every rank before \
+                launch; the in-place layouts verified after",
         run: |cx, _| verified(overlap::refused_everywhere(cx)),
     },
     Check {

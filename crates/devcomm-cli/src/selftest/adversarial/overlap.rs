@@ -1,4 +1,4 @@
-//! Every overlap layout of every raw call. Layouts that are wrong on every rank alike (a
+//! Every overlap layout of every raw call (and of the send/recv and zero-copy calls). Layouts that are wrong on every rank alike (a
 //! partial overlap, a written buffer over a read one) are refused on every rank before
 //! anything launches, and the communicator goes on; the in-place layouts (the same buffer, or
 //! this rank's own shard) are accepted and verified; and a layout that is another rank's
@@ -14,7 +14,7 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 use devcomm::raw::{RawBuffer, RawCounts};
 use devcomm::{Comm, DataType, Error, HookArgs, Hooks, ReduceOp};
 
-use crate::selftest::harness::{fresh_comm, Ctx};
+use crate::selftest::harness::{fresh_comm, Ctx, RegBuf};
 
 fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
@@ -115,6 +115,31 @@ pub(super) fn refused_everywhere(cx: &Ctx) -> Result<String, String> {
             comm.all_to_allv_raw(&copy, half, shifted_out(half, n), counts(base + 4 * n + 4 * n), HookArgs::rows(1), s),
         )?;
     }
+    // Send/recv: the receive buffer over the send buffer (raw), and the zero-copy calls with
+    // this rank's registered destination over the send buffer.
+    let (next, prev) = ((rank + 1) % w, (rank + w - 1) % w);
+    let t = |ptr: u64, peer: usize| devcomm::p2p::Transfer {
+        ptr,
+        bytes: 4096,
+        peer,
+        config: None,
+    };
+    // SAFETY: both ranges lie inside `buf`; the call is refused before anything is launched.
+    expect_refused("sendrecv_raw", unsafe {
+        comm.sendrecv_raw(Some(t(base, next)), Some(t(base + 1024, prev)), s)
+    })?;
+    let reg = RegBuf::new(cx, 1 << 20)?;
+    // SAFETY: a view of the registered buffer's first 64 KiB, never freed by cudarc.
+    let view = std::mem::ManuallyDrop::new(unsafe { s.upgrade_device_ptr::<u8>(reg.ptr, 1 << 16) });
+    expect_refused(
+        "sendrecv_registered",
+        comm.sendrecv_registered(&*view, next, reg.at(4096, 1 << 16), reg.at(4096, 1 << 16), prev, s),
+    )?;
+    expect_refused(
+        "all_to_all_registered",
+        comm.all_to_all_registered(&*view, reg.at(0, 1 << 16), s),
+    )?;
+    drop(reg);
     // Nothing launched: the communicator goes on. The in-place layouts, verified.
     in_place_layouts(cx, rank, w, m)?;
     Ok(format!(

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaSlice;
-use devcomm::{AllToAllVCounts, Error, ReduceOp};
+use devcomm::{AllToAllVCounts, Error, HookArgs, Hooks, ReduceOp};
 
 use crate::selftest::harness::{Ctx, RegBuf};
 
@@ -24,9 +24,28 @@ enum Kind {
     AllGather,
     Barrier,
     ZeroCopy,
+    /// An all-to-all through user hooks (doubling on the way) and an all-reduce with an
+    /// epilogue hook (doubling every reduced row).
+    HookedAllToAll,
+    HookedAllReduce,
+    /// An all-to-all into a registered output.
+    AllToAllRegistered,
 }
 
-const KINDS: [Kind; 9] = [
+/// Doubles every value on the way (`produce`).
+const DOUBLE: &str = "struct SoftDouble {\n  using In = float; using Out = float; using Wire = float;\n  \
+    static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
+    devcomm::Tile<float> t = devcomm::load_tile<float>(c);\n    \
+    for (float& x : t.v) x *= 2.0f;\n    return t;\n  }\n  \
+    static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {\n    \
+    devcomm::store_tile<float>(c, t);\n  }\n};\n";
+
+/// Doubles every reduced row (an epilogue).
+const TWICE: &str = "struct SoftTwice { using T = float; \
+    static __device__ void epilogue(const devcomm::red::RowCtx& c, float* row) { \
+    for (unsigned long long j = c.lane; j < c.cols; j += 32) row[j] *= 2.0f; } };";
+
+const KINDS: [Kind; 12] = [
     Kind::SendRecv,
     Kind::AllToAll,
     Kind::AllToAllV,
@@ -36,6 +55,9 @@ const KINDS: [Kind; 9] = [
     Kind::AllGather,
     Kind::Barrier,
     Kind::ZeroCopy,
+    Kind::HookedAllToAll,
+    Kind::HookedAllReduce,
+    Kind::AllToAllRegistered,
 ];
 
 /// The check: every kind in turn on the self-test's communicator.
@@ -142,6 +164,51 @@ fn one(cx: &Ctx, kind: Kind, timeout: Duration) -> Result<(), String> {
         Kind::Barrier => {
             comm.barrier(s).map_err(err)?;
             collect(cx, t, timeout)
+        }
+        Kind::HookedAllToAll => {
+            let n = 4096; // f32 per peer
+            let mine: Vec<f32> = (0..n * world).map(|i| value(rank, i)).collect();
+            let src = s.clone_htod(&mine).map_err(err)?;
+            let mut dst = s.alloc_zeros::<f32>(n * world).map_err(err)?;
+            let hooks = Hooks::<f32>::new("SoftDouble", DOUBLE);
+            comm.all_to_all_hooked(&hooks, &src, &mut dst, HookArgs::default(), s)
+                .map_err(err)?;
+            collect(cx, t, timeout)?;
+            let want: Vec<f32> = (0..world)
+                .flat_map(|p| (0..n).map(move |i| 2.0 * value(p, rank * n + i)))
+                .collect();
+            expect(cx, &dst, &want)
+        }
+        Kind::HookedAllReduce => {
+            let (rows, row) = (64, 256);
+            let n = rows * row;
+            let src = s
+                .clone_htod(&(0..n).map(|i| value(rank, i)).collect::<Vec<_>>())
+                .map_err(err)?;
+            let mut dst = s.alloc_zeros::<f32>(n).map_err(err)?;
+            let hooks = Hooks::<f32>::new("SoftTwice", TWICE);
+            comm.all_reduce_hooked(&hooks, &src, &mut dst, ReduceOp::Sum, &HookArgs::rows(row), s)
+                .map_err(err)?;
+            collect(cx, t, timeout)?;
+            let want: Vec<f32> = (0..n)
+                .map(|i| 2.0 * (0..world).map(|r| value(r, i)).sum::<f32>())
+                .collect();
+            expect(cx, &dst, &want)
+        }
+        Kind::AllToAllRegistered => {
+            let n = 8192; // bytes per peer
+            let reg = RegBuf::new(cx, n * world)?;
+            let src = s.clone_htod(&cx.data_of(rank, 3, n * world)).map_err(err)?;
+            comm.all_to_all_registered(&src, reg.at(0, n * world), s)
+                .map_err(err)?;
+            collect(cx, t, timeout)?;
+            let got = cx.read_ptr(reg.ptr, n * world)?;
+            for p in 0..world {
+                if got[p * n..(p + 1) * n] != cx.data_of(p, 3, n * world)[rank * n..(rank + 1) * n] {
+                    return Err(format!("the registered output's chunk from rank {p} differs"));
+                }
+            }
+            Ok(())
         }
         Kind::ZeroCopy => {
             // Above the low-latency size: the rendezvous kernel.
