@@ -135,9 +135,14 @@ pub(super) fn refused_everywhere(cx: &Ctx) -> Result<String, String> {
         "sendrecv_registered",
         comm.sendrecv_registered(&*view, next, reg.at(4096, 1 << 16), reg.at(4096, 1 << 16), prev, s),
     )?;
+    // World size x a chunk, over the registered output.
+    let chunked = std::mem::ManuallyDrop::new(
+        // SAFETY: as `view`, the first 4 KiB x w bytes of the registered buffer.
+        unsafe { s.upgrade_device_ptr::<u8>(reg.ptr, 4096 * w) },
+    );
     expect_refused(
         "all_to_all_registered",
-        comm.all_to_all_registered(&*view, reg.at(0, 1 << 16), s),
+        comm.all_to_all_registered(&*chunked, reg.at(0, 4096 * w), s),
     )?;
     drop(reg);
     // Nothing launched: the communicator goes on. The in-place layouts, verified.
