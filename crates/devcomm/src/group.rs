@@ -101,17 +101,8 @@ impl Group {
     /// the failure in the store instead, and a healthy rank waiting at a tear-down barrier
     /// stops waiting when it sees that mark (its peer will not come).
     pub(crate) fn teardown_barrier(&self, tag: &str) -> Result<()> {
-        if self.mark_failure_instead()? {
-            return Ok(());
-        }
-        teardown_arrive(&self.store, self.rank, tag)?;
-        teardown_wait(
-            &self.store,
-            self.rank,
-            self.world_size,
-            tag,
-            self.setup_timeout,
-        )
+        self.teardown_arrive(tag)?;
+        self.teardown_wait(tag)
     }
 
     /// The arrival half of [`teardown_barrier`](Self::teardown_barrier): marks this rank as
