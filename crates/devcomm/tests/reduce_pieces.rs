@@ -7,7 +7,7 @@
 mod cxx;
 
 use cxx::{compile_cpp, scratch_dir};
-use devcomm::reduce::plan::block_piece;
+use devcomm::reduce::plan::{block_piece, MAX_BLOCKS};
 use std::process::Command;
 
 const MS: &[u64] = &[0, 1, 7, 16, 17, 1000, 4096, 65_537, 1 << 20, (1 << 21) + 3];
@@ -69,8 +69,9 @@ int main() {{
             }
         }
     }
-    // kDone = 3: ((3 * world 3 + rank 2) * 32 blocks) + block 5.
-    assert_eq!(lines.next(), Some("slot 357"));
+    // kDone = 3: ((3 * world 3 + rank 2) * MAX_BLOCKS (kMaxBlocks) blocks) + block 5.
+    let slot = format!("slot {}", (3 * 3 + 2) * u64::from(MAX_BLOCKS) + 5);
+    assert_eq!(lines.next(), Some(slot.as_str()));
     assert!(compared > 30_000);
     std::fs::remove_dir_all(&dir).unwrap();
 }
