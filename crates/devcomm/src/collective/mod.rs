@@ -24,7 +24,7 @@ use crate::topology::LinkKind;
 use handle::CollLaunch;
 pub use handle::{MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
 
-pub(crate) use aliasing::{first_written_overlap, Buf};
+pub(crate) use aliasing::{first_written_overlap, overlap, Buf};
 pub use hooks::{Hooks, RawHooks};
 pub use shape::{
     coll_shape, fit_low_latency, CollShape, LL_BLOCK_BYTES, LL_MAX_BYTES, MAX_BLOCKS_PER_PEER,

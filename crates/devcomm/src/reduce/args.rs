@@ -2,6 +2,7 @@
 //! and out-of-place calls. Pure, so every rule has a unit test.
 
 use super::plan::Collective;
+use crate::collective::overlap;
 
 /// A call's buffers as the kernel takes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,11 +32,6 @@ impl Refusal {
             a_peer_may_accept: false,
         }
     }
-}
-
-/// Byte ranges `[a, a + an)` and `[b, b + bn)` overlap.
-fn overlap(a: u64, an: u64, b: u64, bn: u64) -> bool {
-    an > 0 && bn > 0 && a < b.saturating_add(bn) && b < a.saturating_add(an)
 }
 
 /// Resolves the raw form of a call: `count` as the method names it (all-reduce: elements;

@@ -19,26 +19,15 @@ use devcomm::{
 };
 use half::bf16;
 
-use crate::selftest::harness::{compare, fresh_comm_with, Ctx, Params};
+use crate::selftest::harness::{
+    compare, doubling_epilogue, doubling_hooks, fresh_comm_with, Ctx, Params,
+};
 
 type Detail = Result<String, String>;
 
 fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
-
-/// A collective hook pair that doubles every value on the way (`produce`).
-const DOUBLE: &str = "struct ColdDouble {\n  using In = float; using Out = float; using Wire = float;\n  \
-    static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
-    devcomm::Tile<float> t = devcomm::load_tile<float>(c);\n    \
-    for (float& x : t.v) x *= 2.0f;\n    return t;\n  }\n  \
-    static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {\n    \
-    devcomm::store_tile<float>(c, t);\n  }\n};\n";
-
-/// A reduction epilogue that doubles every reduced value.
-const TWICE: &str = "struct ColdTwice {\n  using T = float;\n  \
-    static __device__ void epilogue(const devcomm::red::RowCtx& c, float* row) {\n    \
-    for (unsigned long long j = c.lane; j < c.cols; j += 32) row[j] *= 2.0f;\n  }\n};\n";
 
 /// Row length of the hooked all-reduce.
 const ROW: usize = 256;
@@ -53,8 +42,8 @@ struct RoundHooks {
 impl RoundHooks {
     fn new() -> Self {
         Self {
-            double: Hooks::<f32>::new("ColdDouble", DOUBLE),
-            twice: Hooks::<f32>::new("ColdTwice", TWICE),
+            double: doubling_hooks(),
+            twice: doubling_epilogue(),
             copy: Hooks::<f32>::copy(),
         }
     }

@@ -8,9 +8,9 @@
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaSlice;
-use devcomm::{AllToAllVCounts, Error, HookArgs, Hooks, ReduceOp};
+use devcomm::{AllToAllVCounts, Error, HookArgs, ReduceOp};
 
-use crate::selftest::harness::{Ctx, RegBuf};
+use crate::selftest::harness::{doubling_epilogue, doubling_hooks, Ctx, RegBuf};
 
 /// Every kind of call, after a soft error.
 #[derive(Debug, Clone, Copy)]
@@ -31,19 +31,6 @@ enum Kind {
     /// An all-to-all into a registered output.
     AllToAllRegistered,
 }
-
-/// Doubles every value on the way (`produce`).
-const DOUBLE: &str = "struct SoftDouble {\n  using In = float; using Out = float; using Wire = float;\n  \
-    static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
-    devcomm::Tile<float> t = devcomm::load_tile<float>(c);\n    \
-    for (float& x : t.v) x *= 2.0f;\n    return t;\n  }\n  \
-    static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {\n    \
-    devcomm::store_tile<float>(c, t);\n  }\n};\n";
-
-/// Doubles every reduced row (an epilogue).
-const TWICE: &str = "struct SoftTwice { using T = float; \
-    static __device__ void epilogue(const devcomm::red::RowCtx& c, float* row) { \
-    for (unsigned long long j = c.lane; j < c.cols; j += 32) row[j] *= 2.0f; } };";
 
 const KINDS: [Kind; 12] = [
     Kind::SendRecv,
@@ -170,7 +157,7 @@ fn one(cx: &Ctx, kind: Kind, timeout: Duration) -> Result<(), String> {
             let mine: Vec<f32> = (0..n * world).map(|i| value(rank, i)).collect();
             let src = s.clone_htod(&mine).map_err(err)?;
             let mut dst = s.alloc_zeros::<f32>(n * world).map_err(err)?;
-            let hooks = Hooks::<f32>::new("SoftDouble", DOUBLE);
+            let hooks = doubling_hooks();
             comm.all_to_all_hooked(&hooks, &src, &mut dst, HookArgs::default(), s)
                 .map_err(err)?;
             collect(cx, t, timeout)?;
@@ -186,7 +173,7 @@ fn one(cx: &Ctx, kind: Kind, timeout: Duration) -> Result<(), String> {
                 .clone_htod(&(0..n).map(|i| value(rank, i)).collect::<Vec<_>>())
                 .map_err(err)?;
             let mut dst = s.alloc_zeros::<f32>(n).map_err(err)?;
-            let hooks = Hooks::<f32>::new("SoftTwice", TWICE);
+            let hooks = doubling_epilogue();
             comm.all_reduce_hooked(&hooks, &src, &mut dst, ReduceOp::Sum, &HookArgs::rows(row), s)
                 .map_err(err)?;
             collect(cx, t, timeout)?;

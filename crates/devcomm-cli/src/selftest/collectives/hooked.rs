@@ -6,7 +6,7 @@ use std::time::Duration;
 use devcomm::{HookArgs, Hooks};
 
 use super::a2a::{check_f32_a2a, err, f32_a2a_buffers};
-use crate::selftest::harness::Ctx;
+use crate::selftest::harness::{doubling_hooks, Ctx};
 
 #[allow(dead_code)]
 #[path = "../../../../devcomm/examples/transpose_all_to_all.rs"]
@@ -72,13 +72,7 @@ pub(super) fn check_late_loader(cx: &Ctx) -> Detail {
 /// `produce` that doubles every value, then a one-way `send_hooked`/`recv_hooked` between
 /// neighbours.
 pub(super) fn check_hooked_p2p(cx: &Ctx) -> Detail {
-    const DOUBLE: &str = "struct Double {\n  using In = float; using Out = float; using Wire = float;\n  \
-        static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
-        devcomm::Tile<float> t = devcomm::load_tile<float>(c);\n    \
-        for (float& x : t.v) x *= 2.0f;\n    return t;\n  }\n  \
-        static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {\n    \
-        devcomm::store_tile<float>(c, t);\n  }\n};\n";
-    let hooks = devcomm::Hooks::<f32, f32>::new("Double", DOUBLE);
+    let hooks = doubling_hooks();
     let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
     let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
     let val = |s: usize, k: usize| (s * 7_777 + k % 5_003) as f32;

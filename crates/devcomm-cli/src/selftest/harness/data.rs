@@ -169,6 +169,25 @@ impl<'a> BenchDst<'a> {
     }
 }
 
+/// A collective hook pair that doubles every value on the way (`produce`), for f32.
+pub(crate) fn doubling_hooks() -> devcomm::Hooks<f32> {
+    const SOURCE: &str = "struct Double {\n  using In = float; using Out = float; using Wire = float;\n  \
+        static __device__ devcomm::Tile<float> produce(const devcomm::Ctx& c) {\n    \
+        devcomm::Tile<float> t = devcomm::load_tile<float>(c);\n    \
+        for (float& x : t.v) x *= 2.0f;\n    return t;\n  }\n  \
+        static __device__ void consume(const devcomm::Ctx& c, const devcomm::Tile<float>& t) {\n    \
+        devcomm::store_tile<float>(c, t);\n  }\n};\n";
+    devcomm::Hooks::new("Double", SOURCE)
+}
+
+/// A reduction epilogue that doubles every reduced f32 value of its row.
+pub(crate) fn doubling_epilogue() -> devcomm::Hooks<f32> {
+    const SOURCE: &str = "struct Twice {\n  using T = float;\n  \
+        static __device__ void epilogue(const devcomm::red::RowCtx& c, float* row) {\n    \
+        for (unsigned long long j = c.lane; j < c.cols; j += 32) row[j] *= 2.0f;\n  }\n};\n";
+    devcomm::Hooks::new("Twice", SOURCE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::compare;
