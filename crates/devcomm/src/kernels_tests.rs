@@ -140,7 +140,12 @@ fn every_kernel_a_launch_fetches_is_in_its_kinds_spec() {
         };
         let steps = kernel_spec(steps, &config, true);
         for op in ReduceOp::ALL {
-            for a in [Algorithm::OneShot, Algorithm::TwoShot] {
+            for a in [
+                Algorithm::OneShot,
+                Algorithm::TwoShot,
+                Algorithm::ZeroCopyOneShot,
+                Algorithm::ZeroCopyTwoShot,
+            ] {
                 let e = crate::reduce::kernel_expression(a, dtype, op, None);
                 assert!(plain.name_expressions.contains(&e), "{e}");
             }
@@ -148,8 +153,9 @@ fn every_kernel_a_launch_fetches_is_in_its_kinds_spec() {
             assert!(steps.name_expressions.contains(&e), "{e}");
             let hooked = Some((op, &hooks));
             let h = kernel_spec(KernelKind::Reduce { dtype, hooked }, &config, false);
-            let e = crate::reduce::kernel_expression(Algorithm::TwoShot, dtype, op, Some("Scale"));
-            assert_eq!(h.name_expressions, vec![e]);
+            let e = [Algorithm::TwoShot, Algorithm::ZeroCopyOneShot]
+                .map(|a| crate::reduce::kernel_expression(a, dtype, op, Some("Scale")));
+            assert_eq!(h.name_expressions, e.to_vec());
             let h = kernel_spec(KernelKind::ReduceNetStep { dtype, hooked }, &config, true);
             let e = crate::reduce::net_step_expression(dtype, op, Some("Scale"));
             assert_eq!(h.name_expressions, vec![e]);

@@ -89,7 +89,8 @@ bool check_reduce(const char* name) {
 }
 
 // The call agreement's descriptor (reduce.cuh, "Call agreement"): each field packs, decodes
-// and is the one named when it alone differs; the ring's slots fit the window's kinds.
+// and is the one named when it alone differs; the ring's and the zero-copy calls' slots fit the
+// window's kinds (the last kind's last slot is the window's last).
 bool check_desc() {
   const dc_u64 base = call_desc(kAllReduce, 2, kSum, 0, 4096);
   struct { dc_u64 other; dc_u32 field; dc_u64 mine, theirs; } cases[] = {
@@ -98,7 +99,8 @@ bool check_desc() {
       {call_desc(kAllReduce, 2, kMax, 0, 4096), kFieldOp, kSum, kMax},
       {call_desc(kAllReduce, 2, kSum, 1, 4096), kFieldHooked, 0, 1},
       {call_desc(kAllReduce, 2, kSum, 0, 4097), kFieldBytes, 4096, 4097},
-      {call_desc(kAllReduce, 2, kSum, 0, (1ull << 39) + 4096), 0, 0, 0},  // bytes: 39 bits
+      {call_desc(kAllReduce, 2, kSum, 0, 4096, 1), kFieldZeroCopy, 0, 1},
+      {call_desc(kAllReduce, 2, kSum, 0, (1ull << 38) + 4096), 0, 0, 0},  // bytes: 38 bits
   };
   if (desc_differs(base, base) != 0) return false;
   // A refused call's type (7, REFUSED_DTYPE in reduce/launch.rs) packs whole and is no type's.
@@ -126,9 +128,9 @@ bool check_desc() {
     std::printf("FAIL agree word\n");
     return false;
   }
-  const dc_u64 last = slot_of(kAgree1, 32, 31, kMaxBlocks - 1);
+  const dc_u64 last = slot_of(kZcDone, 32, 31, kMaxBlocks - 1);
   const bool ring = agree_slot_kind(1) == kAgree1 && agree_slot_kind(2) == kAgree0 &&
-                    agree_slot_kind(3) == kAgree1 && kSlotKinds == 6 &&
+                    agree_slot_kind(3) == kAgree1 && kSlotKinds == 8 &&
                     last == (dc_u64)kSlotKinds * 32 * kMaxBlocks - 1;
   if (!ring) std::printf("FAIL desc ring slots\n");
   return ring;
@@ -146,8 +148,8 @@ int main() {
 
 #[test]
 fn the_window_holds_the_kernels_slot_kinds() {
-    // check_desc() above asserts kSlotKinds == 6 in the header.
-    assert_eq!(devcomm::reduce::plan::SLOT_KINDS, 6);
+    // check_desc() above asserts kSlotKinds == 8 in the header.
+    assert_eq!(devcomm::reduce::plan::SLOT_KINDS, 8);
 }
 
 #[test]

@@ -111,3 +111,38 @@ def test_zero_copy_between_pool_tensors_in_pairs(pool, seed, nbytes):
             assert bool((buf[:pad] == -7).all()) and bool((buf[pad + n :] == -7).all())
     comm.barrier()
     comm.synchronize()
+
+
+@pytest.mark.parametrize("nbytes", [8, 64 << 10, 1 << 20, 6 << 20])
+def test_reductions_on_pool_tensors_equal_ordinary_tensors(pool, seed, nbytes):
+    """Pool tensors take the zero-copy reductions; their results are the staged paths' bits."""
+    comm = pool
+    w, r = comm.world_size, comm.rank
+    n = max(1, nbytes // 2)
+    x = rank_input(seed, r, (w * n,), torch.bfloat16, comm.device)
+    with torch.cuda.use_mem_pool(comm.mem_pool()):
+        px = torch.empty_like(x)
+        pout = torch.empty(n, dtype=torch.bfloat16, device=comm.device)
+        pall = torch.empty(w * n, dtype=torch.bfloat16, device=comm.device)
+    assert comm.pool_lookup(px) is not None and comm.pool_lookup(pall) is not None
+    px.copy_(x)
+    ox = x.clone()
+    # In-place all-reduce of the whole buffer (the tensor-parallel call), reduce-scatter of it,
+    # all-gather of a shard: on pool tensors and on ordinary ones.
+    comm.all_reduce(px, op="sum")
+    comm.all_reduce(ox, op="sum")
+    out = torch.empty(n, dtype=torch.bfloat16, device=comm.device)
+    comm.reduce_scatter_tensor(pout, px, op="max")
+    comm.reduce_scatter_tensor(out, ox, op="max")
+    every = torch.empty(w * n, dtype=torch.bfloat16, device=comm.device)
+    comm.all_gather_into_tensor(pall, pout)
+    comm.all_gather_into_tensor(every, out)
+    comm.synchronize()
+    assert torch.equal(px.view(torch.int16), ox.view(torch.int16))
+    assert torch.equal(pout.view(torch.int16), out.view(torch.int16))
+    assert torch.equal(pall.view(torch.int16), every.view(torch.int16))
+    # The rank-order sum, as both paths add.
+    ref = rank_input(seed, 0, (w * n,), torch.bfloat16, comm.device).float()
+    for p in range(1, w):
+        ref = (ref + rank_input(seed, p, (w * n,), torch.bfloat16, comm.device).float())
+    assert torch.equal(ox.view(torch.int16), ref.bfloat16().view(torch.int16))

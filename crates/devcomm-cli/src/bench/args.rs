@@ -44,6 +44,8 @@ pub struct BenchArgs {
     /// Send/recv: the destination is a registered buffer and devcomm writes straight into it
     /// (`Comm::send_registered` / `recv_registered`); all-to-all: the output is a registered
     /// buffer (`Comm::all_to_all_registered`). NCCL receives into the same buffer.
+    /// Reductions: input and output are slices of devcomm's memory pool (its zero-copy
+    /// paths); NCCL runs on the same buffers.
     #[arg(long)]
     pub(crate) zero_copy: bool,
     /// Send/recv: capture runs of back-to-back calls in CUDA graphs (devcomm's and NCCL's) and

@@ -40,6 +40,8 @@ struct Setup {
     op: ReduceOp,
     values: Values,
     reference: Reference,
+    /// The buffers are slices of devcomm's memory pool (`--zero-copy`).
+    pool: bool,
 }
 
 impl Setup {
@@ -71,13 +73,50 @@ enum Candidate {
     NcclWindow,
 }
 
-/// The benchmark's buffers: devcomm's and NCCL's (one input, one output, the largest size's),
-/// and NCCL's window buffers where it has them.
+/// The benchmark's buffers: devcomm's and NCCL's (one input, one output, the largest size's:
+/// ordinary allocations, or with `--zero-copy` slices of devcomm's memory pool, which take the
+/// zero-copy paths), and NCCL's window buffers where it has them.
 struct Buffers<'a> {
     /// Kept alive for `ptrs`.
-    _slices: (CudaSlice<u8>, CudaSlice<u8>),
+    _memory: Memory<'a>,
     ptrs: (u64, u64),
     window: Option<WindowBuffers<'a>>,
+}
+
+/// Where the benchmark's input and output live.
+enum Memory<'a> {
+    Plain(CudaSlice<u8>, CudaSlice<u8>),
+    Pool(devcomm::PoolSlice<'a>, devcomm::PoolSlice<'a>),
+}
+
+impl<'a> Memory<'a> {
+    /// Input and output of `in_bytes` and `out_bytes`: ordinary allocations, or (`pool`) slices
+    /// of the memory pool, grown collectively to hold them (every rank allocates the same sizes
+    /// in the same order: the slices are symmetric, as the zero-copy paths need).
+    fn new(cx: &'a Ctx, pool: bool, in_bytes: usize, out_bytes: usize) -> Result<Self, String> {
+        let e = |x: devcomm::Error| x.to_string();
+        if pool {
+            let need = (in_bytes + out_bytes + (1 << 20)) as u64;
+            if cx.comm.pool_usage().largest_free < need {
+                cx.comm.grow_pool(need as usize).map_err(e)?;
+            }
+            let i = cx.comm.alloc(in_bytes as u64).map_err(e)?;
+            let o = cx.comm.alloc(out_bytes as u64).map_err(e)?;
+            return Ok(Memory::Pool(i, o));
+        }
+        let d = |x: cudarc::driver::DriverError| x.to_string();
+        Ok(Memory::Plain(
+            cx.stream.alloc_zeros(in_bytes).map_err(d)?,
+            cx.stream.alloc_zeros(out_bytes).map_err(d)?,
+        ))
+    }
+
+    fn ptrs(&self, cx: &Ctx) -> (u64, u64) {
+        match self {
+            Memory::Plain(i, o) => (i.device_ptr(&cx.stream).0, o.device_ptr(&cx.stream).0),
+            Memory::Pool(i, o) => (i.ptr(), o.ptr()),
+        }
+    }
 }
 
 /// Checks the reduction options (`--dtype`, `--redop`, `--reference`) without a GPU.
@@ -100,6 +139,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, coll: Coll) -> Result<Vec<Record>,
         op,
         values,
         reference,
+        pool: args.zero_copy,
     };
     let elem = codec.bytes();
     let footprint = |z: &Size| {
@@ -131,13 +171,8 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, coll: Coll) -> Result<Vec<Record>,
         );
     }
     let (n_in, n_out) = coll.in_out(largest.count, world);
-    let e = |x: cudarc::driver::DriverError| x.to_string();
-    let input: CudaSlice<u8> = cx.stream.alloc_zeros(n_in * elem).map_err(e)?;
-    let output: CudaSlice<u8> = cx.stream.alloc_zeros(n_out * elem).map_err(e)?;
-    let ptrs = (
-        input.device_ptr(&cx.stream).0,
-        output.device_ptr(&cx.stream).0,
-    );
+    let memory = Memory::new(cx, args.zero_copy, n_in * elem, n_out * elem)?;
+    let ptrs = memory.ptrs(cx);
     let nccl = match reference {
         Reference::None => None,
         _ => Some(NcclColl::new(cx)?),
@@ -166,7 +201,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, coll: Coll) -> Result<Vec<Record>,
         return Ok(if rank == 0 { out } else { Vec::new() });
     }
     let bufs = Buffers {
-        _slices: (input, output),
+        _memory: memory,
         ptrs,
         window,
     };
@@ -263,7 +298,11 @@ fn point(
     let busbw = |t: f64| Some(busbw_gbps(s.coll, world, z.bytes, t));
     let plan = cx
         .comm
-        .reduction_plan(s.coll.devcomm(), s.dtype, z.count as u64)
+        .reduction_plan_at(
+            s.coll.devcomm(),
+            s.dtype,
+            (bufs.ptrs.0, bufs.ptrs.1, z.count as u64),
+        )
         .map_err(|e| e.to_string())?;
     let base = Record {
         check,
@@ -301,6 +340,7 @@ fn point(
                 Candidate::NcclWindow => "NCCL, window buffers (ncclMemAlloc, \
                     ncclCommWindowRegister symmetric; same data)"
                     .into(),
+                _ if s.pool => "NCCL (same buffers: devcomm's memory pool)".into(),
                 _ => "NCCL (same buffers)".into(),
             },
             config: match (c, plain_us) {

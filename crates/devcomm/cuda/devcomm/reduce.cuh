@@ -40,9 +40,22 @@ struct ReduceLaunch {
   dc_u32 mode;            // @204 Mode
   dc_u32 op;              // @208 Op (the kernel is instantiated for it; the agreement sends it)
   dc_u32 dtype;           // @212 element type code (DataType::code; the agreement sends it)
+  // Zero-copy calls (zero_copy_kernel: buffers in the communicator's memory pool):
+  dc_u64 in_peers;        // @216 device u64[world]: the input's segment base of every rank as
+                          //      mapped here (its own included); 0 when the input is not read
+                          //      from peers
+  dc_u64 in_offset;       // @224 bytes: the input's offset in its segment (the same on every rank)
+  dc_u64 out_peers;       // @232 the same for the output; 0 when no peer writes it
+  dc_u64 out_offset;      // @240
+  dc_u64 layout;          // @248 the layout word (48 bits): algorithm, segments and offsets,
+                          //      which every rank must announce alike
+  dc_u32 zc;              // @256 ZcAlgo
+  dc_u32 pad;             // @260
 };
 
-static_assert(sizeof(ReduceLaunch) == 216, "ReduceLaunch size");
+static_assert(sizeof(ReduceLaunch) == 264, "ReduceLaunch size");
+static_assert(DC_OFFSETOF(ReduceLaunch, in_peers) == 216, "ReduceLaunch.in_peers");
+static_assert(DC_OFFSETOF(ReduceLaunch, zc) == 256, "ReduceLaunch.zc");
 static_assert(DC_OFFSETOF(ReduceLaunch, in) == 80, "ReduceLaunch.in");
 static_assert(DC_OFFSETOF(ReduceLaunch, counters) == 144, "ReduceLaunch.counters");
 static_assert(DC_OFFSETOF(ReduceLaunch, blocks) == 200, "ReduceLaunch.blocks");
@@ -74,6 +87,12 @@ static_assert(DC_OFFSETOF(NetStep, pieces) == 88, "NetStep.pieces");
 enum NetStepKind : dc_u32 { kStepCopy = 0, kStepReduce = 1, kStepReduceToDest = 2 };
 
 enum Mode : dc_u32 { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
+// How a call moves its data: staged through the reduce window (one_shot_kernel,
+// two_shot_kernel), or zero-copy on pool buffers (zero_copy_kernel): every rank reduces the
+// whole buffer reading every rank's input in place (one-shot), or reduces its own shard and
+// writes it into every rank's output (two-shot; reduce-scatter: into its own only;
+// all-gather: writes its input into every rank's output).
+enum ZcAlgo : dc_u32 { kStaged = 0, kZcOneShot = 1, kZcTwoShot = 2 };
 enum Op : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
 
 constexpr dc_u32 kMaxBlocks = 64;
@@ -86,9 +105,18 @@ constexpr dc_u32 kThreads = 512;
 //   kDone    [rank p][block i]: p's block i finished reading every window for round seq
 //   kAgree0, kAgree1 [rank p][block b]: the call agreement's ring of two words that p's
 //            block b announced (below)
-enum Slot : dc_u32 { kFree = 0, kReady = 1, kReduced = 2, kDone = 3, kAgree0 = 4, kAgree1 = 5 };
+//   kZcLayout [rank p][block b]: p's block b entered zero-copy call c: the call's number
+//            (16 bits) and its layout word (agree_word(c, layout)); one slot is enough, as
+//            for the agreement: p writes call c + 1's word only after its call c ended, which
+//            needed this rank's block b to have read call c's word
+//   kZcDone  [rank p][block b]: p's block b is done with every rank's buffers in zero-copy
+//            call c (the call number)
+enum Slot : dc_u32 {
+  kFree = 0, kReady = 1, kReduced = 2, kDone = 3, kAgree0 = 4, kAgree1 = 5, kZcLayout = 6,
+  kZcDone = 7
+};
 // Slot kinds: the window holds kSlotKinds x world x kMaxBlocks user slots (reduce/launch.rs).
-constexpr dc_u32 kSlotKinds = 6;
+constexpr dc_u32 kSlotKinds = 8;
 
 DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 block) {
   return ((dc_u64)kind * (dc_u64)world + (dc_u64)rank) * kMaxBlocks + block;
@@ -114,9 +142,10 @@ DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 bloc
 // whose low 16 bits differ.
 //
 // Word: call (16 bits) << 48 | mode (2) << 46 | dtype (3) << 43 | op (3) << 40 | hooked (1) <<
-// 39 | the bytes of the whole buffer (39 bits: compared modulo 512 GiB). All-gather has no
-// operator: op 7.
-constexpr dc_u32 kDescBytesBits = 39;
+// 39 | zero-copy (1) << 38 | the bytes of the whole buffer (38 bits: compared modulo 256 GiB).
+// All-gather has no operator: op 7. A zero-copy call's ranks compare their layouts too
+// (kZcLayout), after the descriptors.
+constexpr dc_u32 kDescBytesBits = 38;
 constexpr dc_u32 kNoReduceOp = 7;
 // The element type of a refused call (no type has it): a rank that refused its buffers in a
 // layout another rank may accept (that rank's in-place shard) still takes part with this in
@@ -124,13 +153,15 @@ constexpr dc_u32 kNoReduceOp = 7;
 // agree_compare fails on its own refused word, whatever the peers announce).
 constexpr dc_u32 kRefusedDtype = 7;
 // Fields of a mismatch (error_record.rs, call_mismatch_field, names them).
-constexpr dc_u32 kFieldMode = 6, kFieldDtype = 7, kFieldOp = 8, kFieldHooked = 9, kFieldBytes = 10;
+constexpr dc_u32 kFieldMode = 6, kFieldDtype = 7, kFieldOp = 8, kFieldHooked = 9, kFieldBytes = 10,
+                 kFieldZeroCopy = 11, kFieldLayout = 12;
 
 // The descriptor (the word without its call number).
 DC_HOST_DEVICE inline dc_u64 call_desc(dc_u32 mode, dc_u32 dtype, dc_u32 op, dc_u32 hooked,
-                                       dc_u64 bytes) {
+                                       dc_u64 bytes, dc_u32 zero_copy = 0) {
   return ((dc_u64)(mode & 3u) << 46) | ((dc_u64)(dtype & 7u) << 43) | ((dc_u64)(op & 7u) << 40) |
-         ((dc_u64)(hooked & 1u) << 39) | (bytes & ((1ull << kDescBytesBits) - 1));
+         ((dc_u64)(hooked & 1u) << 39) | ((dc_u64)(zero_copy & 1u) << 38) |
+         (bytes & ((1ull << kDescBytesBits) - 1));
 }
 
 // The announced word of call `call` with descriptor d.
@@ -150,13 +181,15 @@ DC_HOST_DEVICE inline dc_u64 desc_field(dc_u64 d, dc_u32 field) {
     case kFieldDtype: return (d >> 43) & 7u;
     case kFieldOp: return (d >> 40) & 7u;
     case kFieldHooked: return (d >> 39) & 1u;
+    case kFieldZeroCopy: return (d >> 38) & 1u;
     default: return d & ((1ull << kDescBytesBits) - 1);
   }
 }
 
 // The first field in which two descriptors differ, 0 when they are equal.
 DC_HOST_DEVICE inline dc_u32 desc_differs(dc_u64 mine, dc_u64 theirs) {
-  const dc_u32 fields[] = {kFieldMode, kFieldDtype, kFieldOp, kFieldHooked, kFieldBytes};
+  const dc_u32 fields[] = {kFieldMode, kFieldDtype, kFieldOp, kFieldHooked, kFieldZeroCopy,
+                           kFieldBytes};
   for (dc_u32 f : fields) {
     if (desc_field(mine, f) != desc_field(theirs, f)) return f;
   }
@@ -294,7 +327,8 @@ __device__ __forceinline__ Agree agree_begin(const ReduceLaunch& a, dc_u32 b, dc
   const dc_u64* counters = reinterpret_cast<const dc_u64*>(a.counters);
   const dc_u32 op = a.mode == kAllGather ? kNoReduceOp : a.op;
   return Agree{counters[2 * kMaxBlocks + b] + 1,
-               call_desc(a.mode, a.dtype, op, hooked ? 1u : 0u, a.total * elem_bytes)};
+               call_desc(a.mode, a.dtype, op, hooked ? 1u : 0u, a.total * elem_bytes,
+                         a.zc != kStaged ? 1u : 0u)};
 }
 
 // Thread p of the block announces the call to peer p: one relaxed store of its word. (No
@@ -330,14 +364,14 @@ __device__ inline bool agree_compare(const ReduceLaunch& a, const Agree& ag, int
   return false;
 }
 
-// Polls peer p's entry (block b) until it announces this call, then compares the descriptors:
-// false on a timeout or abort (recorded) or a mismatch (agree_compare).
-__device__ inline bool agree_check(const ReduceLaunch& a, dc_u32 b, const Agree& ag, int p) {
-  const dc_u64 slot = slot_of(agree_slot_kind(ag.call), a.w.world_size, p, b);
-  const volatile dc_u64* entry = own_user_slot(a.w, slot);
+// Polls `entry` (peer p's word in slot `slot` of this rank's pad) until it carries call
+// `call`, left in `w`: false on a timeout or abort (recorded).
+__device__ inline bool poll_call_word(const ReduceLaunch& a, const volatile dc_u64* entry,
+                                      dc_u64 slot, dc_u64 call, int p, dc_u64& w) {
   DeviceErrorState* err = error_state(a.w);
-  dc_u64 w = *entry, start = 0, next_abort = 0;
-  for (dc_u32 polls = 1; !agree_is_call(w, ag.call); ++polls) {
+  dc_u64 start = 0, next_abort = 0;
+  w = *entry;
+  for (dc_u32 polls = 1; !agree_is_call(w, call); ++polls) {
     if (polls % kAbortCheckPolls == 0) {
       const dc_u64 now = globaltimer_ns();
       if (start == 0) {
@@ -349,14 +383,36 @@ __device__ inline bool agree_check(const ReduceLaunch& a, dc_u32 b, const Agree&
         next_abort = now + kAbortCheckNs;
       }
       if (now - start >= a.w.timeout_ns) {
-        record_wait_failure(err, a.w.rank, WaitSite{kOpWaitSignal, p, slot}, ag.call & 0xffffu,
+        record_wait_failure(err, a.w.rank, WaitSite{kOpWaitSignal, p, slot}, call & 0xffffu,
                             w >> 48, now - start);
         return false;
       }
     }
     w = *entry;
   }
-  return agree_compare(a, ag, p, w);
+  return true;
+}
+
+// Polls peer p's entry (block b) until it announces this call, then compares the descriptors:
+// false on a timeout or abort (recorded) or a mismatch (agree_compare).
+__device__ inline bool agree_check(const ReduceLaunch& a, dc_u32 b, const Agree& ag, int p) {
+  const dc_u64 slot = slot_of(agree_slot_kind(ag.call), a.w.world_size, p, b);
+  dc_u64 w = 0;
+  return poll_call_word(a, own_user_slot(a.w, slot), slot, ag.call, p, w) &&
+         agree_compare(a, ag, p, w);
+}
+
+// Zero-copy calls: peer p's layout word of this call (block b) equals this rank's; false on a
+// timeout or abort, or a different layout (recorded as kOpCallMismatch, field kFieldLayout).
+__device__ inline bool layout_check(const ReduceLaunch& a, dc_u32 b, const Agree& ag, int p) {
+  const dc_u64 slot = slot_of(kZcLayout, a.w.world_size, p, b);
+  dc_u64 w = 0;
+  if (!poll_call_word(a, own_user_slot(a.w, slot), slot, ag.call, p, w)) return false;
+  const dc_u64 mask = (1ull << 48) - 1;
+  if ((w & mask) == (a.layout & mask)) return true;
+  record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, p, kFieldLayout},
+                      a.layout & mask, w & mask, 0);
+  return false;
 }
 
 // Whether every peer announced the same call, checked by group g (peer p by its thread p; a

@@ -347,6 +347,215 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
   DC_TRACE_KERNEL_END(0);  // the bytes are in the phases' ends
 }
 
+// ---- Zero-copy, on pool buffers -------------------------------------------------------------
+//
+// The input (and for the two-shot and the all-gather the output) lies in the communicator's
+// memory pool at the same segment and offset on every rank, so every rank reaches every other
+// rank's buffer through its mapping (a.in_peers / a.out_peers) and nothing is staged:
+//   1. every block announces the call (agreement word, reduce.cuh) and its layout word
+//      (kZcLayout) to every peer, then waits for every peer's block b to have done the same
+//      and compares both: the peer has entered the call, so its buffers hold this call's data
+//      (the kernels before it on its stream are done) and it is not reading or writing them
+//      for an earlier call;
+//   2. all-reduce one-shot: block b reduces its piece of the whole buffer reading every rank's
+//      input in rank order and writes this rank's output;
+//      all-reduce two-shot: block b reduces its piece of shard `me` from every rank's input and
+//      writes it into every rank's output (each element of shard q is read and then written by
+//      one thread of rank q only, so input and output may be the same buffer);
+//      reduce-scatter: block b reduces its piece of shard `me` of every rank's input into this
+//      rank's output;
+//      all-gather: block b writes its piece of this rank's input into shard `me` of every
+//      rank's output;
+//   3. block b publishes kZcDone (release: its loads are done and its stores visible) and waits
+//      for every peer's block b: no rank leaves the call while a peer may still read its input
+//      or write its output.
+// Two exchanges of one word per block and peer, against the staged two-shot's three per round
+// and the one-shot's flag in every 8 bytes. Hooked (epilogue) calls reduce into the own
+// window's two-shot area, run the hook on the rows there (RowCtx::dest is the output as it
+// was), then write the rows out.
+
+// Rank p's copy of a pool buffer (the segment base of p as mapped here + offset), as T.
+template <class T>
+__device__ __forceinline__ T* pool_ptr(dc_u64 table, dc_u64 offset, int p) {
+  return reinterpret_cast<T*>(reinterpret_cast<const dc_u64*>(table)[p] + offset);
+}
+
+// Peers whose loads a thread issues together before reducing (registers: kWide x kWideBatch
+// 16-byte values); more ranks take reduce_elems' rank-by-rank loop.
+enum : int { kWide = 8, kWideBatch = 2 };
+
+// dst(q)[i] for q < ndst = reduction over ranks p = 0..world-1 (in order) of src(p)[i], for
+// i < n. Unlike reduce_elems, every rank's loads are in flight at once (remote loads over
+// NVLink are latency-bound), and the result goes to several destinations. The same
+// accumulation in the same order as reduce_elems: the results are bitwise equal.
+template <class T, int OP, class G, class Src, class Dst>
+__device__ __forceinline__ void reduce_wide(const G& g, Src src, int world, Dst dst, int ndst,
+                                            dc_u64 n) {
+  using N = Num<T>;
+  using A = typename N::Acc;
+  constexpr int kV = (int)(16 / sizeof(T));
+  bool aligned = world <= kWide;
+  for (int p = 0; p < world; ++p) aligned = aligned && (reinterpret_cast<dc_u64>(src(p)) & 15) == 0;
+  for (int q = 0; q < ndst; ++q) aligned = aligned && (reinterpret_cast<dc_u64>(dst(q)) & 15) == 0;
+  if (!aligned) {
+    reduce_elems<T, OP>(g, dst(0), src, world, n);
+    g.sync();
+    for (int q = 1; q < ndst; ++q) copy_elems<T>(g, dst(q), dst(0), n);
+    return;
+  }
+  union V {
+    uint4 u;
+    T v[kV];
+  };
+  const dc_u64 nv = n / kV, stride = g.size();
+  for (dc_u64 j0 = g.thread_rank(); j0 < nv; j0 += kWideBatch * stride) {
+    V x[kWide][kWideBatch];
+#pragma unroll
+    for (int p = 0; p < kWide; ++p) {
+      if (p >= world) break;
+      const uint4* s = reinterpret_cast<const uint4*>(src(p));
+#pragma unroll
+      for (int u = 0; u < kWideBatch; ++u) {
+        const dc_u64 j = j0 + u * stride;
+        x[p][u].u = j < nv ? s[j] : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kWideBatch; ++u) {
+      const dc_u64 j = j0 + u * stride;
+      if (j >= nv) continue;
+      V r;
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        A acc = N::load(x[0][u].v[k]);
+#pragma unroll
+        for (int p = 1; p < kWide; ++p) {
+          if (p < world) acc = combine<OP, T>(acc, N::load(x[p][u].v[k]));
+        }
+        r.v[k] = finish<OP, T>(acc, world);
+      }
+      for (int q = 0; q < ndst; ++q) reinterpret_cast<uint4*>(dst(q))[j] = r.u;
+    }
+  }
+  for (dc_u64 i = nv * kV + g.thread_rank(); i < n; i += g.size()) {
+    A acc = N::load(src(0)[i]);
+    for (int p = 1; p < world; ++p) acc = combine<OP, T>(acc, N::load(src(p)[i]));
+    const T r = finish<OP, T>(acc, world);
+    for (int q = 0; q < ndst; ++q) dst(q)[i] = r;
+  }
+}
+
+// Whether every peer's block b announced this call with this descriptor and layout (group g,
+// peer p by thread p; every thread of g calls it).
+template <class G>
+__device__ __forceinline__ bool zc_enter(const G& g, const ReduceLaunch& a, dc_u32 b,
+                                         const Agree& ag) {
+  const int world = a.w.world_size, me = a.w.rank;
+  const dc_u64 word = agree_word(ag.call, a.layout);
+  for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
+    if ((int)p != me) st_relaxed_sys(peer_user_slot(a.w, (int)p, slot_of(kZcLayout, world, me, b)), word);
+  }
+  agree_announce(g, a, b, ag);
+  bool ok = true;
+  for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
+    if ((int)p == me) continue;
+    // The layout is compared even without DC_AGREE: a peer reading another offset would read
+    // other data, silently.
+    ok = ok && (!DC_AGREE || agree_check(a, b, ag, (int)p)) && layout_check(a, b, ag, (int)p);
+  }
+  return !g.any(!ok);
+}
+
+template <class T, int OP, class H>
+__global__ void __launch_bounds__(kThreads) zero_copy_kernel(ReduceLaunch a) {
+  enter_after_previous_kernel();
+  const Block g;
+  const dc_u32 b = blockIdx.x;
+  const int world = a.w.world_size, me = a.w.rank;
+  dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters);
+  constexpr bool kHooked = HasEpilogue<H>::value;
+  DC_TRACE_KERNEL_BEGIN();
+  const Agree ag = agree_begin(a, b, sizeof(T), kHooked);
+  DC_TRACE_WAIT_BEGIN(-1, (dc_u32)ag.call);
+  if (!zc_enter(g, a, b, ag)) return;
+  DC_TRACE_WAIT_END(-1, (dc_u32)ag.call);
+  T* out = reinterpret_cast<T*>(a.out);
+  const T* in = reinterpret_cast<const T*>(a.in);
+  // This rank's part: the whole buffer (one-shot), shard `me` (two-shot, reduce-scatter), or
+  // its input (all-gather); `at` is where it starts in the whole buffer.
+  dc_u64 len, at;
+  if (a.mode == kAllReduce && a.zc == kZcOneShot) {
+    len = a.total;
+    at = 0;
+  } else if (a.mode == kAllReduce) {
+    len = shard_len(a, me);
+    at = (dc_u64)me * a.shard;
+  } else {
+    len = a.count;
+    at = (dc_u64)me * a.count;
+  }
+  dc_u64 lo, hi;
+  block_piece(len, a.blocks, a.unit, b, lo, hi);
+  const dc_u64 n = hi - lo;
+  DC_TRACE_PHASE_BEGIN(a.mode == kAllGather ? kPhaseWriteOut : kPhaseReduce, -1);
+  if (a.mode == kAllGather) {
+    for (int i = 0; i < world && n > 0; ++i) {
+      const int q = turn(i, me, world);
+      T* dst = pool_ptr<T>(a.out_peers, a.out_offset, q) + at + lo;
+      if (dst != in + lo) copy_elems<T>(g, dst, in + lo, n);
+    }
+  } else if (n > 0) {
+    // Every rank's input of this piece, in rank order.
+    auto src = [&](int p) -> const T* {
+      return pool_ptr<T>(a.in_peers, a.in_offset, p) + (a.zc == kZcOneShot ? 0 : at) + lo;
+    };
+    // Where the result goes: this rank's output (one-shot, reduce-scatter) or every rank's
+    // (two-shot, starting with the next rank so that every link is busy); hooked, first the
+    // own window's two-shot area.
+    const bool spread = a.zc == kZcTwoShot && a.mode == kAllReduce;
+    T* const mine = out + (spread ? at : 0) + lo;
+    if constexpr (kHooked) {
+      static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
+      T* rows = reinterpret_cast<T*>(static_cast<char*>(get_nvlink_address(a.w, me)) + a.pipe_offset) + lo;
+      reduce_wide<T, OP>(g, src, world, [&](int) { return rows; }, 1, n);
+      g.sync();
+      epilogue_rows<H>(g, a, rows, mine, (at * (spread ? 1 : 0) + lo) / a.row_len, n);
+      g.sync();
+      if (spread) {
+        for (int i = 0; i < world; ++i) {
+          const int q = turn(i, me, world);
+          copy_elems<T>(g, pool_ptr<T>(a.out_peers, a.out_offset, q) + at + lo, rows, n);
+        }
+      } else {
+        copy_elems<T>(g, mine, rows, n);
+      }
+    } else if (spread) {
+      reduce_wide<T, OP>(g, src, world,
+                         [&](int i) {
+                           return pool_ptr<T>(a.out_peers, a.out_offset, turn(i, me, world)) + at + lo;
+                         },
+                         world, n);
+    } else {
+      reduce_wide<T, OP>(g, src, world, [&](int) { return mine; }, 1, n);
+    }
+  }
+  DC_TRACE_PHASE_END(a.mode == kAllGather ? kPhaseWriteOut : kPhaseReduce, -1, n * sizeof(T) * world);
+  // 3. Done with every rank's buffers; wait until every peer's block b is too.
+  publish(g, a, kZcDone, b, ag.call);
+  DC_TRACE_WAIT_BEGIN(-1, (dc_u32)ag.call);
+  if (!wait_every_rank(g, a, kZcDone, b, ag.call)) return;
+  DC_TRACE_WAIT_END(-1, (dc_u32)ag.call);
+  // Every thread read counters[2 kMaxBlocks + b] before the barriers above; blocks not in this
+  // launch take this call's number too (the agreement numbers calls per block).
+  if (g.thread_rank() == 0) counters[2 * kMaxBlocks + b] = ag.call;
+  if (b == 0) {
+    for (dc_u32 i = a.blocks + g.thread_rank(); i < kMaxBlocks; i += g.size()) {
+      counters[2 * kMaxBlocks + i] = ag.call;
+    }
+  }
+  DC_TRACE_KERNEL_END(0);
+}
+
 // ---- Steps of the reductions with network peers ---------------------------------------------
 //
 // With a network link in the job the reductions run as all-to-alls of the collective kernel

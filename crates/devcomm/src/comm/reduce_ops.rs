@@ -10,8 +10,9 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use super::{Comm, HookArgs};
 use crate::collective::{Hooks, RawHooks};
 use crate::error::{Error, Result};
+use crate::memory::PoolLocation;
 use crate::reduce::args::{count_of, in_place_count, resolve};
-use crate::reduce::launch::ReduceCall;
+use crate::reduce::launch::{PoolBuffers, ReduceCall};
 use crate::reduce::{Collective, DataType, Plan, ReduceOp, Reducible};
 
 /// The type an all-gather of `T` moves, and how many of it make one `T`.
@@ -438,6 +439,51 @@ impl Comm {
             .map(Some)
     }
 
+    /// The plan a reduction takes on these buffers (`(input, output, count)` as the raw forms
+    /// take them): [`Comm::reduction_plan`]'s, or a zero-copy one when the buffers lie in the
+    /// memory pool (docs/COLLECTIVES.md, "Zero-copy reductions"). Nothing is launched; `None`
+    /// for 0 elements.
+    pub fn reduction_plan_at(
+        &self,
+        collective: Collective,
+        dtype: DataType,
+        (input, output, count): (u64, u64, u64),
+    ) -> Result<Option<Plan>> {
+        if self.net_reduce.is_some() || !self.group.config.reduce_zero_copy {
+            return self.reduction_plan(collective, dtype, count);
+        }
+        let es = dtype.size_bytes() as u64;
+        let r = resolve(
+            collective,
+            self.rank(),
+            self.world_size(),
+            input,
+            output,
+            count,
+            es,
+        )
+        .map_err(|refusal| invalid(collective, self.rank())(refusal.reason))?;
+        if r.count == 0 {
+            return Ok(None);
+        }
+        let pool = self.pool_buffers(collective, (r.input, r.output, r.count), es);
+        let call = ReduceCall {
+            collective,
+            dtype,
+            op: None,
+            input: r.input,
+            output: r.output,
+            count: r.count,
+            hooks: None,
+            refused: false,
+            pool: pool.as_ref(),
+        };
+        let (plan, _) = self
+            .reduce
+            .choose(&call, (self.rank(), self.world_size()))?;
+        Ok(Some(plan))
+    }
+
     /// The window sizes the reductions' plans are made for.
     pub fn reduction_limits(&self) -> crate::reduce::ReduceLimits {
         *self.reduce.limits()
@@ -485,6 +531,7 @@ impl Comm {
                         count,
                         hooks,
                         refused: true,
+                        pool: None,
                     };
                     self.reduce
                         .launch(&self.group, &self.jit, refused, stream)?;
@@ -498,6 +545,11 @@ impl Comm {
             return Ok(());
         }
         self.p2p.bind(&self.group, stream)?;
+        let pool = if self.net_reduce.is_none() && self.group.config.reduce_zero_copy {
+            self.pool_buffers(collective, (r.input, r.output, r.count), es)
+        } else {
+            None
+        };
         let call = ReduceCall {
             collective,
             dtype,
@@ -507,6 +559,7 @@ impl Comm {
             count: r.count,
             hooks,
             refused: false,
+            pool: pool.as_ref(),
         };
         if let Some(nr) = &self.net_reduce {
             return self.net_reduction(nr, call, stream);
@@ -516,6 +569,31 @@ impl Comm {
 }
 
 impl Comm {
+    /// Where a call's buffers lie in the memory pool, if either does with every peer's segment
+    /// mapped here (the zero-copy paths' candidates).
+    fn pool_buffers(
+        &self,
+        collective: Collective,
+        (input, output, count): (u64, u64, u64),
+        es: u64,
+    ) -> Option<PoolBuffers> {
+        let whole = count
+            .checked_mul(self.world_size() as u64)?
+            .checked_mul(es)?;
+        let part = count.checked_mul(es)?;
+        let (in_bytes, out_bytes) = match collective {
+            Collective::AllReduce => (part, part),
+            Collective::ReduceScatter => (whole, part),
+            Collective::AllGather => (part, whole),
+        };
+        let mapped = |l: &PoolLocation| l.peer_table != 0 && l.peer_bases.iter().all(|&b| b != 0);
+        let found = PoolBuffers {
+            input: self.pool_lookup(input, in_bytes).filter(mapped),
+            output: self.pool_lookup(output, out_bytes).filter(mapped),
+        };
+        (found.input.is_some() || found.output.is_some()).then_some(found)
+    }
+
     /// The typed out-of-place forms: capture readiness, the lengths checked, then the call.
     fn out_of_place<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,

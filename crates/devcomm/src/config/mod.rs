@@ -205,6 +205,15 @@ knobs! {
     /// Largest one-shot reduction payload in KiB (`0`: never); unset: 512/256/32 by ranks.
     reduce_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ONE_SHOT_KIB", group "reductions", range range(0, 1024), Must, experimental;
+    /// Largest all-reduce in KiB that takes the zero-copy one-shot on pool buffers; unset:
+    /// 1024/256/64 by ranks.
+    reduce_zero_copy_one_shot_kib: Option<u32> = None, "by ranks",
+        env "DEVCOMM_REDUCE_ZERO_COPY_ONE_SHOT_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
+    /// `0`: reductions on pool buffers take the staged paths too (the zero-copy paths need
+    /// every rank's buffers at the same place of the pool: ranks that allocate in different
+    /// orders set it).
+    reduce_zero_copy: bool = true, "1",
+        env "DEVCOMM_REDUCE_ZERO_COPY", group "reductions", range None, Must;
     /// MiB one two-shot reduction round stages per rank (the window holds two rounds).
     reduce_chunk_mib: u32 = 32, "32",
         env "DEVCOMM_REDUCE_CHUNK_MIB", group "reductions", range range(1, 256), Must, experimental;

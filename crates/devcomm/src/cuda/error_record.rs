@@ -131,6 +131,17 @@ pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
             "whether an epilogue hook runs (0: no, 1: yes)",
         ),
         10 => ("a reduction", "the bytes of the whole buffer"),
+        11 => (
+            "a reduction",
+            "whether its buffers are in the memory pool (1: zero-copy; the buffers of a call \
+             must be pool memory on every rank or on none)",
+        ),
+        12 => (
+            "a reduction",
+            "the place of its pool buffers (a hash of the algorithm, segments and offsets: the \
+             ranks allocated their pool buffers in different orders; allocate alike on every \
+             rank, or set DEVCOMM_REDUCE_ZERO_COPY=0)",
+        ),
         _ => ("a call", "an unknown field"),
     }
 }

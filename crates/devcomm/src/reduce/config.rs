@@ -11,6 +11,7 @@ pub(crate) fn limits(
     world: usize,
     max_blocks: Option<u32>,
     one_shot_kib: Option<u32>,
+    zero_copy_one_shot_kib: Option<u32>,
     chunk_mib: u32,
     fewest_sms: u32,
 ) -> ReduceLimits {
@@ -22,6 +23,8 @@ pub(crate) fn limits(
             .unwrap_or(d.max_blocks)
             .min((fewest_sms / 2).max(1)),
         one_shot_bytes: one_shot_kib.map_or(d.one_shot_bytes, |k| u64::from(k) << 10),
+        zero_copy_one_shot_bytes: zero_copy_one_shot_kib
+            .map_or(d.zero_copy_one_shot_bytes, |k| u64::from(k) << 10),
         chunk_bytes: u64::from(chunk_mib.max(1)) << 20,
     }
 }
@@ -32,22 +35,33 @@ mod tests {
 
     #[test]
     fn defaults_fit_the_gpu() {
-        assert_eq!(limits(2, None, None, 32, 132), ReduceLimits::for_world(2));
-        assert_eq!(limits(2, Some(64), None, 32, 100).max_blocks, 50);
+        assert_eq!(
+            limits(2, None, None, None, 32, 132),
+            ReduceLimits::for_world(2)
+        );
+        assert_eq!(limits(2, Some(64), None, None, 32, 100).max_blocks, 50);
         // Half the SMs of the smallest GPU (a 33-SM share: 16 blocks).
-        assert_eq!(limits(4, None, None, 8, 33).max_blocks, 16);
-        assert_eq!(limits(4, None, None, 8, 1).max_blocks, 1);
-        assert_eq!(limits(4, None, None, 8, 132).one_shot_bytes, 256 << 10);
+        assert_eq!(limits(4, None, None, None, 8, 33).max_blocks, 16);
+        assert_eq!(limits(4, None, None, None, 8, 1).max_blocks, 1);
+        assert_eq!(
+            limits(4, None, None, None, 8, 132).one_shot_bytes,
+            256 << 10
+        );
     }
 
     #[test]
     fn settings_override_the_defaults() {
-        let l = limits(2, Some(8), Some(0), 2, 132);
+        let l = limits(2, Some(8), Some(0), Some(64), 2, 132);
         assert_eq!(
-            (l.max_blocks, l.one_shot_bytes, l.chunk_bytes),
-            (8, 0, 2 << 20)
+            (
+                l.max_blocks,
+                l.one_shot_bytes,
+                l.chunk_bytes,
+                l.zero_copy_one_shot_bytes
+            ),
+            (8, 0, 2 << 20, 64 << 10)
         );
-        let l = limits(8, None, Some(256), 8, 132);
+        let l = limits(8, None, Some(256), None, 8, 132);
         assert_eq!(l.one_shot_bytes, 256 << 10);
         assert_eq!(l.chunk_bytes, 8 << 20);
     }

@@ -50,9 +50,26 @@ pub struct ReduceLaunch {
     pub op: u32,
     /// `DataType::code` (the call agreement's descriptor carries it).
     pub dtype: u32,
+    /// Zero-copy: device `u64[world]` of the input's segment base on every rank as mapped
+    /// here, or 0.
+    pub in_peers: u64,
+    /// Zero-copy: the input's byte offset in its segment.
+    pub in_offset: u64,
+    /// Zero-copy: the output's segment bases, or 0.
+    pub out_peers: u64,
+    /// Zero-copy: the output's byte offset in its segment.
+    pub out_offset: u64,
+    /// Zero-copy: the layout word (48 bits) every rank must announce alike.
+    pub layout: u64,
+    /// `Algorithm::zero_copy_code` (0: staged).
+    pub zc: u32,
+    /// Padding.
+    pub pad: u32,
 }
 
-const _: () = assert!(size_of::<ReduceLaunch>() == 216);
+const _: () = assert!(size_of::<ReduceLaunch>() == 264);
+const _: () = assert!(offset_of!(ReduceLaunch, in_peers) == 216);
+const _: () = assert!(offset_of!(ReduceLaunch, zc) == 256);
 const _: () = assert!(offset_of!(ReduceLaunch, input) == 80);
 const _: () = assert!(offset_of!(ReduceLaunch, counters) == 144);
 const _: () = assert!(offset_of!(ReduceLaunch, blocks) == 200);
@@ -74,7 +91,8 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = fields!(
     counters => "counters", user => "user", row_len => "row_len", ll_offset => "ll_offset",
     ll_sender_bytes => "ll_sender_bytes", pipe_offset => "pipe_offset",
     half_bytes => "half_bytes", blocks => "blocks", mode => "mode", op => "op",
-    dtype => "dtype",
+    dtype => "dtype", in_peers => "in_peers", in_offset => "in_offset",
+    out_peers => "out_peers", out_offset => "out_offset", layout => "layout", zc => "zc",
 );
 
 /// Launch arguments of `net_step_kernel` (`NetStep` in `cuda/devcomm/reduce.cuh`): one local

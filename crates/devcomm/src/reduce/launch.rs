@@ -16,6 +16,7 @@ use crate::cuda::{linear_launch, DeviceBuffer};
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, KernelSpec};
+use crate::memory::PoolLocation;
 use crate::topology::LinkKind;
 use crate::window::Window;
 
@@ -37,6 +38,40 @@ pub(crate) struct ReduceCall<'h> {
     /// The call takes part refused: its announcement carries [`REFUSED_DTYPE`], which fails
     /// every rank's call agreement (its own too) before any output is written.
     pub refused: bool,
+    /// The buffers' places in the memory pool, when either lies there: the zero-copy paths'
+    /// candidates ([`plan::zero_copy_plan`]).
+    pub pool: Option<&'h PoolBuffers>,
+}
+
+/// Where a call's buffers lie in the memory pool (each `None` outside it, or without an
+/// NVLink mapping of every peer's segment).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PoolBuffers {
+    pub input: Option<PoolLocation>,
+    pub output: Option<PoolLocation>,
+}
+
+/// The zero-copy fields of a launch: (in_peers, in_offset, out_peers, out_offset, layout).
+fn zero_copy_fields(
+    algorithm: Algorithm,
+    collective: Collective,
+    pool: &PoolBuffers,
+) -> (u64, u64, u64, u64, u64) {
+    // Which buffers peers reach: the input unless all-gather, the output for the two-shot
+    // all-reduce and the all-gather.
+    let reads = collective != Collective::AllGather;
+    let writes = collective == Collective::AllGather
+        || (collective == Collective::AllReduce && algorithm == Algorithm::ZeroCopyTwoShot);
+    let input = pool.input.as_ref().filter(|_| reads);
+    let output = pool.output.as_ref().filter(|_| writes);
+    let place = |l: Option<&PoolLocation>| l.map(|l| (l.segment as u64, l.offset));
+    (
+        input.map_or(0, |l| l.peer_table),
+        input.map_or(0, |l| l.offset),
+        output.map_or(0, |l| l.peer_table),
+        output.map_or(0, |l| l.offset),
+        plan::layout_word(algorithm, collective, place(input), place(output)),
+    )
 }
 
 /// The element-type code of a refused call's announcement (no type has it:
@@ -52,40 +87,44 @@ pub fn kernel_expression(
 ) -> String {
     let t = dtype.device_type();
     let op = op.code();
+    let hook = hook.unwrap_or("devcomm::red::NoEpilogue");
     match algorithm {
         Algorithm::OneShot => format!("devcomm::red::one_shot_kernel<{t}, {op}>"),
-        _ => format!(
-            "devcomm::red::two_shot_kernel<{t}, {op}, {}>",
-            hook.unwrap_or("devcomm::red::NoEpilogue")
-        ),
+        Algorithm::ZeroCopyOneShot | Algorithm::ZeroCopyTwoShot => {
+            format!("devcomm::red::zero_copy_kernel<{t}, {op}, {hook}>")
+        }
+        _ => format!("devcomm::red::two_shot_kernel<{t}, {op}, {hook}>"),
     }
 }
 
-/// The module of `dtype`'s plain kernels: one-shot and two-shot for every operation (the
-/// all-gather runs the sum's instantiations, which it never reduces with).
+/// The module of `dtype`'s plain kernels: one-shot, two-shot and zero-copy for every operation
+/// (the all-gather runs the sum's instantiations, which it never reduces with).
 pub(crate) fn kernel_spec(dtype: DataType) -> KernelSpec {
     let mut spec = KernelSpec::new(format!("reduce_{}", dtype.name()), KERNEL_SOURCE);
     for op in ReduceOp::ALL {
-        for a in [Algorithm::OneShot, Algorithm::TwoShot] {
+        for a in [
+            Algorithm::OneShot,
+            Algorithm::TwoShot,
+            Algorithm::ZeroCopyTwoShot,
+        ] {
             spec = spec.name_expression(kernel_expression(a, dtype, op, None));
         }
     }
     spec
 }
 
-/// The module of an all-reduce of `dtype` and `op` with the epilogue of `hooks`: the kernels'
-/// source, then the user's (its own line numbers in errors), then the check of the hook's type.
+/// The module of an all-reduce of `dtype` and `op` with the epilogue of `hooks` (staged
+/// two-shot and zero-copy kernels): the kernels' source, then the user's (its own line numbers
+/// in errors), then the check of the hook's type.
 pub(crate) fn hooked_kernel_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> KernelSpec {
-    KernelSpec::new(
+    let mut spec = KernelSpec::new(
         format!("reduce_hooked_{}", dtype.name()),
         hooked_source(dtype, hooks),
-    )
-    .name_expression(kernel_expression(
-        Algorithm::TwoShot,
-        dtype,
-        op,
-        Some(hooks.name()),
-    ))
+    );
+    for a in [Algorithm::TwoShot, Algorithm::ZeroCopyTwoShot] {
+        spec = spec.name_expression(kernel_expression(a, dtype, op, Some(hooks.name())));
+    }
+    spec
 }
 
 /// The kernels' source with the user's hooks appended, and the check of the hook's type.
@@ -196,6 +235,7 @@ impl Reduce {
             group.world_size,
             c.reduce_max_blocks,
             c.reduce_one_shot_kib,
+            c.reduce_zero_copy_one_shot_kib,
             c.reduce_chunk_mib,
             sms,
         );
@@ -296,6 +336,42 @@ impl Reduce {
         })
     }
 
+    /// The plan of a call: zero-copy when its buffers lie in the pool as
+    /// [`plan::zero_copy_plan`] needs them (with those buffers), else staged.
+    pub(crate) fn choose<'h>(
+        &self,
+        call: &ReduceCall<'h>,
+        (rank, world): (usize, usize),
+    ) -> Result<(Plan, Option<&'h PoolBuffers>)> {
+        let row_len = call.hooks.map(|(_, _, row)| row);
+        let staged = self.plan(
+            call.collective,
+            call.dtype,
+            call.count,
+            (rank, world),
+            row_len,
+        )?;
+        let zero_copy = call.pool.and_then(|pool| {
+            let shape = Shape {
+                collective: call.collective,
+                count: call.count,
+                elem_bytes: call.dtype.size_bytes() as u64,
+                world,
+                row_len,
+            };
+            let at = plan::Placement {
+                input_pooled: pool.input.is_some(),
+                output_pooled: pool.output.is_some(),
+                in_place: call.input == call.output,
+            };
+            plan::zero_copy_plan(&shape, &at, &self.limits).map(|p| (p, pool))
+        });
+        Ok(match zero_copy {
+            Some((p, pool)) => (p, Some(pool)),
+            None => (staged, None),
+        })
+    }
+
     /// Checks, plans and launches one call on `stream`. Nothing is launched on an error.
     pub(crate) fn launch(
         &self,
@@ -328,14 +404,11 @@ impl Reduce {
                 }
             }
         }
-        let row_len = call.hooks.map(|(_, _, row)| row);
-        let pl = self.plan(
-            call.collective,
-            call.dtype,
-            call.count,
-            (rank, world),
-            row_len,
-        )?;
+        let (pl, zero_copy) = self.choose(&call, (rank, world))?;
+        let (in_peers, in_offset, out_peers, out_offset, layout) = zero_copy
+            .map_or((0, 0, 0, 0, 0), |pool| {
+                zero_copy_fields(pl.algorithm, call.collective, pool)
+            });
         let op = call.op.unwrap_or(ReduceOp::Sum);
         let hooked = call.hooks.map(|(h, _, _)| (op, h));
         let loaded = self.module(group, jit, call.dtype, hooked, false)?;
@@ -396,6 +469,13 @@ impl Reduce {
             } else {
                 call.dtype.code()
             },
+            in_peers,
+            in_offset,
+            out_peers,
+            out_offset,
+            layout,
+            zc: pl.algorithm.zero_copy_code(),
+            pad: 0,
         };
         debug_assert!(pl.chunk * world as u64 * es <= self.limits.chunk_bytes);
         let cfg = linear_launch(pl.blocks, THREADS);

@@ -18,7 +18,7 @@ mod rmsnorm_example;
 
 type Check = Result<String, String>;
 /// Guard elements on each side of every output.
-const GUARD: usize = 64;
+pub(super) const GUARD: usize = 64;
 
 fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
@@ -37,7 +37,7 @@ pub(super) struct Case {
 }
 
 impl Case {
-    fn what<N: HostNum>(&self) -> String {
+    pub(super) fn what<N: HostNum>(&self) -> String {
         format!(
             "{} {} {}{} of {} elements",
             self.coll.name(),
@@ -71,13 +71,13 @@ fn call<N: HostNum>(
 }
 
 /// The buffer a case's call writes (`GUARD` poison on each side) and what it must hold after.
-struct Expect<N> {
-    initial: Vec<N>,
-    want: Vec<N>,
-    input: Vec<N>,
+pub(super) struct Expect<N> {
+    pub initial: Vec<N>,
+    pub want: Vec<N>,
+    pub input: Vec<N>,
 }
 
-fn expect<N: HostNum>(cx: &Ctx, c: &Case) -> Expect<N> {
+pub(super) fn expect<N: HostNum>(cx: &Ctx, c: &Case) -> Expect<N> {
     let (rank, w, n) = (cx.comm.rank(), cx.comm.world_size(), c.count);
     let in_len = if c.coll == Collective::ReduceScatter {
         w * n
@@ -152,7 +152,7 @@ pub(super) fn run_case<N: HostNum>(cx: &Ctx, c: &Case) -> Result<u64, String> {
 }
 
 /// Fails unless every rank passed the same `value` under `tag`.
-fn same_everywhere(cx: &Ctx, value: u64, tag: &str) -> Result<(), String> {
+pub(super) fn same_everywhere(cx: &Ctx, value: u64, tag: &str) -> Result<(), String> {
     let all = cx
         .comm
         .store()

@@ -8,6 +8,7 @@
 
 mod cases;
 mod hooked;
+mod pool_cases;
 mod reference;
 mod stress;
 
@@ -44,6 +45,36 @@ pub(super) const CHECKS: &[Check] = &[
         ranks: Ranks::AtLeast(2),
         about: "reduce-scatter with an accumulate epilogue, in/out of place, bitwise",
         run: |cx, _| verified(hooked::check_accumulate(cx)),
+    },
+    Check {
+        name: "reduce_pool",
+        ranks: Ranks::AtLeast(2),
+        about: "zero-copy on pool buffers, every arrangement, bitwise = reference = ordinary",
+        run: |cx, _| verified(pool_cases::check_pool(cx)),
+    },
+    Check {
+        name: "reduce_pool_prefixes",
+        ranks: Ranks::AtLeast(2),
+        about: "batch invariance across zero-copy and staged: every prefix equals the whole's",
+        run: |cx, _| verified(pool_cases::check_pool_prefixes(cx)),
+    },
+    Check {
+        name: "reduce_pool_hooked",
+        ranks: Ranks::AtLeast(2),
+        about: "an epilogue on pool buffers (one-shot, two-shot, in place) = ordinary buffers",
+        run: |cx, _| verified(pool_cases::check_pool_hooked(cx)),
+    },
+    Check {
+        name: "reduce_pool_graph",
+        ranks: Ranks::AtLeast(2),
+        about: "--replays replays of a graph of zero-copy calls on pool slices, verified",
+        run: |cx, p| verified(pool_cases::check_pool_graph(cx, p.replays)),
+    },
+    Check {
+        name: "reduce_pool_asymmetric",
+        ranks: Ranks::AtLeast(2),
+        about: "pool buffers at different offsets: refused on every rank, nothing written",
+        run: |cx, _| verified(pool_cases::check_pool_asymmetric(cx)),
     },
     Check {
         name: "reduce_graph",
