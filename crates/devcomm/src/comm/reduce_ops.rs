@@ -428,15 +428,23 @@ impl Comm {
                 .map_err(invalid(collective, self.rank()))?;
             return Ok(Some(self.net_plan_summary(&p, es)));
         }
-        self.reduce
-            .plan(
-                collective,
-                dtype,
-                count,
-                (self.rank(), self.world_size()),
-                None,
-            )
-            .map(Some)
+        // What a call on ordinary buffers takes (the buffers' addresses only matter for the
+        // pool; these reach no pool).
+        let call = ReduceCall {
+            collective,
+            dtype,
+            op: None,
+            input: 0,
+            output: 0,
+            count,
+            hooks: None,
+            refused: false,
+            pool: None,
+        };
+        let (plan, _) = self
+            .reduce
+            .choose(&call, (self.rank(), self.world_size()))?;
+        Ok(Some(plan))
     }
 
     /// The plan a reduction takes on these buffers (`(input, output, count)` as the raw forms

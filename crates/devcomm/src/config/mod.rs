@@ -209,6 +209,18 @@ knobs! {
     /// 1024/256/64 by ranks.
     reduce_zero_copy_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ZERO_COPY_ONE_SHOT_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
+    /// `0`: ordinary buffers take the staged two-shot above the line one-shot instead of the
+    /// window paths (staged into the window, then as the zero-copy paths).
+    reduce_window: bool = true, "1",
+        env "DEVCOMM_REDUCE_WINDOW", group "reductions", range None, Must, experimental;
+    /// Largest all-reduce in KiB of the window one-shot on ordinary buffers; unset: as the
+    /// zero-copy one-shot's.
+    reduce_window_one_shot_kib: Option<u32> = None, "by ranks",
+        env "DEVCOMM_REDUCE_WINDOW_ONE_SHOT_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
+    /// Largest call in KiB on pool buffers that takes the line one-shot instead of the
+    /// zero-copy paths (within the line one-shot's payload); unset: 128.
+    reduce_zero_copy_min_kib: Option<u32> = None, "128",
+        env "DEVCOMM_REDUCE_ZERO_COPY_MIN_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
     /// `0`: reductions on pool buffers take the staged paths too (the zero-copy paths need
     /// every rank's buffers at the same place of the pool: ranks that allocate in different
     /// orders set it).

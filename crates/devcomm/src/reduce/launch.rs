@@ -90,7 +90,10 @@ pub fn kernel_expression(
     let hook = hook.unwrap_or("devcomm::red::NoEpilogue");
     match algorithm {
         Algorithm::OneShot => format!("devcomm::red::one_shot_kernel<{t}, {op}>"),
-        Algorithm::ZeroCopyOneShot | Algorithm::ZeroCopyTwoShot => {
+        Algorithm::ZeroCopyOneShot
+        | Algorithm::ZeroCopyTwoShot
+        | Algorithm::WindowOneShot
+        | Algorithm::WindowTwoShot => {
             format!("devcomm::red::zero_copy_kernel<{t}, {op}, {hook}>")
         }
         _ => format!("devcomm::red::two_shot_kernel<{t}, {op}, {hook}>"),
@@ -242,6 +245,13 @@ impl Reduce {
         let limits = ReduceLimits {
             block_bytes: u64::from(c.reduce_block_kib.max(1)) << 10,
             one_shot_blocks: c.reduce_one_shot_blocks.clamp(1, MAX_BLOCKS),
+            window: c.reduce_window,
+            zero_copy_min_bytes: c
+                .reduce_zero_copy_min_kib
+                .map_or(limits.zero_copy_min_bytes, |k| u64::from(k) << 10),
+            window_one_shot_bytes: c
+                .reduce_window_one_shot_kib
+                .map_or(limits.window_one_shot_bytes, |k| u64::from(k) << 10),
             ..limits
         };
         let world = group.world_size;
@@ -351,14 +361,14 @@ impl Reduce {
             (rank, world),
             row_len,
         )?;
+        let shape = Shape {
+            collective: call.collective,
+            count: call.count,
+            elem_bytes: call.dtype.size_bytes() as u64,
+            world,
+            row_len,
+        };
         let zero_copy = call.pool.and_then(|pool| {
-            let shape = Shape {
-                collective: call.collective,
-                count: call.count,
-                elem_bytes: call.dtype.size_bytes() as u64,
-                world,
-                row_len,
-            };
             let at = plan::Placement {
                 input_pooled: pool.input.is_some(),
                 output_pooled: pool.output.is_some(),
@@ -368,7 +378,10 @@ impl Reduce {
         });
         Ok(match zero_copy {
             Some((p, pool)) => (p, Some(pool)),
-            None => (staged, None),
+            None => (
+                plan::window_plan(&shape, &self.limits).unwrap_or(staged),
+                None,
+            ),
         })
     }
 
@@ -405,10 +418,29 @@ impl Reduce {
             }
         }
         let (pl, zero_copy) = self.choose(&call, (rank, world))?;
-        let (in_peers, in_offset, out_peers, out_offset, layout) = zero_copy
-            .map_or((0, 0, 0, 0, 0), |pool| {
-                zero_copy_fields(pl.algorithm, call.collective, pool)
-            });
+        let (in_peers, in_offset, out_peers, out_offset, layout) = match zero_copy {
+            Some(pool) => zero_copy_fields(pl.algorithm, call.collective, pool),
+            None => (
+                0,
+                0,
+                0,
+                0,
+                plan::layout_word(pl.algorithm, call.collective, None, None),
+            ),
+        };
+        let out_area = match pl.algorithm {
+            Algorithm::WindowOneShot | Algorithm::WindowTwoShot => {
+                let shape = Shape {
+                    collective: call.collective,
+                    count: call.count,
+                    elem_bytes: call.dtype.size_bytes() as u64,
+                    world,
+                    row_len: call.hooks.map(|(_, _, row)| row),
+                };
+                plan::window_areas(&shape).map_or(0, |(i, _)| i.next_multiple_of(256))
+            }
+            _ => 0,
+        };
         let op = call.op.unwrap_or(ReduceOp::Sum);
         let hooked = call.hooks.map(|(h, _, _)| (op, h));
         let loaded = self.module(group, jit, call.dtype, hooked, false)?;
@@ -476,6 +508,7 @@ impl Reduce {
             layout,
             zc: pl.algorithm.zero_copy_code(),
             pad: 0,
+            out_area,
         };
         debug_assert!(pl.chunk * world as u64 * es <= self.limits.chunk_bytes);
         let cfg = linear_launch(pl.blocks, THREADS);

@@ -58,6 +58,12 @@ pub enum Algorithm {
     /// reduce-scatter: the first half (into this rank's output, anywhere); all-gather: the
     /// second (this rank's input, anywhere, into every rank's pool output).
     ZeroCopyTwoShot,
+    /// Ordinary buffers: each rank copies its input into its own window (the pieces its peers
+    /// read), then as [`Algorithm::ZeroCopyOneShot`] from every rank's window.
+    WindowOneShot,
+    /// Ordinary buffers: staged into the window, then as [`Algorithm::ZeroCopyTwoShot`] into
+    /// every rank's window, and each rank copies the result out.
+    WindowTwoShot,
 }
 
 impl Algorithm {
@@ -70,6 +76,8 @@ impl Algorithm {
             Algorithm::Network => "network",
             Algorithm::ZeroCopyOneShot => "zero-copy one-shot",
             Algorithm::ZeroCopyTwoShot => "zero-copy two-shot",
+            Algorithm::WindowOneShot => "window one-shot",
+            Algorithm::WindowTwoShot => "window two-shot",
         }
     }
 
@@ -78,6 +86,8 @@ impl Algorithm {
         match self {
             Algorithm::ZeroCopyOneShot => 1,
             Algorithm::ZeroCopyTwoShot => 2,
+            Algorithm::WindowOneShot => 1 | 4,
+            Algorithm::WindowTwoShot => 2 | 4,
             _ => 0,
         }
     }
@@ -132,6 +142,16 @@ pub struct ReduceLimits {
     /// buffers are in the memory pool; larger ones take the zero-copy two-shot (or, with only
     /// the input in the pool, the staged paths).
     pub zero_copy_one_shot_bytes: u64,
+    /// Largest all-reduce (bytes) that takes the window one-shot on ordinary buffers (above
+    /// the flag-in-data one-shot's payload); larger ones take the window two-shot while the
+    /// input and output fit half the window's two-shot area; 0: no window paths.
+    pub window_one_shot_bytes: u64,
+    /// Whether ordinary buffers take the window paths (else the staged two-shot).
+    pub window: bool,
+    /// Calls on pool buffers up to this many bytes (and within the line one-shot's payload)
+    /// take the line one-shot: a push of 16-byte lines is one crossing of NVLink, a read of
+    /// peers' buffers a round trip.
+    pub zero_copy_min_bytes: u64,
 }
 
 impl ReduceLimits {
@@ -146,9 +166,17 @@ impl ReduceLimits {
             block_bytes: BLOCK_BYTES,
             one_shot_blocks: ONE_SHOT_BLOCKS,
             zero_copy_one_shot_bytes: zero_copy_one_shot_max_bytes(world),
+            window_one_shot_bytes: zero_copy_one_shot_max_bytes(world),
+            window: true,
+            zero_copy_min_bytes: ZERO_COPY_MIN_BYTES,
         }
     }
 }
+
+/// The default of [`ReduceLimits::zero_copy_min_bytes`]: 128 KiB. On 4 H200s (bf16
+/// all-reduce, 2026-11-27) pool buffers took 10.4-12.2 us zero-copy from 8 B to 128 KiB
+/// against 8.8-11.9 on the line one-shot, and 13.4 against 15.9 at 256 KiB.
+pub const ZERO_COPY_MIN_BYTES: u64 = 128 << 10;
 
 /// The default largest all-reduce (bytes) of the zero-copy one-shot on `world` ranks: each
 /// rank reads `world - 1` peers' whole buffers, against the two-shot's one shard of each and a
@@ -335,6 +363,9 @@ pub fn zero_copy_plan(s: &Shape, at: &Placement, limits: &ReduceLimits) -> Optio
     let w = s.world as u64;
     let vec = 16 / es;
     let bytes = s.count.checked_mul(es)?;
+    if s.row_len.is_none() && bytes <= limits.zero_copy_min_bytes.min(limits.one_shot_bytes) {
+        return None;
+    }
     let unit = match s.row_len {
         Some(0) => return None,
         Some(row) if s.count % row != 0 => return None,
@@ -362,8 +393,8 @@ pub fn zero_copy_plan(s: &Shape, at: &Placement, limits: &ReduceLimits) -> Optio
         }
         _ => return None,
     };
-    // A hooked call's rows go through the window's two-shot area (both halves).
-    if s.row_len.is_some() && part.checked_mul(es)? > 2 * limits.chunk_bytes {
+    // A hooked call's rows go through half the window's two-shot area.
+    if s.row_len.is_some() && part.checked_mul(es)? > limits.chunk_bytes {
         return None;
     }
     Some(Plan {
@@ -375,6 +406,59 @@ pub fn zero_copy_plan(s: &Shape, at: &Placement, limits: &ReduceLimits) -> Optio
         chunk: 0,
         rounds: 1,
         unit,
+    })
+}
+
+/// The window plan of a call on ordinary buffers, or `None` when another path serves it: the
+/// flag-in-data one-shot (payloads up to [`ReduceLimits::one_shot_bytes`]), or, when the
+/// staged input and the output area do not fit half the window's two-shot area, the staged
+/// pipelined two-shot. The element order is every path's: no bit changes across the switch.
+pub fn window_plan(s: &Shape, limits: &ReduceLimits) -> Option<Plan> {
+    let es = s.elem_bytes;
+    if !limits.window || !matches!(es, 1 | 2 | 4 | 8) || s.count == 0 || s.world == 0 {
+        return None;
+    }
+    if s.world > MAX_WORLD {
+        return None;
+    }
+    let bytes = s.count.checked_mul(es)?;
+    if s.row_len.is_none() && bytes <= limits.one_shot_bytes {
+        return None;
+    }
+    let (input, output) = window_areas(s)?;
+    if input.next_multiple_of(256).checked_add(output)? > limits.chunk_bytes {
+        return None;
+    }
+    let at = Placement {
+        input_pooled: true,
+        output_pooled: true,
+        in_place: false,
+    };
+    let limits = ReduceLimits {
+        zero_copy_one_shot_bytes: limits.window_one_shot_bytes,
+        zero_copy_min_bytes: 0,
+        ..*limits
+    };
+    let p = zero_copy_plan(s, &at, &limits)?;
+    Some(Plan {
+        algorithm: match p.algorithm {
+            Algorithm::ZeroCopyOneShot => Algorithm::WindowOneShot,
+            _ => Algorithm::WindowTwoShot,
+        },
+        ..p
+    })
+}
+
+/// Bytes of a window call's input area (the whole input) and output area (the whole output
+/// for the two-shot all-reduce and the all-gather, this rank's part for a hook's rows
+/// otherwise: reserved as the whole output, which is never smaller).
+pub fn window_areas(s: &Shape) -> Option<(u64, u64)> {
+    let w = s.world as u64;
+    let part = s.count.checked_mul(s.elem_bytes)?;
+    Some(match s.collective {
+        Collective::AllReduce => (part, part),
+        Collective::ReduceScatter => (part.checked_mul(w)?, part),
+        Collective::AllGather => (0, part.checked_mul(w)?),
     })
 }
 
@@ -616,9 +700,24 @@ mod tests {
 
     #[test]
     fn zero_copy_takes_pool_buffers_only() {
-        let l = lw(4);
+        let l = ReduceLimits {
+            zero_copy_min_bytes: 0,
+            ..lw(4)
+        };
         let small = shape(Collective::AllReduce, 1024, 2, 4);
         let zc = |s: &Shape, p| zero_copy_plan(s, &p, &l).map(|p| p.algorithm);
+        // Up to zero_copy_min_bytes the line one-shot serves pool buffers too.
+        let d = lw(4);
+        let at_min = shape(Collective::AllReduce, d.zero_copy_min_bytes / 2, 2, 4);
+        assert_eq!(
+            zero_copy_plan(&at_min, &pooled(true, true, false), &d),
+            None
+        );
+        let above = shape(Collective::AllReduce, d.zero_copy_min_bytes / 2 + 8, 2, 4);
+        assert_eq!(
+            zero_copy_plan(&above, &pooled(true, true, false), &d).map(|p| p.algorithm),
+            Some(Algorithm::ZeroCopyOneShot)
+        );
         assert_eq!(zc(&small, pooled(false, false, false)), None);
         assert_eq!(zc(&small, pooled(false, true, false)), None);
         assert_eq!(
@@ -662,7 +761,10 @@ mod tests {
 
     #[test]
     fn zero_copy_parts_and_blocks() {
-        let l = lw(4);
+        let l = ReduceLimits {
+            zero_copy_min_bytes: 0,
+            ..lw(4)
+        };
         // Two-shot all-reduce of 1000 f32: shards of whole 16-byte units, 4 x 252 >= 1000.
         let p = zero_copy_plan(
             &shape(Collective::AllReduce, 1000, 4, 4),
@@ -733,5 +835,43 @@ mod tests {
         ] {
             assert_ne!(base, other);
         }
+    }
+
+    #[test]
+    fn window_paths_between_the_line_one_shot_and_the_window_size() {
+        let l = lw(4);
+        let ar = |count: u64| shape(Collective::AllReduce, count, 2, 4);
+        let algo = |s: &Shape| window_plan(s, &l).map(|p| p.algorithm);
+        // Up to the line one-shot's payload: not the window.
+        assert_eq!(algo(&ar(l.one_shot_bytes / 2)), None);
+        // Above it, up to window_one_shot_bytes: the window one-shot, then the two-shot.
+        let one = ReduceLimits {
+            window_one_shot_bytes: 1 << 20,
+            ..l
+        };
+        assert_eq!(
+            window_plan(&ar(l.one_shot_bytes / 2 + 8), &one).map(|p| p.algorithm),
+            Some(Algorithm::WindowOneShot)
+        );
+        assert_eq!(algo(&ar(1 << 20)), Some(Algorithm::WindowTwoShot));
+        // Input and output areas fit half the window's area (32 MiB): 16 MiB of bf16 does,
+        // more does not (the pipelined two-shot then).
+        assert_eq!(algo(&ar(8 << 20)), Some(Algorithm::WindowTwoShot));
+        assert_eq!(algo(&ar((8 << 20) + 8)), None);
+        let rs = shape(Collective::ReduceScatter, 1 << 20, 2, 4);
+        assert_eq!(algo(&rs), Some(Algorithm::WindowTwoShot));
+        let ag = shape(Collective::AllGather, 1 << 20, 2, 4);
+        assert_eq!(algo(&ag), Some(Algorithm::WindowTwoShot));
+        assert_eq!(window_areas(&rs), Some((8 << 20, 2 << 20)));
+        assert_eq!(window_areas(&ag), Some((0, 8 << 20)));
+        let off = ReduceLimits { window: false, ..l };
+        assert_eq!(window_plan(&ar(1 << 20), &off), None);
+        // Hooked calls take the window at any size that fits, rows whole.
+        let hooked = Shape {
+            row_len: Some(512),
+            ..ar(4096)
+        };
+        let p = window_plan(&hooked, &l).unwrap();
+        assert_eq!((p.algorithm, p.unit), (Algorithm::WindowOneShot, 512));
     }
 }

@@ -187,10 +187,10 @@ macro_rules! by_type {
     };
 }
 
-/// The counts of a collective and type: 0, 1, odd, both sides of the one-shot and of the
-/// single-round two-shot limits (of this communicator's window), and with network links of the
-/// network path's round, each with the algorithm the plan must take there, so that the sizes
-/// really straddle every switch.
+/// The counts of a collective and type: 0, 1, odd, both sides of the line one-shot's limit,
+/// of the window one-shot's, of the window's size and of the single-round two-shot's (of this
+/// communicator's window), and with network links of the network path's round, each with the
+/// algorithm the plan must take there, so that the sizes really straddle every switch.
 fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algorithm>)> {
     let (w, es) = (cx.comm.world_size(), dtype.size_bytes());
     let limits = cx.comm.reduction_limits();
@@ -202,6 +202,24 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
     } else {
         per_shard
     };
+    // The window paths hold the input and output in half the window's area.
+    let window_one = limits.window_one_shot_bytes as usize / es;
+    let window_fit = match coll {
+        Collective::AllReduce => limits.chunk_bytes as usize / 2,
+        _ => limits.chunk_bytes as usize / (w + 1),
+    } / es
+        / 256
+        * 256;
+    let window = |n: usize| {
+        let shape = devcomm::reduce::plan::Shape {
+            collective: coll,
+            count: n as u64,
+            elem_bytes: es as u64,
+            world: w,
+            row_len: None,
+        };
+        devcomm::reduce::plan::window_plan(&shape, &limits).map(|p| p.algorithm)
+    };
     // A job with network links runs every reduction as all-to-alls in rounds of the network
     // scratch (docs/NETWORK.md): its sizes straddle that round as well.
     let network = cx.comm.has_network_links();
@@ -209,10 +227,25 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
         0 => None,
         _ if network => Some(Algorithm::Network),
         n if n <= one => Some(Algorithm::OneShot),
+        n if window(n).is_some() => window(n),
         n if n <= round => Some(Algorithm::TwoShot),
         _ => Some(Algorithm::Pipelined),
     };
-    let mut counts = vec![0, 1, 3, 1001, one.saturating_sub(1), one, one + 1, round, round + 1];
+    let mut counts = vec![
+        0,
+        1,
+        3,
+        1001,
+        one.saturating_sub(1),
+        one,
+        one + 1,
+        window_one,
+        window_one + 1,
+        window_fit.saturating_sub(vec),
+        window_fit + vec,
+        round,
+        round + 1,
+    ];
     let net_round = match network {
         true => cx.comm.reduction_plan(coll, dtype, 1).ok().flatten(),
         false => None,

@@ -189,7 +189,11 @@ pub(super) fn run_pool_case<N: HostNum>(
 /// it stays staged.
 fn zero_copy_algorithm(cx: &Ctx, c: &Case, es: usize, at: Place) -> Option<Algorithm> {
     let l = cx.comm.reduction_limits();
-    let small = (c.count * es) as u64 <= l.zero_copy_one_shot_bytes;
+    let bytes = (c.count * es) as u64;
+    if bytes <= l.zero_copy_min_bytes.min(l.one_shot_bytes) {
+        return None; // the line one-shot serves these
+    }
+    let small = bytes <= l.zero_copy_one_shot_bytes;
     match c.coll {
         Collective::AllReduce if at.input && small && !c.in_place => Some(Algorithm::ZeroCopyOneShot),
         Collective::AllReduce if at.input && (at.output || c.in_place) => {
@@ -205,9 +209,11 @@ fn zero_copy_algorithm(cx: &Ctx, c: &Case, es: usize, at: Place) -> Option<Algor
 
 fn sizes_and_places<N: HostNum>(cx: &Ctx) -> Vec<(usize, Place)> {
     let es = std::mem::size_of::<N>();
-    let zc_one = cx.comm.reduction_limits().zero_copy_one_shot_bytes as usize / es;
+    let l = cx.comm.reduction_limits();
+    let zc_one = l.zero_copy_one_shot_bytes as usize / es;
+    let zc_min = l.zero_copy_min_bytes.min(l.one_shot_bytes) as usize / es;
     let mut v = Vec::new();
-    for count in [1usize, 3, 1001, zc_one, zc_one + 1, (3 << 20) / es + 5] {
+    for count in [1usize, 1001, zc_min, zc_min + 1, zc_one, zc_one + 1, (3 << 20) / es + 5] {
         for at in [
             BOTH,
             Place {
@@ -285,7 +291,7 @@ pub(super) fn check_pool(cx: &Ctx) -> Check {
     Ok(format!(
         "{n} cases (f32 x 4 ops, bf16 sum/avg, f16 max, i32 sum, u8 min, f64 sum; all-reduce, \
          reduce-scatter, all-gather; in/out of place; input, output or both in the pool; 1 \
-         element to 3 MiB, both sides of the zero-copy one-shot limit): the planned zero-copy \
+         element to 3 MiB, both sides of the line one-shot's and the zero-copy one-shot's limits): the planned zero-copy \
          algorithm, bitwise equal to the host reference and to ordinary buffers"
     ))
 }
@@ -394,7 +400,7 @@ pub(super) fn check_pool_hooked(cx: &Ctx) -> Check {
 /// all-gather on pool slices), with fresh data before each, every result verified.
 pub(super) fn check_pool_graph(cx: &Ctx, replays: usize) -> Check {
     let (rank, w) = (cx.comm.rank(), cx.comm.world_size());
-    let n = 12_288usize; // bf16 elements, 24 KiB: the one-shot and the two-shot both appear below
+    let n = 98_304usize; // bf16 elements, 192 KiB: the one-shot and the two-shot both appear below
     ensure_room(&cx.comm, (70 + 2 * w) * n * 2 + 8192)?;
     let ar = cx.comm.alloc((n * 2) as u64).map_err(err)?;
     let ar_big = cx.comm.alloc((64 * n * 2) as u64).map_err(err)?;
@@ -447,7 +453,7 @@ pub(super) fn check_pool_graph(cx: &Ctx, replays: usize) -> Check {
     }
     Ok(format!(
         "{replays} replays of a graph of 4 zero-copy calls on pool slices (bf16 all-reduce \
-         one-shot 24 KiB, in place two-shot 1.5 MiB, reduce-scatter, all-gather), fresh data, \
+         one-shot 192 KiB, in place two-shot 12 MiB, reduce-scatter, all-gather), fresh data, \
          each verified"
     ))
 }
