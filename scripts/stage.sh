@@ -12,11 +12,13 @@ cp "$tgt/release/devcomm" dist/devcomm
 cp "$tgt/release/examples/transpose_all_to_all" "$tgt/release/examples/fp8_all_to_all" dist/
 cp scripts/gpu-run.sh dist/gpu-run.sh
 cp scripts/gpu-check.sh dist/gpu-check.sh
-for ex in all_reduce_rmsnorm; do
+for ex in all_reduce_rmsnorm all_reduce_rmsnorm_fp8; do
   if [ -x "$tgt/release/examples/$ex" ]; then cp "$tgt/release/examples/$ex" dist/; fi
 done
 strip dist/devcomm dist/transpose_all_to_all dist/fp8_all_to_all
-[ -x dist/all_reduce_rmsnorm ] && strip dist/all_reduce_rmsnorm
+for ex in all_reduce_rmsnorm all_reduce_rmsnorm_fp8; do
+  if [ -x "dist/$ex" ]; then strip "dist/$ex"; fi
+done
 # The kernels for Hopper (sm_90: H100 and H200), compiled here with the NVRTC wheel, so that the
 # GPU machine starts with a warm cache (dist/kernel-cache; the GPU's NVRTC must be 13.0 too,
 # which is part of the cache key: another version just compiles again).

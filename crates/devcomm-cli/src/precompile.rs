@@ -25,8 +25,9 @@ pub struct PrecompileArgs {
     hooks: Vec<String>,
     /// The built-in kernels to compile: `sendrecv`, `copy1`, `copy2`, `copy4`, `copy8`,
     /// `copy16` (the collective with the copy hooks of that element size), `examples` (the
-    /// transpose and fp8 hooks), `reduce` (the reductions for every type, and the RMSNorm
-    /// example's epilogue). Comma-separated; default: all; `none` for only `--hooks`.
+    /// transpose and fp8 hooks), `reduce` (the reductions for every type, and the RMSNorm,
+    /// RMSNorm + FP8 and accumulate epilogues). Comma-separated; default: all; `none` for
+    /// only `--hooks`.
     #[arg(
         long,
         default_value = "sendrecv,copy1,copy2,copy4,copy8,copy16,examples,reduce"
@@ -61,9 +62,9 @@ pub(crate) fn example_hooks() -> [Hooks<f32>; 2] {
     ]
 }
 
-/// The reduction kernels: every element type, and the RMSNorm and accumulate epilogues (f32
-/// sum); `net`: the network path's local steps and the byte-copy collective instead
-/// (docs/NETWORK.md).
+/// The reduction kernels: every element type, the RMSNorm and accumulate epilogues (f32 sum)
+/// and the RMSNorm + FP8 one (bf16 sum); `net`: the network path's local steps and the
+/// byte-copy collective instead (docs/NETWORK.md).
 fn reduce_specs(config: &Config, net: bool) -> Vec<(String, KernelSpec)> {
     use devcomm::{DataType, ReduceOp};
     let tag = if net { " (network peers)" } else { "" };
@@ -93,6 +94,15 @@ fn reduce_specs(config: &Config, net: bool) -> Vec<(String, KernelSpec)> {
             KernelKind::reduction(DataType::F32, hooked, net),
         );
     }
+    // The bf16 all-reduce + residual + RMSNorm + FP8 example's epilogue.
+    let fp8 = Hooks::<half::bf16, half::bf16>::new(
+        "RmsNormFp8",
+        include_str!("../../devcomm/examples/hooks/rmsnorm_fp8.cu"),
+    );
+    add(
+        "reduce RmsNormFp8".into(),
+        KernelKind::reduction(DataType::BF16, Some((ReduceOp::Sum, fp8.raw())), net),
+    );
     v
 }
 

@@ -1,7 +1,7 @@
 //! Compiles every reduction kernel with NVRTC for sm_90 (no GPU needed): one-shot, two-shot and
-//! zero-copy for every element type and operation, the network path's local steps, the RMSNorm and
-//! accumulate epilogues (on both paths), and the error a user gets for a hook of the wrong
-//! element size.
+//! zero-copy for every element type and operation, the network path's local steps, the RMSNorm,
+//! RMSNorm + FP8 and accumulate epilogues (on both paths), and the error a user gets for a hook
+//! of the wrong element size.
 //!
 //! Needs libnvrtc on the loader path; without it the tests print SKIPPED and pass, unless
 //! `DEVCOMM_REQUIRE_NVRTC` is set (CI sets it).
@@ -9,6 +9,7 @@
 mod common;
 use common::{nvrtc_available, SM90};
 use devcomm::jit;
+use devcomm::reduce::plan::Algorithm;
 use devcomm::{
     kernel_spec as spec_of, Config, DataType, Error, Hooks, KernelKind, RawHooks, ReduceOp,
 };
@@ -72,6 +73,43 @@ fn the_rmsnorm_epilogue_compiles() {
     // The staged two-shot and the zero-copy kernel.
     assert_eq!(module.lowered_names.len(), 2);
     assert!(module.log.is_empty(), "warnings:\n{}", module.log);
+}
+
+#[test]
+fn the_rmsnorm_fp8_epilogue_compiles() {
+    if !nvrtc_available() {
+        return;
+    }
+    let hooks = Hooks::<half::bf16, half::bf16>::new(
+        "RmsNormFp8",
+        include_str!("../examples/hooks/rmsnorm_fp8.cu"),
+    );
+    let spec = hooked_kernel_spec(DataType::BF16, ReduceOp::Sum, hooks.raw());
+    let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{e}"));
+    // The staged two-shot, which every hooked call on ordinary buffers takes (its count of
+    // kernels beside it is the module's business, not this hook's).
+    let two_shot = devcomm::reduce::kernel_expression(
+        Algorithm::TwoShot,
+        DataType::BF16,
+        ReduceOp::Sum,
+        Some("RmsNormFp8"),
+    );
+    let lowered = module.lowered_names.get(&two_shot);
+    assert!(
+        lowered.is_some_and(|n| n.starts_with("_Z")),
+        "{two_shot} not in {:?}",
+        module.lowered_names
+    );
+    assert!(module.log.is_empty(), "warnings:\n{}", module.log);
+    // The network path's local step with the same hook.
+    let spec = hooked_net_step_spec(DataType::BF16, ReduceOp::Sum, hooks.raw());
+    let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("net step: {e}"));
+    assert_eq!(module.lowered_names.len(), 1);
+    assert!(module.log.is_empty(), "net step warnings:\n{}", module.log);
+    // Before sm_89 the hook converts to e4m3 in software (no cvt ... e4m3x2).
+    let spec = hooked_kernel_spec(DataType::BF16, ReduceOp::Sum, hooks.raw());
+    let module = jit::compile(&spec, (8, 0)).unwrap_or_else(|e| panic!("sm_80: {e}"));
+    assert!(module.log.is_empty(), "sm_80 warnings:\n{}", module.log);
 }
 
 #[test]

@@ -1,12 +1,18 @@
 //! The reduce-scatter with an accumulate epilogue (`examples/hooks/accumulate.cu`):
 //! `out += reduce_scatter(in)`, out of place and in place, one round and several, bit for bit
-//! against the host (the reduction in rank order, then one f32 addition).
+//! against the host (the reduction in rank order, then one f32 addition); and the all-reduce +
+//! residual + RMSNorm + FP8 example (`examples/all_reduce_rmsnorm_fp8.rs`) on ordinary and pool
+//! buffers, bit for bit against its host reference.
 
 use cudarc::driver::DevicePtr;
 use devcomm::{DataType, HookArgs, Hooks, ReduceOp};
 
 use super::reference::{data, first_diff, reduce};
 use crate::selftest::harness::Ctx;
+
+#[allow(dead_code)]
+#[path = "../../../../devcomm/examples/all_reduce_rmsnorm_fp8.rs"]
+mod rmsnorm_fp8_example;
 
 type Check = Result<String, String>;
 
@@ -79,4 +85,27 @@ pub(super) fn check_accumulate(cx: &Ctx) -> Check {
     Ok("reduce-scatter + accumulate hook: 37 x 1000, 1 x 7, 1000 x 4096 (several rounds), sum \
         and max, in and out of place, bit for bit"
         .into())
+}
+
+/// The all-reduce + residual + RMSNorm + FP8 example against its host reference: fewer rows
+/// than ranks (some ranks' hooks see no row), columns that are no multiple of the warp or
+/// fewer than a warp, 4096 columns; then with the input and output in the memory pool.
+pub(super) fn check_rmsnorm_fp8(cx: &Ctx) -> Check {
+    let w = cx.comm.world_size();
+    let mut done = Vec::new();
+    for (k, (rows, cols, pooled)) in [
+        (w.max(2) - 1, 1000, false),
+        (5, 7, false),
+        (257, 4096, false),
+        (37, 1000, true),
+        (512, 4096, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = cx.seed ^ (k as u64 + 1);
+        let msg = rmsnorm_fp8_example::run_rmsnorm_fp8(&cx.comm, &cx.stream, rows, cols, seed, pooled)?;
+        done.push(msg);
+    }
+    Ok(done.join("; "))
 }

@@ -1,7 +1,8 @@
 //! Checks of the reductions (all-reduce, reduce-scatter, all-gather): every type x operation
 //! in and out of place around every algorithm switch and up to 256 MiB, bit for bit against a
-//! host reduction in rank order and across ranks, the argument errors, the RMSNorm example,
-//! graph replays and back-to-back calls mixed with send/recv and all-to-all.
+//! host reduction in rank order and across ranks, the argument errors, the RMSNorm and
+//! RMSNorm + FP8 examples, graph replays and back-to-back calls mixed with send/recv and
+//! all-to-all.
 //!
 //! `reference` is the host side (data and the reduction in rank order); `cases`, `hooked` and
 //! `stress` import it; nothing imports them but this list.
@@ -39,6 +40,12 @@ pub(super) const CHECKS: &[Check] = &[
         ranks: Ranks::AtLeast(2),
         about: "the all-reduce + residual + RMSNorm example against its host reference",
         run: |cx, _| verified(cases::check_rmsnorm(cx)),
+    },
+    Check {
+        name: "reduce_rmsnorm_fp8",
+        ranks: Ranks::AtLeast(2),
+        about: "all-reduce + residual + RMSNorm + e4m3 example, ordinary and pool, bitwise",
+        run: |cx, _| verified(hooked::check_rmsnorm_fp8(cx)),
     },
     Check {
         name: "reduce_accumulate",

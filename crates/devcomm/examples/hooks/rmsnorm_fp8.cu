@@ -1,0 +1,78 @@
+// All-reduce + residual add + RMSNorm + FP8 (e4m3) quantisation, fused after a bf16 all-reduce
+// (examples/all_reduce_rmsnorm_fp8.rs). For every row x of the reduced matrix:
+//   h = bf16(x + residual)             written to residual (the new residual) and kept in f32
+//   r = 1 / sqrt(sum(h^2) / cols + eps)
+//   y = bf16(h * r * weight)           left in place of x: what the all-reduce output receives
+//   amax = max |y|, scale = amax / 448 (a zero row: 1), q = e4m3(y * min(448 / amax, FLT_MAX))
+// with scale at scales[row] and q at fp8[row * cols ..]. Every float operation is an explicitly
+// rounded intrinsic (no contraction, no fast rsqrt) and the sum of squares has a fixed shape
+// (lane l sums columns l, l + 32, ... with fma, then warp_sum's butterfly), so the host
+// reference reproduces every bit.
+//
+// The residual, fp8 and scales are written on the rank whose hook runs on the row: with the
+// staged two-shot that is the rank that reduced the row (its shard of rows), on the zero-copy
+// one-shot every rank. Rows a rank's hook did not see keep what these buffers held.
+struct RmsNormFp8Args {
+  devcomm::red::BF16* residual;     // rows x cols: read, then overwritten with h
+  const devcomm::red::BF16* weight; // cols
+  unsigned char* fp8;               // rows x cols e4m3 codes
+  float* scales;                    // rows: amax / 448, 1 for a row of zeros
+  float eps;
+};
+
+// f32 -> e4m3 (OCP e4m3fn): round to nearest even, |x| past 448 and infinities saturate to
+// +-448, NaN -> 0x7f. The same steps as the host encoder (e4m3_from_f32 in the example).
+__device__ __forceinline__ unsigned char rmsnorm_fp8_e4m3(float x) {
+#if __CUDA_ARCH__ >= 890
+  unsigned short pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));
+  return (unsigned char)(pair & 0xff);
+#else
+  const unsigned sign = (__float_as_uint(x) >> 24) & 0x80u;
+  const float a = fabsf(x);
+  if (a != a) return 0x7f;
+  if (a >= 464.0f) return (unsigned char)(sign | 0x7eu);  // 464 ties to 448, more saturates
+  int e = (int)(__float_as_uint(a) >> 23) - 127;           // a's binade (a < 2^-6: subnormal step)
+  if (e < -6) e = -6;
+  // a in units of the e4m3 step 2^(e-3) (a power of two: exact), rounded to nearest even.
+  const float n = rintf(__fmul_rn(a, __uint_as_float((unsigned)(127 + 3 - e) << 23)));
+  return (unsigned char)(sign | (unsigned)(((e + 6) << 3) + (int)n));
+#endif
+}
+
+struct RmsNormFp8 {
+  using T = devcomm::red::BF16;
+  static __device__ void epilogue(const devcomm::red::RowCtx& c, T* row) {
+    using devcomm::red::from_float;
+    using devcomm::red::to_float;
+    const RmsNormFp8Args& a = *static_cast<const RmsNormFp8Args*>(c.user);
+    T* res = a.residual + c.row * c.cols;
+    // Each lane reads back only its own columns, so no synchronisation between the passes.
+    float ss = 0.0f;
+    for (unsigned long long j = c.lane; j < c.cols; j += 32) {
+      const T h = from_float<T>(__fadd_rn(to_float(row[j]), to_float(res[j])));
+      res[j] = h;
+      row[j] = h;
+      const float hf = to_float(h);
+      ss = __fmaf_rn(hf, hf, ss);
+    }
+    const float mean = __fdiv_rn(devcomm::red::warp_sum(ss), (float)c.cols);
+    const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, a.eps)));
+    float amax = 0.0f;
+    for (unsigned long long j = c.lane; j < c.cols; j += 32) {
+      const T y = from_float<T>(__fmul_rn(__fmul_rn(to_float(row[j]), r), to_float(a.weight[j])));
+      row[j] = y;
+      amax = fmaxf(amax, fabsf(to_float(y)));
+    }
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    // A row of zeros: scale 1 (never 0, so dequantising needs no special case), codes +-0.
+    const float scale = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    // 448 / amax overflows for a bf16 subnormal amax; FLT_MAX keeps 0 * inv = 0.
+    const float inv = amax > 0.0f ? fminf(__fdiv_rn(448.0f, amax), 3.40282347e38f) : 1.0f;
+    unsigned char* q = a.fp8 + c.row * c.cols;
+    for (unsigned long long j = c.lane; j < c.cols; j += 32) {
+      q[j] = rmsnorm_fp8_e4m3(__fmul_rn(to_float(row[j]), inv));
+    }
+    if (c.lane == 0) a.scales[c.row] = scale;
+  }
+};
