@@ -505,3 +505,7 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> NcclResult {
         }
     })
 }
+
+/// `ncclResetDebugInit` (deprecated in NCCL): devcomm's logging reads its variables once.
+#[no_mangle]
+pub extern "C" fn ncclResetDebugInit() {}

@@ -392,6 +392,8 @@ pub fn init_rank(
             "ncclCommInitRank: rank {rank} is not a rank of {nranks} ranks"
         )));
     }
+    // A damaged or foreign id is refused before any CUDA call.
+    unique_id::decode(&id.internal.map(|c| c as u8))?;
     let device = match device {
         Some(d) => d,
         None => current_device()?,
