@@ -10,6 +10,11 @@ cargo build --release -p devcomm --examples
 mkdir -p dist
 cp "$tgt/release/devcomm" dist/devcomm
 cp "$tgt/release/examples/transpose_all_to_all" "$tgt/release/examples/fp8_all_to_all" dist/
+# The NCCL-compatible library and its GPU checks (docs/NCCL.md).
+cargo build --release -p devcomm-nccl
+cp "$tgt/release/libdevcomm_nccl.so" dist/libdevcomm_nccl.so
+strip --strip-debug dist/libdevcomm_nccl.so
+cp scripts/nccl-shim-check.sh scripts/nccl_shim_torch.py dist/
 cp scripts/gpu-run.sh dist/gpu-run.sh
 cp scripts/gpu-check.sh dist/gpu-check.sh
 for ex in all_reduce_rmsnorm all_reduce_rmsnorm_fp8; do

@@ -21,6 +21,20 @@ export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # headers its ABI test compiles against); the tests fail instead of skipping without it.
 ucx_lib=$(DEVCOMM_UCX_FORCE_WHEEL=1 scripts/install-ucx.sh | tail -n 1)
 export DEVCOMM_UCX_LIB="$ucx_lib" DEVCOMM_REQUIRE_UCX=1
+# NCCL 2.28.9's nccl.h (from the nvidia-nccl-cu13 wheel; only the header is kept) for the ABI
+# test of libdevcomm_nccl.so, which fails instead of skipping without it.
+nccl_h="$root/.tools/nccl/nvidia/nccl/include/nccl.h"
+if [ ! -e "$nccl_h" ]; then
+  echo "== installing nccl.h (nvidia-nccl-cu13 2.28.9) into $root/.tools/nccl"
+  wheel_dir=$(mktemp -d)
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --dest "$wheel_dir" 'nvidia-nccl-cu13==2.28.9'
+  python3 -c 'import glob, sys, zipfile
+zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0]).extract("nvidia/nccl/include/nccl.h", sys.argv[2])' \
+    "$wheel_dir" "$root/.tools/nccl"
+  rm -rf "$wheel_dir"
+fi
+export DEVCOMM_REQUIRE_NCCL_HEADER=1
 # Kernel cache of the test run stays inside the checkout.
 export DEVCOMM_CACHE_DIR="$root/target/devcomm-kernel-cache"
 # Tests that need NVRTC or a host C++ compiler fail instead of skipping.

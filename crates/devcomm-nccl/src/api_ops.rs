@@ -1,0 +1,412 @@
+//! The exported operations: routed to devcomm (`route`) or forwarded to the real NCCL.
+#![allow(non_snake_case)]
+// NCCL's names
+// C entry points: the pointers are the C caller's, under nccl.h's contract for each call.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use std::ffi::{c_int, c_void};
+
+use devcomm::raw::RawBuffer;
+use devcomm::HookArgs;
+
+use crate::api_comm::guarded;
+use crate::comm::{lookup, nccl_last, ShimComm};
+use crate::error::Failure;
+use crate::ffi::{self, CudaStreamT, NcclCommT, NcclDataType, NcclRedOp, NcclResult};
+use crate::group::{self, P2pCall};
+use crate::route::{route, Op, Plan, Route};
+
+/// Runs an operation: a failure inside a group is kept for `ncclGroupEnd` (as NCCL reports
+/// it there) and also returned now; devcomm's device errors become the communicator's
+/// asynchronous error.
+fn op_call(
+    call: &str,
+    c: NcclCommT,
+    f: impl FnOnce(&ShimComm) -> Result<(), Failure>,
+) -> NcclResult {
+    guarded(call, || {
+        let comm = lookup(call, c)?;
+        let r = f(&comm);
+        if let Err(e) = &r {
+            if e.code == ffi::REMOTE_ERROR {
+                comm.set_async_error(e.code);
+            }
+            if group::in_group() {
+                group::defer_error(e.clone());
+            }
+        }
+        r
+    })
+}
+
+/// An NCCL result as a `Result`, with NCCL's message.
+fn nccl_result(
+    call: &str,
+    lib: &crate::fallback::Nccl,
+    r: Option<NcclResult>,
+) -> Result<(), Failure> {
+    match r {
+        None => Err(Failure::invalid_usage(format!(
+            "{call}: the real NCCL ({}) lacks it",
+            lib.path
+        ))),
+        Some(ffi::SUCCESS) => Ok(()),
+        Some(r) => Err(Failure::new(
+            r,
+            format!("{call} (NCCL): {}", nccl_last(lib)),
+        )),
+    }
+}
+
+fn checked_size(call: &str, t: NcclDataType) -> Result<usize, Failure> {
+    ffi::type_size(t).ok_or_else(|| {
+        Failure::invalid_argument(format!("{call}: data type {t} is not an NCCL type"))
+    })
+}
+
+fn devcomm_err(call: &'static str) -> impl Fn(devcomm::Error) -> Failure {
+    move |e| Failure::from_devcomm(call, &e)
+}
+
+/// `ncclAllReduce`.
+#[no_mangle]
+pub extern "C" fn ncclAllReduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    t: NcclDataType,
+    op: NcclRedOp,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    const CALL: &str = "ncclAllReduce";
+    op_call(CALL, c, |comm| {
+        checked_size(CALL, t)?;
+        match route(Op::AllReduce, t, Some(op), comm.job) {
+            Route::Devcomm(Plan::Reduce { dtype, op }) if count > 0 => {
+                let (dc, s) = comm.dc_stream(CALL, stream)?;
+                // SAFETY: NCCL's contract: `count` elements at each buffer on this device until
+                // the stream's work is done.
+                unsafe { dc.all_reduce_raw(send as u64, recv as u64, count, dtype, op, &s) }
+                    .map_err(devcomm_err(CALL))
+            }
+            Route::Devcomm(_) => Ok(()),
+            Route::Nccl(_) => {
+                let (lib, nc) = comm.nccl(CALL)?;
+                // SAFETY: NCCL's prototype, the caller's arguments.
+                nccl_result(
+                    CALL,
+                    lib,
+                    lib.all_reduce
+                        .map(|f| unsafe { f(send, recv, count, t, op, nc, stream) }),
+                )
+            }
+        }
+    })
+}
+
+/// `ncclReduceScatter`: NCCL's in-place form (`recv` is this rank's shard of `send`) is
+/// devcomm's (`input == output`).
+#[no_mangle]
+pub extern "C" fn ncclReduceScatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    recvcount: usize,
+    t: NcclDataType,
+    op: NcclRedOp,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    const CALL: &str = "ncclReduceScatter";
+    op_call(CALL, c, |comm| {
+        let size = checked_size(CALL, t)?;
+        match route(Op::ReduceScatter, t, Some(op), comm.job) {
+            Route::Devcomm(Plan::Reduce { dtype, op }) if recvcount > 0 => {
+                let (dc, s) = comm.dc_stream(CALL, stream)?;
+                let shard = (send as u64).wrapping_add((comm.rank * recvcount * size) as u64);
+                let output = if recv as u64 == shard {
+                    send as u64
+                } else {
+                    recv as u64
+                };
+                // SAFETY: as ncclAllReduce, for nranks x recvcount input elements.
+                unsafe { dc.reduce_scatter_raw(send as u64, output, recvcount, dtype, op, &s) }
+                    .map_err(devcomm_err(CALL))
+            }
+            Route::Devcomm(_) => Ok(()),
+            Route::Nccl(_) => {
+                let (lib, nc) = comm.nccl(CALL)?;
+                // SAFETY: NCCL's prototype, the caller's arguments.
+                nccl_result(
+                    CALL,
+                    lib,
+                    lib.reduce_scatter
+                        .map(|f| unsafe { f(send, recv, recvcount, t, op, nc, stream) }),
+                )
+            }
+        }
+    })
+}
+
+/// `ncclAllGather`: NCCL's in-place form (`send` is this rank's shard of `recv`) is
+/// devcomm's (`input == output`).
+#[no_mangle]
+pub extern "C" fn ncclAllGather(
+    send: *const c_void,
+    recv: *mut c_void,
+    sendcount: usize,
+    t: NcclDataType,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    const CALL: &str = "ncclAllGather";
+    op_call(CALL, c, |comm| {
+        let size = checked_size(CALL, t)?;
+        match route(Op::AllGather, t, None, comm.job) {
+            Route::Devcomm(Plan::Gather { dtype }) if sendcount > 0 => {
+                let (dc, s) = comm.dc_stream(CALL, stream)?;
+                let shard = (recv as u64).wrapping_add((comm.rank * sendcount * size) as u64);
+                let input = if send as u64 == shard {
+                    recv as u64
+                } else {
+                    send as u64
+                };
+                // SAFETY: as ncclAllReduce, for nranks x sendcount output elements.
+                unsafe { dc.all_gather_raw(input, recv as u64, sendcount, dtype, &s) }
+                    .map_err(devcomm_err(CALL))
+            }
+            Route::Devcomm(_) => Ok(()),
+            Route::Nccl(_) => {
+                let (lib, nc) = comm.nccl(CALL)?;
+                // SAFETY: NCCL's prototype, the caller's arguments.
+                nccl_result(
+                    CALL,
+                    lib,
+                    lib.all_gather
+                        .map(|f| unsafe { f(send, recv, sendcount, t, nc, stream) }),
+                )
+            }
+        }
+    })
+}
+
+/// `ncclAlltoAll`: `count` elements to and from every rank.
+#[no_mangle]
+pub extern "C" fn ncclAlltoAll(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    t: NcclDataType,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    const CALL: &str = "ncclAlltoAll";
+    op_call(CALL, c, |comm| {
+        checked_size(CALL, t)?;
+        match route(Op::AllToAll, t, None, comm.job) {
+            Route::Devcomm(Plan::Copy { elem_size }) if count > 0 => {
+                let (dc, s) = comm.dc_stream(CALL, stream)?;
+                let hooks = devcomm::raw::copy_hooks(elem_size).map_err(devcomm_err(CALL))?;
+                let elems = (count * comm.nranks) as u64;
+                let b = |ptr: u64| RawBuffer {
+                    ptr,
+                    elems,
+                    elem_size,
+                };
+                // SAFETY: NCCL's contract: nranks x count elements in each buffer.
+                unsafe {
+                    dc.all_to_all_raw(
+                        &hooks,
+                        b(send as u64),
+                        b(recv as u64),
+                        HookArgs::default(),
+                        &s,
+                    )
+                }
+                .map_err(devcomm_err(CALL))
+            }
+            Route::Devcomm(_) => Ok(()),
+            Route::Nccl(_) => {
+                let (lib, nc) = comm.nccl(CALL)?;
+                // SAFETY: NCCL's prototype, the caller's arguments.
+                nccl_result(
+                    CALL,
+                    lib,
+                    lib.all_to_all
+                        .map(|f| unsafe { f(send, recv, count, t, nc, stream) }),
+                )
+            }
+        }
+    })
+}
+
+/// `ncclBroadcast`: always NCCL (devcomm has no broadcast).
+#[no_mangle]
+pub extern "C" fn ncclBroadcast(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    t: NcclDataType,
+    root: c_int,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    const CALL: &str = "ncclBroadcast";
+    op_call(CALL, c, |comm| {
+        let (lib, nc) = comm.nccl(CALL)?;
+        // SAFETY: NCCL's prototype, the caller's arguments.
+        nccl_result(
+            CALL,
+            lib,
+            lib.broadcast
+                .map(|f| unsafe { f(send, recv, count, t, root, nc, stream) }),
+        )
+    })
+}
+
+/// `ncclBcast`: in-place `ncclBroadcast`.
+#[no_mangle]
+pub extern "C" fn ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    t: NcclDataType,
+    root: c_int,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    ncclBroadcast(buff, buff, count, t, root, c, stream)
+}
+
+/// `ncclReduce`: always NCCL (devcomm has no rooted reduce).
+#[no_mangle]
+pub extern "C" fn ncclReduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    t: NcclDataType,
+    op: NcclRedOp,
+    root: c_int,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    const CALL: &str = "ncclReduce";
+    op_call(CALL, c, |comm| {
+        let (lib, nc) = comm.nccl(CALL)?;
+        // SAFETY: NCCL's prototype, the caller's arguments.
+        nccl_result(
+            CALL,
+            lib,
+            lib.reduce
+                .map(|f| unsafe { f(send, recv, count, t, op, root, nc, stream) }),
+        )
+    })
+}
+
+/// `ncclGather`: always NCCL.
+#[no_mangle]
+pub extern "C" fn ncclGather(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    t: NcclDataType,
+    root: c_int,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    const CALL: &str = "ncclGather";
+    op_call(CALL, c, |comm| {
+        let (lib, nc) = comm.nccl(CALL)?;
+        // SAFETY: NCCL's prototype, the caller's arguments.
+        nccl_result(
+            CALL,
+            lib,
+            lib.gather
+                .map(|f| unsafe { f(send, recv, count, t, root, nc, stream) }),
+        )
+    })
+}
+
+/// `ncclScatter`: always NCCL.
+#[no_mangle]
+pub extern "C" fn ncclScatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    t: NcclDataType,
+    root: c_int,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    const CALL: &str = "ncclScatter";
+    op_call(CALL, c, |comm| {
+        let (lib, nc) = comm.nccl(CALL)?;
+        // SAFETY: NCCL's prototype, the caller's arguments.
+        nccl_result(
+            CALL,
+            lib,
+            lib.scatter
+                .map(|f| unsafe { f(send, recv, count, t, root, nc, stream) }),
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)] // ncclSend's and ncclRecv's arguments, and the direction
+fn p2p(
+    call: &'static str,
+    send: bool,
+    ptr: u64,
+    count: usize,
+    t: NcclDataType,
+    peer: c_int,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    guarded(call, || {
+        let comm = lookup(call, c)?;
+        checked_size(call, t)?;
+        if peer < 0 || peer as usize >= comm.nranks {
+            return Err(Failure::invalid_argument(format!(
+                "{call}: peer {peer} is not a rank of {} ranks (rank {})",
+                comm.nranks, comm.rank
+            )));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        group::p2p(P2pCall {
+            comm,
+            send,
+            ptr,
+            count,
+            dtype: t,
+            peer: peer as usize,
+            stream,
+        })
+    })
+}
+
+/// `ncclSend`.
+#[no_mangle]
+pub extern "C" fn ncclSend(
+    send: *const c_void,
+    count: usize,
+    t: NcclDataType,
+    peer: c_int,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    p2p("ncclSend", true, send as u64, count, t, peer, c, stream)
+}
+
+/// `ncclRecv`.
+#[no_mangle]
+pub extern "C" fn ncclRecv(
+    recv: *mut c_void,
+    count: usize,
+    t: NcclDataType,
+    peer: c_int,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    p2p("ncclRecv", false, recv as u64, count, t, peer, c, stream)
+}
