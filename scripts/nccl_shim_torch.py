@@ -76,7 +76,9 @@ def run(out):
         x = data(n, torch.float32, 6)
         y = torch.empty_like(x)
         peer_to, peer_from = (rank + 1) % world, (rank - 1) % world
-        reqs = [dist.isend(x, peer_to), dist.irecv(y, peer_from)]
+        # One batch: unbatched isend/irecv on two ranks would queue each rank's recv behind its
+        # own send on one stream, and large sends wait for their recv (a deadlock with NCCL).
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer_to), dist.P2POp(dist.irecv, y, peer_from)])
         for r in reqs:
             r.wait()
         res[f"send_recv/{n}"] = y.cpu()

@@ -333,9 +333,12 @@ pub fn build(
     let dc = match dc {
         Ok(c) => Some(c),
         Err(e) => {
-            log::warn!(
-                "devcomm-nccl: rank {rank}: no devcomm communicator, NCCL answers every call: {e}"
+            // Always said: every call then goes to NCCL, which a user of this library must know.
+            eprintln!(
+                "devcomm-nccl WARN rank {rank}: no devcomm communicator, NCCL answers every \
+                 call: {e}"
             );
+            log::warn!("devcomm-nccl: rank {rank}: no devcomm communicator: {e}");
             None
         }
     };

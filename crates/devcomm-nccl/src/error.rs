@@ -81,9 +81,26 @@ thread_local! {
     static HANDED_OUT: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// Whether warnings go to standard error as NCCL's do: `NCCL_DEBUG` set to WARN, INFO or
+/// TRACE, or `DEVCOMM_NCCL_DEBUG=1` (a program loading this library sets up no Rust logger).
+pub fn debug_enabled() -> bool {
+    let nccl = std::env::var("NCCL_DEBUG").unwrap_or_default().to_ascii_uppercase();
+    matches!(nccl.as_str(), "WARN" | "INFO" | "TRACE")
+        || std::env::var("DEVCOMM_NCCL_DEBUG").is_ok_and(|v| v == "1")
+}
+
+/// A warning of this library: to the Rust log, and to standard error when
+/// [`debug_enabled`].
+pub fn warn(message: &str) {
+    log::warn!("devcomm-nccl: {message}");
+    if debug_enabled() {
+        eprintln!("devcomm-nccl WARN {message}");
+    }
+}
+
 /// Records `f` as the last error (and logs it) and returns its code.
 pub fn record(f: &Failure) -> NcclResult {
-    log::warn!("devcomm-nccl: {}", f.message);
+    warn(&f.message);
     if let Ok(mut last) = LAST.lock() {
         *last = f.message.clone();
     }

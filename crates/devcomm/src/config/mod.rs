@@ -218,8 +218,8 @@ knobs! {
     reduce_window_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_WINDOW_ONE_SHOT_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
     /// Largest call in KiB on pool buffers that takes the line one-shot instead of the
-    /// zero-copy paths (within the line one-shot's payload); unset: 128.
-    reduce_zero_copy_min_kib: Option<u32> = None, "128",
+    /// zero-copy paths (within the line one-shot's payload); unset: 256 on 2 ranks, else 128.
+    reduce_zero_copy_min_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ZERO_COPY_MIN_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
     /// `0`: reductions on pool buffers take the staged paths too (the zero-copy paths need
     /// every rank's buffers at the same place of the pool: ranks that allocate in different

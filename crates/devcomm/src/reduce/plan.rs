@@ -168,15 +168,21 @@ impl ReduceLimits {
             zero_copy_one_shot_bytes: zero_copy_one_shot_max_bytes(world),
             window_one_shot_bytes: zero_copy_one_shot_max_bytes(world),
             window: true,
-            zero_copy_min_bytes: ZERO_COPY_MIN_BYTES,
+            zero_copy_min_bytes: zero_copy_min_bytes(world),
         }
     }
 }
 
-/// The default of [`ReduceLimits::zero_copy_min_bytes`]: 128 KiB. On 4 H200s (bf16
+/// The default of [`ReduceLimits::zero_copy_min_bytes`] on `world` ranks. On 4 H200s (bf16
 /// all-reduce, 2026-11-27) pool buffers took 10.4-12.2 us zero-copy from 8 B to 128 KiB
-/// against 8.8-11.9 on the line one-shot, and 13.4 against 15.9 at 256 KiB.
-pub const ZERO_COPY_MIN_BYTES: u64 = 128 << 10;
+/// against 8.8-11.9 on the line one-shot, and 13.4 against 15.9 at 256 KiB; on 2, 10.5
+/// against 9.3 at 256 KiB and 11.2 against 11.9 at 512 KiB.
+pub const fn zero_copy_min_bytes(world: usize) -> u64 {
+    match world {
+        0..=2 => 256 << 10,
+        _ => 128 << 10,
+    }
+}
 
 /// The default largest all-reduce (bytes) of the zero-copy one-shot on `world` ranks: each
 /// rank reads `world - 1` peers' whole buffers, against the two-shot's one shard of each and a

@@ -473,7 +473,8 @@ pub(super) fn check_pool_asymmetric(cx: &Ctx) -> Check {
         .then(|| comm.alloc(256))
         .transpose()
         .map_err(err)?;
-    let count = 4096usize;
+    // 1 MiB of f32: above the line one-shot's share of pool calls, a zero-copy path.
+    let count = 256usize << 10;
     let input = comm.alloc((count * 4) as u64).map_err(err)?;
     let output = comm.alloc((count * 4) as u64).map_err(err)?;
     let poison = vec![0xa5u8; count * 4];
