@@ -3,7 +3,7 @@
 # the GPU self-test on every GPU, then the quick benchmarks. Full logs and JSON go to $OUT
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
-#   what: info selftest selftest2 agree-ab agree-parts reduce-agree-ab reduce-var p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
+#   what: info selftest selftest2 agree-ab agree-parts reduce-var p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
 #         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph
 #         all_reduce reduce_scatter all_gather reduce-smoke ...
 #   The reductions take REDUCE_ARGS (e.g. "--dtype f32 --redop max" or "--max-bytes 67108864";
@@ -175,16 +175,6 @@ for w in $what; do
       # runs.
       for r in $(seq 1 "${REPS:-2}"); do
         step agree-ab-$r $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-30}" --device-kind "$kind" --json "$out/agree-ab-$r.json"
-      done ;;
-    reduce-agree-ab)
-      # The reductions' call agreement (reduce.cuh): all-reduce up to RMAX (4 MiB) with the
-      # agreement on and compiled out (DEVCOMM_REDUCE_OPTIONS=-DDC_AGREE=0), alternating REPS
-      # times, devcomm alone.
-      for r in $(seq 1 "${REPS:-2}"); do
-        for v in on off; do
-          o=""; [ $v = off ] && o="-DDC_AGREE=0"
-          step red-agree-$v-$r env DEVCOMM_REDUCE_OPTIONS="$o" $bin launch -n "$n" -- $bin bench --op all_reduce --reference none --max-bytes "${RMAX:-4194304}" --device-kind "$kind" --json "$out/red-agree-$v-$r.json"
-        done
       done ;;
     graph) step sendrecv-graph $bin launch -n 2 -- $bin bench --op sendrecv --graph --device-kind "$kind" --json "$out/sendrecv-graph.json" ;;
     both-fused)

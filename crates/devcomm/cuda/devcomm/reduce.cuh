@@ -312,12 +312,6 @@ __device__ __forceinline__ bool wait_slot(const DeviceWindow& w, dc_u64 slot, dc
 
 // ---- Call agreement on the device (see "Call agreement" above) ------------------------------
 
-// DC_AGREE=0 compiles the agreement out (DEVCOMM_REDUCE_OPTIONS="-DDC_AGREE=0", the same on
-// every rank), for cost comparisons only: mismatched reductions are then silent again.
-#ifndef DC_AGREE
-#define DC_AGREE 1
-#endif
-
 // This block's call: its number (the same in every block) and descriptor.
 struct Agree {
   dc_u64 call;
@@ -340,7 +334,6 @@ __device__ __forceinline__ Agree agree_begin(const ReduceLaunch& a, dc_u32 b, dc
 template <class G>
 __device__ __forceinline__ void agree_announce(const G& g, const ReduceLaunch& a, dc_u32 b,
                                                const Agree& ag) {
-  if (!DC_AGREE) return;
   const int world = a.w.world_size, me = a.w.rank;
   const dc_u64 slot = slot_of(agree_slot_kind(ag.call), world, me, b);
   const dc_u64 word = agree_word(ag.call, ag.desc);
@@ -422,8 +415,6 @@ __device__ inline bool layout_check(const ReduceLaunch& a, dc_u32 b, const Agree
 template <class G>
 __device__ __forceinline__ bool agree_all(const G& g, const ReduceLaunch& a, dc_u32 b,
                                           const Agree& ag) {
-  // Without the agreement a refused call still writes nothing.
-  if (!DC_AGREE) return desc_field(ag.desc, kFieldDtype) != kRefusedDtype;
   bool ok = true;
   for (dc_u32 p = g.thread_rank(); p < (dc_u32)a.w.world_size; p += g.size()) {
     if ((int)p != a.w.rank) ok = ok && agree_check(a, b, ag, (int)p);

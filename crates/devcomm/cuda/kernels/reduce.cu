@@ -6,20 +6,15 @@
 namespace devcomm {
 namespace red {
 
-// DC_REDUCE_STAGGER (1, the default): where the two-shot's blocks write to (or read from)
-// every rank in turn, rank me starts with rank me + 1, so that at each step every rank talks
-// to another rank instead of all of them to rank 0, then rank 1, ... (each link busy instead
-// of one link for all). 0 keeps rank order, for comparison (DEVCOMM_REDUCE_OPTIONS, every
-// rank). 4 H200s, bf16 all-reduce: 4 MiB 48.3 -> 39.2 us, 16 MiB 148.8 -> 113.3 (with the
-// push below; docs/PERFORMANCE.md). The one-shot keeps rank order: staggering its line stores
-// made it slower (reduce-scatter 1 MiB 17.2 -> 19.9 us).
-#ifndef DC_REDUCE_STAGGER
-#define DC_REDUCE_STAGGER 1
-#endif
-
+// Where the two-shot's blocks write to (or read from) every rank in turn, rank me starts with
+// rank me + 1, so that at each step every rank talks to another rank instead of all of them to
+// rank 0, then rank 1, ... (each link busy instead of one link for all). 4 H200s, bf16
+// all-reduce: 4 MiB 48.3 -> 39.2 us, 16 MiB 148.8 -> 113.3 (with the push below;
+// docs/PERFORMANCE.md). The one-shot keeps rank order: staggering its line stores made it
+// slower (reduce-scatter 1 MiB 17.2 -> 19.9 us).
 // The rank of step i (0 <= i < world) of a two-shot loop over every rank.
 __device__ __forceinline__ int turn(int i, int me, int world) {
-  return DC_REDUCE_STAGGER ? (me + 1 + i) % world : i;
+  return (me + 1 + i) % world;
 }
 
 // ---- One-shot ------------------------------------------------------------------------------
@@ -80,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   // unit after reading every rank's line of it, so a thread checks each peer's announcement in
   // the same poll as its first line from that peer (one flight). All-gather stores each rank's
   // line as it comes, so a warp with units checks every peer first (lane p: peer p).
-  const bool in_poll = DC_AGREE && a.mode != kAllGather;
+  const bool in_poll = a.mode != kAllGather;
   if (!in_poll && Warp{}.any(u0 + g.thread_rank() < u1)) ok = agree_all(Warp{}, a, b, ag);
   for (dc_u64 j = u0 + g.thread_rank(); ok && j < u1; j += g.size()) {
     const bool first = j == u0 + g.thread_rank();
@@ -153,17 +148,12 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
 // Blocks beyond this launch's count read nothing: block 0 advances their counters and kDone
 // slots at the end, and waits on them only ask for what a previous call left.
 //
-// Where step 1 stages: DC_TWO_SHOT_PUSH (1, the default) pushes this rank's data of shard q
-// into rank q's window (shard slot `me` there), so that step 2 reduces from its own window with
-// local loads (NVLink stores need no round trip; remote loads do). The reduced shard goes into
-// the own slot, where step 3 reads it as before. 0 stages into the own window (shard slot q)
-// and reduces with loads from every peer's window (the earlier form, kept for comparison:
-// DEVCOMM_REDUCE_OPTIONS="-DDC_TWO_SHOT_PUSH=0", the same on every rank). Pushing before the
-// call agreement writes only peers' two-shot areas, never their outputs: a mismatched call is
-// refused on every rank before anything is read from them.
-#ifndef DC_TWO_SHOT_PUSH
-#define DC_TWO_SHOT_PUSH 1
-#endif
+// Step 1 pushes this rank's data of shard q into rank q's window (shard slot `me` there), so
+// that step 2 reduces from its own window with local loads (NVLink stores need no round trip;
+// remote loads do: docs/PERFORMANCE.md, "Two-shot: push"). The reduced shard goes into the own
+// slot, where step 3 reads it. Pushing before the call agreement writes only peers' two-shot
+// areas, never their outputs: a mismatched call is refused on every rank before anything is
+// read from them.
 
 // Waits (block) until every rank's every block has published kDone >= target, where blocks
 // not in this launch only need to have reached `before` (what the previous call left).
@@ -270,15 +260,15 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
     if (!wait_all_done(g, a, s >= 2 ? s - 2 : 0, before)) return;
     DC_TRACE_WAIT_END(-1, (dc_u32)s);
     DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
-    // 1. Stage (push: into rank q's window, the slot of this rank; else into the own window,
-    // the slot of shard q). Every rank's every block is done with this half (the wait above).
+    // 1. Stage: into rank q's window, the slot of this rank. Every rank's every block is done
+    // with this half (the wait above).
     for (int i = 0; i < world; ++i) {
-      const int q = DC_TWO_SHOT_PUSH ? turn(i, me, world) : i;
+      const int q = turn(i, me, world);
       if (a.mode == kAllGather && q != me) continue;
       const dc_u64 n = clip(a, q, k, lo, hi);
       const T* src = a.mode == kAllGather ? in + k * a.chunk + lo
                                           : in + (dc_u64)q * a.shard + k * a.chunk + lo;
-      T* dst = DC_TWO_SHOT_PUSH ? slot(q, me) : slot(me, q);
+      T* dst = slot(q, me);
       if (n > 0) copy_elems<T>(g, dst + lo, src, n);
     }
     DC_TRACE_PHASE_END(kPhaseStage, -1, (hi - lo) * sizeof(T) * (a.mode == kAllGather ? 1 : world));
@@ -296,10 +286,8 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
       constexpr bool kHooked = HasEpilogue<H>::value;
       T* const to_out = out + (a.mode == kAllReduce ? (dc_u64)me * a.shard : 0) + k * a.chunk + lo;
       T* dst = a.mode == kAllReduce || kHooked ? slot(me, me) + lo : to_out;
-      // Rank p's data of this shard: pushed into the own window (slot p), or in p's window.
-      auto part = [&](int p) -> const T* {
-        return (DC_TWO_SHOT_PUSH ? slot(me, p) : slot(p, me)) + lo;
-      };
+      // Rank p's data of this shard: pushed into the own window (slot p).
+      auto part = [&](int p) -> const T* { return slot(me, p) + lo; };
       if (n > 0) reduce_elems<T, OP>(g, dst, part, world, n);
       if constexpr (kHooked) {
         static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
@@ -462,9 +450,7 @@ __device__ __forceinline__ bool zc_enter(const G& g, const ReduceLaunch& a, dc_u
   bool ok = true;
   for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
     if ((int)p == me) continue;
-    // The layout is compared even without DC_AGREE: a peer reading another offset would read
-    // other data, silently.
-    ok = ok && (!DC_AGREE || agree_check(a, b, ag, (int)p)) && layout_check(a, b, ag, (int)p);
+    ok = ok && agree_check(a, b, ag, (int)p) && layout_check(a, b, ag, (int)p);
   }
   return !g.any(!ok);
 }

@@ -286,8 +286,8 @@ knobs! {
     /// Extra NVRTC options of the send/recv kernels (`DC_LL128_*`, ...).
     p2p_options: Vec<String> = Vec::new(), "",
         env "DEVCOMM_P2P_OPTIONS", group "kernels", range None, Must, experimental;
-    /// Extra NVRTC options of the reduction kernels (`-DDC_AGREE=0`: their call agreement
-    /// compiled out, for cost comparisons only).
+    /// Extra NVRTC options of the reduction kernels (no switch of theirs is declared: every
+    /// rank alike, for a compiler option such as `-lineinfo`).
     reduce_options: Vec<String> = Vec::new(), "",
         env "DEVCOMM_REDUCE_OPTIONS", group "kernels", range None, Must, experimental;
 }
