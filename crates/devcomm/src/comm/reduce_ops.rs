@@ -11,7 +11,7 @@ use super::{Comm, HookArgs};
 use crate::collective::{Hooks, RawHooks};
 use crate::error::{Error, Result};
 use crate::memory::PoolLocation;
-use crate::reduce::args::{count_of, in_place_count, resolve};
+use crate::reduce::args::{count_of, in_place_count, resolve, Refusal, Resolved};
 use crate::reduce::launch::{PoolBuffers, ReduceCall};
 use crate::reduce::{Collective, DataType, Plan, ReduceOp, Reducible};
 
@@ -461,16 +461,9 @@ impl Comm {
             return self.reduction_plan(collective, dtype, count);
         }
         let es = dtype.size_bytes() as u64;
-        let r = resolve(
-            collective,
-            self.rank(),
-            self.world_size(),
-            input,
-            output,
-            count,
-            es,
-        )
-        .map_err(|refusal| invalid(collective, self.rank())(refusal.reason))?;
+        let r = self
+            .resolve_buffers(collective, (input, output, count), es)
+            .map_err(|refusal| invalid(collective, self.rank())(refusal.reason))?;
         if r.count == 0 {
             return Ok(None);
         }
@@ -511,16 +504,7 @@ impl Comm {
         // returning it here would leave the peers, which launch, to time out.
         self.group.errors.check_before_launch()?;
         let es = dtype.size_bytes() as u64;
-        let resolved = resolve(
-            collective,
-            self.rank(),
-            self.world_size(),
-            input,
-            output,
-            count,
-            es,
-        );
-        let r = match resolved {
+        let r = match self.resolve_buffers(collective, (input, output, count), es) {
             Ok(r) => r,
             Err(refusal) => {
                 let e = invalid(collective, self.rank())(refusal.reason);
@@ -577,6 +561,24 @@ impl Comm {
 }
 
 impl Comm {
+    /// The call's buffers checked and resolved on this rank (`resolve`).
+    fn resolve_buffers(
+        &self,
+        collective: Collective,
+        (input, output, count): (u64, u64, u64),
+        es: u64,
+    ) -> std::result::Result<Resolved, Refusal> {
+        resolve(
+            collective,
+            self.rank(),
+            self.world_size(),
+            input,
+            output,
+            count,
+            es,
+        )
+    }
+
     /// Where a call's buffers lie in the memory pool, if either does with every peer's segment
     /// mapped here (the zero-copy paths' candidates).
     fn pool_buffers(
