@@ -210,7 +210,8 @@ knobs! {
     reduce_zero_copy_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ZERO_COPY_ONE_SHOT_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
     /// `0`: ordinary buffers take the staged two-shot above the line one-shot instead of the
-    /// window paths (staged into the window, then as the zero-copy paths).
+    /// window paths (staged into the window, then as the zero-copy paths), which are taken
+    /// on 3 ranks or more.
     reduce_window: bool = true, "1",
         env "DEVCOMM_REDUCE_WINDOW", group "reductions", range None, Must, experimental;
     /// Largest all-reduce in KiB of the window one-shot on ordinary buffers; unset: as the

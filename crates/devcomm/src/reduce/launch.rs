@@ -245,7 +245,7 @@ impl Reduce {
         let limits = ReduceLimits {
             block_bytes: u64::from(c.reduce_block_kib.max(1)) << 10,
             one_shot_blocks: c.reduce_one_shot_blocks.clamp(1, MAX_BLOCKS),
-            window: c.reduce_window,
+            window: c.reduce_window && limits.window,
             zero_copy_min_bytes: c
                 .reduce_zero_copy_min_kib
                 .map_or(limits.zero_copy_min_bytes, |k| u64::from(k) << 10),
