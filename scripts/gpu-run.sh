@@ -3,7 +3,7 @@
 # the GPU self-test on every GPU, then the quick benchmarks. Full logs and JSON go to $OUT
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
-#   what: info selftest selftest2 agree-ab agree-parts reduce-agree-ab reduce-var p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
+#   what: info selftest selftest2 reduce-agree-ab reduce-var p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
 #         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph
 #         all_reduce reduce_scatter all_gather reduce-smoke ...
 #   The reductions take REDUCE_ARGS (e.g. "--dtype f32 --redop max" or "--max-bytes 67108864";
@@ -147,19 +147,6 @@ for w in $what; do
       for op in all_reduce reduce_scatter all_gather; do
         step "reduce-smoke-$op" scripts/shared-gpu.sh "${SMOKE_RANKS:-4}" $bin bench --op "$op" --reference none --max-bytes "${SMOKE_MAX:-16777216}" --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/reduce-smoke-$op.json"
       done ;;
-    agree-parts)
-      # Which part of the call agreement costs what at 8 B (agree.cuh): with each part compiled
-      # out in the calls that keep the agreement on (bench --op agree_latency compares them
-      # with calls without it, switched per call on one communicator).
-      # recv0desc0: no descriptor stored either; min: only the call numbers' own loads and
-      # stores are left; timing: the whole agreement, the roles' phases timed on the GPU.
-      for v in ${AGREE_PARTS:-recv0 ack0 mirror0 recv0desc0 min}; do
-        case $v in recv0) o="-DDC_AGREE_RECV=0" ;; ack0) o="-DDC_AGREE_ACK=0" ;; mirror0) o="-DDC_AGREE_MIRROR=0" ;;
-          recv0desc0) o="-DDC_AGREE_RECV=0 -DDC_AGREE_DESC=0" ;;
-          min) o="-DDC_AGREE_RECV=0 -DDC_AGREE_DESC=0 -DDC_AGREE_ACK=0 -DDC_AGREE_MIRROR=0" ;;
-          timing) o="-DDC_AGREE_TIMING=1" ;; esac
-        step agree-$v env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-20}" --device-kind "$kind" --json "$out/agree-$v.json"
-      done ;;
     reduce-var)
       # Reduction settings (DEVCOMM_REDUCE_*), one bench each: RVARIANTS='name=VAR=V VAR2=V;...'
       # (name alone: the defaults), ROP the operation, RMIN / RMAX the sizes.
@@ -167,14 +154,6 @@ for w in $what; do
       for v in "${vs[@]}"; do
         name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
         step ${ROP:-all_reduce}-$name env $envs $bin launch -n "$n" -- $bin bench --op "${ROP:-all_reduce}" --min-bytes "${RMIN:-0}" --max-bytes "${RMAX:-1073741824}" --device-kind "$kind" --json "$out/${ROP:-all_reduce}-$name.json"
-      done ;;
-    agree-ab)
-      # The call agreement's cost at 8 B (docs/PROTOCOL.md, "Agreement"): host-launched
-      # send/recv + synchronise per call with and without the agreement, switched per call on
-      # one communicator (-DDC_AGREE_SWITCH=1), ROUNDS rounds (bench --op agree_latency); REPS
-      # runs.
-      for r in $(seq 1 "${REPS:-2}"); do
-        step agree-ab-$r $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-30}" --device-kind "$kind" --json "$out/agree-ab-$r.json"
       done ;;
     reduce-agree-ab)
       # The reductions' call agreement (reduce.cuh): all-reduce up to RMAX (4 MiB) with the

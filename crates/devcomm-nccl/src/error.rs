@@ -84,7 +84,9 @@ thread_local! {
 /// Whether warnings go to standard error as NCCL's do: `NCCL_DEBUG` set to WARN, INFO or
 /// TRACE, or `DEVCOMM_NCCL_DEBUG=1` (a program loading this library sets up no Rust logger).
 pub fn debug_enabled() -> bool {
-    let nccl = std::env::var("NCCL_DEBUG").unwrap_or_default().to_ascii_uppercase();
+    let nccl = std::env::var("NCCL_DEBUG")
+        .unwrap_or_default()
+        .to_ascii_uppercase();
     matches!(nccl.as_str(), "WARN" | "INFO" | "TRACE")
         || std::env::var("DEVCOMM_NCCL_DEBUG").is_ok_and(|v| v == "1")
 }
