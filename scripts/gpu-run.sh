@@ -4,7 +4,7 @@
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
 #   what: info selftest selftest2 reduce-agree-ab reduce-var p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
-#         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph
+#         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2av sweep graph
 #         all_reduce reduce_scatter all_gather reduce-smoke ...
 #   The reductions take REDUCE_ARGS (e.g. "--dtype f32 --redop max" or "--max-bytes 67108864";
 #   reduce-smoke sets its own --max-bytes: SMOKE_MAX, 16 MiB).
@@ -125,15 +125,6 @@ for w in $what; do
       for v in new old new2; do
         b=$bin; [ $v = old ] && b=dist/old/devcomm
         step a2a-$v $b launch -n "$n" -- $b bench --op all_to_all --min-bytes 67108864 --device-kind "$kind" --json "$out/a2a-$v.json"
-      done ;;
-    a2a-var)
-      # Variants of the collective's tuning constants (DEVCOMM_COLL_OPTIONS), one bench each:
-      # A2A_VARIANTS='name=options;name=options' (name only: the defaults), A2A_MIN / A2A_MAX
-      # the sizes per peer, A2A_ARGS extra bench arguments (e.g. --hooks FILE:STRUCT).
-      IFS=';' read -ra vs <<< "${A2A_VARIANTS:-base}"
-      for v in "${vs[@]}"; do
-        name=${v%%=*}; opts=""; [ "$name" != "$v" ] && opts=${v#*=}
-        step a2a-$name env DEVCOMM_COLL_OPTIONS="$opts" $bin launch -n "$n" -- $bin bench --op all_to_all --min-bytes "${A2A_MIN:-0}" --max-bytes "${A2A_MAX:-268435456}" ${A2A_ARGS:-} --device-kind "$kind" --json "$out/a2a-$name.json"
       done ;;
     a2av) step a2av $bin launch -n "$n" -- $bin bench --op all_to_allv --device-kind "$kind" --json "$out/a2av.json" --plot "$out/a2av.svg" ;;
     all_reduce|reduce_scatter|all_gather)
