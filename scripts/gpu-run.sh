@@ -3,8 +3,8 @@
 # the GPU self-test on every GPU, then the quick benchmarks. Full logs and JSON go to $OUT
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
-#   what: info selftest selftest2 agree-ab agree-parts reduce-var p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
-#         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2a-var a2av sweep graph
+#   what: info selftest selftest2 reduce-var p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
+#         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2av sweep graph
 #         all_reduce reduce_scatter all_gather reduce-smoke ...
 #   The reductions take REDUCE_ARGS (e.g. "--dtype f32 --redop max" or "--max-bytes 67108864";
 #   reduce-smoke sets its own --max-bytes: SMOKE_MAX, 16 MiB).
@@ -126,15 +126,6 @@ for w in $what; do
         b=$bin; [ $v = old ] && b=dist/old/devcomm
         step a2a-$v $b launch -n "$n" -- $b bench --op all_to_all --min-bytes 67108864 --device-kind "$kind" --json "$out/a2a-$v.json"
       done ;;
-    a2a-var)
-      # Variants of the collective's tuning constants (DEVCOMM_COLL_OPTIONS), one bench each:
-      # A2A_VARIANTS='name=options;name=options' (name only: the defaults), A2A_MIN / A2A_MAX
-      # the sizes per peer, A2A_ARGS extra bench arguments (e.g. --hooks FILE:STRUCT).
-      IFS=';' read -ra vs <<< "${A2A_VARIANTS:-base}"
-      for v in "${vs[@]}"; do
-        name=${v%%=*}; opts=""; [ "$name" != "$v" ] && opts=${v#*=}
-        step a2a-$name env DEVCOMM_COLL_OPTIONS="$opts" $bin launch -n "$n" -- $bin bench --op all_to_all --min-bytes "${A2A_MIN:-0}" --max-bytes "${A2A_MAX:-268435456}" ${A2A_ARGS:-} --device-kind "$kind" --json "$out/a2a-$name.json"
-      done ;;
     a2av) step a2av $bin launch -n "$n" -- $bin bench --op all_to_allv --device-kind "$kind" --json "$out/a2av.json" --plot "$out/a2av.svg" ;;
     all_reduce|reduce_scatter|all_gather)
       # devcomm against NCCL on the same buffers and on NCCL's symmetric window buffers, every
@@ -147,19 +138,6 @@ for w in $what; do
       for op in all_reduce reduce_scatter all_gather; do
         step "reduce-smoke-$op" scripts/shared-gpu.sh "${SMOKE_RANKS:-4}" $bin bench --op "$op" --reference none --max-bytes "${SMOKE_MAX:-16777216}" --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/reduce-smoke-$op.json"
       done ;;
-    agree-parts)
-      # Which part of the call agreement costs what at 8 B (agree.cuh): with each part compiled
-      # out in the calls that keep the agreement on (bench --op agree_latency compares them
-      # with calls without it, switched per call on one communicator).
-      # recv0desc0: no descriptor stored either; min: only the call numbers' own loads and
-      # stores are left; timing: the whole agreement, the roles' phases timed on the GPU.
-      for v in ${AGREE_PARTS:-recv0 ack0 mirror0 recv0desc0 min}; do
-        case $v in recv0) o="-DDC_AGREE_RECV=0" ;; ack0) o="-DDC_AGREE_ACK=0" ;; mirror0) o="-DDC_AGREE_MIRROR=0" ;;
-          recv0desc0) o="-DDC_AGREE_RECV=0 -DDC_AGREE_DESC=0" ;;
-          min) o="-DDC_AGREE_RECV=0 -DDC_AGREE_DESC=0 -DDC_AGREE_ACK=0 -DDC_AGREE_MIRROR=0" ;;
-          timing) o="-DDC_AGREE_TIMING=1" ;; esac
-        step agree-$v env DEVCOMM_P2P_OPTIONS="$o" $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-20}" --device-kind "$kind" --json "$out/agree-$v.json"
-      done ;;
     reduce-var)
       # Reduction settings (DEVCOMM_REDUCE_*), one bench each: RVARIANTS='name=VAR=V VAR2=V;...'
       # (name alone: the defaults), ROP the operation, RMIN / RMAX the sizes.
@@ -167,14 +145,6 @@ for w in $what; do
       for v in "${vs[@]}"; do
         name=${v%%=*}; envs=""; [ "$name" != "$v" ] && envs=${v#*=}
         step ${ROP:-all_reduce}-$name env $envs $bin launch -n "$n" -- $bin bench --op "${ROP:-all_reduce}" --min-bytes "${RMIN:-0}" --max-bytes "${RMAX:-1073741824}" --device-kind "$kind" --json "$out/${ROP:-all_reduce}-$name.json"
-      done ;;
-    agree-ab)
-      # The call agreement's cost at 8 B (docs/PROTOCOL.md, "Agreement"): host-launched
-      # send/recv + synchronise per call with and without the agreement, switched per call on
-      # one communicator (-DDC_AGREE_SWITCH=1), ROUNDS rounds (bench --op agree_latency); REPS
-      # runs.
-      for r in $(seq 1 "${REPS:-2}"); do
-        step agree-ab-$r $bin launch -n 2 -- $bin bench --op agree_latency --iters "${ROUNDS:-30}" --device-kind "$kind" --json "$out/agree-ab-$r.json"
       done ;;
     graph) step sendrecv-graph $bin launch -n 2 -- $bin bench --op sendrecv --graph --device-kind "$kind" --json "$out/sendrecv-graph.json" ;;
     both-fused)

@@ -40,8 +40,6 @@ precompile() { # extra arguments of `devcomm precompile`
     DEVCOMM_CACHE_DIR="$(pwd)/dist/kernel-cache" dist/devcomm precompile --arch 9.0 "$@"
 }
 precompile
-# The send/recv kernels with the agreement switched per call (bench --op agree_latency).
-DEVCOMM_P2P_OPTIONS=-DDC_AGREE_SWITCH=1 precompile --builtin sendrecv
 # The collectives and reduction steps of communicators with network links (gpu-check.sh
 # net-coll@N, net-red@N and the kill tests).
 precompile --net --builtin copy1,copy4,copy8,examples,reduce

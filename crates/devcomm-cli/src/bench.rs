@@ -5,7 +5,6 @@
 //! One file per benchmark; the shared parts are [`args`] (the command line), [`timing`] (the
 //! harness: events, candidates in turn, medians) and [`record`] (the records and their output).
 
-mod agree_latency;
 mod alltoall;
 mod args;
 mod ce;
@@ -42,12 +41,6 @@ const OPS: &[(&str, &str)] = &[
     (
         "latency",
         "signal ping-pong between ranks 0 and 1 inside one kernel",
-    ),
-    (
-        "agree_latency",
-        "the call agreement's cost: host-launched 8-byte sendrecv between ranks 0 and 1, each \
-         call synchronised, with and without the agreement in turn on one communicator \
-         (-DDC_AGREE_SWITCH=1)",
     ),
     (
         "launch",
@@ -126,9 +119,6 @@ pub(crate) fn shared_gpu_rule(shared: bool, op: &str, reference: &str) -> Result
         return Ok(true);
     }
     let env = devcomm::topology::SHARE_GPU_ENV;
-    if op == "agree_latency" {
-        return Ok(false); // only a comparison of two runs on this machine means anything
-    }
     if op == "sendrecv" || op == "all_to_all" {
         // NCCL refuses the shared GPU; devcomm alone is a smoke test (of the network route,
         // say, with links forced), its timings marked meaningless.
@@ -193,7 +183,6 @@ fn run(args: &BenchArgs) -> Result<i32, String> {
     }
     let mut records = match args.op.as_str() {
         "latency" => latency::run(&cx, args)?,
-        "agree_latency" => agree_latency::run(&cx, args)?,
         "launch" => launch::run(&cx, args)?,
         "put" => put::run(&cx, args)?,
         "ce" => ce::run(&cx, args)?,

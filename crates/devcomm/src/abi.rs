@@ -34,9 +34,6 @@ pub const P2P_SIDE_PULL: u32 = 1;
 pub const P2P_SIDE_GATED: u32 = 2;
 /// See [`P2P_SIDE_PULL`].
 pub const P2P_SIDE_ANNOUNCE: u32 = 4;
-/// Measurement builds only (`-DDC_AGREE_SWITCH=1`): a low-latency call without the call
-/// agreement ([`crate::testing::set_agreement_off`]).
-pub const P2P_SIDE_NO_AGREE: u32 = 8;
 
 /// GOR\[slot\] and DONER\[slot\]: the receiver's copy stream's waits and reports (pulled chunks).
 pub const CE_GO_R: usize = 36;

@@ -69,25 +69,3 @@ pub unsafe fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result
 pub fn as_if_loading<T>(comm: &crate::Comm, work: impl FnOnce() -> T) -> crate::Result<T> {
     comm.group.loading(|| Ok(work()))
 }
-
-/// The NVRTC option (for `DEVCOMM_P2P_OPTIONS`, or `Config::p2p_options`) that builds the
-/// send/recv kernels with a per-call switch of the call agreement, for measuring its cost on
-/// one communicator (`devcomm bench --op agree_latency`).
-pub use crate::comm::AGREE_SWITCH;
-
-/// Measurements only: while `off`, this rank's low-latency send/recv calls go without the call
-/// agreement (as with `-DDC_AGREE=0`), so that calls with and without it alternate on one
-/// communicator. Every rank must switch for the same calls, or the two ends of a call disagree
-/// about it (mismatches are silent while it is off). Refused unless the communicator was
-/// built with [`AGREE_SWITCH`] in its send/recv options.
-pub fn set_agreement_off(comm: &crate::Comm, off: bool) -> Result<()> {
-    comm.set_agreement_off(off)
-}
-
-/// Measurements only (send/recv kernels built with `-DDC_AGREE_SWITCH=1 -DDC_AGREE_TIMING=1`):
-/// the phase times the low-latency roles added up, words 0-4 for calls with the agreement and
-/// 8-12 for calls without (`cuda/devcomm/agree.cuh`, `DC_AGREE_TIMING`). Synchronises the
-/// context's default stream.
-pub fn agreement_timing(comm: &crate::Comm) -> Result<[u64; 16]> {
-    comm.agreement_timing()
-}

@@ -107,30 +107,20 @@ fn sendrecv_kernels_compile() {
     if !nvrtc_available() {
         return;
     }
-    // The library's build, and the measurement build of `bench --op agree_latency` (the
-    // agreement switched per call, its phases timed).
-    let measurement = vec![
-        devcomm::testing::AGREE_SWITCH.to_owned(),
-        "-DDC_AGREE_TIMING=1".to_owned(),
-    ];
-    for options in [vec![], measurement] {
-        let mut config = devcomm::Config::default();
-        config.p2p_options = options.clone();
-        let spec = devcomm::kernel_spec(devcomm::KernelKind::SendRecv, &config, false);
-        let module = compile_timed(&spec);
-        assert_eq!(module.lowered_names.len(), spec.name_expressions.len());
-        for expr in &spec.name_expressions {
-            assert!(
-                module.lowered_names[expr].starts_with("_Z"),
-                "{expr} not lowered ({options:?})"
-            );
-        }
+    let spec = devcomm::kernel_spec(
+        devcomm::KernelKind::SendRecv,
+        &devcomm::Config::default(),
+        false,
+    );
+    let module = compile_timed(&spec);
+    assert_eq!(module.lowered_names.len(), spec.name_expressions.len());
+    for expr in &spec.name_expressions {
         assert!(
-            module.log.is_empty(),
-            "warnings ({options:?}):\n{}",
-            module.log
+            module.lowered_names[expr].starts_with("_Z"),
+            "{expr} not lowered"
         );
     }
+    assert!(module.log.is_empty(), "warnings:\n{}", module.log);
 }
 
 #[test]

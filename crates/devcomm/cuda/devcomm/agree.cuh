@@ -36,62 +36,8 @@ namespace devcomm {
 namespace p2p {
 
 // Words, descriptor layout and the pure decisions are in devcomm/p2p.cuh (kAg*, agree_*).
-//
-// DC_AGREE=0 compiles the agreement out (DEVCOMM_P2P_OPTIONS="-DDC_AGREE=0", the same on every
-// rank), for latency comparisons only (`devcomm bench --op agree_latency`): mismatches are
-// then silent again.
-#ifndef DC_AGREE
-#define DC_AGREE 1
-#endif
-// Parts of it, for the same comparisons of the 8 B send/recv only (with either, the barrier
-// and the negotiated routes no longer wait for their peers): DC_AGREE_RECV=0 (receivers do not wait for or check
-// the descriptor), DC_AGREE_ACK=0 (receivers hand no ring word back; senders take no credit).
-#ifndef DC_AGREE_RECV
-#define DC_AGREE_RECV DC_AGREE
-#endif
-#ifndef DC_AGREE_ACK
-#define DC_AGREE_ACK DC_AGREE
-#endif
-// DC_AGREE_MIRROR=0: senders do not read the abort mirror (cost comparisons only).
-#ifndef DC_AGREE_MIRROR
-#define DC_AGREE_MIRROR DC_AGREE
-#endif
-// DC_AGREE_DESC=0: senders do everything but store the descriptor (cost comparisons only,
-// with DC_AGREE_RECV=0, or receivers wait for a descriptor that never comes).
-#ifndef DC_AGREE_DESC
-#define DC_AGREE_DESC DC_AGREE
-#endif
-// DC_AGREE_SWITCH=1 (`bench --op agree_latency`, measurement only): a low-latency send/recv
-// call whose side carries kSideNoAgree goes without the agreement, as with DC_AGREE=0, so
-// that calls with and without it alternate on one communicator (both ends switch together:
-// the host sets the bit on both ranks for the same calls, testing::set_agreement_off).
-// Without the option the bit is ignored and this compiles to the constant DC_AGREE.
-#ifndef DC_AGREE_SWITCH
-#define DC_AGREE_SWITCH 0
-#endif
-
-// DC_AGREE_TIMING=1 (with DC_AGREE_SWITCH, measurement only): thread 0 of block 0 of each
-// low-latency role adds its phase times (%globaltimer, ns from the role's start) to this
-// rank's own copy-engine block, which no call uses (p2p_ce_word(a, rank, w)): words 0-4 for
-// calls with the agreement, 8-12 without; [0] sender calls, [1] sender until past its
-// barrier, [2] sender until its lines are stored, [3] receiver until its lines were seen,
-// [4] receiver until its end (testing::agreement_timing reads them).
-#ifndef DC_AGREE_TIMING
-#define DC_AGREE_TIMING 0
-#endif
-
-#if defined(__CUDACC__)
-__device__ __forceinline__ bool agree_side_on(const P2PSide& s) {
-  return DC_AGREE && !(DC_AGREE_SWITCH && (s.pull & kSideNoAgree));
-}
-
-// Adds `since` ns ago to timing word `w` (+ 8 for a call without the agreement).
-__device__ __forceinline__ void agree_time(const P2PLaunch& a, bool on, dc_u32 w, dc_u64 since) {
-  if (!DC_AGREE_TIMING) return;
-  dc_u64* t = own_user_slot(a.w, p2p_ce_word(a, a.w.rank, (on ? 0u : 8u) + w));
-  *t += w == 0 ? 1 : globaltimer_ns() - since;
-}
-#endif
+// The agreement is always on: what it costs an 8 B call, and which part, was measured with
+// build switches since removed (docs/PERFORMANCE.md, "Call agreement").
 
 #if defined(__CUDACC__)
 
@@ -125,7 +71,6 @@ constexpr dc_u64 kMirrorUnknown = ~0ull;
 __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int peer,
                                                       dc_u64 mirror_at = kMirrorUnknown) {
   dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
-  if (!DC_AGREE) return AgreeSend{own, nullptr, 0, 0, 0};
   const dc_u64 at = mirror_at == kMirrorUnknown ? mirror_address(a.w) : mirror_at;
   // The peer's pad address is a load from the window's table: issued here with the others,
   // not after the checks (it was the last load before the descriptor's store, on the path of
@@ -133,7 +78,7 @@ __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int pe
   dc_u64* ring =
       peer_user_slot(a.w, peer, p2p_ce_word(a, a.w.rank, kAgDesc + kAgRing - 1)) - (kAgRing - 1);
   return AgreeSend{own, ring, own[kAgCallS] + 1, ld_relaxed_sys(own + kAgAck),
-                   DC_AGREE_MIRROR ? mirror_value(at) : 0};
+                   mirror_value(at)};
 }
 
 // Stores the descriptor of call s.call into the peer's ring once its word is free (one thread,
@@ -141,18 +86,17 @@ __device__ __forceinline__ AgreeSend agree_send_begin(const P2PLaunch& a, int pe
 // communicator had been aborted before this kernel (already recorded).
 __device__ inline bool agree_send_finish(const P2PLaunch& a, int peer, const AgreeSend& s,
                                          dc_u32 kind, dc_u64 bytes) {
-  if (!DC_AGREE) return true;
   // Aborted by an earlier launch: announce nothing (a role of the failing launch itself still
   // announces, so that its peer sees this rank's call and names the mismatch).
   if (s.aborted != 0 && s.aborted != launch_token()) return false;
-  if (DC_AGREE_ACK && s.call > kAgRing && s.ack + kAgRing < s.call) {
+  if (s.call > kAgRing && s.ack + kAgRing < s.call) {
     const dc_u64 slot = p2p_ce_word(a, peer, kAgAck);
     if (!wait_until(error_state(a.w), a.w.timeout_ns, a.w.rank, s.own + kAgAck,
                     s.call - kAgRing, Cmp::Ge, WaitSite{kOpSendSlotFree, peer, slot})) {
       return false;
     }
   }
-  if (DC_AGREE_DESC) st_relaxed_sys(s.ring + s.call % kAgRing, agree_pack(s.call, kind, bytes));
+  st_relaxed_sys(s.ring + s.call % kAgRing, agree_pack(s.call, kind, bytes));
   s.own[kAgCallS] = s.call;
   return true;
 }
@@ -166,7 +110,7 @@ __device__ inline bool agree_send(const P2PLaunch& a, int peer, dc_u32 kind, dc_
 // of the role, which hands the previous call's ring word back to the sender (ACK, above).
 __device__ __forceinline__ dc_u64 agree_recv_begin(const P2PLaunch& a, int peer, bool lead) {
   const dc_u64 call = *own_user_slot(a.w, p2p_ce_word(a, peer, kAgCallR)) + 1;
-  if (DC_AGREE_ACK && lead && call > 1) {
+  if (lead && call > 1) {
     red_max_relaxed_sys(peer_user_slot(a.w, peer, p2p_ce_word(a, a.w.rank, kAgAck)), call - 1);
   }
   return call;
@@ -204,8 +148,7 @@ struct AgreeRecv {
 
 __device__ __forceinline__ AgreeRecv agree_recv(const P2PLaunch& a, int peer, dc_u64 call,
                                                 dc_u32 kind, dc_u64 bytes) {
-  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kAgBytesMask, kind, peer,
-                   !DC_AGREE_RECV};
+  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kAgBytesMask, kind, peer, false};
 }
 
 // No check at all (a role whose caller checked already).
@@ -231,7 +174,6 @@ __device__ inline bool agree_recv_wait(const P2PLaunch& a, AgreeRecv& ag) {
 // The end of a receive call (one thread, once every receiving thread is done): advances CALL_R
 // (the next call's lead hands the ring word back, agree_recv_begin).
 __device__ __forceinline__ void agree_recv_end(const P2PLaunch& a, int peer, dc_u64 call) {
-  if (!DC_AGREE) return;
   *own_user_slot(a.w, p2p_ce_word(a, peer, kAgCallR)) = call;
 }
 
@@ -239,7 +181,6 @@ __device__ __forceinline__ void agree_recv_end(const P2PLaunch& a, int peer, dc_
 // block is done): the last of `nblocks` blocks advances CALL_R.
 __device__ inline void agree_recv_done(const P2PLaunch& a, int peer, dc_u64 call,
                                        dc_u32 nblocks) {
-  if (!DC_AGREE) return;
   dc_u64* own = own_user_slot(a.w, p2p_ce_word(a, peer, 0));
   if (nblocks > 1) {
     const unsigned long long out =

@@ -7,7 +7,7 @@
 //   r in [0, W - 1):        send to peer (rank + 1 + r) % W
 //   r in [W - 1, 2W - 2):   receive from peer (rank - 1 - (r - W + 1)) mod W
 //   r = 2W - 2:             this rank's own chunk (produce then consume, no wire)
-// take the blocks in turn (DC_COLL_INTERLEAVE, docs/COLLECTIVES.md "The schedule"): with S >= B
+// take the blocks in turn (docs/COLLECTIVES.md "The schedule"): with S >= B
 // block i < (2W - 1) B serves role i mod (2W - 1), and the own chunk's further S - B blocks come
 // last; with S < B the peer roles take blocks [0, 2(W-1) B) in turn, the own chunk the rest.
 // Each (peer, direction) gets a plan from its wire size and its peer's tuning class (NVLink or
@@ -93,51 +93,22 @@ static_assert(DC_OFFSETOF(CollLaunch, state) == 336, "CollLaunch.state");
 static_assert(DC_OFFSETOF(CollLaunch, blocks_per_peer) == 344, "CollLaunch.blocks_per_peer");
 static_assert(DC_OFFSETOF(CollLaunch, count_slot0) == 352, "CollLaunch.count_slot0");
 
-// Tuning constants of the plans and movers (docs/COLLECTIVES.md, "Per-peer tuning"). Each may
-// be overridden at compile time for experiments (DEVCOMM_COLL_OPTIONS="-DDC_COLL_...=N",
-// docs/TUNING.md); every rank must use the same values, since both ends derive the same plan.
-#ifndef DC_COLL_LL_MAX
-#define DC_COLL_LL_MAX (128ull << 10)  // NVLink peers: LL lines up to this wire size
-#endif
-#ifndef DC_COLL_LL128_MAX
-#define DC_COLL_LL128_MAX (2ull << 20)  // NVLink peers: LL128 lines up to this wire size
-#endif
-#ifndef DC_COLL_LL128_BLOCK
-#define DC_COLL_LL128_BLOCK (8ull << 10)  // LL128: one block per this many wire bytes
-#endif
-#ifndef DC_COLL_BULK_BLOCK
-#define DC_COLL_BULK_BLOCK (64ull << 10)  // bulk: one block per this many wire bytes
-#endif
-#ifndef DC_COLL_BULK_MAX_BLOCKS
-#define DC_COLL_BULK_MAX_BLOCKS 32  // bulk: at most this many blocks per peer (and the grid's B)
-#endif
-#ifndef DC_COLL_CHUNK_BIG
-#define DC_COLL_CHUNK_BIG (32ull << 10)  // bulk chunk once each channel has 64 KiB or more
-#endif
-#ifndef DC_COLL_CHUNK_SMALL
-#define DC_COLL_CHUNK_SMALL (16ull << 10)  // bulk chunk below that
-#endif
-#ifndef DC_COLL_CHANNEL_WARPS
-#define DC_COLL_CHANNEL_WARPS 1  // bulk: warps that move one channel's chunks together (1-16)
-#endif
-#ifndef DC_COLL_PULL_MIN
-#define DC_COLL_PULL_MIN (~0ull)  // NVLink peers: bulk wire size from which receivers pull
-#endif
-#ifndef DC_COLL_MOVE_ILP
-#define DC_COLL_MOVE_ILP 4  // tiles in flight per thread in the bulk movers
-#endif
-#ifndef DC_COLL_INTERLEAVE
-#define DC_COLL_INTERLEAVE 2  // roles take blocks in turn (2: all, 1: peer roles), 0: runs of B
-#endif
-#ifndef DC_COLL_SELF_ILP
-#define DC_COLL_SELF_ILP 4  // tiles in flight per thread in the own chunk's copy
-#endif
-#ifndef DC_COLL_COPY_UNIT8
-#define DC_COLL_COPY_UNIT8 1  // copy hooks of elements up to 8 bytes: 8-byte low-latency units
-#endif
-
 #if defined(__CUDACC__)
 namespace coll {
+
+// Tuning constants of the plans and movers (docs/COLLECTIVES.md, "Per-peer tuning"; the
+// alternatives tried are in docs/PERFORMANCE.md, "Constants tried and left at their
+// defaults"). Both ends derive the same plan from them.
+constexpr dc_u64 kLlMax = 128ull << 10;     // NVLink peers: LL lines up to this wire size
+                                            // (src/collective/shape.rs, LL_MAX_BYTES)
+constexpr dc_u64 kLl128Max = 2ull << 20;    // NVLink peers: LL128 lines up to this wire size
+constexpr dc_u64 kLl128Block = 8ull << 10;  // LL128: one block per this many wire bytes
+constexpr dc_u64 kBulkBlock = 64ull << 10;  // bulk: one block per this many wire bytes
+constexpr dc_u32 kBulkMaxBlocks = 32;       // bulk: at most this many blocks per peer
+constexpr dc_u64 kChunkBig = 32ull << 10;   // bulk chunk once each channel has 64 KiB or more
+constexpr dc_u64 kChunkSmall = 16ull << 10; // bulk chunk below that
+constexpr int kMoveIlp = 4;                 // tiles in flight per thread in the bulk movers
+constexpr int kSelfIlp = 4;                 // tiles in flight per thread in the own chunk's copy
 
 // How one (peer, direction) moves: both ends compute it from the same wire size.
 struct Plan {
@@ -145,7 +116,6 @@ struct Plan {
   dc_u64 chunk;  // bulk bytes per pipeline step
   dc_u32 blocks; // blocks of the role that work (0: nothing to move)
   dc_u32 ll;     // P2PSide::low_latency: 0 staged, 1 LL lines, 2 LL128 lines
-  dc_u32 pull;   // P2PSide::pull: bulk chunks staged in the sender's outbox
 };
 
 // The tuning table (docs/COLLECTIVES.md, "Per-peer tuning"). NVLink peers: LL lines up to
@@ -155,12 +125,12 @@ struct Plan {
 // stores); bulk on at most 2 blocks with the largest chunk the slots hold.
 template <int THREADS>
 __device__ __forceinline__ Plan plan_for(const P2PLaunch& p, dc_u64 wire, bool net, dc_u32 B) {
-  Plan pl{wire, 0, 0, 0, 0};
+  Plan pl{wire, 0, 0, 0};
   if (wire == 0) return pl;
   const dc_u64 ll_cap = (p.ll_parity_bytes - 16ull * p.max_blocks) / 2;
-  const dc_u64 ll_max = net ? (16ull << 10) : DC_COLL_LL_MAX;
+  const dc_u64 ll_max = net ? (16ull << 10) : kLlMax;
   const dc_u64 ll128_cap = (p2p_ll128_parity_bytes(p) / 128 - p.max_blocks) * 112;
-  const dc_u64 ll128_max = net ? 0 : DC_COLL_LL128_MAX;
+  const dc_u64 ll128_max = net ? 0 : kLl128Max;
   const dc_u32 most = B < p.max_blocks ? B : p.max_blocks;
   if (wire <= (ll_max < ll_cap ? ll_max : ll_cap)) {
     const dc_u64 per = (dc_u64)THREADS * 16;
@@ -170,20 +140,18 @@ __device__ __forceinline__ Plan plan_for(const P2PLaunch& p, dc_u64 wire, bool n
     return pl;
   }
   if (wire <= (ll128_max < ll128_cap ? ll128_max : ll128_cap)) {
-    const dc_u64 b = (wire + DC_COLL_LL128_BLOCK - 1) / DC_COLL_LL128_BLOCK;
+    const dc_u64 b = (wire + kLl128Block - 1) / kLl128Block;
     pl.blocks = (dc_u32)(b < most ? b : most);
     pl.ll = 2;
     return pl;
   }
-  const dc_u32 bulk_most = most < DC_COLL_BULK_MAX_BLOCKS ? most : DC_COLL_BULK_MAX_BLOCKS;
+  const dc_u32 bulk_most = most < kBulkMaxBlocks ? most : kBulkMaxBlocks;
   const dc_u32 cap = net ? (most < 2 ? most : 2) : bulk_most;
-  dc_u64 b = (wire + DC_COLL_BULK_BLOCK - 1) / DC_COLL_BULK_BLOCK;
+  dc_u64 b = (wire + kBulkBlock - 1) / kBulkBlock;
   pl.blocks = (dc_u32)(b < cap ? b : cap);
-  const dc_u64 channels = (dc_u64)pl.blocks * (THREADS / 32 / DC_COLL_CHANNEL_WARPS);
-  dc_u64 chunk = net ? p.slot_stride
-                     : (wire / channels >= (64ull << 10) ? DC_COLL_CHUNK_BIG : DC_COLL_CHUNK_SMALL);
+  const dc_u64 channels = (dc_u64)pl.blocks * (THREADS / 32);  // a warp per channel
+  dc_u64 chunk = net ? p.slot_stride : (wire / channels >= (64ull << 10) ? kChunkBig : kChunkSmall);
   pl.chunk = chunk < p.slot_stride ? chunk : p.slot_stride;
-  pl.pull = !net && wire >= DC_COLL_PULL_MIN;
   return pl;
 }
 
@@ -203,18 +171,16 @@ struct Shape {
 
 // Bytes per low-latency unit of hooks H (LL lines carry 8 payload bytes, LL128 lines 14 words of
 // 16-byte units or 15 of 8-byte ones). Hooks see whole 16-byte tiles; the copy hooks of elements
-// of at most 8 bytes need no hook call, so with DC_COLL_COPY_UNIT8 their movers copy 8-byte
+// of at most 8 bytes need no hook call, so their movers copy 8-byte
 // units themselves and LL128 lines carry 120 payload bytes instead of 112.
 template <class H>
 struct LlUnit {
   static constexpr dc_u64 kBytes = 16;
 };
-#if DC_COLL_COPY_UNIT8
 template <class T>
 struct LlUnit<CopyHooks<T>> {
   static constexpr dc_u64 kBytes = sizeof(T) <= 8 ? 8 : 16;
 };
-#endif
 
 // Elements of T (sizeof(T) <= 8) in one 8-byte unit.
 template <class T>
@@ -288,7 +254,7 @@ struct HookSend : ChunkTiles<H> {
   static constexpr dc_u64 kUnit = LlUnit<H>::kBytes;
   template <class G>
   __device__ __forceinline__ void chunk(const G& g, char* slot, dc_u64 off, dc_u64 bytes) const {
-    constexpr int K = DC_COLL_MOVE_ILP;
+    constexpr int K = kMoveIlp;
     const dc_u64 t0 = off / 16, nt = bytes / 16, gs = g.size();
     uint4* dst = reinterpret_cast<uint4*>(slot);
     dc_u64 j = g.thread_rank();
@@ -329,7 +295,7 @@ struct HookRecv : ChunkTiles<H> {
   __device__ __forceinline__ void chunk(const G& g, const char* slot, dc_u64 off, dc_u64 bytes,
                                         bool /*remote*/) const {
     if (discard) return;
-    constexpr int K = DC_COLL_MOVE_ILP;
+    constexpr int K = kMoveIlp;
     const dc_u64 t0 = off / 16, nt = bytes / 16, gs = g.size();
     const uint4* src = reinterpret_cast<const uint4*>(slot);
     dc_u64 j = g.thread_rank();
@@ -504,23 +470,12 @@ __device__ __forceinline__ Ctx base_ctx(const CollLaunch& a, int peer, dc_u64 ro
   return c;
 }
 
-// Bulk channel of this thread: DC_COLL_CHANNEL_WARPS warps move one channel's chunks together
-// (a warp, a named barrier of several warps, or the whole block); f(group, channel, channels).
+// Bulk channel of this thread: each warp moves one channel's chunks (several warps per channel
+// were slower, docs/PERFORMANCE.md); f(group, channel, channels).
 template <int THREADS, class F>
 __device__ __forceinline__ void bulk_channel(dc_u32 b, dc_u32 blocks, F f) {
-  constexpr dc_u32 kCw = DC_COLL_CHANNEL_WARPS;
-  constexpr dc_u32 kPerBlock = THREADS / 32 / kCw;
-  static_assert(kCw >= 1 && (THREADS / 32) % kCw == 0 && (kCw == 1 || kPerBlock <= 15),
-                "DC_COLL_CHANNEL_WARPS must divide the block's warps (and leave at most 15 "
-                "channels per block when above 1)");
-  const dc_u32 k = threadIdx.x / 32 / kCw;
-  if constexpr (kCw == 1) {
-    f(Warp{}, b * kPerBlock + k, blocks * kPerBlock);
-  } else if constexpr (kPerBlock == 1) {
-    f(Block{}, b, blocks);
-  } else {
-    f(NamedBarrier(1 + k, k * kCw * 32, kCw * 32), b * kPerBlock + k, blocks * kPerBlock);
-  }
+  constexpr dc_u32 kPerBlock = THREADS / 32;
+  f(Warp{}, b * kPerBlock + threadIdx.x / 32, blocks * kPerBlock);
 }
 
 // A network peer's send role (block 0 of the role; docs/NETWORK.md): the chunk through H::produce
@@ -611,7 +566,7 @@ __device__ void send_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   if (b >= pl.blocks) return;
   const HookSend<H> m{{base_ctx<H>(a, peer, rows, true), first * a.row_len, n}};
   const P2PSide s{0, pl.wire, counter(a, 0, peer), counter(a, 2, peer), pl.chunk, peer,
-                  pl.blocks, pl.ll, pl.pull};
+                  pl.blocks, pl.ll, 0};  // receivers never pull (docs/PERFORMANCE.md)
   if (pl.ll) {
     p2p::ll_send(Block{}, a.p, s, m, b, false);
   } else {
@@ -706,7 +661,7 @@ __device__ void self_role(const CollLaunch& a, dc_u32 b, dc_u64 seq) {
   const ChunkTiles<H> src{base_ctx<H>(a, me, rows, true), sfirst * a.row_len, n};
   const ChunkTiles<H> dst{base_ctx<H>(a, me, rows, false), first * a.row_len, n};
   // K tiles in flight per thread: their loads are all issued before the first store.
-  constexpr int K = DC_COLL_SELF_ILP;
+  constexpr int K = kSelfIlp;
   const dc_u64 stride = (dc_u64)a.self_blocks * THREADS;
   dc_u64 t = (dc_u64)b * THREADS + threadIdx.x;
   for (; t + (K - 1) * stride < tiles; t += K * stride) {
@@ -729,7 +684,7 @@ __device__ __forceinline__ void coll_body(const CollLaunch& a, dc_u64 seq) {
   const int W = a.p.w.world_size, me = a.p.w.rank;
   const dc_u32 B = a.blocks_per_peer, roles = 2 * (dc_u32)(W - 1);
   dc_u32 role, b;
-  const dc_u32 in_turn = (DC_COLL_INTERLEAVE == 2 && a.self_blocks >= B) ? roles + 1 : roles;
+  const dc_u32 in_turn = a.self_blocks >= B ? roles + 1 : roles;
   if (blockIdx.x >= in_turn * B) {  // the own chunk's blocks beyond the ones in turn
     role = roles;
     b = blockIdx.x - roles * B;
@@ -737,8 +692,8 @@ __device__ __forceinline__ void coll_body(const CollLaunch& a, dc_u64 seq) {
     role = blockIdx.x % in_turn;
     b = blockIdx.x / in_turn;
   } else {
-    role = DC_COLL_INTERLEAVE ? blockIdx.x % roles : blockIdx.x / B;
-    b = DC_COLL_INTERLEAVE ? blockIdx.x / roles : blockIdx.x % B;
+    role = blockIdx.x % roles;
+    b = blockIdx.x / roles;
   }
   // Traced: one phase per block, its role's (the own chunk's copy is a stage).
   const int peer = role == roles ? me

@@ -53,12 +53,11 @@ struct alignas(16) Tile {
   W v[kElems];
 };
 
-#ifndef DC_NOINLINE
+// Out of line on the device (the host compiler of the tests knows no __noinline__).
 #if defined(__CUDACC_RTC__) || defined(__NVCC__)
 #define DC_NOINLINE __noinline__
 #else
 #define DC_NOINLINE
-#endif
 #endif
 
 // ---- The blocked wire order ----------------------------------------------------------------

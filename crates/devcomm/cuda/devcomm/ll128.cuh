@@ -25,12 +25,9 @@ struct Ll128 {
   static constexpr dc_u64 kBytes = kWords * 8;              // payload bytes per line
 };
 
-// Line groups (4 lines: one per 8 lanes) each warp keeps in flight (DC_LL128_UNROLL may change
-// it per module for experiments, docs/TUNING.md).
-#ifndef DC_LL128_UNROLL
-#define DC_LL128_UNROLL 2
-#endif
-constexpr int kLl128Unroll = DC_LL128_UNROLL;
+// Line groups (4 lines: one per 8 lanes) each warp keeps in flight: 2 was faster than 4
+// (docs/PERFORMANCE.md).
+constexpr int kLl128Unroll = 2;
 
 __device__ __forceinline__ void ll128_store(dc_u64* p, dc_u64 v0, dc_u64 v1) {
   asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(v0), "l"(v1) : "memory");

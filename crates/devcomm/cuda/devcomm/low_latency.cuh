@@ -49,8 +49,6 @@ __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const 
                         bool agree, dc_u64 mirror_at = kMirrorUnknown) {
   constexpr dc_u64 kUnit = M::kUnit;
   constexpr int kWords = (int)(kUnit / 8);
-  const bool timed = DC_AGREE_TIMING && b == 0 && g.thread_rank() == 0;
-  const dc_u64 t0 = timed ? globaltimer_ns() : 0;
   const bool lines128 = s.low_latency == 2;
   const Span sp = block_span(s.bytes, s.blocks, b, lines128 ? Ll128<kUnit>::kBytes : kUnit);
   // Block 0's last thread numbers the call and stores its descriptor (agree.cuh): its loads
@@ -74,7 +72,6 @@ __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const 
     }
   }
   if (g.any(!ok)) return;
-  if (timed) agree_time(a, agree, 1, t0);
   // A failure here is recorded (the communicator is aborted, or was by an earlier launch):
   // no descriptor goes out, so the receiver takes none of this call's lines.
   if (lead) (void)agree_send_finish(a, s.peer, call, kKindSendRecv, s.bytes);
@@ -94,10 +91,6 @@ __device__ void ll_send(const G& g, const P2PLaunch& a, const P2PSide& s, const 
       }
     }
   }
-  if (timed) {
-    agree_time(a, agree, 2, t0);
-    agree_time(a, agree, 0, 0);
-  }
   // Every thread has read counters[b] (before g.any above), so it may now change.
   for (dc_u32 i = g.thread_rank(); i < a.max_blocks; i += g.size()) {
     if (i == b || (b == 0 && i >= s.blocks)) counters[i] = seq;
@@ -114,8 +107,6 @@ __device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const 
                         AgreeRecv ag, bool finish) {
   constexpr dc_u64 kUnit = M::kUnit;
   constexpr int kWords = (int)(kUnit / 8);
-  const bool timed = DC_AGREE_TIMING && b == 0 && g.thread_rank() == 0;
-  const dc_u64 t0 = timed ? globaltimer_ns() : 0;
   const bool lines128 = r.low_latency == 2;
   const Span sp = block_span(r.bytes, r.blocks, b, lines128 ? Ll128<kUnit>::kBytes : kUnit);
   dc_u64* counters = reinterpret_cast<dc_u64*>(r.ll_steps);
@@ -144,7 +135,6 @@ __device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const 
   // A receive with nothing to poll here (an empty message, or a span of no lines) still
   // checks the call once, on block 0's first thread (already done when it had a line).
   if (ok && b == 0 && g.thread_rank() == 0 && !ag.agreed) ok = agree_recv_wait(a, ag);
-  if (timed) agree_time(a, finish, 3, t0);
   if (g.any(!ok)) return;  // barrier: every line of this block has been read
   // Release this block's share of the parity buffer (block 0 also releases the blocks this
   // call does not use, which read nothing), and advance the same counters as the sender.
@@ -155,7 +145,6 @@ __device__ void ll_recv(const G& g, const P2PLaunch& a, const P2PSide& r, const 
     }
   }
   if (finish && g.thread_rank() == 0) agree_recv_done(a, r.peer, ag.call, r.blocks);
-  if (timed) agree_time(a, finish, 4, t0);
 }
 
 #endif  // __CUDACC__

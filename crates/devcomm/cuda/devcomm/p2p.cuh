@@ -30,8 +30,6 @@ struct P2PSide {
                        //     pulled ones); a local choice, the slots and signals are the same.
                        //     Bit 1 (kSideGated) and bit 2 (kSideAnnounce): the layout of a
                        //     large message with default settings is negotiated (below).
-                       //     Bit 3 (kSideNoAgree): measurement builds only (agree.cuh,
-                       //     DC_AGREE_SWITCH): this low-latency call goes without agreement.
 };
 
 // Large messages with default settings (docs/PROTOCOL.md, "Copy engine"): a side whose launch
@@ -43,7 +41,7 @@ struct P2PSide {
 // protocol (kDecisionStaged) if not, kDecisionFailed if its wait failed. Every block of the
 // role waits for DECISION and runs the layout chosen; the role's last block out puts DECISION
 // back to 0 for the next message (docs/PROTOCOL.md, "Which large messages use it").
-constexpr dc_u32 kSidePull = 1u, kSideGated = 2u, kSideAnnounce = 4u, kSideNoAgree = 8u;
+constexpr dc_u32 kSidePull = 1u, kSideGated = 2u, kSideAnnounce = 4u;
 constexpr dc_u64 kDecisionCe = 1, kDecisionStaged = 2, kDecisionFailed = 3;
 
 // Everything one send/recv launch needs.

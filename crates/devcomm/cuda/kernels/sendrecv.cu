@@ -43,8 +43,7 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
     if (a.send.peer < 0 || b >= a.send.blocks) return;
     DC_TRACE_PHASE_BEGIN(kPhaseSend, a.send.peer);
     if (a.send.low_latency) {
-      ll_send(NamedBarrier(1, 0, SEND_THREADS), a, a.send, snd, b, agree_side_on(a.send),
-              mirror_at);
+      ll_send(NamedBarrier(1, 0, SEND_THREADS), a, a.send, snd, b, true, mirror_at);
     } else {
       constexpr dc_u32 kWarps = SEND_THREADS / 32;
       if (b == 0 && threadIdx.x < 32 && !announce_call(a, a.send, kKindSendRecv)) return;
@@ -54,10 +53,6 @@ __global__ void __launch_bounds__(SEND_THREADS + RECV_THREADS, 1) p2p_kernel(P2P
     DC_TRACE_KERNEL_END(0);
   } else if (RECV_THREADS > 0) {
     if (a.recv.peer < 0 || b >= a.recv.blocks) return;
-    if (a.recv.low_latency && !agree_side_on(a.recv)) {  // a measurement call, no agreement
-      ll_recv(NamedBarrier(2, SEND_THREADS, RECV_THREADS), a, a.recv, rcv, b, agree_none(), false);
-      return;
-    }
     DC_TRACE_EVENT_BY(threadIdx.x == SEND_THREADS, kTracePhaseBegin, kPhaseRecv, a.recv.peer, 0, 0);
     const dc_u64 call = agree_recv_begin(a, a.recv.peer, b == 0 && threadIdx.x == SEND_THREADS);
     if (a.recv.low_latency) {
@@ -106,7 +101,7 @@ __device__ __forceinline__ void plain_role(const P2PLaunch& a, bool send, dc_u32
   if (send) {
     const ByteSend snd{reinterpret_cast<const unsigned char*>(a.send.buf)};
     if (a.send.low_latency) {
-      ll_send(NamedBarrier(1, 0, threads), a, a.send, snd, b, agree_side_on(a.send), mirror_at);
+      ll_send(NamedBarrier(1, 0, threads), a, a.send, snd, b, true, mirror_at);
     } else {
       if (own_call && b == 0 && threadIdx.x < 32 && !announce_call(a, a.send, kKindSendRecv)) {
         return;
@@ -115,10 +110,6 @@ __device__ __forceinline__ void plain_role(const P2PLaunch& a, bool send, dc_u32
     }
   } else {
     const ByteRecv rcv{reinterpret_cast<unsigned char*>(a.recv.buf)};
-    if (a.recv.low_latency && !agree_side_on(a.recv)) {  // a measurement call, no agreement
-      ll_recv(NamedBarrier(2, 0, threads), a, a.recv, rcv, b, agree_none(), false);
-      return;
-    }
     // A role whose kernel numbers the call itself (!own_call) is never low-latency.
     const dc_u64 call = agree_recv_begin(a, a.recv.peer, own_call && b == 0 && threadIdx.x == 0);
     if (a.recv.low_latency) {

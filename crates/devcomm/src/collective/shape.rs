@@ -14,7 +14,7 @@ pub const MAX_BLOCKS_PER_PEER: u32 = 32;
 pub const SELF_BLOCK_BYTES: u64 = 128 << 10;
 
 /// Wire bytes per (peer, direction) up to which the kernel moves LL lines, one block per
-/// [`LL_BLOCK_BYTES`] (`DC_COLL_LL_MAX` and `THREADS x 16` in `collective.cuh`).
+/// [`LL_BLOCK_BYTES`] (`kLlMax` and `THREADS x 16` in `collective.cuh`).
 pub const LL_MAX_BYTES: u64 = 128 << 10;
 /// Wire bytes one block moves as LL lines.
 pub const LL_BLOCK_BYTES: u64 = THREADS as u64 * 16;

@@ -35,7 +35,6 @@ use crate::topology::Topology;
 
 pub use builder::CommBuilder;
 pub use collectives::HookArgs;
-pub use p2p::AGREE_SWITCH;
 pub use pool::PoolSlice;
 pub use registration::{RegisteredRange, Registration};
 

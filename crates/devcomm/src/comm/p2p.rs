@@ -6,7 +6,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use super::Comm;
 use crate::collective::CollShape;
-use crate::error::{CudaResultExt, Error, Result};
+use crate::error::Result;
 use crate::p2p::{P2PConfig, P2PLimits, Transfer, TuneTable};
 
 /// Send/recv and the collectives composed from them. A call whose peers are network peers
@@ -174,56 +174,5 @@ impl Comm {
     /// The send/recv tuning table this communicator loaded, if any.
     pub fn tune_table(&self) -> Option<&TuneTable> {
         self.p2p.tune_table()
-    }
-
-    /// See [`crate::testing::set_agreement_off`].
-    pub(crate) fn set_agreement_off(&self, off: bool) -> Result<()> {
-        if !self
-            .group
-            .config
-            .p2p_options
-            .iter()
-            .any(|o| o == AGREE_SWITCH)
-        {
-            return Err(Error::InvalidArgument {
-                op: "set_agreement_off",
-                reason: format!(
-                    "this communicator's send/recv kernels were built without {AGREE_SWITCH} \
-                     (DEVCOMM_P2P_OPTIONS), so they would ignore the switch"
-                ),
-            });
-        }
-        self.p2p
-            .agree_off
-            .store(off, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// The NVRTC option that lets low-latency send/recv calls go without the call agreement, per
-/// call (measurements only: `cuda/devcomm/agree.cuh`).
-pub const AGREE_SWITCH: &str = "-DDC_AGREE_SWITCH=1";
-
-impl Comm {
-    /// See [`crate::testing::agreement_timing`].
-    pub(crate) fn agreement_timing(&self) -> Result<[u64; 16]> {
-        let world = self.group.world_size;
-        let slot = self.p2p.limits().ce_slot0(world) + self.group.rank * crate::abi::CE_WORDS;
-        let src = self.p2p.own_slot_ptr(world, slot);
-        let stream = self.group.ctx.default_stream();
-        let rank = self.group.rank as i32;
-        let mut tmp = stream
-            .alloc_zeros::<u64>(16)
-            .cuda(rank, "cuMemAlloc (agreement timing)")?;
-        {
-            let (dst, _g) = tmp.device_ptr_mut(&stream);
-            crate::cuda::memcpy_dtod_async(dst, src, 16 * 8, &stream)?;
-        }
-        let words = stream
-            .clone_dtoh(&tmp)
-            .cuda(rank, "cuMemcpyDtoH (agreement timing)")?;
-        let mut out = [0u64; 16];
-        out.copy_from_slice(&words);
-        Ok(out)
     }
 }

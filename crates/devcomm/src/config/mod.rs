@@ -281,10 +281,10 @@ knobs! {
     net_op_timeout: Duration = Duration::from_millis(10_000), "10000",
         env "DEVCOMM_NET_OP_TIMEOUT_MS", group "network", range range(1, 86_400_000), Local;
 
-    /// Extra NVRTC options of the collective kernel (its `DC_COLL_*` constants).
+    /// Extra NVRTC options of the collective kernel (e.g. `-lineinfo`; part of the cache key).
     coll_options: Vec<String> = Vec::new(), "",
         env "DEVCOMM_COLL_OPTIONS", group "kernels", range None, Must, experimental;
-    /// Extra NVRTC options of the send/recv kernels (`DC_LL128_*`, ...).
+    /// Extra NVRTC options of the send/recv kernels (e.g. `-lineinfo`; part of the cache key).
     p2p_options: Vec<String> = Vec::new(), "",
         env "DEVCOMM_P2P_OPTIONS", group "kernels", range None, Must, experimental;
     /// Extra NVRTC options of the reduction kernels (no switch of theirs is declared: every

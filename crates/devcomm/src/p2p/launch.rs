@@ -1,7 +1,6 @@
 //! Carrying out a send/recv [`Plan`]: the guard, the SM kernel (fused, split or negotiated),
 //! and a call with copy-engine roles forked onto the copy-engine streams and joined back.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
@@ -10,7 +9,6 @@ use super::handle::{P2PLaunch, P2PNegotiated, P2PSide};
 use super::kernels::KernelKey;
 use super::plan::{plan, Grid, Plan, PlanInputs, PlannedSide};
 use super::{Counter, Transfer, P2P};
-use crate::abi::P2P_SIDE_NO_AGREE;
 use crate::cuda::{launch_struct, linear_launch};
 use crate::error::{CudaResultExt, Result};
 use crate::group::Group;
@@ -82,8 +80,6 @@ impl P2P {
             (Counter::RecvSteps, Counter::LlRecv)
         };
         let low_latency = s.config.protocol.line_kind();
-        // Honoured only by kernels built with -DDC_AGREE_SWITCH=1 (measurements).
-        let no_agree = low_latency != 0 && self.agree_off.load(Ordering::Relaxed);
         P2PSide {
             buf: s.buf,
             bytes: s.bytes,
@@ -93,7 +89,7 @@ impl P2P {
             peer: s.peer as i32,
             blocks: s.config.blocks,
             low_latency,
-            pull: s.flags | if no_agree { P2P_SIDE_NO_AGREE } else { 0 },
+            pull: s.flags,
         }
     }
 

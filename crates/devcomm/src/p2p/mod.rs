@@ -99,9 +99,6 @@ pub(crate) struct P2P {
     tune: Option<TuneTable>,
     /// Streams of copy-engine messages.
     ce: CeStreams,
-    /// Measurement builds (`-DDC_AGREE_SWITCH=1`): low-latency calls go without the call
-    /// agreement while set (`testing::set_agreement_off`).
-    pub(crate) agree_off: std::sync::atomic::AtomicBool,
 }
 
 /// The streams a copy-engine message forks onto from the caller's stream (and joins back):
@@ -172,7 +169,6 @@ impl P2P {
             switches: Switches::from_config(&group.config),
             tune,
             ce,
-            agree_off: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -196,11 +192,6 @@ impl P2P {
     }
 
     /// The window sizes.
-    /// Device address of user slot `slot` of this rank's pad in the send/recv window.
-    pub(crate) fn own_slot_ptr(&self, world: usize, slot: usize) -> u64 {
-        self.window.signals_device_ptr() + 8 * (world + slot) as u64
-    }
-
     pub(crate) fn limits(&self) -> &P2PLimits {
         &self.limits
     }
