@@ -11,11 +11,12 @@
 //! | 1 | `cuda`: the thin layer over cudarc (VMM, IPC, host-mapped memory, device queries, graph capture, NVRTC); the only caller of cudarc's raw bindings |
 //! | 2 | `devcomm_bootstrap` (crate): ranks, store, fd passing, launcher; `group`: rank, store, context, topology and error state in one `Arc` |
 //! | 3 | [`topology`]: link kind of every peer |
-//! | 4 | `memory`: symmetric allocations and registered user buffers |
+//! | 4 | `memory`: symmetric allocations, registered user buffers and the memory pool; `net`: the network transport (UCX proxy, descriptor queues, routes; on `handles`, `config` and `topology` only) |
 //! | 5 | [`device`]: the embedded CUDA headers (device API) |
 //! | 6 | [`jit`]: compilation through `cuda::nvrtc` with an on-disk cache |
 //! | 8 | `window`: [`Window<T>`](Window) and its [`DeviceWindow`] handle |
-//! | 9 | [`p2p`] (`plan` decides, `launch` carries out), [`collective`]: send/recv and the hooked collectives on its protocol; [`kernels`]: every kernel module by kind, its spec, the one load path |
+//! | 9 | [`p2p`] (`plan` decides, `launch` carries out), [`collective`]: send/recv and the hooked collectives on its protocol; [`kernels`]: every kernel module by kind, its spec, the one load path; `trace`: the device event rings and their merge |
+//! | 10 | [`reduce`]: the reductions (the pure planners: line one-shot, staged two-shot, zero-copy on pool buffers, window; their window and launch) |
 //! | top | [`Comm`] (`comm`: builder, setup, send/recv, collectives, hooked send/recv, zero-copy, registration); [`testing`]: helpers of the self-test on raw device memory |
 //!
 //! The public surface is what a user needs: [`Comm`] and the types its calls take and return
