@@ -11,6 +11,7 @@ use super::handle::{NetStepLaunch, ReduceLaunch};
 use super::net_plan;
 use super::plan::{self, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, THREADS};
 use super::types::{DataType, ReduceOp};
+use super::zero_copy_plan::{layout_word, window_areas, window_plan, zero_copy_plan, Placement};
 use crate::collective::RawHooks;
 use crate::cuda::{linear_launch, DeviceBuffer};
 use crate::error::{CudaResultExt, Error, Result};
@@ -39,7 +40,7 @@ pub(crate) struct ReduceCall<'h> {
     /// every rank's call agreement (its own too) before any output is written.
     pub refused: bool,
     /// The buffers' places in the memory pool, when either lies there: the zero-copy paths'
-    /// candidates ([`plan::zero_copy_plan`]).
+    /// candidates ([`zero_copy_plan`]).
     pub pool: Option<&'h PoolBuffers>,
 }
 
@@ -70,13 +71,24 @@ fn zero_copy_fields(
         input.map_or(0, |l| l.offset),
         output.map_or(0, |l| l.peer_table),
         output.map_or(0, |l| l.offset),
-        plan::layout_word(algorithm, collective, place(input), place(output)),
+        layout_word(algorithm, collective, place(input), place(output)),
     )
 }
 
 /// The element-type code of a refused call's announcement (no type has it:
 /// `devcomm::red::kRefusedDtype`).
 pub(crate) const REFUSED_DTYPE: u32 = 7;
+
+/// The planners' view of a call on `world` ranks.
+fn shape_of(call: &ReduceCall<'_>, world: usize) -> Shape {
+    Shape {
+        collective: call.collective,
+        count: call.count,
+        elem_bytes: call.dtype.size_bytes() as u64,
+        world,
+        row_len: call.hooks.map(|(_, _, row)| row),
+    }
+}
 
 /// The name expression of a kernel instantiation.
 pub fn kernel_expression(
@@ -324,64 +336,31 @@ impl Reduce {
         Ok(loaded)
     }
 
-    /// The plan of a call (the buffers already resolved).
-    pub(crate) fn plan(
-        &self,
-        collective: Collective,
-        dtype: DataType,
-        count: u64,
-        (rank, world): (usize, usize),
-        row_len: Option<u64>,
-    ) -> Result<Plan> {
-        let shape = Shape {
-            collective,
-            count,
-            elem_bytes: dtype.size_bytes() as u64,
-            world,
-            row_len,
-        };
-        plan::plan(&shape, &self.limits).map_err(|reason| Error::InvalidArgument {
-            op: collective.name(),
-            reason: format!("rank {rank}: {reason}"),
-        })
-    }
-
-    /// The plan of a call: zero-copy when its buffers lie in the pool as
-    /// [`plan::zero_copy_plan`] needs them (with those buffers), else staged.
+    /// The plan of a call (the buffers already resolved): zero-copy when its buffers lie in
+    /// the pool as [`zero_copy_plan`] needs them (with those buffers), else the window path
+    /// ([`window_plan`]) or the staged one ([`plan::plan`], which also refuses what no path
+    /// can run).
     pub(crate) fn choose<'h>(
         &self,
         call: &ReduceCall<'h>,
         (rank, world): (usize, usize),
     ) -> Result<(Plan, Option<&'h PoolBuffers>)> {
-        let row_len = call.hooks.map(|(_, _, row)| row);
-        let staged = self.plan(
-            call.collective,
-            call.dtype,
-            call.count,
-            (rank, world),
-            row_len,
-        )?;
-        let shape = Shape {
-            collective: call.collective,
-            count: call.count,
-            elem_bytes: call.dtype.size_bytes() as u64,
-            world,
-            row_len,
-        };
+        let shape = shape_of(call, world);
+        let staged = plan::plan(&shape, &self.limits).map_err(|reason| Error::InvalidArgument {
+            op: call.collective.name(),
+            reason: format!("rank {rank}: {reason}"),
+        })?;
         let zero_copy = call.pool.and_then(|pool| {
-            let at = plan::Placement {
+            let at = Placement {
                 input_pooled: pool.input.is_some(),
                 output_pooled: pool.output.is_some(),
                 in_place: call.input == call.output,
             };
-            plan::zero_copy_plan(&shape, &at, &self.limits).map(|p| (p, pool))
+            zero_copy_plan(&shape, &at, &self.limits).map(|p| (p, pool))
         });
         Ok(match zero_copy {
             Some((p, pool)) => (p, Some(pool)),
-            None => (
-                plan::window_plan(&shape, &self.limits).unwrap_or(staged),
-                None,
-            ),
+            None => (window_plan(&shape, &self.limits).unwrap_or(staged), None),
         })
     }
 
@@ -425,19 +404,12 @@ impl Reduce {
                 0,
                 0,
                 0,
-                plan::layout_word(pl.algorithm, call.collective, None, None),
+                layout_word(pl.algorithm, call.collective, None, None),
             ),
         };
         let out_area = match pl.algorithm {
             Algorithm::WindowOneShot | Algorithm::WindowTwoShot => {
-                let shape = Shape {
-                    collective: call.collective,
-                    count: call.count,
-                    elem_bytes: call.dtype.size_bytes() as u64,
-                    world,
-                    row_len: call.hooks.map(|(_, _, row)| row),
-                };
-                plan::window_areas(&shape).map_or(0, |(i, _)| i.next_multiple_of(256))
+                window_areas(&shape_of(&call, world)).map_or(0, |(i, _)| i.next_multiple_of(256))
             }
             _ => 0,
         };

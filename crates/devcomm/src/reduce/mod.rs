@@ -6,7 +6,8 @@
 //! every rank and from run to run, and a prefix of a large call equals the call on that
 //! prefix. The methods are on [`crate::Comm`] (`all_reduce`, `reduce_scatter`, `all_gather`,
 //! their `_in_place` and `_raw` forms, `all_reduce_hooked`); this module holds the types
-//! ([`types`]), the pure planner ([`plan`]), the host argument checks and the launch.
+//! ([`types`]), the pure planners ([`plan`] for the line one-shot and staged two-shot,
+//! [`zero_copy_plan`] for pool buffers and the window paths), the host argument checks and the launch.
 
 pub(crate) mod args;
 pub(crate) mod config;
@@ -15,6 +16,7 @@ pub(crate) mod launch;
 pub mod net_plan;
 pub mod plan;
 pub mod types;
+pub mod zero_copy_plan;
 
 pub use launch::{kernel_expression, net_step_expression, KERNEL_SOURCE};
 pub use plan::{Algorithm, Collective, Plan, ReduceLimits};

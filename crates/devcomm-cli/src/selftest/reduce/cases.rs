@@ -218,7 +218,7 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
             world: w,
             row_len: None,
         };
-        devcomm::reduce::plan::window_plan(&shape, &limits).map(|p| p.algorithm)
+        devcomm::reduce::zero_copy_plan::window_plan(&shape, &limits).map(|p| p.algorithm)
     };
     // A job with network links runs every reduction as all-to-alls in rounds of the network
     // scratch (docs/NETWORK.md): its sizes straddle that round as well.
