@@ -11,6 +11,7 @@ mod pool;
 pub mod raw;
 mod raw_registered;
 mod reduce_ops;
+mod reduce_plans;
 mod registration;
 mod setup;
 mod tiles;

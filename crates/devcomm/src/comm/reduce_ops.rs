@@ -10,10 +10,9 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use super::{Comm, HookArgs};
 use crate::collective::{Hooks, RawHooks};
 use crate::error::{Error, Result};
-use crate::memory::PoolLocation;
-use crate::reduce::args::{count_of, in_place_count, resolve, Refusal, Resolved};
-use crate::reduce::launch::{PoolBuffers, ReduceCall};
-use crate::reduce::{Collective, DataType, Plan, ReduceOp, Reducible};
+use crate::reduce::args::{count_of, in_place_count};
+use crate::reduce::launch::ReduceCall;
+use crate::reduce::{Collective, DataType, ReduceOp, Reducible};
 
 /// The type an all-gather of `T` moves, and how many of it make one `T`.
 fn gather_type<T>(op: &'static str, rank: usize) -> Result<(DataType, u64)> {
@@ -26,7 +25,7 @@ fn gather_type<T>(op: &'static str, rank: usize) -> Result<(DataType, u64)> {
 }
 
 /// `InvalidArgument` for operation `c` on `rank`, with `reason`.
-fn invalid(c: Collective, rank: usize) -> impl Fn(String) -> Error {
+pub(super) fn invalid(c: Collective, rank: usize) -> impl Fn(String) -> Error {
     move |reason| Error::InvalidArgument {
         op: c.name(),
         reason: format!("rank {rank}: {reason}"),
@@ -402,94 +401,6 @@ impl Comm {
         self.reduction(c, dtype, Some(op), buffers, hook, stream)
     }
 
-    /// The plan a reduction of `count` elements of `dtype` takes on this communicator (as the
-    /// methods name the count: all-reduce elements, reduce-scatter output elements,
-    /// all-gather input elements); `None` for 0 elements (nothing runs).
-    pub fn reduction_plan(
-        &self,
-        collective: Collective,
-        dtype: DataType,
-        count: u64,
-    ) -> Result<Option<Plan>> {
-        if count == 0 {
-            return Ok(None);
-        }
-        if let Some(nr) = &self.net_reduce {
-            let es = dtype.size_bytes() as u64;
-            let shape = crate::reduce::plan::Shape {
-                collective,
-                count,
-                elem_bytes: es,
-                world: self.world_size(),
-                row_len: None,
-            };
-            let p = self
-                .net_reduction_plan(nr, &shape)
-                .map_err(invalid(collective, self.rank()))?;
-            return Ok(Some(self.net_plan_summary(&p, es)));
-        }
-        // What a call on ordinary buffers takes (the buffers' addresses only matter for the
-        // pool; these reach no pool).
-        let call = ReduceCall {
-            collective,
-            dtype,
-            op: None,
-            input: 0,
-            output: 0,
-            count,
-            hooks: None,
-            refused: false,
-            pool: None,
-        };
-        let (plan, _) = self
-            .reduce
-            .choose(&call, (self.rank(), self.world_size()))?;
-        Ok(Some(plan))
-    }
-
-    /// The plan a reduction takes on these buffers (`(input, output, count)` as the raw forms
-    /// take them): [`Comm::reduction_plan`]'s, or a zero-copy one when the buffers lie in the
-    /// memory pool (docs/COLLECTIVES.md, "Zero-copy reductions"). Nothing is launched; `None`
-    /// for 0 elements.
-    pub fn reduction_plan_at(
-        &self,
-        collective: Collective,
-        dtype: DataType,
-        (input, output, count): (u64, u64, u64),
-    ) -> Result<Option<Plan>> {
-        if self.net_reduce.is_some() || !self.group.config.reduce_zero_copy {
-            return self.reduction_plan(collective, dtype, count);
-        }
-        let es = dtype.size_bytes() as u64;
-        let r = self
-            .resolve_buffers(collective, (input, output, count), es)
-            .map_err(|refusal| invalid(collective, self.rank())(refusal.reason))?;
-        if r.count == 0 {
-            return Ok(None);
-        }
-        let pool = self.pool_buffers(collective, (r.input, r.output, r.count), es);
-        let call = ReduceCall {
-            collective,
-            dtype,
-            op: None,
-            input: r.input,
-            output: r.output,
-            count: r.count,
-            hooks: None,
-            refused: false,
-            pool: pool.as_ref(),
-        };
-        let (plan, _) = self
-            .reduce
-            .choose(&call, (self.rank(), self.world_size()))?;
-        Ok(Some(plan))
-    }
-
-    /// The window sizes the reductions' plans are made for.
-    pub fn reduction_limits(&self) -> crate::reduce::ReduceLimits {
-        *self.reduce.limits()
-    }
-
     /// Checks and launches one reduction. `(input, output, count)` as the raw forms take them.
     fn reduction(
         &self,
@@ -561,49 +472,6 @@ impl Comm {
 }
 
 impl Comm {
-    /// The call's buffers checked and resolved on this rank (`resolve`).
-    fn resolve_buffers(
-        &self,
-        collective: Collective,
-        (input, output, count): (u64, u64, u64),
-        es: u64,
-    ) -> std::result::Result<Resolved, Refusal> {
-        resolve(
-            collective,
-            self.rank(),
-            self.world_size(),
-            input,
-            output,
-            count,
-            es,
-        )
-    }
-
-    /// Where a call's buffers lie in the memory pool, if either does with every peer's segment
-    /// mapped here (the zero-copy paths' candidates).
-    fn pool_buffers(
-        &self,
-        collective: Collective,
-        (input, output, count): (u64, u64, u64),
-        es: u64,
-    ) -> Option<PoolBuffers> {
-        let whole = count
-            .checked_mul(self.world_size() as u64)?
-            .checked_mul(es)?;
-        let part = count.checked_mul(es)?;
-        let (in_bytes, out_bytes) = match collective {
-            Collective::AllReduce => (part, part),
-            Collective::ReduceScatter => (whole, part),
-            Collective::AllGather => (part, whole),
-        };
-        let mapped = |l: &PoolLocation| l.peer_table != 0 && l.peer_bases.iter().all(|&b| b != 0);
-        let found = PoolBuffers {
-            input: self.pool_lookup(input, in_bytes).filter(mapped),
-            output: self.pool_lookup(output, out_bytes).filter(mapped),
-        };
-        (found.input.is_some() || found.output.is_some()).then_some(found)
-    }
-
     /// The typed out-of-place forms: capture readiness, the lengths checked, then the call.
     fn out_of_place<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
