@@ -40,12 +40,15 @@ fn op_call(
 }
 
 /// An NCCL result as a `Result`, with NCCL's message.
-fn nccl_result(
+/// Hands the call to the real NCCL: `f` calls the entry point of `lib` on the communicator
+/// `nc` beside `comm`'s (`None`: the library lacks it).
+fn to_nccl(
     call: &str,
-    lib: &crate::fallback::Nccl,
-    r: Option<NcclResult>,
+    comm: &ShimComm,
+    f: impl FnOnce(&crate::fallback::Nccl, NcclCommT) -> Option<NcclResult>,
 ) -> Result<(), Failure> {
-    match r {
+    let (lib, nc) = comm.nccl(call)?;
+    match f(lib, nc) {
         None => Err(Failure::invalid_usage(format!(
             "{call}: the real NCCL ({}) lacks it",
             lib.path
@@ -92,14 +95,11 @@ pub extern "C" fn ncclAllReduce(
             }
             Route::Devcomm(_) => Ok(()),
             Route::Nccl(_) => {
-                let (lib, nc) = comm.nccl(CALL)?;
-                // SAFETY: NCCL's prototype, the caller's arguments.
-                nccl_result(
-                    CALL,
-                    lib,
-                    lib.all_reduce
-                        .map(|f| unsafe { f(send, recv, count, t, op, nc, stream) }),
-                )
+                to_nccl(CALL, comm, |lib, nc| {
+                    let f = lib.all_reduce?;
+                    // SAFETY: NCCL's prototype, the caller's arguments.
+                    Some(unsafe { f(send, recv, count, t, op, nc, stream) })
+                })
             }
         }
     })
@@ -135,14 +135,11 @@ pub extern "C" fn ncclReduceScatter(
             }
             Route::Devcomm(_) => Ok(()),
             Route::Nccl(_) => {
-                let (lib, nc) = comm.nccl(CALL)?;
-                // SAFETY: NCCL's prototype, the caller's arguments.
-                nccl_result(
-                    CALL,
-                    lib,
-                    lib.reduce_scatter
-                        .map(|f| unsafe { f(send, recv, recvcount, t, op, nc, stream) }),
-                )
+                to_nccl(CALL, comm, |lib, nc| {
+                    let f = lib.reduce_scatter?;
+                    // SAFETY: NCCL's prototype, the caller's arguments.
+                    Some(unsafe { f(send, recv, recvcount, t, op, nc, stream) })
+                })
             }
         }
     })
@@ -177,14 +174,11 @@ pub extern "C" fn ncclAllGather(
             }
             Route::Devcomm(_) => Ok(()),
             Route::Nccl(_) => {
-                let (lib, nc) = comm.nccl(CALL)?;
-                // SAFETY: NCCL's prototype, the caller's arguments.
-                nccl_result(
-                    CALL,
-                    lib,
-                    lib.all_gather
-                        .map(|f| unsafe { f(send, recv, sendcount, t, nc, stream) }),
-                )
+                to_nccl(CALL, comm, |lib, nc| {
+                    let f = lib.all_gather?;
+                    // SAFETY: NCCL's prototype, the caller's arguments.
+                    Some(unsafe { f(send, recv, sendcount, t, nc, stream) })
+                })
             }
         }
     })
@@ -227,14 +221,11 @@ pub extern "C" fn ncclAlltoAll(
             }
             Route::Devcomm(_) => Ok(()),
             Route::Nccl(_) => {
-                let (lib, nc) = comm.nccl(CALL)?;
-                // SAFETY: NCCL's prototype, the caller's arguments.
-                nccl_result(
-                    CALL,
-                    lib,
-                    lib.all_to_all
-                        .map(|f| unsafe { f(send, recv, count, t, nc, stream) }),
-                )
+                to_nccl(CALL, comm, |lib, nc| {
+                    let f = lib.all_to_all?;
+                    // SAFETY: NCCL's prototype, the caller's arguments.
+                    Some(unsafe { f(send, recv, count, t, nc, stream) })
+                })
             }
         }
     })
@@ -253,14 +244,11 @@ pub extern "C" fn ncclBroadcast(
 ) -> NcclResult {
     const CALL: &str = "ncclBroadcast";
     op_call(CALL, c, |comm| {
-        let (lib, nc) = comm.nccl(CALL)?;
-        // SAFETY: NCCL's prototype, the caller's arguments.
-        nccl_result(
-            CALL,
-            lib,
-            lib.broadcast
-                .map(|f| unsafe { f(send, recv, count, t, root, nc, stream) }),
-        )
+        to_nccl(CALL, comm, |lib, nc| {
+            let f = lib.broadcast?;
+            // SAFETY: NCCL's prototype, the caller's arguments.
+            Some(unsafe { f(send, recv, count, t, root, nc, stream) })
+        })
     })
 }
 
@@ -291,14 +279,11 @@ pub extern "C" fn ncclReduce(
 ) -> NcclResult {
     const CALL: &str = "ncclReduce";
     op_call(CALL, c, |comm| {
-        let (lib, nc) = comm.nccl(CALL)?;
-        // SAFETY: NCCL's prototype, the caller's arguments.
-        nccl_result(
-            CALL,
-            lib,
-            lib.reduce
-                .map(|f| unsafe { f(send, recv, count, t, op, root, nc, stream) }),
-        )
+        to_nccl(CALL, comm, |lib, nc| {
+            let f = lib.reduce?;
+            // SAFETY: NCCL's prototype, the caller's arguments.
+            Some(unsafe { f(send, recv, count, t, op, root, nc, stream) })
+        })
     })
 }
 
@@ -315,14 +300,11 @@ pub extern "C" fn ncclGather(
 ) -> NcclResult {
     const CALL: &str = "ncclGather";
     op_call(CALL, c, |comm| {
-        let (lib, nc) = comm.nccl(CALL)?;
-        // SAFETY: NCCL's prototype, the caller's arguments.
-        nccl_result(
-            CALL,
-            lib,
-            lib.gather
-                .map(|f| unsafe { f(send, recv, count, t, root, nc, stream) }),
-        )
+        to_nccl(CALL, comm, |lib, nc| {
+            let f = lib.gather?;
+            // SAFETY: NCCL's prototype, the caller's arguments.
+            Some(unsafe { f(send, recv, count, t, root, nc, stream) })
+        })
     })
 }
 
@@ -339,14 +321,11 @@ pub extern "C" fn ncclScatter(
 ) -> NcclResult {
     const CALL: &str = "ncclScatter";
     op_call(CALL, c, |comm| {
-        let (lib, nc) = comm.nccl(CALL)?;
-        // SAFETY: NCCL's prototype, the caller's arguments.
-        nccl_result(
-            CALL,
-            lib,
-            lib.scatter
-                .map(|f| unsafe { f(send, recv, count, t, root, nc, stream) }),
-        )
+        to_nccl(CALL, comm, |lib, nc| {
+            let f = lib.scatter?;
+            // SAFETY: NCCL's prototype, the caller's arguments.
+            Some(unsafe { f(send, recv, count, t, root, nc, stream) })
+        })
     })
 }
 
