@@ -6,7 +6,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use crate::comm::{self, lookup};
+use crate::comm::{self, lookup, resolve, Handle};
 use crate::error::{self, Failure};
 use crate::ffi::{
     self, NcclCommT, NcclConfig, NcclDataType, NcclRedOp, NcclResult, NcclUniqueId, NcclWindowT,
@@ -285,8 +285,14 @@ pub extern "C" fn ncclCommRevoke(c: NcclCommT, flags: c_int) -> NcclResult {
 #[no_mangle]
 pub extern "C" fn ncclCommGetAsyncError(c: NcclCommT, out: *mut NcclResult) -> NcclResult {
     guarded("ncclCommGetAsyncError", || {
-        let c = lookup("ncclCommGetAsyncError", c)?;
-        write("ncclCommGetAsyncError", out, c.async_error())
+        match resolve("ncclCommGetAsyncError", c)? {
+            Handle::Shim(c) => write("ncclCommGetAsyncError", out, c.async_error()),
+            // The real NCCL asks before each of its operations (`ncclCommEnsureReady`).
+            Handle::Inner(nc) => comm::nccl_call("ncclCommGetAsyncError", nc, |lib, nc| {
+                // SAFETY: NCCL's prototype, the caller's arguments.
+                lib.comm_get_async_error.map(|f| unsafe { f(nc, out) })
+            }),
+        }
     })
 }
 
@@ -357,25 +363,18 @@ pub extern "C" fn ncclGroupSimulateEnd(info: *mut c_void) -> NcclResult {
     })
 }
 
-/// Forwards a call on a communicator to the real NCCL.
+/// Forwards a call on a communicator to the real NCCL (on the communicator beside this
+/// library's, or on the real NCCL's own from a call inside it).
 fn forward(
     call: &str,
     c: NcclCommT,
-    f: impl FnOnce(&crate::fallback::Nccl, NcclCommT) -> Option<NcclResult>,
+    f: impl FnOnce(&'static crate::fallback::Nccl, NcclCommT) -> Option<NcclResult>,
 ) -> Result<(), Failure> {
-    let c = lookup(call, c)?;
-    let (lib, nc) = c.nccl(call)?;
-    match f(lib, nc) {
-        None => Err(Failure::invalid_usage(format!(
-            "{call}: the real NCCL ({}) lacks it",
-            lib.path
-        ))),
-        Some(ffi::SUCCESS) => Ok(()),
-        Some(r) => Err(Failure::new(
-            r,
-            format!("{call} (NCCL): {}", comm::nccl_last(lib)),
-        )),
-    }
+    let nc = match resolve(call, c)? {
+        Handle::Inner(nc) => nc,
+        Handle::Shim(c) => c.nccl(call)?.1,
+    };
+    comm::nccl_call(call, nc, f)
 }
 
 /// `ncclCommRegister`: NCCL's (local, not collective, unlike devcomm's registration, so it

@@ -10,23 +10,30 @@ use devcomm::raw::RawBuffer;
 use devcomm::HookArgs;
 
 use crate::api_comm::guarded;
-use crate::comm::{lookup, nccl_last, ShimComm};
+use crate::comm::{nccl_call, resolve, Handle, ShimComm};
 use crate::error::Failure;
+use crate::fallback::Nccl;
 use crate::ffi::{self, CudaStreamT, NcclCommT, NcclDataType, NcclRedOp, NcclResult};
 use crate::group::{self, P2pCall};
 use crate::route::{route, Op, Plan, Route};
 
-/// Runs an operation: a failure inside a group is kept for `ncclGroupEnd` (as NCCL reports
-/// it there) and also returned now; devcomm's device errors become the communicator's
-/// asynchronous error.
-fn op_call(
+/// Runs an operation: `f` on this library's communicator (given `nccl`, the operation's real
+/// NCCL form, for the calls it hands on), or `nccl` itself on a real NCCL communicator (a
+/// call from inside the real NCCL, `comm::Handle::Inner`). A failure inside a group is kept
+/// for `ncclGroupEnd` (as NCCL reports it there) and also returned now; devcomm's device
+/// errors become the communicator's asynchronous error.
+fn op_call<N: FnOnce(&'static Nccl, NcclCommT) -> Option<NcclResult>>(
     call: &str,
     c: NcclCommT,
-    f: impl FnOnce(&ShimComm) -> Result<(), Failure>,
+    nccl: N,
+    f: impl FnOnce(&ShimComm, N) -> Result<(), Failure>,
 ) -> NcclResult {
     guarded(call, || {
-        let comm = lookup(call, c)?;
-        let r = f(&comm);
+        let comm = match resolve(call, c)? {
+            Handle::Shim(comm) => comm,
+            Handle::Inner(nc) => return nccl_call(call, nc, nccl),
+        };
+        let r = f(&comm, nccl);
         if let Err(e) = &r {
             if e.code == ffi::REMOTE_ERROR {
                 comm.set_async_error(e.code);
@@ -39,26 +46,14 @@ fn op_call(
     })
 }
 
-/// An NCCL result as a `Result`, with NCCL's message.
-/// Hands the call to the real NCCL: `f` calls the entry point of `lib` on the communicator
-/// `nc` beside `comm`'s (`None`: the library lacks it).
+/// Hands the call to the real NCCL on the communicator beside `comm`'s.
 fn to_nccl(
     call: &str,
     comm: &ShimComm,
-    f: impl FnOnce(&crate::fallback::Nccl, NcclCommT) -> Option<NcclResult>,
+    nccl: impl FnOnce(&'static Nccl, NcclCommT) -> Option<NcclResult>,
 ) -> Result<(), Failure> {
-    let (lib, nc) = comm.nccl(call)?;
-    match f(lib, nc) {
-        None => Err(Failure::invalid_usage(format!(
-            "{call}: the real NCCL ({}) lacks it",
-            lib.path
-        ))),
-        Some(ffi::SUCCESS) => Ok(()),
-        Some(r) => Err(Failure::new(
-            r,
-            format!("{call} (NCCL): {}", nccl_last(lib)),
-        )),
-    }
+    let (_, nc) = comm.nccl(call)?;
+    nccl_call(call, nc, nccl)
 }
 
 fn checked_size(call: &str, t: NcclDataType) -> Result<usize, Failure> {
@@ -83,26 +78,29 @@ pub extern "C" fn ncclAllReduce(
     stream: CudaStreamT,
 ) -> NcclResult {
     const CALL: &str = "ncclAllReduce";
-    op_call(CALL, c, |comm| {
-        checked_size(CALL, t)?;
-        match route(Op::AllReduce, t, Some(op), comm.job) {
-            Route::Devcomm(Plan::Reduce { dtype, op }) if count > 0 => {
-                let (dc, s) = comm.dc_stream(CALL, stream)?;
-                // SAFETY: NCCL's contract: `count` elements at each buffer on this device until
-                // the stream's work is done.
-                unsafe { dc.all_reduce_raw(send as u64, recv as u64, count, dtype, op, &s) }
-                    .map_err(devcomm_err(CALL))
+    op_call(
+        CALL,
+        c,
+        |lib, nc| {
+            let f = lib.all_reduce?;
+            // SAFETY: NCCL's prototype, the caller's arguments.
+            Some(unsafe { f(send, recv, count, t, op, nc, stream) })
+        },
+        |comm, nccl| {
+            checked_size(CALL, t)?;
+            match route(Op::AllReduce, t, Some(op), comm.job) {
+                Route::Devcomm(Plan::Reduce { dtype, op }) if count > 0 => {
+                    let (dc, s) = comm.dc_stream(CALL, stream)?;
+                    // SAFETY: NCCL's contract: `count` elements at each buffer on this device until
+                    // the stream's work is done.
+                    unsafe { dc.all_reduce_raw(send as u64, recv as u64, count, dtype, op, &s) }
+                        .map_err(devcomm_err(CALL))
+                }
+                Route::Devcomm(_) => Ok(()),
+                Route::Nccl(_) => to_nccl(CALL, comm, nccl),
             }
-            Route::Devcomm(_) => Ok(()),
-            Route::Nccl(_) => {
-                to_nccl(CALL, comm, |lib, nc| {
-                    let f = lib.all_reduce?;
-                    // SAFETY: NCCL's prototype, the caller's arguments.
-                    Some(unsafe { f(send, recv, count, t, op, nc, stream) })
-                })
-            }
-        }
-    })
+        },
+    )
 }
 
 /// `ncclReduceScatter`: NCCL's in-place form (`recv` is this rank's shard of `send`) is
@@ -118,31 +116,34 @@ pub extern "C" fn ncclReduceScatter(
     stream: CudaStreamT,
 ) -> NcclResult {
     const CALL: &str = "ncclReduceScatter";
-    op_call(CALL, c, |comm| {
-        let size = checked_size(CALL, t)?;
-        match route(Op::ReduceScatter, t, Some(op), comm.job) {
-            Route::Devcomm(Plan::Reduce { dtype, op }) if recvcount > 0 => {
-                let (dc, s) = comm.dc_stream(CALL, stream)?;
-                let shard = (send as u64).wrapping_add((comm.rank * recvcount * size) as u64);
-                let output = if recv as u64 == shard {
-                    send as u64
-                } else {
-                    recv as u64
-                };
-                // SAFETY: as ncclAllReduce, for nranks x recvcount input elements.
-                unsafe { dc.reduce_scatter_raw(send as u64, output, recvcount, dtype, op, &s) }
-                    .map_err(devcomm_err(CALL))
+    op_call(
+        CALL,
+        c,
+        |lib, nc| {
+            let f = lib.reduce_scatter?;
+            // SAFETY: NCCL's prototype, the caller's arguments.
+            Some(unsafe { f(send, recv, recvcount, t, op, nc, stream) })
+        },
+        |comm, nccl| {
+            let size = checked_size(CALL, t)?;
+            match route(Op::ReduceScatter, t, Some(op), comm.job) {
+                Route::Devcomm(Plan::Reduce { dtype, op }) if recvcount > 0 => {
+                    let (dc, s) = comm.dc_stream(CALL, stream)?;
+                    let shard = (send as u64).wrapping_add((comm.rank * recvcount * size) as u64);
+                    let output = if recv as u64 == shard {
+                        send as u64
+                    } else {
+                        recv as u64
+                    };
+                    // SAFETY: as ncclAllReduce, for nranks x recvcount input elements.
+                    unsafe { dc.reduce_scatter_raw(send as u64, output, recvcount, dtype, op, &s) }
+                        .map_err(devcomm_err(CALL))
+                }
+                Route::Devcomm(_) => Ok(()),
+                Route::Nccl(_) => to_nccl(CALL, comm, nccl),
             }
-            Route::Devcomm(_) => Ok(()),
-            Route::Nccl(_) => {
-                to_nccl(CALL, comm, |lib, nc| {
-                    let f = lib.reduce_scatter?;
-                    // SAFETY: NCCL's prototype, the caller's arguments.
-                    Some(unsafe { f(send, recv, recvcount, t, op, nc, stream) })
-                })
-            }
-        }
-    })
+        },
+    )
 }
 
 /// `ncclAllGather`: NCCL's in-place form (`send` is this rank's shard of `recv`) is
@@ -157,31 +158,34 @@ pub extern "C" fn ncclAllGather(
     stream: CudaStreamT,
 ) -> NcclResult {
     const CALL: &str = "ncclAllGather";
-    op_call(CALL, c, |comm| {
-        let size = checked_size(CALL, t)?;
-        match route(Op::AllGather, t, None, comm.job) {
-            Route::Devcomm(Plan::Gather { dtype }) if sendcount > 0 => {
-                let (dc, s) = comm.dc_stream(CALL, stream)?;
-                let shard = (recv as u64).wrapping_add((comm.rank * sendcount * size) as u64);
-                let input = if send as u64 == shard {
-                    recv as u64
-                } else {
-                    send as u64
-                };
-                // SAFETY: as ncclAllReduce, for nranks x sendcount output elements.
-                unsafe { dc.all_gather_raw(input, recv as u64, sendcount, dtype, &s) }
-                    .map_err(devcomm_err(CALL))
+    op_call(
+        CALL,
+        c,
+        |lib, nc| {
+            let f = lib.all_gather?;
+            // SAFETY: NCCL's prototype, the caller's arguments.
+            Some(unsafe { f(send, recv, sendcount, t, nc, stream) })
+        },
+        |comm, nccl| {
+            let size = checked_size(CALL, t)?;
+            match route(Op::AllGather, t, None, comm.job) {
+                Route::Devcomm(Plan::Gather { dtype }) if sendcount > 0 => {
+                    let (dc, s) = comm.dc_stream(CALL, stream)?;
+                    let shard = (recv as u64).wrapping_add((comm.rank * sendcount * size) as u64);
+                    let input = if send as u64 == shard {
+                        recv as u64
+                    } else {
+                        send as u64
+                    };
+                    // SAFETY: as ncclAllReduce, for nranks x sendcount output elements.
+                    unsafe { dc.all_gather_raw(input, recv as u64, sendcount, dtype, &s) }
+                        .map_err(devcomm_err(CALL))
+                }
+                Route::Devcomm(_) => Ok(()),
+                Route::Nccl(_) => to_nccl(CALL, comm, nccl),
             }
-            Route::Devcomm(_) => Ok(()),
-            Route::Nccl(_) => {
-                to_nccl(CALL, comm, |lib, nc| {
-                    let f = lib.all_gather?;
-                    // SAFETY: NCCL's prototype, the caller's arguments.
-                    Some(unsafe { f(send, recv, sendcount, t, nc, stream) })
-                })
-            }
-        }
-    })
+        },
+    )
 }
 
 /// `ncclAlltoAll`: `count` elements to and from every rank.
@@ -195,40 +199,43 @@ pub extern "C" fn ncclAlltoAll(
     stream: CudaStreamT,
 ) -> NcclResult {
     const CALL: &str = "ncclAlltoAll";
-    op_call(CALL, c, |comm| {
-        checked_size(CALL, t)?;
-        match route(Op::AllToAll, t, None, comm.job) {
-            Route::Devcomm(Plan::Copy { elem_size }) if count > 0 => {
-                let (dc, s) = comm.dc_stream(CALL, stream)?;
-                let hooks = devcomm::raw::copy_hooks(elem_size).map_err(devcomm_err(CALL))?;
-                let elems = (count * comm.nranks) as u64;
-                let b = |ptr: u64| RawBuffer {
-                    ptr,
-                    elems,
-                    elem_size,
-                };
-                // SAFETY: NCCL's contract: nranks x count elements in each buffer.
-                unsafe {
-                    dc.all_to_all_raw(
-                        &hooks,
-                        b(send as u64),
-                        b(recv as u64),
-                        HookArgs::default(),
-                        &s,
-                    )
+    op_call(
+        CALL,
+        c,
+        |lib, nc| {
+            let f = lib.all_to_all?;
+            // SAFETY: NCCL's prototype, the caller's arguments.
+            Some(unsafe { f(send, recv, count, t, nc, stream) })
+        },
+        |comm, nccl| {
+            checked_size(CALL, t)?;
+            match route(Op::AllToAll, t, None, comm.job) {
+                Route::Devcomm(Plan::Copy { elem_size }) if count > 0 => {
+                    let (dc, s) = comm.dc_stream(CALL, stream)?;
+                    let hooks = devcomm::raw::copy_hooks(elem_size).map_err(devcomm_err(CALL))?;
+                    let elems = (count * comm.nranks) as u64;
+                    let b = |ptr: u64| RawBuffer {
+                        ptr,
+                        elems,
+                        elem_size,
+                    };
+                    // SAFETY: NCCL's contract: nranks x count elements in each buffer.
+                    unsafe {
+                        dc.all_to_all_raw(
+                            &hooks,
+                            b(send as u64),
+                            b(recv as u64),
+                            HookArgs::default(),
+                            &s,
+                        )
+                    }
+                    .map_err(devcomm_err(CALL))
                 }
-                .map_err(devcomm_err(CALL))
+                Route::Devcomm(_) => Ok(()),
+                Route::Nccl(_) => to_nccl(CALL, comm, nccl),
             }
-            Route::Devcomm(_) => Ok(()),
-            Route::Nccl(_) => {
-                to_nccl(CALL, comm, |lib, nc| {
-                    let f = lib.all_to_all?;
-                    // SAFETY: NCCL's prototype, the caller's arguments.
-                    Some(unsafe { f(send, recv, count, t, nc, stream) })
-                })
-            }
-        }
-    })
+        },
+    )
 }
 
 /// `ncclBroadcast`: always NCCL (devcomm has no broadcast).
@@ -243,13 +250,16 @@ pub extern "C" fn ncclBroadcast(
     stream: CudaStreamT,
 ) -> NcclResult {
     const CALL: &str = "ncclBroadcast";
-    op_call(CALL, c, |comm| {
-        to_nccl(CALL, comm, |lib, nc| {
+    op_call(
+        CALL,
+        c,
+        |lib, nc| {
             let f = lib.broadcast?;
             // SAFETY: NCCL's prototype, the caller's arguments.
             Some(unsafe { f(send, recv, count, t, root, nc, stream) })
-        })
-    })
+        },
+        |comm, nccl| to_nccl(CALL, comm, nccl),
+    )
 }
 
 /// `ncclBcast`: in-place `ncclBroadcast`.
@@ -278,13 +288,16 @@ pub extern "C" fn ncclReduce(
     stream: CudaStreamT,
 ) -> NcclResult {
     const CALL: &str = "ncclReduce";
-    op_call(CALL, c, |comm| {
-        to_nccl(CALL, comm, |lib, nc| {
+    op_call(
+        CALL,
+        c,
+        |lib, nc| {
             let f = lib.reduce?;
             // SAFETY: NCCL's prototype, the caller's arguments.
             Some(unsafe { f(send, recv, count, t, op, root, nc, stream) })
-        })
-    })
+        },
+        |comm, nccl| to_nccl(CALL, comm, nccl),
+    )
 }
 
 /// `ncclGather`: always NCCL.
@@ -299,13 +312,16 @@ pub extern "C" fn ncclGather(
     stream: CudaStreamT,
 ) -> NcclResult {
     const CALL: &str = "ncclGather";
-    op_call(CALL, c, |comm| {
-        to_nccl(CALL, comm, |lib, nc| {
+    op_call(
+        CALL,
+        c,
+        |lib, nc| {
             let f = lib.gather?;
             // SAFETY: NCCL's prototype, the caller's arguments.
             Some(unsafe { f(send, recv, count, t, root, nc, stream) })
-        })
-    })
+        },
+        |comm, nccl| to_nccl(CALL, comm, nccl),
+    )
 }
 
 /// `ncclScatter`: always NCCL.
@@ -320,13 +336,16 @@ pub extern "C" fn ncclScatter(
     stream: CudaStreamT,
 ) -> NcclResult {
     const CALL: &str = "ncclScatter";
-    op_call(CALL, c, |comm| {
-        to_nccl(CALL, comm, |lib, nc| {
+    op_call(
+        CALL,
+        c,
+        |lib, nc| {
             let f = lib.scatter?;
             // SAFETY: NCCL's prototype, the caller's arguments.
             Some(unsafe { f(send, recv, count, t, root, nc, stream) })
-        })
-    })
+        },
+        |comm, nccl| to_nccl(CALL, comm, nccl),
+    )
 }
 
 #[allow(clippy::too_many_arguments)] // ncclSend's and ncclRecv's arguments, and the direction
@@ -341,7 +360,21 @@ fn p2p(
     stream: CudaStreamT,
 ) -> NcclResult {
     guarded(call, || {
-        let comm = lookup(call, c)?;
+        let comm = match resolve(call, c)? {
+            Handle::Shim(comm) => comm,
+            Handle::Inner(nc) => {
+                return nccl_call(call, nc, |lib, nc| {
+                    // SAFETY: NCCL's prototypes, the caller's arguments.
+                    Some(unsafe {
+                        if send {
+                            (lib.send?)(ptr as *const c_void, count, t, peer, nc, stream)
+                        } else {
+                            (lib.recv?)(ptr as *mut c_void, count, t, peer, nc, stream)
+                        }
+                    })
+                });
+            }
+        };
         checked_size(call, t)?;
         if peer < 0 || peer as usize >= comm.nranks {
             return Err(Failure::invalid_argument(format!(

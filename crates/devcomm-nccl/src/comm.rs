@@ -2,7 +2,7 @@
 //! real NCCL's communicator beside it (when NCCL was found), and the registry of live handles,
 //! so that a stale or foreign `ncclComm_t` is refused instead of dereferenced.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -161,6 +161,73 @@ pub fn lookup(call: &str, handle: NcclCommT) -> Result<Arc<ShimComm>, Failure> {
                 "{call}: communicator {handle:p} is null, destroyed or not one of this library's"
             ))
         })
+}
+
+/// The real NCCL's communicators made beside this library's. The real NCCL calls some of
+/// its own exported functions through names this library also exports, so the dynamic
+/// linker sends them here with these handles: `ncclCommGetAsyncError` before every
+/// operation, `ncclBroadcast` from `ncclBcast`, `ncclCommRegister` and
+/// `ncclCommDeregister` for windows. Such calls are handed back to the real NCCL unchanged.
+static INNER: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+/// What an `ncclComm_t` given to an exported call is.
+#[derive(Debug)]
+pub enum Handle {
+    /// One of this library's communicators.
+    Shim(Arc<ShimComm>),
+    /// The real NCCL's communicator beside one of them (a call from inside the real NCCL).
+    Inner(NcclCommT),
+}
+
+/// Records `nc` as a live communicator of the real NCCL (`0`: none).
+fn add_inner(nc: usize) {
+    if nc == 0 {
+        return;
+    }
+    if let Ok(mut inner) = INNER.lock() {
+        inner.get_or_insert_with(HashSet::new).insert(nc);
+    }
+}
+
+/// Forgets `nc` (its communicator is being destroyed).
+fn remove_inner(nc: usize) {
+    if let Ok(mut inner) = INNER.lock() {
+        inner.as_mut().map(|s| s.remove(&nc));
+    }
+}
+
+/// The communicator of `handle`: this library's, or the real NCCL's beside one of them;
+/// `ncclInvalidArgument` for a null, destroyed or foreign one.
+pub fn resolve(call: &str, handle: NcclCommT) -> Result<Handle, Failure> {
+    let inner = INNER
+        .lock()
+        .map(|s| s.as_ref().is_some_and(|s| s.contains(&(handle as usize))))
+        .unwrap_or(false);
+    if inner {
+        return Ok(Handle::Inner(handle));
+    }
+    lookup(call, handle).map(Handle::Shim)
+}
+
+/// Runs `f` on the real NCCL with communicator `nc`, its result code as a `Result` with the
+/// real NCCL's message (`None` from `f`: the library lacks the entry point).
+pub fn nccl_call(
+    call: &str,
+    nc: NcclCommT,
+    f: impl FnOnce(&'static Nccl, NcclCommT) -> Option<NcclResult>,
+) -> Result<(), Failure> {
+    let lib = fallback::get().map_err(Failure::system)?;
+    match f(lib, nc) {
+        None => Err(Failure::invalid_usage(format!(
+            "{call}: the real NCCL ({}) lacks it",
+            lib.path
+        ))),
+        Some(ffi::SUCCESS) => Ok(()),
+        Some(r) => Err(Failure::new(
+            r,
+            format!("{call} (NCCL): {}", nccl_last(lib)),
+        )),
+    }
 }
 
 /// Removes `handle` from the registry, returning its communicator.
@@ -354,6 +421,7 @@ pub fn build(
         (None, Some(id)) => nccl_init(id, nranks, rank, config)?,
         (None, None) => 0,
     };
+    add_inner(nccl);
     if dc.is_none() && nccl == 0 {
         return Err(Failure::system(format!(
             "ncclCommInitRank: rank {rank}: neither devcomm nor a real NCCL could make a \
@@ -413,6 +481,7 @@ pub fn destroy(c: Arc<ShimComm>, abort: bool) -> NcclResult {
         }
     }
     let nccl = c.nccl;
+    remove_inner(nccl);
     // The last reference normally: devcomm's teardown runs here.
     drop(c);
     if nccl == 0 {
@@ -428,4 +497,26 @@ pub fn destroy(c: Arc<ShimComm>, abort: bool) -> NcclResult {
     };
     // SAFETY: a live NCCL communicator, destroyed once (the handle left the registry).
     f.map_or(ffi::SUCCESS, |f| unsafe { f(nccl as NcclCommT) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_real_nccl_s_own_communicators_resolve_to_it_until_destroyed() {
+        // An address no allocation of this test owns.
+        let nc = 0x7fff_0000_1230_usize;
+        let foreign = resolve("t", nc as NcclCommT).unwrap_err();
+        assert_eq!(foreign.code, ffi::INVALID_ARGUMENT);
+        assert!(foreign.message.contains("not one of this library's"), "{foreign:?}");
+        add_inner(nc);
+        assert!(matches!(resolve("t", nc as NcclCommT), Ok(Handle::Inner(h)) if h as usize == nc));
+        assert!(resolve("t", std::ptr::null_mut()).is_err());
+        remove_inner(nc);
+        assert!(resolve("t", nc as NcclCommT).is_err());
+        // No real NCCL made none.
+        add_inner(0);
+        assert!(resolve("t", std::ptr::null_mut()).is_err());
+    }
 }
