@@ -10,7 +10,7 @@ use devcomm::raw::RawBuffer;
 use devcomm::HookArgs;
 
 use crate::api_comm::guarded;
-use crate::comm::{nccl_call, resolve, Handle, ShimComm};
+use crate::comm::{nccl_call, overlap, resolve, staged, Handle, ShimComm};
 use crate::error::Failure;
 use crate::fallback::Nccl;
 use crate::ffi::{self, CudaStreamT, NcclCommT, NcclDataType, NcclRedOp, NcclResult};
@@ -219,17 +219,25 @@ pub extern "C" fn ncclAlltoAll(
                         elems,
                         elem_size,
                     };
-                    // SAFETY: NCCL's contract: nranks x count elements in each buffer.
-                    unsafe {
-                        dc.all_to_all_raw(
-                            &hooks,
-                            b(send as u64),
-                            b(recv as u64),
-                            HookArgs::default(),
-                            &s,
-                        )
+                    let bytes = elems * elem_size as u64;
+                    let run = |input: u64| {
+                        // SAFETY: NCCL's contract: nranks x count elements in each buffer.
+                        unsafe {
+                            dc.all_to_all_raw(
+                                &hooks,
+                                b(input),
+                                b(recv as u64),
+                                HookArgs::default(),
+                                &s,
+                            )
+                        }
+                        .map_err(devcomm_err(CALL))
+                    };
+                    // In place (NCCL allows it): from a copy of the input.
+                    match overlap(send as u64, bytes, recv as u64, bytes) {
+                        true => staged(CALL, &s, send as u64, bytes as usize, run),
+                        false => run(send as u64),
                     }
-                    .map_err(devcomm_err(CALL))
                 }
                 Route::Devcomm(_) => Ok(()),
                 Route::Nccl(_) => to_nccl(CALL, comm, nccl),

@@ -136,6 +136,37 @@ impl ShimComm {
     }
 }
 
+/// Whether `[a, a + a_bytes)` and `[b, b + b_bytes)` share a byte.
+pub fn overlap(a: u64, a_bytes: u64, b: u64, b_bytes: u64) -> bool {
+    a_bytes > 0 && b_bytes > 0 && a < b.saturating_add(b_bytes) && b < a.saturating_add(a_bytes)
+}
+
+/// Runs `f` with a copy of `[src, src + bytes)` made on `stream` in memory of its own (a call
+/// whose input and output share memory, which NCCL allows and devcomm's kernels refuse: the
+/// copy is what the kernel reads). The copy is freed in stream order after `f`'s work.
+pub fn staged<R>(
+    call: &str,
+    stream: &Arc<CudaStream>,
+    src: u64,
+    bytes: usize,
+    f: impl FnOnce(u64) -> Result<R, Failure>,
+) -> Result<R, Failure> {
+    use cudarc::driver::DevicePtr;
+    let cuda = |e: cudarc::driver::DriverError| {
+        Failure::new(
+            ffi::UNHANDLED_CUDA_ERROR,
+            format!("{call}: staging the input: {e}"),
+        )
+    };
+    // SAFETY: every byte is written by the copy below before the kernel reads it.
+    let copy = unsafe { stream.alloc::<u8>(bytes) }.map_err(cuda)?;
+    let (ptr, _guard) = copy.device_ptr(stream);
+    // SAFETY: `copy` holds `bytes`; `src` is the caller's buffer of `bytes` (NCCL's contract).
+    unsafe { devcomm::testing::memcpy_dtod_async(ptr, src, bytes, stream) }
+        .map_err(|e| Failure::from_devcomm(call, &e))?;
+    f(ptr)
+}
+
 /// The live communicators by handle.
 static LIVE: Mutex<Option<HashMap<usize, Arc<ShimComm>>>> = Mutex::new(None);
 
@@ -481,7 +512,6 @@ pub fn destroy(c: Arc<ShimComm>, abort: bool) -> NcclResult {
         }
     }
     let nccl = c.nccl;
-    remove_inner(nccl);
     // The last reference normally: devcomm's teardown runs here.
     drop(c);
     if nccl == 0 {
@@ -496,7 +526,10 @@ pub fn destroy(c: Arc<ShimComm>, abort: bool) -> NcclResult {
         lib.comm_destroy
     };
     // SAFETY: a live NCCL communicator, destroyed once (the handle left the registry).
-    f.map_or(ffi::SUCCESS, |f| unsafe { f(nccl as NcclCommT) })
+    let r = f.map_or(ffi::SUCCESS, |f| unsafe { f(nccl as NcclCommT) });
+    // Only now: the real NCCL's destroy asks `ncclCommGetAsyncError` about it on the way.
+    remove_inner(nccl);
+    r
 }
 
 #[cfg(test)]
@@ -504,12 +537,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ranges_overlap_when_they_share_a_byte() {
+        assert!(overlap(100, 10, 105, 10));
+        assert!(overlap(100, 10, 95, 6));
+        assert!(!overlap(100, 10, 110, 10));
+        assert!(!overlap(100, 10, 90, 10));
+        assert!(!overlap(100, 0, 100, 10));
+        assert!(overlap(100, 10, 100, 10));
+    }
+
+    #[test]
     fn the_real_nccl_s_own_communicators_resolve_to_it_until_destroyed() {
         // An address no allocation of this test owns.
         let nc = 0x7fff_0000_1230_usize;
         let foreign = resolve("t", nc as NcclCommT).unwrap_err();
         assert_eq!(foreign.code, ffi::INVALID_ARGUMENT);
-        assert!(foreign.message.contains("not one of this library's"), "{foreign:?}");
+        assert!(
+            foreign.message.contains("not one of this library's"),
+            "{foreign:?}"
+        );
         add_inner(nc);
         assert!(matches!(resolve("t", nc as NcclCommT), Ok(Handle::Inner(h)) if h as usize == nc));
         assert!(resolve("t", std::ptr::null_mut()).is_err());

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use devcomm::p2p::Transfer;
 
-use crate::comm::{setup_timeout, ShimComm};
+use crate::comm::{overlap, setup_timeout, staged, ShimComm};
 use crate::error::Failure;
 use crate::ffi::{self, CudaStreamT, NcclDataType, NcclResult};
 use crate::route::{route, Op, Route};
@@ -250,11 +250,23 @@ fn issue(calls: &[P2pCall]) -> Result<(), Failure> {
             .iter()
             .find(|(c, _)| !rest.iter().any(|r| std::ptr::eq(*r, *c)))
         {
-            let (dc, stream) = comm.dc_stream("ncclSend/ncclRecv", c.0.stream)?;
-            // SAFETY: the caller's buffers of `count` elements live on this device until the
-            // work on its stream is done (NCCL's contract for ncclSend/ncclRecv).
-            unsafe { dc.sendrecv_raw(send, recv, &stream) }
-                .map_err(|e| Failure::from_devcomm("ncclSend/ncclRecv", &e))?;
+            const CALL: &str = "ncclSend/ncclRecv";
+            let (dc, stream) = comm.dc_stream(CALL, c.0.stream)?;
+            let run = |send: Option<Transfer>| {
+                // SAFETY: the caller's buffers of `count` elements live on this device until
+                // the work on its stream is done (NCCL's contract for ncclSend/ncclRecv).
+                unsafe { dc.sendrecv_raw(send, recv, &stream) }
+                    .map_err(|e| Failure::from_devcomm(CALL, &e))
+            };
+            // A send whose buffer overlaps the recv's (NCCL allows it): from a copy.
+            match (send, recv) {
+                (Some(t), Some(r)) if overlap(t.ptr, t.bytes, r.ptr, r.bytes) => {
+                    staged(CALL, &stream, t.ptr, t.bytes as usize, |ptr| {
+                        run(Some(Transfer { ptr, ..t }))
+                    })?
+                }
+                _ => run(send)?,
+            }
         }
     }
     for c in rest {
