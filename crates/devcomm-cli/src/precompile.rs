@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use devcomm::jit::{CacheOutcome, Jit, KernelSpec};
-use devcomm::{kernel_spec, Config, Hooks, KernelKind, RawHooks};
+use devcomm::{kernel_spec, Config, DataType, Hooks, KernelKind, RawHooks};
 
 #[derive(Debug, clap::Args)]
 pub struct PrecompileArgs {
@@ -26,11 +26,12 @@ pub struct PrecompileArgs {
     /// The built-in kernels to compile: `sendrecv`, `copy1`, `copy2`, `copy4`, `copy8`,
     /// `copy16` (the collective with the copy hooks of that element size), `examples` (the
     /// transpose and fp8 hooks), `reduce` (the reductions for every type, and the RMSNorm,
-    /// RMSNorm + FP8 and accumulate epilogues). Comma-separated; default: all; `none` for
+    /// RMSNorm + FP8 and accumulate epilogues), `moe` (MoE dispatch and combine for bf16, f16
+    /// and f32 rows). Comma-separated; default: all; `none` for
     /// only `--hooks`.
     #[arg(
         long,
-        default_value = "sendrecv,copy1,copy2,copy4,copy8,copy16,examples,reduce"
+        default_value = "sendrecv,copy1,copy2,copy4,copy8,copy16,examples,reduce,moe"
     )]
     builtin: String,
     /// Compiles at once.
@@ -148,6 +149,13 @@ fn specs(args: &PrecompileArgs, config: &Config) -> Result<Vec<(String, KernelSp
             }
             "reduce" => {
                 specs.extend(reduce_specs(config, args.net));
+                continue;
+            }
+            "moe" => {
+                for t in [DataType::BF16, DataType::F16, DataType::F32] {
+                    let spec = kernel_spec(KernelKind::Moe { dtype: t }, config, args.net);
+                    specs.push((format!("moe {t}"), spec));
+                }
                 continue;
             }
             other => return Err(format!("--builtin: unknown kernel set `{other}`")),

@@ -27,6 +27,7 @@ use crate::reduce::{DataType, ReduceOp};
 /// | `Collective { hooks }` | all-to-all, all-to-all-v, their hooked forms and hooked send/recv with `hooks` (the copy hooks of the element size for the plain forms: [`crate::raw::copy_hooks`]) |
 /// | `Reduce { dtype, hooked }` | all-reduce, reduce-scatter, all-gather of `dtype` without network links (`hooked`: the operation and epilogue of `all_reduce_hooked`; all-gather uses the plain module) |
 /// | `ReduceNetStep { dtype, hooked }` | the same calls with network links (their local steps; the data moves by the byte-copy collective, [`KernelKind::network_reduction`]) |
+/// | `Moe { dtype }` | MoE dispatch and combine of rows of `dtype` (their local steps; the rows move by the 16-byte copy collective) |
 /// | `TraceClock` | the GPU clock's offset, measured once at build with `DEVCOMM_TRACE=1` (docs/TRACING.md) |
 ///
 /// With network links the barrier is the byte-copy collective ([`KernelKind::barrier`]).
@@ -54,6 +55,11 @@ pub enum KernelKind<'a> {
         dtype: DataType,
         /// A hooked all-reduce's operation and epilogue; `None`: every plain step.
         hooked: Option<(ReduceOp, &'a RawHooks)>,
+    },
+    /// The MoE layout, packing and combining kernels for rows of `dtype` (`crate::moe`).
+    Moe {
+        /// The rows' element type.
+        dtype: DataType,
     },
     /// The kernel that reads `%globaltimer` for the trace's clock offset
     /// ([`crate::trace::clock`]); it records no events itself.
@@ -118,6 +124,7 @@ pub fn kernel_spec(kind: KernelKind<'_>, config: &Config, net_links: bool) -> Ke
         KernelKind::ReduceNetStep { dtype, hooked } => {
             crate::reduce::launch::module_spec(dtype, hooked, true, config)
         }
+        KernelKind::Moe { dtype } => crate::moe::module_spec(dtype),
         // Nothing to configure, and no events of its own to record.
         KernelKind::TraceClock => crate::trace::clock::spec(),
     }

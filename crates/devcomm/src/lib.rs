@@ -16,7 +16,7 @@
 //! | 6 | [`jit`]: compilation through `cuda::nvrtc` with an on-disk cache |
 //! | 8 | `window`: [`Window<T>`](Window) and its [`DeviceWindow`] handle |
 //! | 9 | [`p2p`] (`plan` decides, `launch` carries out), [`collective`]: send/recv and the hooked collectives on its protocol; [`kernels`]: every kernel module by kind, its spec, the one load path; `trace`: the device event rings and their merge |
-//! | 10 | [`reduce`]: the reductions (the pure planners: line one-shot, staged two-shot, zero-copy on pool buffers, window; their window and launch) |
+//! | 10 | [`moe`]: MoE dispatch and combine, the pure part (row layout, buffer sizes, the host reference); [`reduce`]: the reductions (the pure planners: line one-shot, staged two-shot, zero-copy on pool buffers, window; their window and launch) |
 //! | top | [`Comm`] (`comm`: builder, setup, send/recv, collectives, hooked send/recv, zero-copy, registration); [`testing`]: helpers of the self-test on raw device memory |
 //!
 //! The public surface is what a user needs: [`Comm`] and the types its calls take and return
@@ -47,6 +47,7 @@ pub mod jit;
 pub(crate) mod kernel_load;
 pub mod kernels;
 pub(crate) mod memory;
+pub mod moe;
 #[allow(unreachable_pub)]
 pub mod net;
 #[allow(unreachable_pub)]
@@ -63,13 +64,16 @@ pub(crate) mod window_net;
 pub use abi::{DeviceOp, DeviceWindow, RegisteredBuffer};
 pub use collective::{AllToAllVCounts, Hooks, RawHooks};
 pub use comm::raw;
-pub use comm::{Comm, CommBuilder, HookArgs, PoolSlice, RegisteredRange, Registration};
+pub use comm::{
+    Comm, CommBuilder, DispatchBuffers, HookArgs, Moe, PoolSlice, RegisteredRange, Registration,
+};
 pub use config::Config;
 pub use cuda::ensure_driver;
 pub use cuda::info::DeviceInfo;
 pub use error::{Error, Result};
 pub use kernels::{kernel_spec, KernelKind};
 pub use memory::{PoolAllocator, PoolLocation, PoolUsage};
+pub use moe::{MoeConfig, MoePlan};
 pub use net::WindowNetHandle;
 pub use reduce::{DataType, ReduceOp, Reducible};
 pub use topology::{LinkKind, Topology};

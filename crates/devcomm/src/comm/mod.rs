@@ -3,6 +3,7 @@
 
 mod builder;
 mod collectives;
+mod moe;
 mod net_p2p;
 mod net_reduce;
 mod net_window;
@@ -36,6 +37,7 @@ use crate::topology::Topology;
 
 pub use builder::CommBuilder;
 pub use collectives::HookArgs;
+pub use moe::{DispatchBuffers, Moe};
 pub use pool::PoolSlice;
 pub use registration::{RegisteredRange, Registration};
 

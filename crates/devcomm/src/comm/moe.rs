@@ -1,0 +1,485 @@
+//! MoE dispatch and combine on the communicator (docs/MOE.md): [`Moe`] holds one layer's
+//! scratch and what a dispatch leaves for its combine. A dispatch is four kernels around one
+//! all-to-all-v of packed rows, a combine two kernels around one all-to-all-v back; nothing
+//! goes through the host, so both are capturable in CUDA graphs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
+
+use super::raw::{RawBuffer, RawCounts};
+use super::{Comm, HookArgs};
+use crate::collective::RawHooks;
+use crate::cuda::DeviceBuffer;
+use crate::error::{CudaResultExt, Error, Result};
+use crate::kernels::KernelKind;
+use crate::moe::{kernel_expression, MoeArgs, MoeConfig, MoePlan, KERNELS};
+
+/// The status words the kernels count into (`moe.cu`).
+const STATUS_WORDS: usize = 4;
+/// Threads of the warp-per-row kernels' blocks.
+const THREADS: u32 = 256;
+/// Threads of the one-block layout and the block-per-expert positions kernels.
+const SCAN_THREADS: u32 = 1024;
+
+/// A dispatch's buffers, as device addresses (see [`Moe::dispatch`] for the typed form).
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchBuffers {
+    /// `[tokens, hidden]` rows to send.
+    pub x: u64,
+    /// `i64 [tokens, top_k]` expert ids, -1 for none.
+    pub topk_idx: u64,
+    /// `f32 [tokens, top_k]` weights.
+    pub topk_weights: u64,
+    /// Tokens (at most `max_tokens`).
+    pub tokens: usize,
+    /// Written: `[out_rows, hidden]` expert-major rows.
+    pub out_x: u64,
+    /// Written: `f32 [out_rows]`, the weight of each output row.
+    pub out_weights: u64,
+    /// Rows of `out_x` and `out_weights`.
+    pub out_rows: usize,
+    /// Written: `i64 [local_experts]`, rows of each local expert (unpadded).
+    pub expert_counts: u64,
+}
+
+/// What a dispatch leaves for its combine.
+#[derive(Debug, Clone, Copy)]
+struct Dispatched {
+    tokens: usize,
+    out_rows: usize,
+    expert_counts: u64,
+}
+
+/// One MoE layer's dispatch and combine ([`Comm::moe`]).
+pub struct Moe {
+    plan: MoePlan,
+    rank: usize,
+    sm_count: u32,
+    /// The packed rows to send and those received.
+    send: DeviceBuffer,
+    recv: DeviceBuffer,
+    /// `i32 [max_tokens, world]`: each token's slot among the rows sent to each rank.
+    slot: DeviceBuffer,
+    /// `u64 [6, world]`: send counts and offsets, receive counts and offsets (dispatch), then
+    /// the combine's receive counts and offsets.
+    counts: DeviceBuffer,
+    /// `u32 [recv_rows, top_k]`: each received row's place per local expert.
+    pos: DeviceBuffer,
+    /// The received rows' weighted sums, and those that came back.
+    cback: DeviceBuffer,
+    back: DeviceBuffer,
+    status: DeviceBuffer,
+    hooks: RawHooks,
+    functions: HashMap<&'static str, CudaFunction>,
+    last: Mutex<Option<Dispatched>>,
+}
+
+impl std::fmt::Debug for Moe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Moe")
+            .field("plan", &self.plan)
+            .field("rank", &self.rank)
+            .finish_non_exhaustive()
+    }
+}
+
+fn bad(reason: String) -> Error {
+    Error::InvalidArgument { op: "moe", reason }
+}
+
+impl Comm {
+    /// A MoE layer's dispatch and combine for `config` (its kernels loaded, its scratch
+    /// allocated: about `4 x max_tokens x world x hidden` elements). Local to this rank; every
+    /// rank must use the same configuration.
+    pub fn moe(&self, config: MoeConfig) -> Result<Moe> {
+        let plan = MoePlan::new(config, self.world_size())?;
+        let module = crate::kernels::load(
+            &self.group,
+            &self.jit,
+            KernelKind::Moe {
+                dtype: config.dtype,
+            },
+            false,
+        )?;
+        let mut functions = HashMap::new();
+        for k in KERNELS {
+            functions.insert(k, module.function(&kernel_expression(k, config.dtype))?);
+        }
+        let ctx = self.context();
+        let (w, k) = (plan.world, config.top_k);
+        let zeroed = |bytes: usize| DeviceBuffer::zeroed(ctx, bytes);
+        let moe = Moe {
+            plan,
+            rank: self.rank(),
+            sm_count: self.device_info().sm_count.max(1) as u32,
+            send: zeroed(plan.send_rows * plan.row_bytes)?,
+            recv: zeroed(plan.recv_rows * plan.row_bytes)?,
+            slot: zeroed(config.max_tokens * w * 4)?,
+            counts: zeroed(6 * w * 8)?,
+            pos: zeroed(plan.recv_rows * k * 4)?,
+            cback: zeroed(plan.recv_rows * plan.hidden_bytes)?,
+            back: zeroed(plan.send_rows * plan.hidden_bytes)?,
+            status: zeroed(STATUS_WORDS * 8)?,
+            hooks: RawHooks::copy_of_size(16),
+            functions,
+            last: Mutex::new(None),
+        };
+        crate::cuda::synchronize(ctx)?;
+        Ok(moe)
+    }
+}
+
+impl Moe {
+    /// The plan (row layout, buffer rows) of this layer.
+    pub fn plan(&self) -> &MoePlan {
+        &self.plan
+    }
+
+    fn counts_at(&self, i: usize) -> u64 {
+        self.counts.ptr() + (i * self.plan.world * 8) as u64
+    }
+
+    fn args(&self) -> MoeArgs {
+        let mut a = MoeArgs::of(&self.plan, self.rank);
+        a.slot = self.slot.ptr();
+        a.send_counts = self.counts_at(0);
+        a.send_offsets = self.counts_at(1);
+        a.recv_counts = self.counts_at(2);
+        a.send = self.send.ptr();
+        a.recv = self.recv.ptr();
+        a.pos = self.pos.ptr();
+        a.cback = self.cback.ptr();
+        a.back = self.back.ptr();
+        a.status = self.status.ptr();
+        a
+    }
+
+    /// Launches kernel `name` on `blocks` blocks of `threads`.
+    fn launch(
+        &self,
+        name: &'static str,
+        blocks: u32,
+        threads: u32,
+        a: &MoeArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let func = &self.functions[name];
+        let cfg = LaunchConfig {
+            grid_dim: (blocks.max(1), 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every kernel of moe.cu takes one MoeArgs; the buffers it names are this
+        // layer's (alive as long as it is) or the caller's (alive until the stream's work is
+        // done, the raw calls' contract).
+        unsafe { crate::cuda::launch_struct(stream, func, cfg, a, false) }
+            .cuda(self.rank as i32, "cuLaunchKernel (moe)")
+    }
+
+    /// Blocks for `items` warps of work (grid-stride beyond a few waves).
+    fn blocks_for(&self, items: usize) -> u32 {
+        let warps = (THREADS / 32) as usize;
+        items.div_ceil(warps).clamp(1, 8 * self.sm_count as usize) as u32
+    }
+
+    /// Dispatch with device addresses: see [`Moe::dispatch`].
+    ///
+    /// # Safety
+    ///
+    /// Each address must be device memory of this communicator's device holding what
+    /// [`DispatchBuffers`] says, alive and not otherwise written until the stream's work is
+    /// done.
+    pub unsafe fn dispatch_raw(
+        &self,
+        comm: &Comm,
+        b: DispatchBuffers,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = &self.plan.config;
+        if b.tokens > c.max_tokens {
+            return Err(bad(format!(
+                "{} tokens; this layer takes at most max_tokens = {}",
+                b.tokens, c.max_tokens
+            )));
+        }
+        let null = [
+            ("x", b.x),
+            ("topk_idx", b.topk_idx),
+            ("topk_weights", b.topk_weights),
+        ]
+        .into_iter()
+        .find(|(_, p)| *p == 0 && b.tokens > 0)
+        .or_else(|| {
+            [("out_x", b.out_x), ("out_weights", b.out_weights)]
+                .into_iter()
+                .find(|(_, p)| *p == 0 && b.out_rows > 0)
+        })
+        .or((b.expert_counts == 0).then_some(("expert_counts", 0)));
+        if let Some((name, _)) = null {
+            return Err(bad(format!("{name} is a null address")));
+        }
+        let mut a = self.args();
+        a.x = b.x;
+        a.topk_idx = b.topk_idx;
+        a.topk_w = b.topk_weights;
+        a.tokens = b.tokens as u64;
+        a.out_x = b.out_x;
+        a.out_w = b.out_weights;
+        a.out_rows = b.out_rows as u64;
+        a.expert_count = b.expert_counts;
+        // SAFETY: the status words are this layer's; stream-ordered before the kernels.
+        unsafe {
+            crate::cuda::graph::memset_d8_async(self.status.ptr(), 0, STATUS_WORDS * 8, stream)?
+        };
+        self.launch("moe_layout", 1, SCAN_THREADS, &a, stream)?;
+        self.launch("moe_pack", self.blocks_for(b.tokens), THREADS, &a, stream)?;
+        let units = (self.plan.row_bytes / 16) as u64;
+        let buffer = |ptr: u64, rows: usize| RawBuffer {
+            ptr,
+            elems: rows as u64 * units,
+            elem_size: 16,
+        };
+        let counts = RawCounts {
+            send_counts: self.counts_at(0),
+            send_offsets: self.counts_at(1),
+            recv_counts: self.counts_at(2),
+            recv_offsets: self.counts_at(3),
+        };
+        // SAFETY: this layer's buffers, sized for max_tokens per rank (the counts the layout
+        // wrote stay within them).
+        unsafe {
+            comm.all_to_allv_raw(
+                &self.hooks,
+                buffer(self.send.ptr(), self.plan.send_rows),
+                buffer(self.recv.ptr(), self.plan.recv_rows),
+                counts,
+                HookArgs::rows(units as usize),
+                stream,
+            )?
+        };
+        let le = self.plan.local_experts as u32;
+        self.launch("moe_positions", le, SCAN_THREADS, &a, stream)?;
+        let rows = self.blocks_for(self.plan.recv_rows);
+        self.launch("moe_unpack", rows, THREADS, &a, stream)?;
+        let mut last = self.last.lock().map_err(|_| poisoned())?;
+        *last = Some(Dispatched {
+            tokens: b.tokens,
+            out_rows: b.out_rows,
+            expert_counts: b.expert_counts,
+        });
+        Ok(())
+    }
+
+    /// The last dispatch, with `y_bytes` and `out_bytes` checked against it.
+    fn last_for_combine(&self, y_bytes: usize, out_bytes: usize) -> Result<Dispatched> {
+        let d = (*self.last.lock().map_err(|_| poisoned())?)
+            .ok_or_else(|| bad("combine before any dispatch".into()))?;
+        let row = self.plan.hidden_bytes;
+        if y_bytes < d.out_rows * row || out_bytes < d.tokens * row {
+            return Err(bad(format!(
+                "y holds {y_bytes} bytes and out {out_bytes}; the last dispatch ({} output rows, \
+                 {} tokens) needs {} and {}",
+                d.out_rows,
+                d.tokens,
+                d.out_rows * row,
+                d.tokens * row
+            )));
+        }
+        Ok(d)
+    }
+
+    /// Combine with device addresses: see [`Moe::combine`]. `y_bytes` and `out_bytes` are the
+    /// buffers' sizes, checked against the last dispatch.
+    ///
+    /// # Safety
+    ///
+    /// `y` and `out` must be device memory of this communicator's device of at least those
+    /// sizes, alive until the stream's work is done.
+    pub unsafe fn combine_raw(
+        &self,
+        comm: &Comm,
+        (y, y_bytes): (u64, usize),
+        (out, out_bytes): (u64, usize),
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let d = self.last_for_combine(y_bytes, out_bytes)?;
+        if (y == 0 && d.out_rows > 0) || (out == 0 && d.tokens > 0) {
+            return Err(bad("y or out is a null address".into()));
+        }
+        let mut a = self.args();
+        a.y = y;
+        a.out = out;
+        a.tokens = d.tokens as u64;
+        a.out_rows = d.out_rows as u64;
+        a.expert_count = d.expert_counts;
+        let rows = self.blocks_for(self.plan.recv_rows);
+        self.launch("moe_combine_pack", rows, THREADS, &a, stream)?;
+        let units = (self.plan.hidden_bytes / 16) as u64;
+        let buffer = |ptr: u64, rows: usize| RawBuffer {
+            ptr,
+            elems: rows as u64 * units,
+            elem_size: 16,
+        };
+        // Back the way the rows came: what this rank received goes back to its senders.
+        let counts = RawCounts {
+            send_counts: self.counts_at(2),
+            send_offsets: self.counts_at(3),
+            recv_counts: self.counts_at(4),
+            recv_offsets: self.counts_at(5),
+        };
+        // SAFETY: this layer's buffers; the counts are the dispatch's, within them.
+        unsafe {
+            comm.all_to_allv_raw(
+                &self.hooks,
+                buffer(self.cback.ptr(), self.plan.recv_rows),
+                buffer(self.back.ptr(), self.plan.send_rows),
+                counts,
+                HookArgs::rows(units as usize),
+                stream,
+            )?
+        };
+        let blocks = self.blocks_for(d.tokens);
+        self.launch("moe_combine_final", blocks, THREADS, &a, stream)
+    }
+
+    /// Dispatches `x` (`[tokens, hidden]`) to the experts of `topk_idx` with `topk_weights`
+    /// (`[tokens, top_k]`): `out_x` (`[out_rows, hidden]`) receives this rank's experts' rows,
+    /// grouped by local expert (each group padded to `align` rows; padding rows are left as
+    /// they were), `out_weights` each row's weight and `expert_counts` the rows of each local
+    /// expert. A token crosses to each rank once, however many of its experts live there.
+    /// Ids outside `[-1, experts)` and repeats within a token are dropped and counted; an
+    /// `out_x` too small for the routing is left untouched: [`Moe::check`] reports both.
+    #[allow(clippy::too_many_arguments)] // the dispatch's three inputs and three outputs
+    pub fn dispatch<T, X, I, W, O, OW, C>(
+        &self,
+        comm: &Comm,
+        x: &X,
+        topk_idx: &I,
+        topk_weights: &W,
+        out_x: &mut O,
+        out_weights: &mut OW,
+        expert_counts: &mut C,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()>
+    where
+        X: DevicePtr<T>,
+        I: DevicePtr<i64>,
+        W: DevicePtr<f32>,
+        O: DevicePtrMut<T>,
+        OW: DevicePtrMut<f32>,
+        C: DevicePtrMut<i64>,
+    {
+        let c = &self.plan.config;
+        let row = self.plan.hidden_bytes;
+        let es = c.dtype.size_bytes();
+        let (xb, ob) = (x.num_bytes(), out_x.num_bytes());
+        if std::mem::size_of::<T>() != es || xb % row != 0 || ob % row != 0 {
+            return Err(bad(format!(
+                "x ({xb} bytes) and out_x ({ob} bytes) must be whole rows of {} x {} bytes",
+                c.hidden, es
+            )));
+        }
+        let (tokens, out_rows) = (xb / row, ob / row);
+        let want = [
+            ("topk_idx", topk_idx.num_bytes(), tokens * c.top_k * 8),
+            (
+                "topk_weights",
+                topk_weights.num_bytes(),
+                tokens * c.top_k * 4,
+            ),
+            ("out_weights", out_weights.num_bytes(), out_rows * 4),
+            (
+                "expert_counts",
+                expert_counts.num_bytes(),
+                self.plan.local_experts * 8,
+            ),
+        ];
+        if let Some((name, got, need)) = want.into_iter().find(|(_, g, n)| g < n) {
+            return Err(bad(format!("{name} holds {got} bytes; {need} are needed")));
+        }
+        let (xp, _a) = comm.slice_ptr("moe dispatch", x, stream)?;
+        let (ip, _b) = comm.slice_ptr("moe dispatch", topk_idx, stream)?;
+        let (wp, _c) = comm.slice_ptr("moe dispatch", topk_weights, stream)?;
+        let (op, _d) = comm.slice_ptr_mut("moe dispatch", out_x, stream)?;
+        let (owp, _e) = comm.slice_ptr_mut("moe dispatch", out_weights, stream)?;
+        let (cp, _f) = comm.slice_ptr_mut("moe dispatch", expert_counts, stream)?;
+        let b = DispatchBuffers {
+            x: xp,
+            topk_idx: ip,
+            topk_weights: wp,
+            tokens,
+            out_x: op,
+            out_weights: owp,
+            out_rows,
+            expert_counts: cp,
+        };
+        // SAFETY: sizes checked above; the slices stay borrowed (and cudarc orders them on the
+        // stream) for the call.
+        unsafe { self.dispatch_raw(comm, b, stream) }
+    }
+
+    /// Sends the experts' outputs `y` (`[out_rows, hidden]`, in the last dispatch's
+    /// expert-major order) back and combines each token: `out` (`[tokens, hidden]`) = the sum,
+    /// over the ranks the token went to in rank order, of each rank's sum of weight x output
+    /// over the token's experts there in ascending expert order, in f32, rounded once per rank
+    /// and once at the end (docs/MOE.md). Bitwise reproducible: a token's result depends only
+    /// on its routing and its experts' outputs. A token with no expert gets zeros.
+    pub fn combine<T, Y: DevicePtr<T>, O: DevicePtrMut<T>>(
+        &self,
+        comm: &Comm,
+        y: &Y,
+        out: &mut O,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (yb, ob) = (y.num_bytes(), out.num_bytes());
+        let (yp, _a) = comm.slice_ptr("moe combine", y, stream)?;
+        let (op, _b) = comm.slice_ptr_mut("moe combine", out, stream)?;
+        // SAFETY: the slices' sizes are given and checked against the last dispatch.
+        unsafe { self.combine_raw(comm, (yp, yb), (op, ob), stream) }
+    }
+
+    /// Waits for `stream` and reports what the last dispatch counted: expert ids out of range,
+    /// ids repeated within a token (both dropped), or an output too small (nothing written;
+    /// this rank's experts then contribute zeros to the combine).
+    pub fn check(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream
+            .synchronize()
+            .cuda(self.rank as i32, "cuStreamSynchronize (moe check)")?;
+        let mut raw = [0u8; STATUS_WORDS * 8];
+        self.status.read(0, &mut raw)?;
+        let word =
+            |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let mut problems = Vec::new();
+        if word(0) > 0 {
+            problems.push(format!(
+                "{} expert ids outside [-1, {}) (dropped)",
+                word(0),
+                self.plan.config.experts
+            ));
+        }
+        if word(1) > 0 {
+            problems.push(format!(
+                "{} expert ids repeated within a token (dropped)",
+                word(1)
+            ));
+        }
+        if word(2) > 0 {
+            let out_rows = self.last.lock().ok().and_then(|l| l.map(|d| d.out_rows));
+            problems.push(format!(
+                "the expert-major output needs {} rows and holds {} (nothing written)",
+                word(2),
+                out_rows.unwrap_or(0)
+            ));
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(bad(format!("rank {}: {}", self.rank, problems.join("; "))))
+    }
+}
+
+fn poisoned() -> Error {
+    bad("a thread panicked while using this MoE layer".into())
+}

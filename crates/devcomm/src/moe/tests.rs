@@ -1,0 +1,158 @@
+use super::*;
+
+fn deepseek() -> MoeConfig {
+    MoeConfig {
+        experts: 256,
+        top_k: 8,
+        hidden: 7168,
+        dtype: DataType::BF16,
+        max_tokens: 8192,
+        align: 128,
+    }
+}
+
+#[test]
+fn a_packed_row_holds_the_token_its_ids_and_weights_in_16_byte_units() {
+    let p = MoePlan::new(deepseek(), 4).unwrap();
+    assert_eq!(p.local_experts, 64);
+    assert_eq!(p.hidden_bytes, 14336);
+    assert_eq!(p.ids_off, 14336);
+    assert_eq!(p.w_off, 14336 + 16);
+    assert_eq!(p.row_bytes, 14336 + 16 + 32);
+    assert_eq!(p.row_bytes % 16, 0);
+    // A token goes at most once to each of min(world, k) ranks; each rank sends at most
+    // max_tokens rows to any one rank.
+    assert_eq!(p.send_rows, 8192 * 4);
+    assert_eq!(p.recv_rows, 8192 * 4);
+    // Three ids pad to 8 bytes before the weights.
+    let odd = MoePlan::new(
+        MoeConfig {
+            top_k: 3,
+            ..deepseek()
+        },
+        4,
+    )
+    .unwrap();
+    assert_eq!((odd.w_off, odd.row_bytes), (14336 + 8, 14336 + 32));
+}
+
+#[test]
+fn output_rows_for_the_worst_case_and_for_near_uniform_routings() {
+    let p = MoePlan::new(deepseek(), 4).unwrap();
+    assert_eq!(p.worst_case_out_rows(), 8192 * 4 * 8 + 64 * 127);
+    // 128 tokens x 4 ranks x 8 / 256 experts = 16 a expert, twice that padded to 128.
+    assert_eq!(p.typical_out_rows(128, 2.0), 128 * 64);
+    let two = MoePlan::new(
+        MoeConfig {
+            experts: 4,
+            top_k: 8,
+            align: 1,
+            ..deepseek()
+        },
+        2,
+    )
+    .unwrap();
+    // Each token at most once per local expert.
+    assert_eq!(two.worst_case_out_rows(), 8192 * 2 * 2);
+}
+
+#[test]
+fn bad_configurations_say_why() {
+    let err = |c: MoeConfig, world: usize| MoePlan::new(c, world).unwrap_err().to_string();
+    assert!(err(
+        MoeConfig {
+            experts: 6,
+            ..deepseek()
+        },
+        4
+    )
+    .contains("do not divide"));
+    assert!(err(
+        MoeConfig {
+            hidden: 7,
+            ..deepseek()
+        },
+        4
+    )
+    .contains("multiple of 16"));
+    assert!(err(
+        MoeConfig {
+            top_k: 33,
+            ..deepseek()
+        },
+        4
+    )
+    .contains("top_k"));
+    assert!(err(
+        MoeConfig {
+            align: 0,
+            ..deepseek()
+        },
+        4
+    )
+    .contains("align"));
+    assert!(err(
+        MoeConfig {
+            dtype: DataType::I32,
+            ..deepseek()
+        },
+        4
+    )
+    .contains("not supported"));
+    assert!(err(deepseek(), 65).contains("65 ranks"));
+    assert!(err(
+        MoeConfig {
+            experts: 4096,
+            ..deepseek()
+        },
+        2
+    )
+    .contains("per rank"));
+}
+
+#[test]
+fn the_module_names_each_kernel_for_its_type() {
+    let spec = module_spec(DataType::BF16);
+    assert_eq!(spec.name, "moe_bf16");
+    assert!(spec
+        .name_expressions
+        .contains(&"devcomm::moe::moe_pack<devcomm::red::BF16>".to_string()));
+    assert!(spec
+        .name_expressions
+        .contains(&"devcomm::moe::moe_layout".to_string()));
+    assert!(spec.source.contains("sizeof(devcomm::moe::MoeArgs) == 200"));
+}
+
+#[test]
+fn the_kernel_argument_matches_the_struct_in_moe_cu() {
+    // 20 u64 and 10 u32 fields.
+    assert_eq!(std::mem::size_of::<MoeArgs>(), 20 * 8 + 10 * 4);
+    // The C++ struct lists the same fields in the same order (moe.cu).
+    let fields: Vec<&str> = KERNEL_SOURCE
+        .split("struct MoeArgs {")
+        .nth(1)
+        .unwrap()
+        .split("};")
+        .next()
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            l.starts_with("dc_u").then(|| {
+                l.split(';')
+                    .next()
+                    .unwrap()
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap()
+            })
+        })
+        .collect();
+    let rust = format!("{:?}", MoeArgs::default());
+    let rust_fields: Vec<&str> = rust
+        .trim_start_matches("MoeArgs { ")
+        .split(", ")
+        .map(|f| f.split(':').next().unwrap())
+        .collect();
+    assert_eq!(fields, rust_fields);
+}
