@@ -10,6 +10,7 @@ mod args;
 mod ce;
 mod latency;
 mod launch;
+mod moe;
 pub(crate) mod nccl;
 mod plot;
 mod put;
@@ -32,6 +33,11 @@ use crate::selftest::Ctx;
 
 /// Every `--op`, with what it times (`--op help` prints this).
 const OPS: &[(&str, &str)] = &[
+    (
+        "moe",
+        "MoE dispatch + combine (hidden 7168 bf16, top-8 of 256 experts, 128-8192 tokens per \
+         rank) against NCCL's count exchange + grouped send/recv of a row per (token, expert)",
+    ),
     (
         "sendrecv",
         "devcomm send/recv against NCCL send/recv between ranks 0 and 1 (--both-directions, \
@@ -190,6 +196,7 @@ fn run(args: &BenchArgs) -> Result<i32, String> {
         "sendrecv" => sendrecv::run(&cx, args, args.both_directions)?,
         "all_to_all" => alltoall::run(&cx, args)?,
         "all_to_allv" => alltoall::run_v(&cx, args)?,
+        "moe" => moe::run(&cx, args)?,
         op => match reduce::Coll::parse(op) {
             Some(coll) => reduce::run(&cx, args, coll)?,
             None => return Err(format!("unknown --op {op:?}; one of:\n{}", ops_help())),

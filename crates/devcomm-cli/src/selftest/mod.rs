@@ -67,6 +67,7 @@ groups!(
     mismatch,
     adversarial,
     pool,
+    moe,
     trace,
     net,
     timeout

@@ -1,0 +1,263 @@
+//! `devcomm bench --op moe`: MoE dispatch and combine (DeepSeek-V3's shape: hidden 7168 bf16,
+//! top-8 of 256 experts, uniform routing) against the NCCL path a PyTorch user writes: the
+//! per-rank counts exchanged with NCCL, copied to the host and waited for, then one row per
+//! (token, expert) pair to the experts' ranks and back with NCCL's grouped send/recv. The user's
+//! own permutation, regroup and weighted-sum kernels are not part of the reference (they would
+//! only add to its time). Both sides are timed on the host clock (stream synchronised before
+//! and after), because the NCCL path waits on the GPU from the host. Two records per batch
+//! size: `moe` (dispatch + combine) and `moe_dispatch` (dispatch alone against the count
+//! exchange + rows out); `bytes` is the dispatch's bytes leaving this GPU for other ranks, and
+//! the bandwidths are those bytes over each side's time.
+
+use cudarc::driver::CudaSlice;
+use devcomm::moe::reference::{self, Routing};
+use devcomm::{DataType, MoeConfig, MoePlan};
+use half::bf16;
+use rand::{Rng, SeedableRng};
+
+use super::args::BenchArgs;
+use super::nccl::NcclPair;
+use super::record::Record;
+use super::timing::time_wall_each;
+use crate::selftest::Ctx;
+
+const HIDDEN: usize = 7168;
+const EXPERTS: usize = 256;
+const TOP_K: usize = 8;
+const ALIGN: usize = 128;
+/// Tokens per rank.
+const TOKENS: &[usize] = &[128, 512, 2048, 8192];
+
+/// Every batch size in turn (one layer sized for the largest).
+pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
+    let world = cx.comm.world_size();
+    let max_tokens = *TOKENS.iter().max().unwrap_or(&1);
+    let config = MoeConfig {
+        experts: EXPERTS,
+        top_k: TOP_K,
+        hidden: HIDDEN,
+        dtype: DataType::BF16,
+        max_tokens,
+        align: ALIGN,
+    };
+    let moe = cx.comm.moe(config).map_err(|e| e.to_string())?;
+    let nccl = NcclPair::new(cx)?;
+    let plan = MoePlan::new(config, world).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for &tokens in TOKENS {
+        out.extend(point(cx, args, &moe, &nccl, &plan, tokens)?);
+    }
+    Ok(out)
+}
+
+/// Rank `rank`'s uniform top-k routing of `tokens` tokens (every rank can draw every rank's).
+fn routing(cx: &Ctx, rank: usize, tokens: usize) -> Routing {
+    let mut rng =
+        rand::rngs::StdRng::seed_from_u64(cx.seed ^ 0x30e ^ ((rank as u64) << 32) ^ tokens as u64);
+    let mut idx = Vec::with_capacity(tokens * TOP_K);
+    for _ in 0..tokens {
+        let mut chosen: Vec<i64> = Vec::with_capacity(TOP_K);
+        while chosen.len() < TOP_K {
+            let e = rng.gen_range(0..EXPERTS) as i64;
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        idx.extend(chosen);
+    }
+    let weights = (0..tokens * TOP_K)
+        .map(|_| rng.gen_range(0.0f32..1.0))
+        .collect();
+    Routing { idx, weights }
+}
+
+/// Consecutive byte ranges of `counts[p] x scale`.
+fn packed(counts: &[u64], scale: usize) -> Vec<std::ops::Range<usize>> {
+    let mut at = 0;
+    counts
+        .iter()
+        .map(|&c| {
+            let r = at..at + c as usize * scale;
+            at = r.end;
+            r
+        })
+        .collect()
+}
+
+fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    cx: &Ctx,
+    n: usize,
+) -> Result<CudaSlice<T>, String> {
+    cx.stream
+        .alloc_zeros::<T>(n.max(1))
+        .map_err(|e| e.to_string())
+}
+
+fn point(
+    cx: &Ctx,
+    args: &BenchArgs,
+    moe: &devcomm::Moe,
+    nccl: &NcclPair,
+    plan: &MoePlan,
+    tokens: usize,
+) -> Result<Vec<Record>, String> {
+    let (world, rank) = (cx.comm.world_size(), cx.comm.rank());
+    let s = &cx.stream;
+    let routings: Vec<Routing> = (0..world).map(|r| routing(cx, r, tokens)).collect();
+    let mine = &routings[rank];
+    let received = reference::received(plan, &routings, rank);
+    let out_rows = *received.bases.last().unwrap_or(&0);
+    let row = HIDDEN * 2;
+    // devcomm's buffers.
+    let x = s
+        .clone_htod(&vec![bf16::from_f32(0.5); tokens * HIDDEN])
+        .map_err(|e| e.to_string())?;
+    let idx = s.clone_htod(&mine.idx).map_err(|e| e.to_string())?;
+    let w = s.clone_htod(&mine.weights).map_err(|e| e.to_string())?;
+    let mut out_x = alloc::<bf16>(cx, out_rows * HIDDEN)?;
+    let mut out_w = alloc::<f32>(cx, out_rows)?;
+    let mut counts = alloc::<i64>(cx, plan.local_experts)?;
+    let mut out = alloc::<bf16>(cx, tokens * HIDDEN)?;
+    // The NCCL path's: one row per (token, expert) pair, grouped by the expert's rank.
+    let pairs_to = |r: &Routing, dest: usize| -> u64 {
+        r.idx
+            .iter()
+            .filter(|&&e| e >= 0 && e as usize / plan.local_experts == dest)
+            .count() as u64
+    };
+    let send_pairs: Vec<u64> = (0..world).map(|d| pairs_to(mine, d)).collect();
+    let recv_pairs: Vec<u64> = (0..world)
+        .map(|src| pairs_to(&routings[src], rank))
+        .collect();
+    let pair_send = alloc::<u8>(cx, send_pairs.iter().sum::<u64>() as usize * row)?;
+    let mut pair_recv = alloc::<u8>(cx, recv_pairs.iter().sum::<u64>() as usize * row)?;
+    let mut pair_back = alloc::<u8>(cx, send_pairs.iter().sum::<u64>() as usize * row)?;
+    let nccl_counts = s.clone_htod(&send_pairs).map_err(|e| e.to_string())?;
+    let mut nccl_recv_counts = alloc::<u64>(cx, world)?;
+    cx.sync()?;
+    // One checked dispatch first: the counts per expert against the reference.
+    cx.host_barrier()?;
+    moe.dispatch(
+        &cx.comm,
+        &x,
+        &idx,
+        &w,
+        &mut out_x,
+        &mut out_w,
+        &mut counts,
+        s,
+    )
+    .map_err(|e| e.to_string())?;
+    moe.check(s).map_err(|e| e.to_string())?;
+    let got = s.clone_dtoh(&counts).map_err(|e| e.to_string())?;
+    let want: Vec<i64> = received.groups.iter().map(|g| g.len() as i64).collect();
+    if got != want {
+        return Err(format!(
+            "moe {tokens} tokens: rank {rank}: expert counts {got:?}, expected {want:?}"
+        ));
+    }
+    cx.host_barrier()?;
+    let one = packed(&vec![1; world], 1);
+    let mut nccl_dispatch = |back: bool| -> Result<(), String> {
+        nccl.all_to_all(
+            &nccl_counts.as_view(),
+            &mut nccl_recv_counts.as_view_mut(),
+            &one,
+            &one,
+        )?;
+        let mut host = vec![0u64; world];
+        s.memcpy_dtoh(&nccl_recv_counts, &mut host)
+            .map_err(|e| e.to_string())?;
+        s.synchronize().map_err(|e| e.to_string())?;
+        let (sends, recvs) = (packed(&send_pairs, row), packed(&host, row));
+        nccl.all_to_all(
+            &pair_send.as_view(),
+            &mut pair_recv.as_view_mut(),
+            &sends,
+            &recvs,
+        )?;
+        if back {
+            nccl.all_to_all(
+                &pair_recv.as_view(),
+                &mut pair_back.as_view_mut(),
+                &recvs,
+                &sends,
+            )?;
+        }
+        Ok(())
+    };
+    // The same dispatch + combine captured once in a CUDA graph and replayed (decode's way:
+    // no launch cost on the host per kernel).
+    let dispatch = |out_x: &mut CudaSlice<bf16>,
+                    out_w: &mut CudaSlice<f32>,
+                    counts: &mut CudaSlice<i64>|
+     -> Result<(), String> {
+        moe.dispatch(&cx.comm, &x, &idx, &w, out_x, out_w, counts, s)
+            .map_err(|e| e.to_string())
+    };
+    let graph = cx.capture(|| -> Result<(), String> {
+        dispatch(&mut out_x, &mut out_w, &mut counts)?;
+        moe.combine(&cx.comm, &out_x, &mut out, s)
+            .map_err(|e| e.to_string())
+    })?;
+    let names = [
+        "moe",
+        "moe-nccl",
+        "dispatch",
+        "dispatch-nccl",
+        "combine",
+        "moe-graph",
+    ];
+    let us = time_wall_each(cx, args.warmup, args.iters, &names, &mut |i| match i {
+        0 | 2 => {
+            dispatch(&mut out_x, &mut out_w, &mut counts)?;
+            if i == 0 {
+                // Identity experts: the dispatched rows go back as they came.
+                moe.combine(&cx.comm, &out_x, &mut out, s)
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        }
+        1 => nccl_dispatch(true),
+        3 => nccl_dispatch(false),
+        // The last dispatch's combine again (its state stays until the next dispatch).
+        4 => moe
+            .combine(&cx.comm, &out_x, &mut out, s)
+            .map_err(|e| e.to_string()),
+        _ => graph.launch().map_err(|e| e.to_string()),
+    })?;
+    moe.check(s).map_err(|e| e.to_string())?;
+    // Bytes of the dispatch leaving this GPU: a token once per other rank it goes to.
+    let rows_out: usize = (0..tokens)
+        .map(|t| {
+            reference::destinations(plan, mine, t)
+                .iter()
+                .filter(|&&r| r != rank)
+                .count()
+        })
+        .sum();
+    let bytes = (rows_out * plan.row_bytes) as u64;
+    let there = "NCCL: count exchange, counts to host, a row per (token, expert) pair there";
+    let rec = |op: &str, d: f64, n: f64| Record {
+        reference: match op {
+            "moe_dispatch" => format!("{there} (host clock)"),
+            "moe_combine" => format!("{there} and back (host clock); devcomm: its combine alone"),
+            "moe_graph" => format!(
+                "{there} and back (host clock); devcomm: dispatch + combine replayed from a graph"
+            ),
+            _ => format!("{there} and back (host clock)"),
+        },
+        tokens: Some(tokens as u64),
+        dtype: Some("bf16".into()),
+        ..Record::new(cx, args, op, bytes).timed(d, n, bytes as f64)
+    };
+    Ok(match rank {
+        0 => vec![
+            rec("moe", us[0], us[1]),
+            rec("moe_dispatch", us[2], us[3]),
+            rec("moe_combine", us[4], us[1]),
+            rec("moe_graph", us[5], us[1]),
+        ],
+        _ => Vec::new(),
+    })
+}
