@@ -1,10 +1,11 @@
-"""A mixture-of-experts layer with expert parallelism over devcomm (docs/PYTHON.md).
+"""A mixture-of-experts layer with expert parallelism over devcomm.moe (docs/MOE.md).
 
-Each rank holds `EXPERTS / world_size` experts. A token goes to its top-k experts: the router's
-choice is counted per destination rank on the GPU (`scatter_add_`), the token rows are
-dispatched with `all_to_all_v` whose splits stay on the GPU, the experts run on what arrived,
-and a second `all_to_all_v` with the received counts brings the results back (combine). The
-host never waits for the counts: the whole forward pass can be captured in a CUDA graph.
+Each rank holds `EXPERTS / world_size` experts. A token goes to its top-k experts:
+`Buffer.dispatch` sends it once to each rank that holds one of them and hands back the rows
+grouped by local expert (expert-major, counts on the GPU); the experts run on their groups;
+`Buffer.combine` brings the results back and sums each token's weighted outputs in a fixed
+order, so the result does not depend on what else was in the batch. The host never waits for
+the counts: the whole forward pass can be captured in a CUDA graph.
 
     devcomm launch -n 2 -- python3 examples/python/moe_layer.py
     (one GPU: scripts/shared-gpu.sh 2 python3 examples/python/moe_layer.py)
@@ -15,6 +16,8 @@ rank from the same weights (every rank draws every expert's weights from a share
 
 import torch
 import torch.nn.functional as F
+
+import devcomm.moe
 
 EXPERTS = 8
 TOP_K = 2
@@ -45,7 +48,6 @@ def route(x, router):
 class MoELayer(torch.nn.Module):
     def __init__(self, comm):
         super().__init__()
-        self.comm = comm
         w = comm.world_size
         assert EXPERTS % w == 0, "experts must divide among the ranks"
         self.per_rank = EXPERTS // w
@@ -54,42 +56,20 @@ class MoELayer(torch.nn.Module):
         self.router = router
         self.w1 = w1[first : first + self.per_rank]
         self.w2 = w2[first : first + self.per_rank]
-        # Worst case: every token of every rank comes here k times.
-        self.capacity = w * TOKENS * TOP_K
+        self.buf = devcomm.moe.Buffer(comm, EXPERTS, TOP_K, D_MODEL, dtype=torch.float32, max_tokens=TOKENS)
 
     def forward(self, x):
-        comm, w = self.comm, self.comm.world_size
         experts, gate = route(x, self.router)  # [T, k]
-        flat_expert = experts.reshape(-1)
-        order = torch.argsort(flat_expert, stable=True)  # grouped by expert, so by rank
-        token = order // TOP_K
-        dest = flat_expert[order] // self.per_rank
-        # Rows for each rank, counted on the GPU (torch.bincount would read its maximum on the host).
-        send_counts = torch.zeros(w, dtype=torch.int64, device=x.device).scatter_add_(0, dest, torch.ones_like(dest))
-        # Each row carries the token and, in its last column, the expert on the destination.
-        local_expert = (flat_expert[order] % self.per_rank).to(x.dtype)
-        send = torch.cat([x[token], local_expert[:, None]], dim=1)
-
-        # Dispatch.
-        recv = torch.empty((self.capacity, D_MODEL + 1), device=x.device, dtype=x.dtype)
-        recv_counts, _ = comm.all_to_all_v(recv, send, send_counts)
-
-        # Experts, on every row of the buffer with the unused rows masked (no host sync for
-        # the number received).
-        valid = torch.arange(self.capacity, device=x.device) < recv_counts.sum()
-        rows, which = recv[:, :D_MODEL], recv[:, D_MODEL]
-        out = torch.zeros((self.capacity, D_MODEL), device=x.device, dtype=x.dtype)
+        recv, _, counts, handle = self.buf.dispatch(x, experts, gate)
+        # Each local expert on its group of rows: without reading the counts on the host, every
+        # expert runs on every row and keeps its own (rows past the groups hold anything).
+        row = torch.arange(recv.shape[0], device=x.device)[:, None]
+        bases = handle.bases
+        y = torch.zeros_like(recv)
         for j in range(self.per_rank):
-            mask = (valid & (which == j))[:, None]  # rows past the received hold anything
-            mine = torch.where(mask, rows, 0.0)
-            out += torch.where(mask, expert(mine, self.w1[j], self.w2[j]), 0.0)
-
-        # Combine: each source's rows go back, in the order they came.
-        back = torch.empty((TOKENS * TOP_K, D_MODEL), device=x.device, dtype=x.dtype)
-        comm.all_to_all_v(back, out, recv_counts)
-        y = torch.zeros_like(x)
-        y.index_add_(0, token, back * gate.reshape(-1)[order][:, None])
-        return y
+            mine = (row >= bases[j]) & (row < bases[j] + counts[j])
+            y += torch.where(mine, expert(torch.where(mine, recv, 0.0), self.w1[j], self.w2[j]), 0.0)
+        return self.buf.combine(y, handle)
 
 
 def reference(x, device):

@@ -51,6 +51,11 @@ fn copy_index(size: usize) -> usize {
 }
 
 impl PyComm {
+    /// The communicator.
+    pub(crate) fn inner(&self) -> &Comm {
+        &self.comm
+    }
+
     fn wrap(comm: Comm) -> Self {
         let copy =
             [1usize, 2, 4, 8, 16].map(|s| copy_hooks(s).expect("sizes 1-16 have copy hooks"));
@@ -233,6 +238,39 @@ impl PyComm {
 
 #[pymethods]
 impl PyComm {
+    /// A MoE layer's dispatch and combine (`devcomm.moe.Buffer` wraps it): `experts` over the
+    /// ranks, `top_k` per token, rows of `hidden` elements of `dtype` (`bfloat16`, `float16`,
+    /// `float32`), at most `max_tokens` tokens per rank and call, expert groups padded to
+    /// `align` rows.
+    #[pyo3(signature = (experts, top_k, hidden, dtype, max_tokens, align = 1))]
+    fn moe(
+        slf: &Bound<'_, Self>,
+        experts: usize,
+        top_k: usize,
+        hidden: usize,
+        dtype: &str,
+        max_tokens: usize,
+        align: usize,
+    ) -> PyResult<crate::moe::PyMoe> {
+        let d = DType::from_name(dtype)
+            .filter(|d| crate::moe::row_type(*d).is_some())
+            .ok_or_else(|| {
+                invalid(
+                    "moe",
+                    format!("rows of {dtype} (bfloat16, float16 or float32)"),
+                )
+            })?;
+        let config = devcomm::MoeConfig {
+            experts,
+            top_k,
+            hidden,
+            dtype: crate::moe::row_type(d).unwrap_or(devcomm::DataType::BF16),
+            max_tokens,
+            align,
+        };
+        crate::moe::new(slf.py(), slf.clone().unbind(), config, d)
+    }
+
     /// Joins the group described by the torchrun-style environment (`RANK`, `WORLD_SIZE`,
     /// `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, as `devcomm launch` and torchrun set them).
     /// Collective: every rank calls it. `device`: the CUDA ordinal (default: the local rank,

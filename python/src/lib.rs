@@ -7,6 +7,7 @@ mod comm;
 mod errors;
 mod hooks;
 mod memory;
+mod moe;
 mod pool;
 mod reduce;
 mod registered;
@@ -59,6 +60,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     m.add_class::<comm::PyComm>()?;
+    m.add_class::<moe::PyMoe>()?;
     m.add_class::<hooks::PyHooks>()?;
     m.add_class::<store::PyStore>()?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;
