@@ -570,7 +570,7 @@ fn record(cx: &Ctx, args: &BenchArgs, op: &str, bytes: u64, (d_us, n_us): (f64, 
 }
 
 /// Consecutive ranges of `counts[p] x scale` elements, in rank order.
-fn packed(counts: &[u64], scale: usize) -> Vec<Range<usize>> {
+pub(super) fn packed(counts: &[u64], scale: usize) -> Vec<Range<usize>> {
     let mut at = 0;
     counts
         .iter()

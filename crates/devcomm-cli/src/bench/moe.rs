@@ -15,6 +15,7 @@ use devcomm::{DataType, MoeConfig, MoePlan};
 use half::bf16;
 use rand::{Rng, SeedableRng};
 
+use super::alltoall::packed;
 use super::args::BenchArgs;
 use super::nccl::NcclPair;
 use super::record::Record;
@@ -69,19 +70,6 @@ fn routing(cx: &Ctx, rank: usize, tokens: usize) -> Routing {
         .map(|_| rng.gen_range(0.0f32..1.0))
         .collect();
     Routing { idx, weights }
-}
-
-/// Consecutive byte ranges of `counts[p] x scale`.
-fn packed(counts: &[u64], scale: usize) -> Vec<std::ops::Range<usize>> {
-    let mut at = 0;
-    counts
-        .iter()
-        .map(|&c| {
-            let r = at..at + c as usize * scale;
-            at = r.end;
-            r
-        })
-        .collect()
 }
 
 fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(

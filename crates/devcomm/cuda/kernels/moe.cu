@@ -88,11 +88,39 @@ __device__ __forceinline__ long long entry(const MoeArgs& a, dc_u64 t, dc_u32 j,
 
 __device__ __forceinline__ dc_u32 lane_id() { return threadIdx.x & 31u; }
 
+// Counts `bit` over the threads of a block of kLayoutThreads, in thread order: returns how many
+// threads before this one set it and adds the block's total to *run after every thread has
+// read *run (every thread calls it; `warp_sum` is kLayoutWarps words of shared memory). The
+// ranks are warp ballots, then a scan of the warps' counts by warp 0.
+template <class C>
+__device__ __forceinline__ C block_rank(bool bit, dc_u32* warp_sum, C* run) {
+  const dc_u32 tid = threadIdx.x, warp = tid / 32, lane = lane_id();
+  const dc_u32 ballot = __ballot_sync(0xFFFFFFFFu, bit);
+  const dc_u32 before = __popc(ballot & ((1u << lane) - 1u));
+  if (lane == 0) warp_sum[warp] = __popc(ballot);
+  __syncthreads();
+  if (warp == 0) {
+    const dc_u32 v = lane < kLayoutWarps ? warp_sum[lane] : 0;
+    dc_u32 incl = v;
+    for (int d = 1; d < 32; d <<= 1) {
+      const dc_u32 o = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+      if ((int)lane >= d) incl += o;
+    }
+    if (lane < kLayoutWarps) warp_sum[lane] = incl - v;
+  }
+  __syncthreads();
+  const C rank = *run + warp_sum[warp] + before;
+  __syncthreads();
+  if (tid == kLayoutThreads - 1) *run = rank + (bit ? 1 : 0);
+  __syncthreads();
+  return rank;
+}
+
 // One block of kLayoutThreads.
 extern "C" __global__ void __launch_bounds__(kLayoutThreads) moe_layout(MoeArgs a) {
   __shared__ dc_u32 warp_sum[kLayoutWarps];
   __shared__ dc_u64 run[64];
-  const dc_u32 tid = threadIdx.x, warp = tid / 32, lane = lane_id();
+  const dc_u32 tid = threadIdx.x;
   for (dc_u32 r = tid; r < a.world; r += blockDim.x) run[r] = 0;
   __syncthreads();
   int* slot = reinterpret_cast<int*>(a.slot);
@@ -107,25 +135,8 @@ extern "C" __global__ void __launch_bounds__(kLayoutThreads) moe_layout(MoeArgs 
     }
     for (dc_u32 r = 0; r < a.world; ++r) {
       const bool bit = (mask >> r) & 1ull;
-      const dc_u32 ballot = __ballot_sync(0xFFFFFFFFu, bit);
-      const dc_u32 before = __popc(ballot & ((1u << lane) - 1u));
-      if (lane == 0) warp_sum[warp] = __popc(ballot);
-      __syncthreads();
-      if (warp == 0) {
-        // Exclusive scan of the warps' counts.
-        const dc_u32 v = lane < kLayoutWarps ? warp_sum[lane] : 0;
-        dc_u32 incl = v;
-        for (int d = 1; d < 32; d <<= 1) {
-          const dc_u32 o = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-          if ((int)lane >= d) incl += o;
-        }
-        if (lane < kLayoutWarps) warp_sum[lane] = incl - v;
-      }
-      __syncthreads();
-      if (t < a.tokens) slot[t * a.world + r] = bit ? (int)(run[r] + warp_sum[warp] + before) : -1;
-      __syncthreads();
-      if (tid == kLayoutThreads - 1) run[r] += warp_sum[warp] + before + (bit ? 1 : 0);
-      __syncthreads();
+      const dc_u64 at = block_rank(bit, warp_sum, &run[r]);
+      if (t < a.tokens) slot[t * a.world + r] = bit ? (int)at : -1;
     }
   }
   if (tid == 0) {
@@ -214,7 +225,7 @@ __device__ __forceinline__ const unsigned short* row_ids(const MoeArgs& a, dc_u6
 extern "C" __global__ void __launch_bounds__(kLayoutThreads) moe_positions(MoeArgs a) {
   __shared__ dc_u32 warp_sum[kLayoutWarps];
   __shared__ dc_u64 run;
-  const dc_u32 le = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = lane_id();
+  const dc_u32 le = blockIdx.x, tid = threadIdx.x;
   if (tid == 0) run = 0;
   __syncthreads();
   const dc_u64 rows = received(a);
@@ -228,24 +239,8 @@ extern "C" __global__ void __launch_bounds__(kLayoutThreads) moe_positions(MoeAr
         if (ids[j] == le) m = (int)j;
       }
     }
-    const dc_u32 ballot = __ballot_sync(0xFFFFFFFFu, m >= 0);
-    const dc_u32 before = __popc(ballot & ((1u << lane) - 1u));
-    if (lane == 0) warp_sum[warp] = __popc(ballot);
-    __syncthreads();
-    if (warp == 0) {
-      const dc_u32 v = lane < kLayoutWarps ? warp_sum[lane] : 0;
-      dc_u32 incl = v;
-      for (int d = 1; d < 32; d <<= 1) {
-        const dc_u32 o = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-        if ((int)lane >= d) incl += o;
-      }
-      if (lane < kLayoutWarps) warp_sum[lane] = incl - v;
-    }
-    __syncthreads();
-    if (m >= 0) pos[i * a.k + (dc_u32)m] = (dc_u32)(run + warp_sum[warp] + before);
-    __syncthreads();
-    if (tid == kLayoutThreads - 1) run += warp_sum[warp] + before + (m >= 0 ? 1 : 0);
-    __syncthreads();
+    const dc_u64 at = block_rank(m >= 0, warp_sum, &run);
+    if (m >= 0) pos[i * a.k + (dc_u32)m] = (dc_u32)at;
   }
   if (tid == 0) reinterpret_cast<long long*>(a.expert_count)[le] = (long long)run;
 }

@@ -184,6 +184,45 @@ impl Moe {
         items.div_ceil(warps).clamp(1, 8 * self.sm_count as usize) as u32
     }
 
+    /// The all-to-all-v of rows of `row_bytes` (a multiple of 16) from `from` (room for
+    /// `rows.0` rows) to `to` (`rows.1`), with the counts and offsets at `counts_at(c..c + 4)`
+    /// (send counts and offsets read, receive counts and offsets written): the dispatch's
+    /// (0: the layout's counts) or the combine's (2: the dispatch's received counts, back).
+    fn exchange(
+        &self,
+        comm: &Comm,
+        (from, to): (u64, u64),
+        rows: (usize, usize),
+        row_bytes: usize,
+        c: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let units = (row_bytes / 16) as u64;
+        let buffer = |ptr: u64, rows: usize| RawBuffer {
+            ptr,
+            elems: rows as u64 * units,
+            elem_size: 16,
+        };
+        let counts = RawCounts {
+            send_counts: self.counts_at(c),
+            send_offsets: self.counts_at(c + 1),
+            recv_counts: self.counts_at(c + 2),
+            recv_offsets: self.counts_at(c + 3),
+        };
+        // SAFETY: this layer's buffers, sized for max_tokens per rank; the counts (the
+        // layout's, or the dispatch's received ones) stay within them.
+        unsafe {
+            comm.all_to_allv_raw(
+                &self.hooks,
+                buffer(from, rows.0),
+                buffer(to, rows.1),
+                counts,
+                HookArgs::rows(units as usize),
+                stream,
+            )
+        }
+    }
+
     /// Dispatch with device addresses: see [`Moe::dispatch`].
     ///
     /// # Safety
@@ -235,30 +274,9 @@ impl Moe {
         };
         self.launch("moe_layout", 1, SCAN_THREADS, &a, stream)?;
         self.launch("moe_pack", self.blocks_for(b.tokens), THREADS, &a, stream)?;
-        let units = (self.plan.row_bytes / 16) as u64;
-        let buffer = |ptr: u64, rows: usize| RawBuffer {
-            ptr,
-            elems: rows as u64 * units,
-            elem_size: 16,
-        };
-        let counts = RawCounts {
-            send_counts: self.counts_at(0),
-            send_offsets: self.counts_at(1),
-            recv_counts: self.counts_at(2),
-            recv_offsets: self.counts_at(3),
-        };
-        // SAFETY: this layer's buffers, sized for max_tokens per rank (the counts the layout
-        // wrote stay within them).
-        unsafe {
-            comm.all_to_allv_raw(
-                &self.hooks,
-                buffer(self.send.ptr(), self.plan.send_rows),
-                buffer(self.recv.ptr(), self.plan.recv_rows),
-                counts,
-                HookArgs::rows(units as usize),
-                stream,
-            )?
-        };
+        let (send, recv) = (self.send.ptr(), self.recv.ptr());
+        let rows = (self.plan.send_rows, self.plan.recv_rows);
+        self.exchange(comm, (send, recv), rows, self.plan.row_bytes, 0, stream)?;
         let le = self.plan.local_experts as u32;
         self.launch("moe_positions", le, SCAN_THREADS, &a, stream)?;
         let rows = self.blocks_for(self.plan.recv_rows);
@@ -316,30 +334,10 @@ impl Moe {
         a.expert_count = d.expert_counts;
         let rows = self.blocks_for(self.plan.recv_rows);
         self.launch("moe_combine_pack", rows, THREADS, &a, stream)?;
-        let units = (self.plan.hidden_bytes / 16) as u64;
-        let buffer = |ptr: u64, rows: usize| RawBuffer {
-            ptr,
-            elems: rows as u64 * units,
-            elem_size: 16,
-        };
         // Back the way the rows came: what this rank received goes back to its senders.
-        let counts = RawCounts {
-            send_counts: self.counts_at(2),
-            send_offsets: self.counts_at(3),
-            recv_counts: self.counts_at(4),
-            recv_offsets: self.counts_at(5),
-        };
-        // SAFETY: this layer's buffers; the counts are the dispatch's, within them.
-        unsafe {
-            comm.all_to_allv_raw(
-                &self.hooks,
-                buffer(self.cback.ptr(), self.plan.recv_rows),
-                buffer(self.back.ptr(), self.plan.send_rows),
-                counts,
-                HookArgs::rows(units as usize),
-                stream,
-            )?
-        };
+        let (cback, back) = (self.cback.ptr(), self.back.ptr());
+        let rows = (self.plan.recv_rows, self.plan.send_rows);
+        self.exchange(comm, (cback, back), rows, self.plan.hidden_bytes, 2, stream)?;
         let blocks = self.blocks_for(d.tokens);
         self.launch("moe_combine_final", blocks, THREADS, &a, stream)
     }
