@@ -31,9 +31,15 @@ def table(path):
     def num(x, fmt):  # NaN (no reference) is written as null
         return "-" if x is None or x != x else format(x, fmt)
 
+    # Files with several operations or token counts (the MoE benchmark) name both per row.
+    ops = {r["op"] for r in rows}
+    if len(ops) > 1 or any(r.get("tokens") for r in rows):
+        out[2] = "| op | tokens " + out[2]
+        out[3] = "|---|---:" + out[3]
     for r in rows:
+        lead = f"| {r['op']} | {r.get('tokens') or '-'} " if out[2].startswith("| op") else ""
         out.append(
-            f"| {size(r['bytes'])} | {'yes' if r['both_directions'] else 'no'} | {r['devcomm_us']:.2f} | "
+            lead + f"| {size(r['bytes'])} | {'yes' if r['both_directions'] else 'no'} | {r['devcomm_us']:.2f} | "
             f"{num(r['nccl_us'], '.2f')} | {num(r['devcomm_gbps'], '.1f')} | {num(r['nccl_gbps'], '.1f')} | "
             f"{num(r['ratio'], '.2f')} | {r['sms']} | {r.get('config', '')} | {r['reference']} |"
         )
