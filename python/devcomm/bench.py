@@ -4,7 +4,8 @@ side in the same processes on the same input data (docs/PYTHON.md, "Benchmarks")
     torchrun --nproc-per-node 4 -m devcomm.bench all_reduce --json ar.json --plot ar.png
     devcomm launch -n 4 -- python3 -m devcomm.bench reduce_scatter --sizes 1K:64M
 
-OP is all_reduce, reduce_scatter or all_gather (sum). Libraries: devcomm on ordinary tensors
+OP is all_reduce, reduce_scatter or all_gather (sum), or `moe` (MoE dispatch + combine against
+torch.distributed on NCCL; `python -m devcomm.bench moe --help`). Libraries: devcomm on ordinary tensors
 and on registered memory; torch.distributed on NCCL with default settings and pinned as vLLM's
 batch-invariant mode pins it; PyTorch's symmetric memory (one-shot, two-shot, low-contention,
 whichever the op has). Each in eager mode and replayed from a CUDA graph. Per size: fresh data
@@ -440,6 +441,12 @@ def plot(doc, path):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["moe"]:
+        # MoE dispatch + combine against torch.distributed's path (its own options).
+        from . import _bench_moe
+
+        return _bench_moe.main(argv[1:])
     args = parse_args(argv)
     try:
         added = rep.check_env(os.environ)
