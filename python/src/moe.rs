@@ -111,7 +111,10 @@ impl PyMoe {
             ("expert_counts", cd.numel(), plan.local_experts as u64),
         ];
         if let Some((what, got, want)) = checks.into_iter().find(|(_, g, w)| g != w) {
-            return Err(invalid(OP, format!("{what} holds {got} elements; {want} expected")));
+            return Err(invalid(
+                OP,
+                format!("{what} holds {got} elements; {want} expected"),
+            ));
         }
         let b = DispatchBuffers {
             x: xd.ptr,

@@ -137,6 +137,20 @@ impl Moe {
         &self.plan
     }
 
+    /// Refuses a communicator other than the one this layer was made on (its rank and world).
+    fn same_comm(&self, comm: &Comm) -> Result<()> {
+        if comm.rank() != self.rank || comm.world_size() != self.plan.world {
+            return Err(bad(format!(
+                "this layer was made on rank {} of {}; the call gives rank {} of {}",
+                self.rank,
+                self.plan.world,
+                comm.rank(),
+                comm.world_size()
+            )));
+        }
+        Ok(())
+    }
+
     fn counts_at(&self, i: usize) -> u64 {
         self.counts.ptr() + (i * self.plan.world * 8) as u64
     }
@@ -236,6 +250,7 @@ impl Moe {
         b: DispatchBuffers,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.same_comm(comm)?;
         let c = &self.plan.config;
         if b.tokens > c.max_tokens {
             return Err(bad(format!(
@@ -322,6 +337,7 @@ impl Moe {
         (out, out_bytes): (u64, usize),
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.same_comm(comm)?;
         let d = self.last_for_combine(y_bytes, out_bytes)?;
         if (y == 0 && d.out_rows > 0) || (out == 0 && d.tokens > 0) {
             return Err(bad("y or out is a null address".into()));
