@@ -30,6 +30,8 @@
 #          net-coll@N                      the `collectives` group and `collective_mismatch` with
 #                                          every link forced to the network
 #          net-coll-mixed@N                the same with the links of net-mixed@N
+#          net-moe@N, net-moe-mixed@N      the `moe` group over the links of net-coll@N and
+#                                          net-coll-mixed@N
 #          net-red@N                       the `reduce` group, `reduce_mismatch`, `comm_barrier` and
 #                                          `all_gather_ring` with every link forced to the network
 #          net-red-mixed@N                 the same with the links of net-mixed@N
@@ -141,6 +143,9 @@ for w in "$@"; do
       net_selftest "net-coll-$n-ranks" "$(net_all "$n")" collectives,collective_mismatch ;;
     net-coll-mixed@*) n=${w#net-coll-mixed@}
       net_selftest "net-coll-mixed-$n-ranks" "$(net_mixed "$n")" collectives,collective_mismatch ;;
+    net-moe@*) n=${w#net-moe@}; net_selftest "net-moe-$n-ranks" "$(net_all "$n")" moe ;;
+    net-moe-mixed@*) n=${w#net-moe-mixed@}
+      net_selftest "net-moe-mixed-$n-ranks" "$(net_mixed "$n")" moe ;;
     net-red@*) n=${w#net-red@}
       net_selftest "net-red-$n-ranks" "$(net_all "$n")" reduce,comm_barrier,all_gather_ring ;;
     net-red-mixed@*) n=${w#net-red-mixed@}
