@@ -246,6 +246,46 @@ pub extern "C" fn ncclAlltoAll(
     )
 }
 
+/// A call devcomm never answers: the real NCCL's form on every communicator.
+fn nccl_only(
+    call: &str,
+    c: NcclCommT,
+    nccl: impl FnOnce(&'static Nccl, NcclCommT) -> Option<NcclResult>,
+) -> NcclResult {
+    op_call(call, c, nccl, |comm, nccl| to_nccl(call, comm, nccl))
+}
+
+/// The real NCCL's rooted calls of one prototype (broadcast, gather, scatter).
+type Rooted = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    NcclDataType,
+    c_int,
+    NcclCommT,
+    CudaStreamT,
+) -> NcclResult;
+
+/// A rooted call of `Rooted`'s prototype, always NCCL (`entry` picks it from the library).
+#[allow(clippy::too_many_arguments)] // the prototype's arguments, the call and its entry point
+fn rooted(
+    call: &str,
+    entry: fn(&Nccl) -> Option<Rooted>,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    t: NcclDataType,
+    root: c_int,
+    c: NcclCommT,
+    stream: CudaStreamT,
+) -> NcclResult {
+    nccl_only(call, c, |lib, nc| {
+        let f = entry(lib)?;
+        // SAFETY: NCCL's prototype, the caller's arguments.
+        Some(unsafe { f(send, recv, count, t, root, nc, stream) })
+    })
+}
+
 /// `ncclBroadcast`: always NCCL (devcomm has no broadcast).
 #[no_mangle]
 pub extern "C" fn ncclBroadcast(
@@ -257,16 +297,17 @@ pub extern "C" fn ncclBroadcast(
     c: NcclCommT,
     stream: CudaStreamT,
 ) -> NcclResult {
-    const CALL: &str = "ncclBroadcast";
-    op_call(
-        CALL,
+    let entry = |l: &Nccl| l.broadcast;
+    rooted(
+        "ncclBroadcast",
+        entry,
+        send,
+        recv,
+        count,
+        t,
+        root,
         c,
-        |lib, nc| {
-            let f = lib.broadcast?;
-            // SAFETY: NCCL's prototype, the caller's arguments.
-            Some(unsafe { f(send, recv, count, t, root, nc, stream) })
-        },
-        |comm, nccl| to_nccl(CALL, comm, nccl),
+        stream,
     )
 }
 
@@ -295,17 +336,11 @@ pub extern "C" fn ncclReduce(
     c: NcclCommT,
     stream: CudaStreamT,
 ) -> NcclResult {
-    const CALL: &str = "ncclReduce";
-    op_call(
-        CALL,
-        c,
-        |lib, nc| {
-            let f = lib.reduce?;
-            // SAFETY: NCCL's prototype, the caller's arguments.
-            Some(unsafe { f(send, recv, count, t, op, root, nc, stream) })
-        },
-        |comm, nccl| to_nccl(CALL, comm, nccl),
-    )
+    nccl_only("ncclReduce", c, |lib, nc| {
+        let f = lib.reduce?;
+        // SAFETY: NCCL's prototype, the caller's arguments.
+        Some(unsafe { f(send, recv, count, t, op, root, nc, stream) })
+    })
 }
 
 /// `ncclGather`: always NCCL.
@@ -319,17 +354,8 @@ pub extern "C" fn ncclGather(
     c: NcclCommT,
     stream: CudaStreamT,
 ) -> NcclResult {
-    const CALL: &str = "ncclGather";
-    op_call(
-        CALL,
-        c,
-        |lib, nc| {
-            let f = lib.gather?;
-            // SAFETY: NCCL's prototype, the caller's arguments.
-            Some(unsafe { f(send, recv, count, t, root, nc, stream) })
-        },
-        |comm, nccl| to_nccl(CALL, comm, nccl),
-    )
+    let entry = |l: &Nccl| l.gather;
+    rooted("ncclGather", entry, send, recv, count, t, root, c, stream)
 }
 
 /// `ncclScatter`: always NCCL.
@@ -343,17 +369,8 @@ pub extern "C" fn ncclScatter(
     c: NcclCommT,
     stream: CudaStreamT,
 ) -> NcclResult {
-    const CALL: &str = "ncclScatter";
-    op_call(
-        CALL,
-        c,
-        |lib, nc| {
-            let f = lib.scatter?;
-            // SAFETY: NCCL's prototype, the caller's arguments.
-            Some(unsafe { f(send, recv, count, t, root, nc, stream) })
-        },
-        |comm, nccl| to_nccl(CALL, comm, nccl),
-    )
+    let entry = |l: &Nccl| l.scatter;
+    rooted("ncclScatter", entry, send, recv, count, t, root, c, stream)
 }
 
 #[allow(clippy::too_many_arguments)] // ncclSend's and ncclRecv's arguments, and the direction
