@@ -185,7 +185,7 @@ impl Step {
         })
     }
 
-    /// Views of this step's inputs of exactly `tokens` rows.
+    /// Dispatches the step's first `tokens` rows with their routing.
     fn dispatch(&mut self, comm: &Comm, moe: &Moe, s: &Arc<CudaStream>) -> Result<(), String> {
         let n = self.tokens;
         let (x, idx, w) = (

@@ -359,10 +359,11 @@ pub fn block_piece(m: u64, blocks: u32, unit: u64, b: u32) -> (u64, u64) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn shape(c: Collective, count: u64, es: u64, world: usize) -> Shape {
+    /// The shape of an unhooked call (the planners' tests).
+    pub(in crate::reduce) fn shape(c: Collective, count: u64, es: u64, world: usize) -> Shape {
         Shape {
             collective: c,
             count,

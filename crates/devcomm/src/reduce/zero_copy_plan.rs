@@ -162,16 +162,7 @@ pub fn layout_word(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn shape(c: Collective, count: u64, es: u64, world: usize) -> Shape {
-        Shape {
-            collective: c,
-            count,
-            elem_bytes: es,
-            world,
-            row_len: None,
-        }
-    }
+    use crate::reduce::plan::tests::shape;
 
     fn lw(world: usize) -> ReduceLimits {
         ReduceLimits::for_world(world)
