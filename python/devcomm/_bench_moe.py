@@ -22,6 +22,8 @@ import json
 import os
 import time
 
+from ._bench_report import median
+
 HIDDEN, EXPERTS, TOP_K = 7168, 256, 8
 
 
@@ -87,8 +89,7 @@ def timed(torch, fn, warmup, iters):
         fn()
         torch.cuda.synchronize()
         samples.append((time.perf_counter() - t0) * 1e6)
-    samples.sort()
-    return samples[len(samples) // 2]
+    return median(samples)
 
 
 def main(argv=None):
