@@ -51,10 +51,9 @@ struct ReduceLaunch {
                           //      which every rank must announce alike
   dc_u32 zc;              // @256 ZcAlgo
   dc_u32 pad;             // @260
-  dc_u64 out_area;        // @264 kZcWindow: bytes from the round's half to its output area
 };
 
-static_assert(sizeof(ReduceLaunch) == 272, "ReduceLaunch size");
+static_assert(sizeof(ReduceLaunch) == 264, "ReduceLaunch size");
 static_assert(DC_OFFSETOF(ReduceLaunch, in_peers) == 216, "ReduceLaunch.in_peers");
 static_assert(DC_OFFSETOF(ReduceLaunch, zc) == 256, "ReduceLaunch.zc");
 static_assert(DC_OFFSETOF(ReduceLaunch, in) == 80, "ReduceLaunch.in");
@@ -93,8 +92,7 @@ enum Mode : dc_u32 { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
 // whole buffer reading every rank's input in place (one-shot), or reduces its own shard and
 // writes it into every rank's output (two-shot; reduce-scatter: into its own only;
 // all-gather: writes its input into every rank's output).
-// kZcWindow (with either): the same on ordinary buffers, staged through the reduce window.
-enum ZcAlgo : dc_u32 { kStaged = 0, kZcOneShot = 1, kZcTwoShot = 2, kZcWindow = 4 };
+enum ZcAlgo : dc_u32 { kStaged = 0, kZcOneShot = 1, kZcTwoShot = 2 };
 enum Op : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
 
 constexpr dc_u32 kMaxBlocks = 64;

@@ -435,15 +435,12 @@ __device__ __forceinline__ void reduce_wide(const G& g, Src src, int world, Dst 
 
 // Whether every peer's block b announced this call with this descriptor and layout (group g,
 // peer p by thread p; every thread of g calls it).
-// With `release` (the block wrote what the peers read since the previous barrier of g),
-// each announcing thread fences first: a peer that sees the word sees the block's writes.
 template <class G>
 __device__ __forceinline__ bool zc_enter(const G& g, const ReduceLaunch& a, dc_u32 b,
-                                         const Agree& ag, bool release) {
+                                         const Agree& ag) {
   const int world = a.w.world_size, me = a.w.rank;
   const dc_u64 word = agree_word(ag.call, a.layout);
   for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
-    if (release) fence_acq_rel_sys();
     if ((int)p != me) st_relaxed_sys(peer_user_slot(a.w, (int)p, slot_of(kZcLayout, world, me, b)), word);
   }
   agree_announce(g, a, b, ag);
@@ -455,13 +452,7 @@ __device__ __forceinline__ bool zc_enter(const G& g, const ReduceLaunch& a, dc_u
   return !g.any(!ok);
 }
 
-// Ordinary buffers take the same kernel staged through the reduce window (kZcWindow): block b
-// first copies the pieces of its input that the peers' blocks b read into its own window (the
-// input area: the whole input's layout), and announces the call only then (a release: its
-// copies are visible to peers who see the announcement); the two-shot all-reduce and the
-// all-gather write into every rank's window (the output area) instead of its output, and each
-// block copies its pieces out after the closing exchange. A call that uses the window's
-// two-shot area (staged through it, or hooked: the rows go there) is one round of the
+// A hooked call's rows go to the window's two-shot area first, so it is one round of the
 // two-shot sequence (two_shot_kernel): half s & 1, once every rank is done with round s - 2,
 // and it publishes kDone of round s at its end, so that both kinds of call may follow each
 // other in any order.
@@ -474,8 +465,7 @@ __global__ void __launch_bounds__(kThreads) zero_copy_kernel(ReduceLaunch a) {
   dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters);
   constexpr bool kHooked = HasEpilogue<H>::value;
   const dc_u32 algo = a.zc & 3u;
-  const bool window = (a.zc & kZcWindow) != 0;
-  const bool round = window || kHooked;
+  constexpr bool round = kHooked;
   dc_u64* seq = counters + kMaxBlocks;
   const dc_u64 before = seq[b], s = before + 1;
   DC_TRACE_KERNEL_BEGIN();
@@ -505,27 +495,11 @@ __global__ void __launch_bounds__(kThreads) zero_copy_kernel(ReduceLaunch a) {
   dc_u64 lo, hi;
   block_piece(part_len(me), a.blocks, a.unit, b, lo, hi);
   const dc_u64 n = hi - lo;
-  if (window && a.mode != kAllGather) {
-    // 0. The pieces of the input that the peers' blocks b read: theirs (shard q of each q), or
-    // the whole buffer's piece b (one-shot).
-    DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
-    T* mine = reinterpret_cast<T*>(area(me));
-    for (int q = 0; q < (one_shot ? 1 : world); ++q) {
-      dc_u64 ql, qh;
-      block_piece(part_len(q), a.blocks, a.unit, b, ql, qh);
-      if (qh > ql) copy_elems<T>(g, mine + part_at(q) + ql, in + part_at(q) + ql, qh - ql);
-    }
-    DC_TRACE_PHASE_END(kPhaseStage, -1, 0);
-    g.sync();
-  }
   DC_TRACE_WAIT_BEGIN(-1, (dc_u32)ag.call);
-  if (!zc_enter(g, a, b, ag, window)) return;
+  if (!zc_enter(g, a, b, ag)) return;
   DC_TRACE_WAIT_END(-1, (dc_u32)ag.call);
   // Rank q's copy of the output at index i of the whole buffer (spread, all-gather).
-  auto out_of = [&](int q) -> T* {
-    return window ? reinterpret_cast<T*>(area(q) + a.out_area)
-                  : pool_ptr<T>(a.out_peers, a.out_offset, q);
-  };
+  auto out_of = [&](int q) -> T* { return pool_ptr<T>(a.out_peers, a.out_offset, q); };
   DC_TRACE_PHASE_BEGIN(a.mode == kAllGather ? kPhaseWriteOut : kPhaseReduce, -1);
   if (a.mode == kAllGather) {
     for (int i = 0; i < world && n > 0; ++i) {
@@ -535,9 +509,7 @@ __global__ void __launch_bounds__(kThreads) zero_copy_kernel(ReduceLaunch a) {
   } else if (n > 0) {
     // Every rank's input of this piece, in rank order.
     auto src = [&](int p) -> const T* {
-      const T* base = window ? reinterpret_cast<const T*>(area(p))
-                             : pool_ptr<T>(a.in_peers, a.in_offset, p);
-      return base + at + lo;
+      return pool_ptr<T>(a.in_peers, a.in_offset, p) + at + lo;
     };
     // Where the result goes: this rank's output (one-shot, reduce-scatter) or every rank's
     // (two-shot, starting with the next rank so that every link is busy); hooked, first the
@@ -545,7 +517,7 @@ __global__ void __launch_bounds__(kThreads) zero_copy_kernel(ReduceLaunch a) {
     T* const mine = out + (spread ? at : 0) + lo;
     if constexpr (kHooked) {
       static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
-      T* rows = reinterpret_cast<T*>(area(me) + (window ? a.out_area : 0)) + (spread ? at : 0) + lo;
+      T* rows = reinterpret_cast<T*>(area(me)) + (spread ? at : 0) + lo;
       reduce_wide<T, OP>(g, src, world, [&](int) { return rows; }, 1, n);
       g.sync();
       epilogue_rows<H>(g, a, rows, mine, ((spread ? at : 0) + lo) / a.row_len, n);
@@ -571,17 +543,6 @@ __global__ void __launch_bounds__(kThreads) zero_copy_kernel(ReduceLaunch a) {
   DC_TRACE_WAIT_BEGIN(-1, (dc_u32)ag.call);
   if (!wait_every_rank(g, a, kZcDone, b, ag.call)) return;
   DC_TRACE_WAIT_END(-1, (dc_u32)ag.call);
-  if (window && (spread || a.mode == kAllGather)) {
-    // Every rank's block b wrote its piece b of its own part into this window: copy them out.
-    DC_TRACE_PHASE_BEGIN(kPhaseWriteOut, -1);
-    const T* from = reinterpret_cast<const T*>(area(me) + a.out_area);
-    for (int q = 0; q < world; ++q) {
-      dc_u64 ql, qh;
-      block_piece(part_len(q), a.blocks, a.unit, b, ql, qh);
-      if (qh > ql) copy_elems<T>(g, out + part_at(q) + ql, from + part_at(q) + ql, qh - ql);
-    }
-    DC_TRACE_PHASE_END(kPhaseWriteOut, -1, 0);
-  }
   if (round) publish(g, a, kDone, b, s);
   // Every thread read the counters before the barriers above; blocks not in this launch take
   // this call's number and round too (the agreement numbers calls per block; a round's kDone

@@ -209,17 +209,6 @@ knobs! {
     /// 1024/256/64 by ranks.
     reduce_zero_copy_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ZERO_COPY_ONE_SHOT_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
-    /// `1`: ordinary buffers on 3 ranks or more take the window paths (staged into the
-    /// window, then as the zero-copy paths) above the line one-shot instead of the staged
-    /// two-shot. Off: slower than the staged two-shot on 2 H200s, not yet measured on 4, and
-    /// the one 4-GPU self-test run with it on failed `reduce_back_to_back` (2026-11-27,
-    /// docs/PERFORMANCE.md).
-    reduce_window: bool = false, "0",
-        env "DEVCOMM_REDUCE_WINDOW", group "reductions", range None, Must, experimental;
-    /// Largest all-reduce in KiB of the window one-shot on ordinary buffers; unset: as the
-    /// zero-copy one-shot's.
-    reduce_window_one_shot_kib: Option<u32> = None, "by ranks",
-        env "DEVCOMM_REDUCE_WINDOW_ONE_SHOT_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
     /// Largest call in KiB on pool buffers that takes the line one-shot instead of the
     /// zero-copy paths (within the line one-shot's payload); unset: 256 on 2 ranks, else 128.
     reduce_zero_copy_min_kib: Option<u32> = None, "by ranks",

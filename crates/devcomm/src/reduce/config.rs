@@ -19,9 +19,7 @@ pub(crate) fn limits(
     ReduceLimits {
         block_bytes: d.block_bytes,
         one_shot_blocks: d.one_shot_blocks,
-        window: d.window,
         zero_copy_min_bytes: d.zero_copy_min_bytes,
-        window_one_shot_bytes: d.window_one_shot_bytes,
         max_blocks: max_blocks
             .unwrap_or(d.max_blocks)
             .min((fewest_sms / 2).max(1)),

@@ -65,11 +65,9 @@ pub struct ReduceLaunch {
     pub zc: u32,
     /// Padding.
     pub pad: u32,
-    /// Staged through the window: bytes from the round's half to its output area.
-    pub out_area: u64,
 }
 
-const _: () = assert!(size_of::<ReduceLaunch>() == 272);
+const _: () = assert!(size_of::<ReduceLaunch>() == 264);
 const _: () = assert!(offset_of!(ReduceLaunch, in_peers) == 216);
 const _: () = assert!(offset_of!(ReduceLaunch, zc) == 256);
 const _: () = assert!(offset_of!(ReduceLaunch, input) == 80);
@@ -94,7 +92,7 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = fields!(
     ll_sender_bytes => "ll_sender_bytes", pipe_offset => "pipe_offset",
     half_bytes => "half_bytes", blocks => "blocks", mode => "mode", op => "op",
     dtype => "dtype", in_peers => "in_peers", in_offset => "in_offset",
-    out_peers => "out_peers", out_offset => "out_offset", layout => "layout", zc => "zc", out_area => "out_area",
+    out_peers => "out_peers", out_offset => "out_offset", layout => "layout", zc => "zc",
 );
 
 /// Launch arguments of `net_step_kernel` (`NetStep` in `cuda/devcomm/reduce.cuh`): one local

@@ -11,7 +11,7 @@ use super::handle::{NetStepLaunch, ReduceLaunch};
 use super::net_plan;
 use super::plan::{self, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, THREADS};
 use super::types::{DataType, ReduceOp};
-use super::zero_copy_plan::{layout_word, window_areas, window_plan, zero_copy_plan, Placement};
+use super::zero_copy_plan::{layout_word, zero_copy_plan, Placement};
 use crate::collective::RawHooks;
 use crate::cuda::{linear_launch, DeviceBuffer};
 use crate::error::{CudaResultExt, Error, Result};
@@ -102,10 +102,7 @@ pub fn kernel_expression(
     let hook = hook.unwrap_or("devcomm::red::NoEpilogue");
     match algorithm {
         Algorithm::OneShot => format!("devcomm::red::one_shot_kernel<{t}, {op}>"),
-        Algorithm::ZeroCopyOneShot
-        | Algorithm::ZeroCopyTwoShot
-        | Algorithm::WindowOneShot
-        | Algorithm::WindowTwoShot => {
+        Algorithm::ZeroCopyOneShot | Algorithm::ZeroCopyTwoShot => {
             format!("devcomm::red::zero_copy_kernel<{t}, {op}, {hook}>")
         }
         _ => format!("devcomm::red::two_shot_kernel<{t}, {op}, {hook}>"),
@@ -257,13 +254,9 @@ impl Reduce {
         let limits = ReduceLimits {
             block_bytes: u64::from(c.reduce_block_kib.max(1)) << 10,
             one_shot_blocks: c.reduce_one_shot_blocks.clamp(1, MAX_BLOCKS),
-            window: c.reduce_window && limits.window,
             zero_copy_min_bytes: c
                 .reduce_zero_copy_min_kib
                 .map_or(limits.zero_copy_min_bytes, |k| u64::from(k) << 10),
-            window_one_shot_bytes: c
-                .reduce_window_one_shot_kib
-                .map_or(limits.window_one_shot_bytes, |k| u64::from(k) << 10),
             ..limits
         };
         let world = group.world_size;
@@ -337,9 +330,8 @@ impl Reduce {
     }
 
     /// The plan of a call (the buffers already resolved): zero-copy when its buffers lie in
-    /// the pool as [`zero_copy_plan`] needs them (with those buffers), else the window path
-    /// ([`window_plan`]) or the staged one ([`plan::plan`], which also refuses what no path
-    /// can run).
+    /// the pool as [`zero_copy_plan`] needs them (with those buffers), else the staged one
+    /// ([`plan::plan`], which also refuses what no path can run).
     pub(crate) fn choose<'h>(
         &self,
         call: &ReduceCall<'h>,
@@ -360,7 +352,7 @@ impl Reduce {
         });
         Ok(match zero_copy {
             Some((p, pool)) => (p, Some(pool)),
-            None => (window_plan(&shape, &self.limits).unwrap_or(staged), None),
+            None => (staged, None),
         })
     }
 
@@ -406,12 +398,6 @@ impl Reduce {
                 0,
                 layout_word(pl.algorithm, call.collective, None, None),
             ),
-        };
-        let out_area = match pl.algorithm {
-            Algorithm::WindowOneShot | Algorithm::WindowTwoShot => {
-                window_areas(&shape_of(&call, world)).map_or(0, |(i, _)| i.next_multiple_of(256))
-            }
-            _ => 0,
         };
         let op = call.op.unwrap_or(ReduceOp::Sum);
         let hooked = call.hooks.map(|(h, _, _)| (op, h));
@@ -480,7 +466,6 @@ impl Reduce {
             layout,
             zc: pl.algorithm.zero_copy_code(),
             pad: 0,
-            out_area,
         };
         debug_assert!(pl.chunk * world as u64 * es <= self.limits.chunk_bytes);
         let cfg = linear_launch(pl.blocks, THREADS);

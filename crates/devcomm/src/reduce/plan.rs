@@ -58,12 +58,6 @@ pub enum Algorithm {
     /// reduce-scatter: the first half (into this rank's output, anywhere); all-gather: the
     /// second (this rank's input, anywhere, into every rank's pool output).
     ZeroCopyTwoShot,
-    /// Ordinary buffers: each rank copies its input into its own window (the pieces its peers
-    /// read), then as [`Algorithm::ZeroCopyOneShot`] from every rank's window.
-    WindowOneShot,
-    /// Ordinary buffers: staged into the window, then as [`Algorithm::ZeroCopyTwoShot`] into
-    /// every rank's window, and each rank copies the result out.
-    WindowTwoShot,
 }
 
 impl Algorithm {
@@ -76,8 +70,6 @@ impl Algorithm {
             Algorithm::Network => "network",
             Algorithm::ZeroCopyOneShot => "zero-copy one-shot",
             Algorithm::ZeroCopyTwoShot => "zero-copy two-shot",
-            Algorithm::WindowOneShot => "window one-shot",
-            Algorithm::WindowTwoShot => "window two-shot",
         }
     }
 
@@ -86,8 +78,6 @@ impl Algorithm {
         match self {
             Algorithm::ZeroCopyOneShot => 1,
             Algorithm::ZeroCopyTwoShot => 2,
-            Algorithm::WindowOneShot => 1 | 4,
-            Algorithm::WindowTwoShot => 2 | 4,
             _ => 0,
         }
     }
@@ -142,15 +132,6 @@ pub struct ReduceLimits {
     /// buffers are in the memory pool; larger ones take the zero-copy two-shot (or, with only
     /// the input in the pool, the staged paths).
     pub zero_copy_one_shot_bytes: u64,
-    /// Largest all-reduce (bytes) that takes the window one-shot on ordinary buffers (above
-    /// the flag-in-data one-shot's payload); larger ones take the window two-shot while the
-    /// input and output fit half the window's two-shot area; 0: no window paths.
-    pub window_one_shot_bytes: u64,
-    /// Whether ordinary buffers take the window paths (else the staged two-shot). By default
-    /// on 3 ranks or more: on 2 H200s (2026-11-27) the staged two-shot was faster from 1 to
-    /// 16 MiB (1 MiB 19.7 against 20.2 us, 2 MiB 23.2 against 26.6, 16 MiB 94.0 against
-    /// 99.6).
-    pub window: bool,
     /// Calls on pool buffers up to this many bytes (and within the line one-shot's payload)
     /// take the line one-shot: a push of 16-byte lines is one crossing of NVLink, a read of
     /// peers' buffers a round trip.
@@ -169,8 +150,6 @@ impl ReduceLimits {
             block_bytes: BLOCK_BYTES,
             one_shot_blocks: ONE_SHOT_BLOCKS,
             zero_copy_one_shot_bytes: zero_copy_one_shot_max_bytes(world),
-            window_one_shot_bytes: zero_copy_one_shot_max_bytes(world),
-            window: world >= 3,
             zero_copy_min_bytes: zero_copy_min_bytes(world),
         }
     }

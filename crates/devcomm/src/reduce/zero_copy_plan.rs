@@ -73,59 +73,6 @@ pub fn zero_copy_plan(s: &Shape, at: &Placement, limits: &ReduceLimits) -> Optio
     })
 }
 
-/// The window plan of a call on ordinary buffers, or `None` when another path serves it: the
-/// flag-in-data one-shot (payloads up to [`ReduceLimits::one_shot_bytes`]), or, when the
-/// staged input and the output area do not fit half the window's two-shot area, the staged
-/// pipelined two-shot. The element order is every path's: no bit changes across the switch.
-pub fn window_plan(s: &Shape, limits: &ReduceLimits) -> Option<Plan> {
-    let es = s.elem_bytes;
-    if !limits.window || !matches!(es, 1 | 2 | 4 | 8) || s.count == 0 || s.world == 0 {
-        return None;
-    }
-    if s.world > MAX_WORLD {
-        return None;
-    }
-    let bytes = s.count.checked_mul(es)?;
-    if s.row_len.is_none() && bytes <= limits.one_shot_bytes {
-        return None;
-    }
-    let (input, output) = window_areas(s)?;
-    if input.next_multiple_of(256).checked_add(output)? > limits.chunk_bytes {
-        return None;
-    }
-    let at = Placement {
-        input_pooled: true,
-        output_pooled: true,
-        in_place: false,
-    };
-    let limits = ReduceLimits {
-        zero_copy_one_shot_bytes: limits.window_one_shot_bytes,
-        zero_copy_min_bytes: 0,
-        ..*limits
-    };
-    let p = zero_copy_plan(s, &at, &limits)?;
-    Some(Plan {
-        algorithm: match p.algorithm {
-            Algorithm::ZeroCopyOneShot => Algorithm::WindowOneShot,
-            _ => Algorithm::WindowTwoShot,
-        },
-        ..p
-    })
-}
-
-/// Bytes of a window call's input area (the whole input) and output area (the whole output
-/// for the two-shot all-reduce and the all-gather, this rank's part for a hook's rows
-/// otherwise: reserved as the whole output, which is never smaller).
-pub fn window_areas(s: &Shape) -> Option<(u64, u64)> {
-    let w = s.world as u64;
-    let part = s.count.checked_mul(s.elem_bytes)?;
-    Some(match s.collective {
-        Collective::AllReduce => (part, part),
-        Collective::ReduceScatter => (part.checked_mul(w)?, part),
-        Collective::AllGather => (0, part.checked_mul(w)?),
-    })
-}
-
 /// The layout word of a zero-copy call (48 bits), which every rank announces and compares
 /// before touching a peer's buffer: the algorithm, the collective and the pool places
 /// `(segment, offset)` of the buffers peers reach. Ranks that allocated their pool buffers in
@@ -313,44 +260,5 @@ mod tests {
         ] {
             assert_ne!(base, other);
         }
-    }
-
-    #[test]
-    fn window_paths_between_the_line_one_shot_and_the_window_size() {
-        assert!(!lw(2).window && lw(3).window);
-        let l = lw(4);
-        let ar = |count: u64| shape(Collective::AllReduce, count, 2, 4);
-        let algo = |s: &Shape| window_plan(s, &l).map(|p| p.algorithm);
-        // Up to the line one-shot's payload: not the window.
-        assert_eq!(algo(&ar(l.one_shot_bytes / 2)), None);
-        // Above it, up to window_one_shot_bytes: the window one-shot, then the two-shot.
-        let one = ReduceLimits {
-            window_one_shot_bytes: 1 << 20,
-            ..l
-        };
-        assert_eq!(
-            window_plan(&ar(l.one_shot_bytes / 2 + 8), &one).map(|p| p.algorithm),
-            Some(Algorithm::WindowOneShot)
-        );
-        assert_eq!(algo(&ar(1 << 20)), Some(Algorithm::WindowTwoShot));
-        // Input and output areas fit half the window's area (32 MiB): 16 MiB of bf16 does,
-        // more does not (the pipelined two-shot then).
-        assert_eq!(algo(&ar(8 << 20)), Some(Algorithm::WindowTwoShot));
-        assert_eq!(algo(&ar((8 << 20) + 8)), None);
-        let rs = shape(Collective::ReduceScatter, 1 << 20, 2, 4);
-        assert_eq!(algo(&rs), Some(Algorithm::WindowTwoShot));
-        let ag = shape(Collective::AllGather, 1 << 20, 2, 4);
-        assert_eq!(algo(&ag), Some(Algorithm::WindowTwoShot));
-        assert_eq!(window_areas(&rs), Some((8 << 20, 2 << 20)));
-        assert_eq!(window_areas(&ag), Some((0, 8 << 20)));
-        let off = ReduceLimits { window: false, ..l };
-        assert_eq!(window_plan(&ar(1 << 20), &off), None);
-        // Hooked calls take the window at any size that fits, rows whole.
-        let hooked = Shape {
-            row_len: Some(512),
-            ..ar(4096)
-        };
-        let p = window_plan(&hooked, &l).unwrap();
-        assert_eq!((p.algorithm, p.unit), (Algorithm::WindowOneShot, 512));
     }
 }

@@ -202,24 +202,6 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
     } else {
         per_shard
     };
-    // The window paths hold the input and output in half the window's area.
-    let window_one = limits.window_one_shot_bytes as usize / es;
-    let window_fit = match coll {
-        Collective::AllReduce => limits.chunk_bytes as usize / 2,
-        _ => limits.chunk_bytes as usize / (w + 1),
-    } / es
-        / 256
-        * 256;
-    let window = |n: usize| {
-        let shape = devcomm::reduce::plan::Shape {
-            collective: coll,
-            count: n as u64,
-            elem_bytes: es as u64,
-            world: w,
-            row_len: None,
-        };
-        devcomm::reduce::zero_copy_plan::window_plan(&shape, &limits).map(|p| p.algorithm)
-    };
     // A job with network links runs every reduction as all-to-alls in rounds of the network
     // scratch (docs/NETWORK.md): its sizes straddle that round as well.
     let network = cx.comm.has_network_links();
@@ -227,7 +209,6 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
         0 => None,
         _ if network => Some(Algorithm::Network),
         n if n <= one => Some(Algorithm::OneShot),
-        n if window(n).is_some() => window(n),
         n if n <= round => Some(Algorithm::TwoShot),
         _ => Some(Algorithm::Pipelined),
     };
@@ -239,10 +220,6 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
         one.saturating_sub(1),
         one,
         one + 1,
-        window_one,
-        window_one + 1,
-        window_fit.saturating_sub(vec),
-        window_fit + vec,
         round,
         round + 1,
     ];
