@@ -2,6 +2,7 @@
 // and the two-shot (pipelined in rounds) through the reduce window. The JIT appends the
 // instantiations (element type, operation, epilogue hook) after this text.
 #include "devcomm/reduce.cuh"
+#include "devcomm/ll128.cuh"
 
 namespace devcomm {
 namespace red {
@@ -17,17 +18,63 @@ __device__ __forceinline__ int turn(int i, int me, int world) {
   return (me + 1 + i) % world;
 }
 
-// ---- One-shot ------------------------------------------------------------------------------
+// ---- One-shot on LL128 lines --------------------------------------------------------------
 //
-// Call seq (per-block counters, equal in every block) uses line parity seq & 1. Block b owns
-// the 8-byte units [u0, u1) of each sender's payload: it writes its units as lines into every
-// peer (into the region of this sender), then reads every rank's units in rank order (its
-// own from its input) and reduces them. Before writing parity seq & 1 it waits until every
-// receiver block has released call seq - 2 (kFree, any block may have read any line then);
-// after reading it releases the lines of call seq in every sender. The call agreement
-// (reduce.cuh): announced first; checked before any output is written, by all-reduce and
-// reduce-scatter threads in the poll of their first line from each peer, by all-gather warps
-// before their first store.
+// Call seq (per-block counters, equal in every block) uses line parity seq & 1. Every rank
+// writes its payload into every peer's window (the region of this sender) as 128-byte lines
+// (ll128.cuh's format: payload words 0-14, the call's sequence number in word 15, each line
+// moved by 8 lanes with one 16-byte access each: 128 bytes on the wire per 120 of payload),
+// then reads every rank's lines in rank order (its own data from its input) and reduces them.
+// Line i of a sender's payload holds its 8-byte words 15 i .. 15 i + 14. Block b owns lines
+// [l0, l1) of every sender; a warp takes 4 lines at a time (lanes 8 j .. 8 j + 7: line j of
+// the 4) and polls until all 4 have come, so that its lanes stay together around the shuffles.
+// Before writing parity seq & 1 a block waits until every receiver block has released call
+// seq - 2 (kFree, any block may have read any line then); after reading it releases the lines
+// of call seq in every sender. The call agreement (reduce.cuh): announced first; each warp
+// with lines checks every peer's announcement (local loads: peers push it) before it writes
+// any output. (16-byte lines carrying 8 bytes each, the first form, were slower from 128 KiB:
+// docs/PERFORMANCE.md, "LL128 lines for the one-shot".)
+
+// Whether every live line of the warp's 4 (this lane's: `line`, 8 lanes a line) carries `seq`,
+// polled until it does; v0, v1: this lane's two words. Warp-collective (every lane calls it
+// with the same peer); false on every lane on a timeout (recorded once) or an abort.
+__device__ inline bool ll128_warp_wait(const DeviceWindow& w, const dc_u64* line, bool live,
+                                       dc_u64 seq, int peer, dc_u64 index, dc_u64& v0,
+                                       dc_u64& v1) {
+  const dc_u32 lane = linear_thread_index() & 31u;
+  const dc_u32 flag_lane = lane | 7u;
+  DeviceErrorState* err = error_state(w);
+  dc_u64 start = 0, next_abort = 0;
+  v0 = v1 = 0;
+  for (dc_u32 polls = 1;; ++polls) {
+    if (live) p2p::ll128_load(line, v0, v1);
+    const dc_u64 flag = __shfl_sync(0xffffffffu, v1, (int)flag_lane);
+    const bool ready = !live || flag == seq;
+    if (__all_sync(0xffffffffu, ready)) return true;
+    if (polls % kAbortCheckPolls != 0) continue;
+    const dc_u64 now = globaltimer_ns();
+    if (start == 0) {
+      start = now;
+      next_abort = now + kAbortCheckNs;
+    }
+    bool stop = false;
+    if (now >= next_abort) {
+      stop = lane == 0 && abort_raised(err);
+      next_abort = now + kAbortCheckNs;
+    }
+    if (now - start >= w.timeout_ns) {
+      // The lowest lane of the first line that has not come records it.
+      const unsigned waiting = __ballot_sync(0xffffffffu, !ready);
+      if (waiting != 0 && lane == (dc_u32)(__ffs(waiting) - 1)) {
+        record_wait_failure(err, w.rank, WaitSite{kOpRecvSlotFull, peer, index}, seq, flag,
+                            now - start);
+      }
+      stop = true;
+    }
+    if (__any_sync(0xffffffffu, stop)) return false;
+  }
+}
+
 template <class T, int OP>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   enter_after_previous_kernel();
@@ -39,9 +86,11 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   DC_TRACE_KERNEL_BEGIN();
   const Agree ag = agree_begin(a, b, sizeof(T), false);
   agree_announce(g, a, b, ag);
+  constexpr dc_u64 kLineWords = p2p::Ll128<8>::kWords;  // payload words per line: 15
   const dc_u64 payload = a.shard * sizeof(T);  // bytes each rank sends each peer
-  dc_u64 u0, u1;
-  block_piece((payload + 7) / 8, a.blocks, 1, b, u0, u1);
+  const dc_u64 lines = ((payload + 7) / 8 + kLineWords - 1) / kLineWords;
+  dc_u64 l0, l1;
+  block_piece(lines, a.blocks, 1, b, l0, l1);
   bool ok = true;
   if (seq > 2) {
     for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
@@ -50,6 +99,14 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
     }
   }
   if (g.any(!ok)) return;
+  const dc_u32 l = g.thread_rank() & 7u;  // this lane's words of its line: 2 l, 2 l + 1
+  // Payload byte of word k (0 or 1) of this lane in line i, and its length (0: none).
+  auto word_at = [&](dc_u64 i, dc_u32 k, dc_u64& n) -> dc_u64 {
+    const dc_u32 word = 2 * l + k;
+    const dc_u64 at = (i * kLineWords + word) * 8;
+    n = word < kLineWords && at < payload ? (payload - at < 8 ? payload - at : 8) : 0;
+    return at;
+  };
   DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
   const unsigned char* in = reinterpret_cast<const unsigned char*>(a.in);
   const dc_u64 parity = (seq & 1) * a.ll_sender_bytes;
@@ -57,63 +114,75 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
     if (q == me) continue;
     const unsigned char* src = in + (a.mode == kReduceScatter ? (dc_u64)q * payload : 0);
     char* peer = static_cast<char*>(get_nvlink_address(a.w, q));
-    dc_u32* lines = reinterpret_cast<dc_u32*>(peer + a.ll_offset +
-                                              (dc_u64)me * 2 * a.ll_sender_bytes + parity);
-    for (dc_u64 j = u0 + g.thread_rank(); j < u1; j += g.size()) {
-      const dc_u64 n = payload - 8 * j;
-      line_store(lines + 4 * j, load8(src + 8 * j, n), (dc_u32)seq);
+    dc_u64* dst = reinterpret_cast<dc_u64*>(peer + a.ll_offset +
+                                            (dc_u64)me * 2 * a.ll_sender_bytes + parity);
+    for (dc_u64 i = l0 + g.thread_rank() / 8; i < l1; i += g.size() / 8) {
+      dc_u64 v[2];
+#pragma unroll
+      for (dc_u32 k = 0; k < 2; ++k) {
+        dc_u64 n;
+        const dc_u64 at = word_at(i, k, n);
+        v[k] = n > 0 ? load8(src + at, n) : (2 * l + k == kLineWords ? seq : 0);
+      }
+      p2p::ll128_store(dst + i * 16 + 2 * l, v[0], v[1]);
     }
   }
-  DC_TRACE_PHASE_END(kPhaseStage, -1, (world - 1) * 8 * (u1 - u0));
+  DC_TRACE_PHASE_END(kPhaseStage, -1, (world - 1) * 128 * (l1 - l0));
   DC_TRACE_PHASE_BEGIN(kPhaseReduce, -1);
   const char* own = reinterpret_cast<const char*>(a.w.data) + a.ll_offset + parity;
   unsigned char* out = reinterpret_cast<unsigned char*>(a.out);
   const unsigned char* mine = in + (a.mode == kReduceScatter ? (dc_u64)me * payload : 0);
   using N = Num<T>;
   constexpr int kE = (int)(8 / sizeof(T));
-  // The call agreement before any output is written. All-reduce and reduce-scatter store a
-  // unit after reading every rank's line of it, so a thread checks each peer's announcement in
-  // the same poll as its first line from that peer (one flight). All-gather stores each rank's
-  // line as it comes, so a warp with units checks every peer first (lane p: peer p).
-  const bool in_poll = a.mode != kAllGather;
-  if (!in_poll && Warp{}.any(u0 + g.thread_rank() < u1)) ok = agree_all(Warp{}, a, b, ag);
-  for (dc_u64 j = u0 + g.thread_rank(); ok && j < u1; j += g.size()) {
-    const bool first = j == u0 + g.thread_rank();
-    const dc_u64 n = payload - 8 * j < 8 ? payload - 8 * j : 8;
-    typename N::Acc acc[kE];
+  const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
+  // Warp-uniform from here: the first line of the warp's 4 decides.
+  if (l0 + 4 * warp < l1) ok = agree_all(Warp{}, a, b, ag);
+  for (dc_u64 first = l0 + 4 * warp; ok && first < l1; first += 4 * (dc_u64)warps) {
+    const dc_u64 i = first + (g.thread_rank() & 31u) / 8;
+    const bool live = i < l1;
+    dc_u64 n[2], at[2];
+#pragma unroll
+    for (dc_u32 k = 0; k < 2; ++k) at[k] = word_at(i, k, n[k]);
+    typename N::Acc acc[2][kE];
     for (int p = 0; ok && p < world; ++p) {
-      Word<T> x;
+      Word<T> x[2];
       if (p == me) {
-        x.u = load8(mine + 8 * j, n);
+#pragma unroll
+        for (dc_u32 k = 0; k < 2; ++k) x[k].u = live && n[k] > 0 ? load8(mine + at[k], n[k]) : 0;
       } else {
-        const dc_u32* line = reinterpret_cast<const dc_u32*>(own + (dc_u64)p * 2 * a.ll_sender_bytes) + 4 * j;
-        if (in_poll && first) {
-          dc_u64 word = 0;
-          ok = line_poll(a.w, line, (dc_u32)seq, p, j, x.u, agree_entry(a, b, ag, p), ag.call,
-                         ag.desc, &word) &&
-               agree_compare(a, ag, p, word);
-        } else {
-          ok = line_poll(a.w, line, (dc_u32)seq, p, j, x.u);
-        }
+        const dc_u64* line = reinterpret_cast<const dc_u64*>(own + (dc_u64)p * 2 * a.ll_sender_bytes) +
+                             i * 16 + 2 * l;
+        ok = ll128_warp_wait(a.w, line, live, seq, p, i, x[0].u, x[1].u);
+        if (!ok) break;
       }
       if (a.mode == kAllGather) {
-        if (ok) store8(out + (dc_u64)p * payload + 8 * j, x.u, n);
+#pragma unroll
+        for (dc_u32 k = 0; k < 2; ++k) {
+          if (live && n[k] > 0) store8(out + (dc_u64)p * payload + at[k], x[k].u, n[k]);
+        }
         continue;
       }
 #pragma unroll
-      for (int k = 0; k < kE; ++k) {
-        acc[k] = p == 0 ? N::load(x.v[k]) : combine<OP, T>(acc[k], N::load(x.v[k]));
+      for (dc_u32 k = 0; k < 2; ++k) {
+#pragma unroll
+        for (int e = 0; e < kE; ++e) {
+          acc[k][e] = p == 0 ? N::load(x[k].v[e]) : combine<OP, T>(acc[k][e], N::load(x[k].v[e]));
+        }
       }
     }
-    if (ok && a.mode != kAllGather) {
-      Word<T> r;
+    if (ok && a.mode != kAllGather && live) {
 #pragma unroll
-      for (int k = 0; k < kE; ++k) r.v[k] = finish<OP, T>(acc[k], world);
-      store8(out + 8 * j, r.u, n);
+      for (dc_u32 k = 0; k < 2; ++k) {
+        if (n[k] == 0) continue;
+        Word<T> r;
+#pragma unroll
+        for (int e = 0; e < kE; ++e) r.v[e] = finish<OP, T>(acc[k][e], world);
+        store8(out + at[k], r.u, n[k]);
+      }
     }
   }
   if (g.any(!ok)) return;  // barrier: every line of this block has been read
-  DC_TRACE_PHASE_END(kPhaseReduce, -1, 8 * (u1 - u0));
+  DC_TRACE_PHASE_END(kPhaseReduce, -1, 120 * (l1 - l0));
   for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
     const int p = (int)(k / kMaxBlocks);
     const dc_u32 i = k % kMaxBlocks;
@@ -125,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
       }
     }
   }
-  DC_TRACE_KERNEL_END((world - 1) * 8 * (u1 - u0));
+  DC_TRACE_KERNEL_END((world - 1) * 128 * (l1 - l0));
 }
 
 // ---- Two-shot, in rounds -------------------------------------------------------------------

@@ -202,7 +202,7 @@ knobs! {
     /// Most blocks of a one-shot reduction (one per 8 KiB of payload up to this).
     reduce_one_shot_blocks: u32 = 32, "32",
         env "DEVCOMM_REDUCE_ONE_SHOT_BLOCKS", group "reductions", range range(1, 64), Must, experimental;
-    /// Largest one-shot reduction payload in KiB (`0`: never); unset: 512/256/32 by ranks.
+    /// Largest one-shot reduction payload in KiB (`0`: never); unset: 512 on 2-4 ranks, else 32.
     reduce_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ONE_SHOT_KIB", group "reductions", range range(0, 1024), Must, experimental;
     /// Largest all-reduce in KiB that takes the zero-copy one-shot on pool buffers; unset:
@@ -210,8 +210,8 @@ knobs! {
     reduce_zero_copy_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ZERO_COPY_ONE_SHOT_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
     /// Largest call in KiB on pool buffers that takes the line one-shot instead of the
-    /// zero-copy paths (within the line one-shot's payload); unset: 256 on 2 ranks, else 128.
-    reduce_zero_copy_min_kib: Option<u32> = None, "by ranks",
+    /// zero-copy paths (within the line one-shot's payload); unset: 256.
+    reduce_zero_copy_min_kib: Option<u32> = None, "256",
         env "DEVCOMM_REDUCE_ZERO_COPY_MIN_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
     /// `0`: reductions on pool buffers take the staged paths too (the zero-copy paths need
     /// every rank's buffers at the same place of the pool: ranks that allocate in different

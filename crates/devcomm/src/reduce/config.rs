@@ -46,7 +46,7 @@ mod tests {
         assert_eq!(limits(4, None, None, None, 8, 1).max_blocks, 1);
         assert_eq!(
             limits(4, None, None, None, 8, 132).one_shot_bytes,
-            256 << 10
+            512 << 10
         );
     }
 

@@ -103,8 +103,11 @@ pub const DEFAULT_MAX_BLOCKS: u32 = 32;
 /// H200s a 256 KiB all-reduce took 15.8 us on 32 blocks against 18.6 on 16.
 pub const ONE_SHOT_BLOCKS: u32 = 32;
 
-/// Bytes of flag-in-data lines per 8 bytes of payload.
-pub const LINE_BYTES: u64 = 16;
+/// Bytes of an LL128 line of the one-shot: 15 payload words of 8 bytes and the flag word.
+pub const LINE_BYTES: u64 = 128;
+
+/// Payload words (8 bytes) of an LL128 line.
+pub const LINE_WORDS: u64 = 15;
 
 /// Most ranks of a reduction (the signal pad holds `SLOT_KINDS x world x MAX_BLOCKS` slots).
 pub const MAX_WORLD: usize = 32;
@@ -155,15 +158,13 @@ impl ReduceLimits {
     }
 }
 
-/// The default of [`ReduceLimits::zero_copy_min_bytes`] on `world` ranks. On 4 H200s (bf16
-/// all-reduce, 2026-11-27) pool buffers took 10.4-12.2 us zero-copy from 8 B to 128 KiB
-/// against 8.8-11.9 on the line one-shot, and 13.4 against 15.9 at 256 KiB; on 2, 10.5
-/// against 9.3 at 256 KiB and 11.2 against 11.9 at 512 KiB.
-pub const fn zero_copy_min_bytes(world: usize) -> u64 {
-    match world {
-        0..=2 => 256 << 10,
-        _ => 128 << 10,
-    }
+/// The default of [`ReduceLimits::zero_copy_min_bytes`] on `world` ranks: 256 KiB. On 4 H200s
+/// (bf16 all-reduce, 2026-11-27) pool buffers took 10.4-12.2 us zero-copy from 8 B to 128 KiB
+/// and 13.4 at 256 KiB, against 11.1-11.8 on the LL128 one-shot up to 128 KiB and 11.5 at
+/// 256 KiB (16-byte lines: 15.9); on 2 ranks, 10.5 zero-copy against 9.3 on 16-byte lines at
+/// 256 KiB and 11.2 against 11.9 at 512 KiB.
+pub const fn zero_copy_min_bytes(_world: usize) -> u64 {
+    256 << 10
 }
 
 /// The default largest all-reduce (bytes) of the zero-copy one-shot on `world` ranks: each
@@ -178,21 +179,21 @@ pub const fn zero_copy_one_shot_max_bytes(world: usize) -> u64 {
 }
 
 /// The default largest payload (bytes per sender) of a one-shot call on `world` ranks: each
-/// rank reads `world` copies, so the cut-over comes earlier with more ranks. 2 ranks: measured
-/// on 2 H200s (2026-11-24); 3-4 ranks: on 4 H200s, where a 128 KiB all-reduce took 11.8 us
-/// one-shot against 24.3 two-shot, 256 KiB 18.2 against 25.4, 512 KiB 31.5 against 26.4
-/// (2026-11-26, docs/PERFORMANCE.md); more ranks: not measured.
+/// rank receives `world - 1` copies, so the cut-over comes earlier with more ranks. 2 ranks:
+/// measured on 2 H200s (2026-11-24, 16-byte lines); 3-4 ranks: on 4 H200s with LL128 lines
+/// (2026-11-27), bf16 all-reduce 512 KiB 16.9 us one-shot against 23.0 two-shot, 1 MiB 28.1
+/// against 25.2 (docs/PERFORMANCE.md); more ranks: not measured.
 pub const fn one_shot_max_bytes(world: usize) -> u64 {
     match world {
-        0..=2 => 512 << 10,
-        3..=4 => 256 << 10,
+        0..=4 => 512 << 10,
         _ => 32 << 10,
     }
 }
 
-/// Bytes of flag-in-data lines one sender owns in a receiver's window, per parity.
+/// Bytes of LL128 lines one sender owns in a receiver's window, per parity: the largest
+/// one-shot payload in 128-byte lines of 15 payload words.
 pub const fn ll_sender_bytes(limits: &ReduceLimits) -> u64 {
-    limits.one_shot_bytes.div_ceil(8) * LINE_BYTES
+    limits.one_shot_bytes.div_ceil(8).div_ceil(LINE_WORDS) * LINE_BYTES
 }
 
 /// Bytes of the reduce window: the one-shot lines (`world` senders x 2 parities), then the
@@ -420,8 +421,15 @@ pub(super) mod tests {
     #[test]
     fn blocks_grow_with_the_round_and_stay_bounded() {
         let p = |n: u64| plan(&shape(Collective::AllReduce, n, 4, 2), &L).unwrap();
-        // 4 ranks, 300 KB (two-shot): a 300,032-byte round, one block per 16 KiB.
-        let mid = plan(&shape(Collective::AllReduce, 75_000, 4, 4), &lw(4)).unwrap();
+        // 4 ranks, 600 KB (two-shot): a 600,064-byte round, one block per 16 KiB, at most 32.
+        let mid = plan(&shape(Collective::AllReduce, 150_000, 4, 4), &lw(4)).unwrap();
+        assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 32));
+        // 300 KB with the one-shot off: a 300,032-byte round, 19 blocks.
+        let small = ReduceLimits {
+            one_shot_bytes: 0,
+            ..lw(4)
+        };
+        let mid = plan(&shape(Collective::AllReduce, 75_000, 4, 4), &small).unwrap();
         assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 19));
         assert_eq!(p(1 << 20).blocks, 32); // 4 MiB: capped
         assert_eq!(p(64 << 20).blocks, 32); // 256 MiB: 32 blocks, at most 32 SMs
@@ -511,9 +519,11 @@ pub(super) mod tests {
 
     #[test]
     fn window_holds_both_areas() {
-        assert_eq!(ll_sender_bytes(&L), 1 << 20);
-        assert_eq!(window_bytes(2, &L), 2 * 2 * (1 << 20) + (64 << 20));
-        assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * (64 << 10) + (64 << 20));
+        // 512 KiB in lines of 120 bytes: 4370 lines of 128 bytes.
+        assert_eq!(ll_sender_bytes(&L), 4370 * 128);
+        assert_eq!(window_bytes(2, &L), 2 * 2 * 4370 * 128 + (64 << 20));
+        // 32 KiB: 4096 words, 274 lines.
+        assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * 274 * 128 + (64 << 20));
         // One-shot off: no lines.
         let off = ReduceLimits {
             one_shot_bytes: 0,

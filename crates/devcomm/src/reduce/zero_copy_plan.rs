@@ -131,14 +131,15 @@ mod tests {
         };
         let small = shape(Collective::AllReduce, 1024, 2, 4);
         let zc = |s: &Shape, p| zero_copy_plan(s, &p, &l).map(|p| p.algorithm);
-        // Up to zero_copy_min_bytes the line one-shot serves pool buffers too.
-        let d = lw(4);
-        let at_min = shape(Collective::AllReduce, d.zero_copy_min_bytes / 2, 2, 4);
+        // Up to zero_copy_min_bytes the line one-shot serves pool buffers too (2 ranks: the
+        // zero-copy one-shot above it; on 4 it ends where the line one-shot's range does).
+        let d = lw(2);
+        let at_min = shape(Collective::AllReduce, d.zero_copy_min_bytes / 2, 2, 2);
         assert_eq!(
             zero_copy_plan(&at_min, &pooled(true, true, false), &d),
             None
         );
-        let above = shape(Collective::AllReduce, d.zero_copy_min_bytes / 2 + 8, 2, 4);
+        let above = shape(Collective::AllReduce, d.zero_copy_min_bytes / 2 + 8, 2, 2);
         assert_eq!(
             zero_copy_plan(&above, &pooled(true, true, false), &d).map(|p| p.algorithm),
             Some(Algorithm::ZeroCopyOneShot)
