@@ -13,6 +13,8 @@ Tensors reach the native layer as descriptions `(ptr, dtype, shape, strides, dev
 checks itself (dtype, device, contiguity, sizes) before anything runs.
 """
 
+import itertools
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -243,6 +245,97 @@ def _fake_sendrecv_registered(comm, token, send, send_peer, reg, offset, recv, r
     return None
 
 
+# --- MoE dispatch and combine (devcomm.moe.Buffer, docs/MOE.md) ---------------------------
+# `buffer` is a Buffer's id (`register_moe`): the layer's configuration (rows, dtype, local
+# experts) and its native object. Ids are never reused, and the table holds its Buffers weakly
+# (a Buffer owns scratch of about four times max_tokens x world_size x hidden elements).
+# The op implementations allocate their outputs; the fakes give the same shapes, all fixed by
+# the Buffer's configuration and the op's int arguments (out_rows, tokens).
+
+_MOES = weakref.WeakValueDictionary()  # id -> devcomm.moe.Buffer
+_moe_ids = itertools.count(1)
+
+
+def register_moe(buffer):
+    mid = next(_moe_ids)
+    _MOES[mid] = buffer
+    return mid
+
+
+def _moe(mid):
+    b = _MOES.get(mid)
+    if b is None:
+        raise _native.InvalidArgument(f"moe: invalid argument: no MoE buffer {mid} (released?)")
+    return b
+
+
+def moe_dispatch_run(b, x, topk_idx, topk_weights, rows):
+    """`Buffer.dispatch`'s work, eager or as the op: new `(recv_x, recv_weights,
+    tokens_per_expert)` with `rows` expert-major rows."""
+    dev = x.device
+    recv_x = torch.empty((rows, b.hidden), dtype=b.dtype, device=dev)
+    recv_w = torch.empty((rows,), dtype=torch.float32, device=dev)
+    counts = torch.empty((b.local_experts,), dtype=torch.int64, device=dev)
+    x, topk_idx, topk_weights = x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
+    s = _raw_stream(b._comm._ordinal)
+    b._native.dispatch(desc(x), desc(topk_idx), desc(topk_weights), desc(recv_x), desc(recv_w), desc(counts), s)
+    return recv_x, recv_w, counts
+
+
+def moe_combine_run(b, y, out):
+    """`Buffer.combine`'s work, eager or as the op: `y` of the last dispatch into `out`."""
+    b._native.combine(desc(y.contiguous()), desc(out), _raw_stream(b._comm._ordinal))
+
+
+def moe_dispatch(
+    buffer: int,
+    token: torch.Tensor,
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+    out_rows: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(recv_x [out_rows, hidden], recv_weights float32 [out_rows], tokens_per_expert int64
+    [local_experts])` on `x`'s device."""
+    return moe_dispatch_run(_moe(buffer), x, topk_idx, topk_weights, out_rows)
+
+
+def _fake_moe_dispatch(buffer, token, x, topk_idx, topk_weights, out_rows):
+    b = _moe(buffer)
+    return (
+        x.new_empty((out_rows, b.hidden), dtype=b.dtype),
+        x.new_empty((out_rows,), dtype=torch.float32),
+        x.new_empty((b.local_experts,), dtype=torch.int64),
+    )
+
+
+# `tokens_per_expert` is the dispatch's output: the combine kernels read it (the native layer
+# keeps its address from the dispatch), so the op takes it to keep it alive and unchanged until
+# the combine has run (a compiled graph would otherwise free or reuse its memory earlier).
+
+
+def moe_combine(buffer: int, token: torch.Tensor, y: torch.Tensor, tokens_per_expert: torch.Tensor, tokens: int) -> torch.Tensor:
+    """A new `[tokens, hidden]` output on `y`'s device."""
+    b = _moe(buffer)
+    out = torch.empty((tokens, b.hidden), dtype=b.dtype, device=y.device)
+    moe_combine_run(b, y, out)
+    return out
+
+
+def _fake_moe_combine(buffer, token, y, tokens_per_expert, tokens):
+    b = _moe(buffer)
+    return y.new_empty((tokens, b.hidden), dtype=b.dtype)
+
+
+def moe_combine_out(buffer: int, token: torch.Tensor, y: torch.Tensor, tokens_per_expert: torch.Tensor, out: torch.Tensor) -> None:
+    """Into the caller's `out` (`[tokens, hidden]`, contiguous)."""
+    moe_combine_run(_moe(buffer), y, out)
+
+
+def _fake_moe_combine_out(buffer, token, y, tokens_per_expert, out):
+    return None
+
+
 # --- registration ---------------------------------------------------------------------
 # The functions above are the implementations; each becomes `torch.ops.devcomm.NAME` with its
 # fake. `Comm` calls an implementation directly in eager mode (no dispatcher on the way) and
@@ -261,3 +354,7 @@ torch.library.custom_op("devcomm::all_gather_into_tensor", all_gather_into_tenso
 torch.library.custom_op("devcomm::send_registered", send_registered, mutates_args=("token",)).register_fake(_fake_send_registered)
 torch.library.custom_op("devcomm::recv_registered", recv_registered, mutates_args=("token", "t")).register_fake(_fake_recv_registered)
 torch.library.custom_op("devcomm::sendrecv_registered", sendrecv_registered, mutates_args=("token", "recv")).register_fake(_fake_sendrecv_registered)
+
+torch.library.custom_op("devcomm::moe_dispatch", moe_dispatch, mutates_args=("token",)).register_fake(_fake_moe_dispatch)
+torch.library.custom_op("devcomm::moe_combine", moe_combine, mutates_args=("token",)).register_fake(_fake_moe_combine)
+torch.library.custom_op("devcomm::moe_combine_out", moe_combine_out, mutates_args=("token", "out")).register_fake(_fake_moe_combine_out)

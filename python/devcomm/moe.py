@@ -13,8 +13,17 @@ group's rows. `combine` sums each token's weighted expert outputs per rank in as
 order in float32, rounds once per rank and once more after adding the ranks in rank order: the
 result depends only on the token's own routing and its experts' outputs. Nothing goes through
 the host; both calls run on torch's current stream and can be captured in CUDA graphs
-(`out_rows` then fixed). Eager only for now: these calls are not torch custom ops, so
-`torch.compile` graph-breaks around them.
+(`out_rows` then fixed).
+
+Under `torch.compile` (fullgraph too) the calls become the custom ops
+`torch.ops.devcomm.moe_dispatch`, `moe_combine` and `moe_combine_out` (python/devcomm/_ops.py),
+ordered with the communicator's other ops; in eager mode they call the native layer directly,
+as before. No output shape depends on the routing: `recv_x [out_rows, hidden]`, `recv_weights
+[out_rows]` and `tokens_per_expert [local_experts]`, where `out_rows` is a host int
+(`worst_case_rows()`, fixed by the Buffer, when not given; a tensor is refused under compile);
+combine's output is `[tokens, hidden]`, `tokens` being dispatch's `x.shape[0]`. The handle is
+built in the graph from `tokens_per_expert` and those ints. `check()` waits for the stream on
+the host: call it outside the compiled function (inside, it breaks the graph).
 """
 
 import torch
@@ -22,6 +31,9 @@ import torch
 from . import _native, _ops
 
 _ROW_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+# torch.compile recognises this function itself (as in devcomm._comm).
+_compiling = torch.compiler.is_compiling
 
 
 class Handle:
@@ -52,11 +64,15 @@ class Buffer:
         self._native = comm._native.moe(num_experts, top_k, hidden, _ROW_DTYPES[dtype], max_tokens, align)
         self.num_experts, self.top_k, self.hidden = num_experts, top_k, hidden
         self.dtype, self.max_tokens, self.align = dtype, max_tokens, align
+        # Plain attributes (not the native object's) so that torch.compile reads them while
+        # tracing; the id names this Buffer to the custom ops.
         self.local_experts = self._native.local_experts
+        self._worst_rows = self._native.worst_case_out_rows()
+        self._id = _ops.register_moe(self)
 
     def worst_case_rows(self):
         """Expert-major rows that hold any routing of up to `max_tokens` tokens per rank."""
-        return self._native.worst_case_out_rows()
+        return self._worst_rows
 
     def typical_rows(self, tokens, slack=2.0):
         """Rows for `tokens` per rank routed near uniformly, `slack` times the mean per expert
@@ -70,24 +86,42 @@ class Buffer:
         """`x [tokens, hidden]`, `topk_idx` int64 `[tokens, top_k]` (-1: none),
         `topk_weights` float32 `[tokens, top_k]` -> `(recv_x [out_rows, hidden] expert-major,
         recv_weights float32 [out_rows], tokens_per_expert int64 [local_experts], handle)`.
-        `out_rows` defaults to `worst_case_rows()`. Ids outside [-1, num_experts) and repeats
-        within a token are dropped; `check()` reports them and an `out_rows` too small."""
-        rows = self.worst_case_rows() if out_rows is None else int(out_rows)
-        dev = x.device
-        recv_x = torch.empty((rows, self.hidden), dtype=self.dtype, device=dev)
-        recv_w = torch.empty((rows,), dtype=torch.float32, device=dev)
-        counts = torch.empty((self.local_experts,), dtype=torch.int64, device=dev)
+        `out_rows` (a host int) defaults to `worst_case_rows()`. Ids outside [-1, num_experts)
+        and repeats within a token are dropped; `check()` reports them and an `out_rows` too
+        small."""
+        if _compiling():
+            return self._dispatch_op(x, topk_idx, topk_weights, out_rows)
+        rows = self._worst_rows if out_rows is None else int(out_rows)
+        recv_x, recv_w, counts = _ops.moe_dispatch_run(self, x, topk_idx, topk_weights, rows)
+        return recv_x, recv_w, counts, Handle(x.shape[0], rows, counts, self.align)
+
+    def _dispatch_op(self, x, topk_idx, topk_weights, out_rows):
+        # The shapes of a compiled graph come from ints known while tracing: `out_rows` may not
+        # be a tensor (its value would be data the graph only has on the GPU).
+        if isinstance(out_rows, torch.Tensor):
+            raise _native.InvalidArgument(
+                "moe dispatch: invalid argument: out_rows is a tensor; under torch.compile the "
+                "output's rows are a static shape: pass an int (worst_case_rows(), typical_rows())"
+            )
+        rows = self._worst_rows if out_rows is None else out_rows if isinstance(out_rows, int) else int(out_rows)
         x, topk_idx, topk_weights = x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
-        d = _ops.desc
-        self._native.dispatch(d(x), d(topk_idx), d(topk_weights), d(recv_x), d(recv_w), d(counts), self._stream())
+        recv_x, recv_w, counts = torch.ops.devcomm.moe_dispatch(self._id, self._comm._token, x, topk_idx, topk_weights, rows)
         return recv_x, recv_w, counts, Handle(x.shape[0], rows, counts, self.align)
 
     def combine(self, y, handle, out=None):
         """The experts' outputs `y` (`recv_x`'s shape and order) back to their tokens:
-        `[tokens, hidden]`, each token's weighted sum (module docstring)."""
+        `[tokens, hidden]`, each token's weighted sum (module docstring). Combines the last
+        dispatch; `handle` gives its token count (and, under torch.compile, keeps its
+        `tokens_per_expert`, which the combine reads, alive until then)."""
+        if _compiling():
+            y = y.contiguous()
+            if out is None:
+                return torch.ops.devcomm.moe_combine(self._id, self._comm._token, y, handle.tokens_per_expert, handle.tokens)
+            torch.ops.devcomm.moe_combine_out(self._id, self._comm._token, y, handle.tokens_per_expert, out)
+            return out
         if out is None:
             out = torch.empty((handle.tokens, self.hidden), dtype=self.dtype, device=y.device)
-        self._native.combine(_ops.desc(y.contiguous()), _ops.desc(out), self._stream())
+        _ops.moe_combine_run(self, y, out)
         return out
 
     def check(self):

@@ -1,6 +1,7 @@
 """devcomm.moe: dispatch and combine against a single-process reference computed on the host in
 the kernels' order and rounding, bit for bit; batch invariance; graph replays with new
-routings; errors. Every rank draws every rank's routing and rows from shared seeds."""
+routings; torch.compile(fullgraph=True) against eager and the custom ops' fakes; errors. Every
+rank draws every rank's routing and rows from shared seeds."""
 
 import pytest
 import torch
@@ -153,3 +154,141 @@ def test_errors(comm, seed):
     buf.combine(recv_x, handle)
     torch.cuda.synchronize()
     comm.barrier()
+
+
+def expert_scales(comm, local):
+    """scale(e) of this rank's local experts, in order (float32 on the GPU)."""
+    return torch.tensor([scale(comm.rank * local + le) for le in range(local)], dtype=torch.float32, device=comm.device)
+
+
+def moe_step(buf, scales):
+    """dispatch -> each row times its expert's scale (expert_out, from the handle's bases) ->
+    combine."""
+
+    def step(x, idx, w):
+        recv_x, _, counts, handle = buf.dispatch(x, idx, w)
+        rows = torch.arange(recv_x.shape[0], device=recv_x.device)
+        le = torch.searchsorted(handle.bases, rows, right=True) - 1  # padding rows: any group
+        y = (recv_x.float() * scales[le].unsqueeze(1)).to(recv_x.dtype)
+        return buf.combine(y, handle), counts
+
+    return step
+
+
+def devcomm_ops(gm):
+    """The devcomm ops of a graph, in order (names after `devcomm.`)."""
+    return [str(n.target).split(".")[1] for n in gm.graph.nodes if n.op == "call_function" and str(n.target).startswith("devcomm.")]
+
+
+def test_torch_compile_fullgraph_matches_eager(comm, seed):
+    from torch._dynamo.backends.registry import lookup_backend
+
+    world, me = comm.world_size, comm.rank
+    experts = experts_of(comm)
+    local = experts // world
+    buf = devcomm.moe.Buffer(comm, experts, TOP_K, HIDDEN, max_tokens=64, align=4)
+    step = moe_step(buf, expert_scales(comm, local))
+    graphs = []
+    inductor = lookup_backend("inductor")
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return inductor(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend, fullgraph=True)
+    # Two routings of other token counts (a recompile, with the token count dynamic), then a
+    # third routing of the second's counts (that graph again).
+    runs = [(seed, [17 + 5 * r for r in range(world)]), (seed + 1, [40 - 3 * r for r in range(world)]), (seed + 2, [40 - 3 * r for r in range(world)])]
+    for i, (s, tokens) in enumerate(runs):
+        inputs = [routing(s, r, tokens[r], experts) for r in range(world)]
+        x, idx, w = (t.to(comm.device) for t in inputs[me])
+        got, got_counts = compiled(x, idx, w)
+        torch.cuda.synchronize()
+        buf.check()
+        want, want_counts = step(x, idx, w)
+        torch.cuda.synchronize()
+        buf.check()
+        assert got.shape == (tokens[me], HIDDEN) and got.dtype == torch.bfloat16, i
+        assert torch.equal(got_counts, want_counts), i
+        assert got_counts.tolist() == [len(g) for g in reference_dispatch(inputs, me, local)], i
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), i
+        ref = reference_combine(inputs[me][0], inputs[me][1], inputs[me][2], local)
+        assert torch.equal(got.cpu().view(torch.int16), ref.view(torch.int16)), i
+        assert len(graphs) == min(i + 1, 2), (i, len(graphs))
+    for gm in graphs:
+        assert devcomm_ops(gm) == ["moe_dispatch", "moe_combine"]
+
+
+def test_torch_compile_out_rows_and_out(comm, seed):
+    """Explicit out_rows (the routing's own rows) and combine into the caller's out."""
+    world, me = comm.world_size, comm.rank
+    experts = experts_of(comm)
+    local = experts // world
+    buf = devcomm.moe.Buffer(comm, experts, TOP_K, HIDDEN, max_tokens=32, align=4)
+    inputs = [routing(seed, r, 24 + r, experts, "dropped") for r in range(world)]
+    x, idx, w = (t.to(comm.device) for t in inputs[me])
+    rows = sum((len(g) + 3) // 4 * 4 for g in reference_dispatch(inputs, me, local))
+
+    def step(x, idx, w, out):
+        recv_x, recv_w, counts, handle = buf.dispatch(x, idx, w, out_rows=rows)
+        buf.combine(recv_x, handle, out=out)  # identity experts
+        return recv_x, recv_w, counts
+
+    got_out, want_out = torch.empty_like(x), torch.empty_like(x)
+    got = torch.compile(step, fullgraph=True)(x, idx, w, got_out)
+    torch.cuda.synchronize()
+    buf.check()
+    want = step(x, idx, w, want_out)
+    torch.cuda.synchronize()
+    buf.check()
+    assert got[0].shape == (rows, HIDDEN) and got[1].shape == (rows,) and got[2].shape == (local,)
+    assert torch.equal(got[2], want[2])
+    bases = (torch.cumsum((want[2] + 3) // 4 * 4, 0) - (want[2] + 3) // 4 * 4).tolist()
+    for le, n in enumerate(want[2].tolist()):  # the rows written (padding rows hold anything)
+        b = bases[le]
+        assert torch.equal(got[0][b : b + n].view(torch.int16), want[0][b : b + n].view(torch.int16)), le
+        assert torch.equal(got[1][b : b + n], want[1][b : b + n]), le
+    assert torch.equal(got_out.view(torch.int16), want_out.view(torch.int16))
+    assert torch.count_nonzero(want_out) > 0
+    with pytest.raises(devcomm.InvalidArgument, match="static shape"):
+        buf._dispatch_op(x, idx, w, torch.tensor(rows))  # what the compiled path refuses
+
+
+def test_fakes_and_opcheck(comm, seed):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.library import opcheck
+
+    world, me = comm.world_size, comm.rank
+    experts = experts_of(comm)
+    local = experts // world
+    buf = devcomm.moe.Buffer(comm, experts, TOP_K, HIDDEN, max_tokens=32, align=1)
+    inputs = [routing(seed, r, 20 + r, experts) for r in range(world)]
+    x, idx, w = (t.to(comm.device) for t in inputs[me])
+    token = comm._token
+    ops = torch.ops.devcomm
+    # The fakes: shapes from the Buffer and the int arguments, on the inputs' device; nothing
+    # runs (a fake tensor has no data to hand the native layer).
+    with FakeTensorMode() as mode:
+        fx, fidx, fw, ftoken = (mode.from_tensor(t) for t in (x, idx, w, token))
+        rx, rw, counts = ops.moe_dispatch(buf._id, ftoken, fx, fidx, fw, 123)
+        out = ops.moe_combine(buf._id, ftoken, rx, counts, 7)
+        none = ops.moe_combine_out(buf._id, ftoken, rx, counts, fx)
+    assert (tuple(rx.shape), rx.dtype, rx.device) == ((123, HIDDEN), torch.bfloat16, comm.device)
+    assert (tuple(rw.shape), rw.dtype, rw.device) == ((123,), torch.float32, comm.device)
+    assert (tuple(counts.shape), counts.dtype, counts.device) == ((local,), torch.int64, comm.device)
+    assert (tuple(out.shape), out.dtype, out.device) == ((7, HIDDEN), torch.bfloat16, comm.device)
+    assert none is None
+    # The real ops against their fakes and schemas. out_rows is exactly the routing's rows
+    # (align 1), so every output row is written and the runs compare equal.
+    rows = sum(len(g) for g in reference_dispatch(inputs, me, local))
+    opcheck(ops.moe_dispatch.default, (buf._id, token, x, idx, w, rows))
+    recv_x, _, counts, handle = buf.dispatch(x, idx, w, out_rows=rows)  # the dispatch combined below
+    opcheck(ops.moe_combine.default, (buf._id, token, recv_x, counts, x.shape[0]))
+    opcheck(ops.moe_combine_out.default, (buf._id, token, recv_x, counts, torch.empty_like(x)))
+    direct = ops.moe_combine(buf._id, token, recv_x, counts, x.shape[0])
+    eager = buf.combine(recv_x, handle)
+    comm.synchronize()
+    buf.check()
+    assert torch.equal(direct.view(torch.int16), eager.view(torch.int16))
+    assert torch.count_nonzero(eager) > 0
