@@ -53,7 +53,7 @@ fn every_type_and_operation_compiles() {
     }
     for dtype in DataType::ALL {
         let spec = kernel_spec(dtype);
-        assert_eq!(spec.name_expressions.len(), 12, "{dtype}");
+        assert_eq!(spec.name_expressions.len(), 16, "{dtype}");
         let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("{dtype}: {e}"));
         for expr in &spec.name_expressions {
             assert!(module.lowered_names[expr].starts_with("_Z"), "{expr}");

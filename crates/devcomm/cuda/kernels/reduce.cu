@@ -18,6 +18,13 @@ __device__ __forceinline__ int turn(int i, int me, int world) {
   return (me + 1 + i) % world;
 }
 
+// Elements of shard q that exist (all-reduce: the last shards may be short or empty).
+__device__ __forceinline__ dc_u64 shard_len(const ReduceLaunch& a, int q) {
+  const dc_u64 first = (dc_u64)q * a.shard;
+  if (first >= a.total) return 0;
+  return a.total - first < a.shard ? a.total - first : a.shard;
+}
+
 // ---- One-shot on LL128 lines --------------------------------------------------------------
 //
 // Call seq (per-block counters, equal in every block) uses line parity seq & 1. Every rank
@@ -75,22 +82,60 @@ __device__ inline bool ll128_warp_wait(const DeviceWindow& w, const dc_u64* line
   }
 }
 
-template <class T, int OP>
-__global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
-  enter_after_previous_kernel();
-  const Block g;
-  const dc_u32 b = blockIdx.x;
+// LL128 lines of `bytes` of payload (15 words of 8 bytes a line).
+__device__ __forceinline__ dc_u64 lines_of(dc_u64 bytes) {
+  constexpr dc_u64 kWords = p2p::Ll128<8>::kWords;
+  return ((bytes + 7) / 8 + kWords - 1) / kWords;
+}
+
+// The byte offset in the payload of word k (0 or 1) of lane l's share of line i (words 2 l and
+// 2 l + 1), and in n its bytes there (0: past the payload, or the flag word).
+__device__ __forceinline__ dc_u64 line_word(dc_u64 i, dc_u32 l, dc_u32 k, dc_u64 payload,
+                                            dc_u64& n) {
+  constexpr dc_u64 kWords = p2p::Ll128<8>::kWords;
+  const dc_u32 word = 2 * l + k;
+  const dc_u64 at = (i * kWords + word) * 8;
+  n = word < kWords && at < payload ? (payload - at < 8 ? payload - at : 8) : 0;
+  return at;
+}
+
+// Word k of lane l's share of a line: the flag (the call's sequence number) in word 15, else v.
+__device__ __forceinline__ dc_u64 line_value(dc_u32 l, dc_u32 k, dc_u64 v, dc_u64 seq) {
+  return 2 * l + k == p2p::Ll128<8>::kWords ? seq : v;
+}
+
+// The line area of `sender` in the window of rank `owner` (as mapped here) for call seq.
+__device__ __forceinline__ dc_u64* line_area(const ReduceLaunch& a, int owner, int sender,
+                                             dc_u64 seq) {
+  char* base = owner == a.w.rank ? reinterpret_cast<char*>(a.w.data)
+                                 : static_cast<char*>(get_nvlink_address(a.w, owner));
+  return reinterpret_cast<dc_u64*>(base + a.ll_offset + (dc_u64)sender * 2 * a.ll_sender_bytes +
+                                   (seq & 1) * a.ll_sender_bytes);
+}
+
+// Group g writes lines [l0, l1) of the `payload` bytes at src as lines of call seq at dst,
+// 8 lanes a line.
+template <class G>
+__device__ __forceinline__ void push_lines(const G& g, dc_u64* dst, const unsigned char* src,
+                                           dc_u64 payload, dc_u64 l0, dc_u64 l1, dc_u64 seq) {
+  const dc_u32 l = g.thread_rank() & 7u;
+  for (dc_u64 i = l0 + g.thread_rank() / 8; i < l1; i += g.size() / 8) {
+    dc_u64 v[2];
+#pragma unroll
+    for (dc_u32 k = 0; k < 2; ++k) {
+      dc_u64 n;
+      const dc_u64 at = line_word(i, l, k, payload, n);
+      v[k] = line_value(l, k, n > 0 ? load8(src + at, n) : 0, seq);
+    }
+    p2p::ll128_store(dst + i * 16 + 2 * l, v[0], v[1]);
+  }
+}
+
+// Before writing the lines of call seq (parity seq & 1): every receiver's every block has
+// released call seq - 2 (kFree). False on a timeout or abort.
+template <class G>
+__device__ __forceinline__ bool lines_free(const G& g, const ReduceLaunch& a, dc_u64 seq) {
   const int world = a.w.world_size, me = a.w.rank;
-  dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters);
-  const dc_u64 seq = counters[b] + 1;
-  DC_TRACE_KERNEL_BEGIN();
-  const Agree ag = agree_begin(a, b, sizeof(T), false);
-  agree_announce(g, a, b, ag);
-  constexpr dc_u64 kLineWords = p2p::Ll128<8>::kWords;  // payload words per line: 15
-  const dc_u64 payload = a.shard * sizeof(T);  // bytes each rank sends each peer
-  const dc_u64 lines = ((payload + 7) / 8 + kLineWords - 1) / kLineWords;
-  dc_u64 l0, l1;
-  block_piece(lines, a.blocks, 1, b, l0, l1);
   bool ok = true;
   if (seq > 2) {
     for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
@@ -98,43 +143,59 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
       if (q != me) ok = ok && wait_slot(a.w, slot_of(kFree, world, q, k % kMaxBlocks), seq - 2, q);
     }
   }
-  if (g.any(!ok)) return;
-  const dc_u32 l = g.thread_rank() & 7u;  // this lane's words of its line: 2 l, 2 l + 1
-  // Payload byte of word k (0 or 1) of this lane in line i, and its length (0: none).
-  auto word_at = [&](dc_u64 i, dc_u32 k, dc_u64& n) -> dc_u64 {
-    const dc_u32 word = 2 * l + k;
-    const dc_u64 at = (i * kLineWords + word) * 8;
-    n = word < kLineWords && at < payload ? (payload - at < 8 ? payload - at : 8) : 0;
-    return at;
-  };
+  return !g.any(!ok);
+}
+
+// The end of a line call: block b releases the lines of call seq in every sender and takes the
+// call's sequence and number (block 0 also for the blocks not in the launch).
+template <class G>
+__device__ __forceinline__ void lines_release(const G& g, const ReduceLaunch& a, dc_u32 b,
+                                              dc_u64 seq, dc_u64 call) {
+  const int world = a.w.world_size, me = a.w.rank;
+  dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters);
+  for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
+    const int p = (int)(k / kMaxBlocks);
+    const dc_u32 i = k % kMaxBlocks;
+    if (i == b || (b == 0 && i >= a.blocks)) {
+      if (p != me) st_release_sys(peer_user_slot(a.w, p, slot_of(kFree, world, me, i)), seq);
+      if (p == 0) {
+        counters[i] = seq;
+        counters[2 * kMaxBlocks + i] = call;
+      }
+    }
+  }
+}
+
+template <class T, int OP>
+__global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
+  enter_after_previous_kernel();
+  const Block g;
+  const dc_u32 b = blockIdx.x;
+  const int world = a.w.world_size, me = a.w.rank;
+  const dc_u64 seq = reinterpret_cast<const dc_u64*>(a.counters)[b] + 1;
+  DC_TRACE_KERNEL_BEGIN();
+  const Agree ag = agree_begin(a, b, sizeof(T), false);
+  agree_announce(g, a, b, ag);
+  const dc_u64 payload = a.shard * sizeof(T);  // bytes each rank sends each peer
+  dc_u64 l0, l1;
+  block_piece(lines_of(payload), a.blocks, 1, b, l0, l1);
+  if (!lines_free(g, a, seq)) return;
   DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
   const unsigned char* in = reinterpret_cast<const unsigned char*>(a.in);
-  const dc_u64 parity = (seq & 1) * a.ll_sender_bytes;
   for (int q = 0; q < world; ++q) {
     if (q == me) continue;
     const unsigned char* src = in + (a.mode == kReduceScatter ? (dc_u64)q * payload : 0);
-    char* peer = static_cast<char*>(get_nvlink_address(a.w, q));
-    dc_u64* dst = reinterpret_cast<dc_u64*>(peer + a.ll_offset +
-                                            (dc_u64)me * 2 * a.ll_sender_bytes + parity);
-    for (dc_u64 i = l0 + g.thread_rank() / 8; i < l1; i += g.size() / 8) {
-      dc_u64 v[2];
-#pragma unroll
-      for (dc_u32 k = 0; k < 2; ++k) {
-        dc_u64 n;
-        const dc_u64 at = word_at(i, k, n);
-        v[k] = n > 0 ? load8(src + at, n) : (2 * l + k == kLineWords ? seq : 0);
-      }
-      p2p::ll128_store(dst + i * 16 + 2 * l, v[0], v[1]);
-    }
+    push_lines(g, line_area(a, q, me, seq), src, payload, l0, l1, seq);
   }
   DC_TRACE_PHASE_END(kPhaseStage, -1, (world - 1) * 128 * (l1 - l0));
   DC_TRACE_PHASE_BEGIN(kPhaseReduce, -1);
-  const char* own = reinterpret_cast<const char*>(a.w.data) + a.ll_offset + parity;
   unsigned char* out = reinterpret_cast<unsigned char*>(a.out);
   const unsigned char* mine = in + (a.mode == kReduceScatter ? (dc_u64)me * payload : 0);
   using N = Num<T>;
   constexpr int kE = (int)(8 / sizeof(T));
+  const dc_u32 l = g.thread_rank() & 7u;
   const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
+  bool ok = true;
   // Warp-uniform from here: the first line of the warp's 4 decides.
   if (l0 + 4 * warp < l1) ok = agree_all(Warp{}, a, b, ag);
   for (dc_u64 first = l0 + 4 * warp; ok && first < l1; first += 4 * (dc_u64)warps) {
@@ -142,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
     const bool live = i < l1;
     dc_u64 n[2], at[2];
 #pragma unroll
-    for (dc_u32 k = 0; k < 2; ++k) at[k] = word_at(i, k, n[k]);
+    for (dc_u32 k = 0; k < 2; ++k) at[k] = line_word(i, l, k, payload, n[k]);
     typename N::Acc acc[2][kE];
     for (int p = 0; ok && p < world; ++p) {
       Word<T> x[2];
@@ -150,9 +211,8 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
 #pragma unroll
         for (dc_u32 k = 0; k < 2; ++k) x[k].u = live && n[k] > 0 ? load8(mine + at[k], n[k]) : 0;
       } else {
-        const dc_u64* line = reinterpret_cast<const dc_u64*>(own + (dc_u64)p * 2 * a.ll_sender_bytes) +
-                             i * 16 + 2 * l;
-        ok = ll128_warp_wait(a.w, line, live, seq, p, i, x[0].u, x[1].u);
+        ok = ll128_warp_wait(a.w, line_area(a, me, p, seq) + i * 16 + 2 * l, live, seq, p, i,
+                             x[0].u, x[1].u);
         if (!ok) break;
       }
       if (a.mode == kAllGather) {
@@ -183,18 +243,128 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   }
   if (g.any(!ok)) return;  // barrier: every line of this block has been read
   DC_TRACE_PHASE_END(kPhaseReduce, -1, 120 * (l1 - l0));
-  for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
-    const int p = (int)(k / kMaxBlocks);
-    const dc_u32 i = k % kMaxBlocks;
-    if (i == b || (b == 0 && i >= a.blocks)) {
-      if (p != me) st_release_sys(peer_user_slot(a.w, p, slot_of(kFree, world, me, i)), seq);
-      if (p == 0) {
-        counters[i] = seq;
-        counters[2 * kMaxBlocks + i] = ag.call;
+  lines_release(g, a, b, seq, ag.call);
+  DC_TRACE_KERNEL_END((world - 1) * 128 * (l1 - l0));
+}
+
+// ---- Two-shot all-reduce on LL128 lines -----------------------------------------------------
+//
+// Shard q is elements [q S, (q + 1) S) (S = a.shard). Every rank sends shard q of its input to
+// rank q as lines (the first `span` lines of its area there, span = the lines of a whole
+// shard); rank q reduces its shard in rank order, writes it to its output and sends it to every
+// peer as lines (lines span.. of its area there); every rank copies the peers' reduced shards
+// from its window into its output. Each rank sends and receives 2 (W - 1) / W of the buffer
+// instead of the one-shot's W - 1 times it, with no signal but the lines' flags. Blocks own the
+// same lines [l0, l1) of every shard; the lines' sequence, parity, kFree and agreement are the
+// one-shot's (both may follow each other in any order).
+template <class T, int OP>
+__global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a) {
+  enter_after_previous_kernel();
+  const Block g;
+  const dc_u32 b = blockIdx.x;
+  const int world = a.w.world_size, me = a.w.rank;
+  const dc_u64 seq = reinterpret_cast<const dc_u64*>(a.counters)[b] + 1;
+  DC_TRACE_KERNEL_BEGIN();
+  const Agree ag = agree_begin(a, b, sizeof(T), false);
+  agree_announce(g, a, b, ag);
+  constexpr dc_u64 es = sizeof(T);
+  const dc_u64 span = lines_of(a.shard * es);
+  dc_u64 l0, l1;
+  block_piece(span, a.blocks, 1, b, l0, l1);
+  auto bytes_of = [&](int q) -> dc_u64 { return shard_len(a, q) * es; };
+  auto start_of = [&](int q) -> dc_u64 { return (dc_u64)q * a.shard * es; };
+  auto end_of = [&](int q) -> dc_u64 {  // the block's lines of shard q end here
+    const dc_u64 n = lines_of(bytes_of(q));
+    return l1 < n ? l1 : n;
+  };
+  if (!lines_free(g, a, seq)) return;
+  // 1. This rank's data of shard q into rank q's window.
+  DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
+  const unsigned char* in = reinterpret_cast<const unsigned char*>(a.in);
+  for (int t = 0; t < world; ++t) {
+    const int q = turn(t, me, world);
+    if (q != me) push_lines(g, line_area(a, q, me, seq), in + start_of(q), bytes_of(q), l0, end_of(q), seq);
+  }
+  DC_TRACE_PHASE_END(kPhaseStage, -1, (world - 1) * 128 * (l1 - l0));
+  g.sync();  // in place: the block's reads of the other shards' input end before it writes them
+  // 2. Reduce shard `me` in rank order, write it out and send it to every peer.
+  DC_TRACE_PHASE_BEGIN(kPhaseReduce, -1);
+  unsigned char* out = reinterpret_cast<unsigned char*>(a.out);
+  using N = Num<T>;
+  constexpr int kE = (int)(8 / sizeof(T));
+  const dc_u32 l = g.thread_rank() & 7u;
+  const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
+  const dc_u64 mine = bytes_of(me), mine_end = end_of(me);
+  bool ok = true;
+  if (l0 + 4 * warp < l1) ok = agree_all(Warp{}, a, b, ag);
+  for (dc_u64 first = l0 + 4 * warp; ok && first < l1; first += 4 * (dc_u64)warps) {
+    const dc_u64 i = first + (g.thread_rank() & 31u) / 8;
+    const bool live = i < mine_end;
+    dc_u64 n[2], at[2];
+#pragma unroll
+    for (dc_u32 k = 0; k < 2; ++k) at[k] = line_word(i, l, k, mine, n[k]);
+    typename N::Acc acc[2][kE];
+    for (int p = 0; ok && p < world; ++p) {
+      Word<T> x[2];
+      if (p == me) {
+#pragma unroll
+        for (dc_u32 k = 0; k < 2; ++k) {
+          x[k].u = live && n[k] > 0 ? load8(in + start_of(me) + at[k], n[k]) : 0;
+        }
+      } else {
+        ok = ll128_warp_wait(a.w, line_area(a, me, p, seq) + i * 16 + 2 * l, live, seq, p, i,
+                             x[0].u, x[1].u);
+        if (!ok) break;
+      }
+#pragma unroll
+      for (dc_u32 k = 0; k < 2; ++k) {
+#pragma unroll
+        for (int e = 0; e < kE; ++e) {
+          acc[k][e] = p == 0 ? N::load(x[k].v[e]) : combine<OP, T>(acc[k][e], N::load(x[k].v[e]));
+        }
+      }
+    }
+    if (!ok || !live) continue;
+    dc_u64 v[2];
+#pragma unroll
+    for (dc_u32 k = 0; k < 2; ++k) {
+      Word<T> r;
+#pragma unroll
+      for (int e = 0; e < kE; ++e) r.v[e] = finish<OP, T>(acc[k][e], world);
+      if (n[k] > 0) store8(out + start_of(me) + at[k], r.u, n[k]);
+      v[k] = line_value(l, k, n[k] > 0 ? r.u : 0, seq);
+    }
+    for (int t = 0; t < world; ++t) {
+      const int q = turn(t, me, world);
+      if (q != me) p2p::ll128_store(line_area(a, q, me, seq) + (span + i) * 16 + 2 * l, v[0], v[1]);
+    }
+  }
+  DC_TRACE_PHASE_END(kPhaseReduce, -1, 120 * (l1 - l0));
+  // 3. The peers' reduced shards from this window into the output.
+  DC_TRACE_PHASE_BEGIN(kPhaseWriteOut, -1);
+  for (int t = 0; ok && t < world; ++t) {
+    const int p = turn(t, me, world);
+    if (p == me) continue;
+    const dc_u64 bytes = bytes_of(p), end = end_of(p);
+    for (dc_u64 first = l0 + 4 * warp; ok && first < l1; first += 4 * (dc_u64)warps) {
+      const dc_u64 i = first + (g.thread_rank() & 31u) / 8;
+      const bool live = i < end;
+      Word<T> x[2];
+      ok = ll128_warp_wait(a.w, line_area(a, me, p, seq) + (span + i) * 16 + 2 * l, live, seq, p,
+                           span + i, x[0].u, x[1].u);
+      if (!ok || !live) continue;
+#pragma unroll
+      for (dc_u32 k = 0; k < 2; ++k) {
+        dc_u64 n;
+        const dc_u64 at = line_word(i, l, k, bytes, n);
+        if (n > 0) store8(out + start_of(p) + at, x[k].u, n);
       }
     }
   }
-  DC_TRACE_KERNEL_END((world - 1) * 128 * (l1 - l0));
+  DC_TRACE_PHASE_END(kPhaseWriteOut, -1, 120 * (l1 - l0) * (world - 1));
+  if (g.any(!ok)) return;  // barrier: every line of this block has been read
+  lines_release(g, a, b, seq, ag.call);
+  DC_TRACE_KERNEL_END(2 * (world - 1) * 128 * (l1 - l0));
 }
 
 // ---- Two-shot, in rounds -------------------------------------------------------------------
@@ -262,13 +432,6 @@ __device__ __forceinline__ bool wait_every_rank(const G& g, const ReduceLaunch& 
     ok = ok && wait_slot(a.w, slot_of(kind, world, (int)p, b), value, (int)p);
   }
   return !g.any(!ok);
-}
-
-// Elements of shard q that exist (all-reduce: the last shards may be short or empty).
-__device__ __forceinline__ dc_u64 shard_len(const ReduceLaunch& a, int q) {
-  const dc_u64 first = (dc_u64)q * a.shard;
-  if (first >= a.total) return 0;
-  return a.total - first < a.shard ? a.total - first : a.shard;
 }
 
 // [lo, hi) clipped to shard q's elements of round k: the count from lo (0 if none).

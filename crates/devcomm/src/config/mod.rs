@@ -205,6 +205,10 @@ knobs! {
     /// Largest one-shot reduction payload in KiB (`0`: never); unset: 512 on 2-4 ranks, else 32.
     reduce_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ONE_SHOT_KIB", group "reductions", range range(0, 1024), Must, experimental;
+    /// Largest all-reduce in KiB above the one-shot that takes the two-shot on LL128 lines
+    /// (`0`: never); unset: 2048 on 3 ranks or more, 0 on 2.
+    reduce_line_two_shot_kib: Option<u32> = None, "by ranks",
+        env "DEVCOMM_REDUCE_LINE_TWO_SHOT_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
     /// Largest all-reduce in KiB that takes the zero-copy one-shot on pool buffers; unset:
     /// 1024/256/64 by ranks.
     reduce_zero_copy_one_shot_kib: Option<u32> = None, "by ranks",

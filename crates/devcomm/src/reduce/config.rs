@@ -20,6 +20,7 @@ pub(crate) fn limits(
         block_bytes: d.block_bytes,
         one_shot_blocks: d.one_shot_blocks,
         zero_copy_min_bytes: d.zero_copy_min_bytes,
+        line_two_shot_bytes: d.line_two_shot_bytes,
         max_blocks: max_blocks
             .unwrap_or(d.max_blocks)
             .min((fewest_sms / 2).max(1)),

@@ -102,6 +102,7 @@ pub fn kernel_expression(
     let hook = hook.unwrap_or("devcomm::red::NoEpilogue");
     match algorithm {
         Algorithm::OneShot => format!("devcomm::red::one_shot_kernel<{t}, {op}>"),
+        Algorithm::LineTwoShot => format!("devcomm::red::line_two_shot_kernel<{t}, {op}>"),
         Algorithm::ZeroCopyOneShot | Algorithm::ZeroCopyTwoShot => {
             format!("devcomm::red::zero_copy_kernel<{t}, {op}, {hook}>")
         }
@@ -109,13 +110,15 @@ pub fn kernel_expression(
     }
 }
 
-/// The module of `dtype`'s plain kernels: one-shot, two-shot and zero-copy for every operation
+/// The module of `dtype`'s plain kernels: one-shot, two-shot on lines, two-shot and zero-copy
+/// for every operation
 /// (the all-gather runs the sum's instantiations, which it never reduces with).
 pub(crate) fn kernel_spec(dtype: DataType) -> KernelSpec {
     let mut spec = KernelSpec::new(format!("reduce_{}", dtype.name()), KERNEL_SOURCE);
     for op in ReduceOp::ALL {
         for a in [
             Algorithm::OneShot,
+            Algorithm::LineTwoShot,
             Algorithm::TwoShot,
             Algorithm::ZeroCopyTwoShot,
         ] {
@@ -254,6 +257,9 @@ impl Reduce {
         let limits = ReduceLimits {
             block_bytes: u64::from(c.reduce_block_kib.max(1)) << 10,
             one_shot_blocks: c.reduce_one_shot_blocks.clamp(1, MAX_BLOCKS),
+            line_two_shot_bytes: c
+                .reduce_line_two_shot_kib
+                .map_or(limits.line_two_shot_bytes, |k| u64::from(k) << 10),
             zero_copy_min_bytes: c
                 .reduce_zero_copy_min_kib
                 .map_or(limits.zero_copy_min_bytes, |k| u64::from(k) << 10),
@@ -432,7 +438,7 @@ impl Reduce {
             Collective::AllReduce => call.count,
             _ => call.count * world as u64,
         };
-        let ll_sender_bytes = plan::ll_sender_bytes(&self.limits);
+        let ll_sender_bytes = plan::ll_sender_bytes(world, &self.limits);
         let (user, row) = call.hooks.map_or((0, 0), |(_, user, row)| (user, row));
         let args = ReduceLaunch {
             w: self.window.device_handle(),

@@ -37,9 +37,12 @@ impl Collective {
 /// The algorithm of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
-    /// Every rank pushes its data into every peer as flag-in-data lines; every rank reduces
-    /// all copies in rank order. One kernel, no separate signal.
+    /// Every rank pushes its data into every peer as flag-in-data lines (LL128); every rank
+    /// reduces all copies in rank order. One kernel, no separate signal.
     OneShot,
+    /// All-reduce: every rank pushes shard q of its data to rank q as lines, rank q reduces it
+    /// and pushes the result to every rank as lines. One kernel, no signal but the lines'.
+    LineTwoShot,
     /// Staged into the symmetric window, each rank reduces its shard reading every rank's copy
     /// in rank order, then every rank reads every reduced shard: one round.
     TwoShot,
@@ -65,6 +68,7 @@ impl Algorithm {
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::OneShot => "one-shot",
+            Algorithm::LineTwoShot => "two-shot (lines)",
             Algorithm::TwoShot => "two-shot",
             Algorithm::Pipelined => "pipelined",
             Algorithm::Network => "network",
@@ -135,6 +139,9 @@ pub struct ReduceLimits {
     /// buffers are in the memory pool; larger ones take the zero-copy two-shot (or, with only
     /// the input in the pool, the staged paths).
     pub zero_copy_one_shot_bytes: u64,
+    /// Largest all-reduce (bytes of the buffer) above the one-shot's payload that takes the
+    /// two-shot on lines ([`Algorithm::LineTwoShot`]); 0: never.
+    pub line_two_shot_bytes: u64,
     /// Calls on pool buffers up to this many bytes (and within the line one-shot's payload)
     /// take the line one-shot: a push of 16-byte lines is one crossing of NVLink, a read of
     /// peers' buffers a round trip.
@@ -154,6 +161,7 @@ impl ReduceLimits {
             one_shot_blocks: ONE_SHOT_BLOCKS,
             zero_copy_one_shot_bytes: zero_copy_one_shot_max_bytes(world),
             zero_copy_min_bytes: zero_copy_min_bytes(world),
+            line_two_shot_bytes: line_two_shot_max_bytes(world),
         }
     }
 }
@@ -190,16 +198,37 @@ pub const fn one_shot_max_bytes(world: usize) -> u64 {
     }
 }
 
+/// The default largest all-reduce (bytes) of the two-shot on lines on `world` ranks (0: never).
+/// On 2 ranks it would send each peer as much as the one-shot does, in two steps: never.
+pub const fn line_two_shot_max_bytes(world: usize) -> u64 {
+    match world {
+        0..=2 => 0,
+        _ => 2 << 20,
+    }
+}
+
+/// LL128 lines of `bytes` of payload.
+pub const fn lines_of(bytes: u64) -> u64 {
+    bytes.div_ceil(8).div_ceil(LINE_WORDS)
+}
+
 /// Bytes of LL128 lines one sender owns in a receiver's window, per parity: the largest
-/// one-shot payload in 128-byte lines of 15 payload words.
-pub const fn ll_sender_bytes(limits: &ReduceLimits) -> u64 {
-    limits.one_shot_bytes.div_ceil(8).div_ceil(LINE_WORDS) * LINE_BYTES
+/// one-shot payload, or the two-shot on lines' largest shard twice (its data, then the
+/// reduced shard), in 128-byte lines of 15 payload words.
+pub const fn ll_sender_bytes(world: usize, limits: &ReduceLimits) -> u64 {
+    let one = lines_of(limits.one_shot_bytes);
+    // A shard is rounded up to 16 bytes (the planner's `vec`).
+    let two = match limits.line_two_shot_bytes {
+        0 => 0,
+        b => 2 * lines_of(b.div_ceil(if world == 0 { 1 } else { world as u64 }) + 16),
+    };
+    (if one > two { one } else { two }) * LINE_BYTES
 }
 
 /// Bytes of the reduce window: the one-shot lines (`world` senders x 2 parities), then the
 /// two halves of the two-shot area.
 pub fn window_bytes(world: usize, limits: &ReduceLimits) -> u64 {
-    world as u64 * 2 * ll_sender_bytes(limits) + 2 * limits.chunk_bytes
+    world as u64 * 2 * ll_sender_bytes(world, limits) + 2 * limits.chunk_bytes
 }
 
 /// What a call moves, as the planner sees it.
@@ -255,19 +284,22 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
     }
     let w = s.world as u64;
     let payload = s.count.checked_mul(es).ok_or("the size overflows")?;
+    // Line calls: one block per 8 KiB of a sender's payload, up to one_shot_blocks.
+    let line_blocks = |bytes: u64| {
+        bytes.div_ceil(8).div_ceil(2 * THREADS as u64).clamp(
+            1,
+            u64::from(
+                limits
+                    .one_shot_blocks
+                    .min(limits.max_blocks)
+                    .clamp(1, MAX_BLOCKS),
+            ),
+        ) as u32
+    };
     if s.row_len.is_none() && payload <= limits.one_shot_bytes {
-        let units = payload.div_ceil(8);
         return Ok(Plan {
             algorithm: Algorithm::OneShot,
-            blocks: units.div_ceil(2 * THREADS as u64).clamp(
-                1,
-                u64::from(
-                    limits
-                        .one_shot_blocks
-                        .min(limits.max_blocks)
-                        .clamp(1, MAX_BLOCKS),
-                ),
-            ) as u32,
+            blocks: line_blocks(payload),
             shard: s.count,
             chunk: 0,
             rounds: 1,
@@ -275,6 +307,20 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
         });
     }
     let vec = 16 / es;
+    if s.row_len.is_none()
+        && s.collective == Collective::AllReduce
+        && payload <= limits.line_two_shot_bytes
+    {
+        let shard = s.count.div_ceil(w).div_ceil(vec) * vec;
+        return Ok(Plan {
+            algorithm: Algorithm::LineTwoShot,
+            blocks: line_blocks(shard * es),
+            shard,
+            chunk: 0,
+            rounds: 1,
+            unit: 8 / es.min(8),
+        });
+    }
     let (unit, shard) = match (s.collective, s.row_len) {
         (_, Some(0)) => return Err("row length 0".into()),
         (Collective::AllReduce, Some(row)) => {
@@ -373,7 +419,11 @@ pub(super) mod tests {
                 assert_eq!(at.algorithm, Algorithm::OneShot, "{c:?} {world}");
                 assert_eq!(at.shard, max / 4);
                 let above = plan(&shape(c, max / 4 + 1, 4, world), &l).unwrap();
-                assert_eq!(above.algorithm, Algorithm::TwoShot, "{c:?} {world}");
+                let next = match c {
+                    Collective::AllReduce if world > 2 => Algorithm::LineTwoShot,
+                    _ => Algorithm::TwoShot,
+                };
+                assert_eq!(above.algorithm, next, "{c:?} {world}");
             }
         }
         // Bytes decide, not elements.
@@ -422,12 +472,16 @@ pub(super) mod tests {
     fn blocks_grow_with_the_round_and_stay_bounded() {
         let p = |n: u64| plan(&shape(Collective::AllReduce, n, 4, 2), &L).unwrap();
         // 4 ranks, 600 KB (two-shot): a 600,064-byte round, one block per 16 KiB, at most 32.
-        let mid = plan(&shape(Collective::AllReduce, 150_000, 4, 4), &lw(4)).unwrap();
+        let staged = ReduceLimits {
+            line_two_shot_bytes: 0,
+            ..lw(4)
+        };
+        let mid = plan(&shape(Collective::AllReduce, 150_000, 4, 4), &staged).unwrap();
         assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 32));
         // 300 KB with the one-shot off: a 300,032-byte round, 19 blocks.
         let small = ReduceLimits {
             one_shot_bytes: 0,
-            ..lw(4)
+            ..staged
         };
         let mid = plan(&shape(Collective::AllReduce, 75_000, 4, 4), &small).unwrap();
         assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 19));
@@ -518,12 +572,55 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn line_two_shot_between_the_one_shot_and_its_limit() {
+        let l = lw(4);
+        let ar = |n: u64| plan(&shape(Collective::AllReduce, n, 2, 4), &l).unwrap();
+        let at = ar(l.line_two_shot_bytes / 2);
+        // 2 MiB of bf16 on 4 ranks: shards of 262,144 elements (512 KiB, 32 blocks).
+        assert_eq!(
+            (at.algorithm, at.shard, at.blocks),
+            (Algorithm::LineTwoShot, 262_144, 32)
+        );
+        assert_eq!(
+            ar(l.line_two_shot_bytes / 2 + 1).algorithm,
+            Algorithm::TwoShot
+        );
+        // Odd counts: shards of whole 16 bytes, the last one short.
+        let odd = ar((l.one_shot_bytes / 2) + 1001);
+        assert_eq!(odd.algorithm, Algorithm::LineTwoShot);
+        assert_eq!(odd.shard % 8, 0);
+        assert!(odd.shard * 4 >= (l.one_shot_bytes / 2) + 1001);
+        // Reduce-scatter, all-gather and hooked calls never take it.
+        let rs = plan(&shape(Collective::ReduceScatter, 200_000, 4, 4), &l).unwrap();
+        assert_eq!(rs.algorithm, Algorithm::TwoShot);
+        let hooked = Shape {
+            row_len: Some(1000),
+            ..shape(Collective::AllReduce, 200_000, 4, 4)
+        };
+        assert_eq!(plan(&hooked, &l).unwrap().algorithm, Algorithm::TwoShot);
+        // The window holds both of its areas for the largest shard.
+        assert!(
+            2 * lines_of(l.line_two_shot_bytes / 4 + 16) * LINE_BYTES <= ll_sender_bytes(4, &l)
+        );
+        // 2 ranks: never.
+        let two = plan(&shape(Collective::AllReduce, 300_000, 4, 2), &lw(2)).unwrap();
+        assert_eq!(two.algorithm, Algorithm::TwoShot);
+    }
+
+    #[test]
     fn window_holds_both_areas() {
         // 512 KiB in lines of 120 bytes: 4370 lines of 128 bytes.
-        assert_eq!(ll_sender_bytes(&L), 4370 * 128);
+        assert_eq!(ll_sender_bytes(2, &L), 4370 * 128);
         assert_eq!(window_bytes(2, &L), 2 * 2 * 4370 * 128 + (64 << 20));
+        // 8 ranks: the two-shot on lines' two shards of 2 MiB / 8 (+ 16 bytes) take more than
+        // the one-shot's 32 KiB: 2 x 2185 lines.
+        assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * 4370 * 128 + (64 << 20));
+        let no_lines = ReduceLimits {
+            line_two_shot_bytes: 0,
+            ..lw(8)
+        };
         // 32 KiB: 4096 words, 274 lines.
-        assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * 274 * 128 + (64 << 20));
+        assert_eq!(window_bytes(8, &no_lines), 8 * 2 * 274 * 128 + (64 << 20));
         // One-shot off: no lines.
         let off = ReduceLimits {
             one_shot_bytes: 0,

@@ -195,6 +195,11 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
     let (w, es) = (cx.comm.world_size(), dtype.size_bytes());
     let limits = cx.comm.reduction_limits();
     let one = limits.one_shot_bytes as usize / es;
+    // All-reduce: the two-shot on lines above the one-shot, up to its limit.
+    let lines = match coll {
+        Collective::AllReduce => limits.line_two_shot_bytes as usize / es,
+        _ => 0,
+    };
     let vec = 16 / es;
     let per_shard = limits.chunk_bytes as usize / w / es / vec * vec;
     let round = if coll == Collective::AllReduce {
@@ -209,6 +214,7 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
         0 => None,
         _ if network => Some(Algorithm::Network),
         n if n <= one => Some(Algorithm::OneShot),
+        n if n <= lines => Some(Algorithm::LineTwoShot),
         n if n <= round => Some(Algorithm::TwoShot),
         _ => Some(Algorithm::Pipelined),
     };
@@ -220,6 +226,10 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
         one.saturating_sub(1),
         one,
         one + 1,
+        (one + lines) / 2 + 3,
+        lines,
+        lines + 1,
+        lines + 777,
         round,
         round + 1,
     ];
