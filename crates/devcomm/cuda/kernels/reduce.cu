@@ -166,6 +166,69 @@ __device__ __forceinline__ void lines_release(const G& g, const ReduceLaunch& a,
   }
 }
 
+// A lane's share of one line in the reduce loops: its two words' offsets and bytes in the
+// payload (line_word), and the accumulators of their elements.
+template <class T>
+struct LaneLine {
+  static constexpr int kE = (int)(8 / sizeof(T));
+  dc_u64 at[2], n[2];
+  typename Num<T>::Acc acc[2][kE];
+
+  __device__ __forceinline__ LaneLine(dc_u64 i, dc_u64 payload) {
+    const dc_u32 l = linear_thread_index() & 7u;
+#pragma unroll
+    for (dc_u32 k = 0; k < 2; ++k) at[k] = line_word(i, l, k, payload, n[k]);
+  }
+
+  // Folds rank p's words (ranks in order from 0).
+  template <int OP>
+  __device__ __forceinline__ void add(int p, const dc_u64 (&x)[2]) {
+#pragma unroll
+    for (dc_u32 k = 0; k < 2; ++k) {
+      Word<T> w;
+      w.u = x[k];
+#pragma unroll
+      for (int e = 0; e < kE; ++e) {
+        acc[k][e] = p == 0 ? Num<T>::load(w.v[e]) : combine<OP, T>(acc[k][e], Num<T>::load(w.v[e]));
+      }
+    }
+  }
+
+  // Word k of the result over `world` ranks.
+  template <int OP>
+  __device__ __forceinline__ dc_u64 result(dc_u32 k, int world) const {
+    Word<T> r;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) r.v[e] = finish<OP, T>(acc[k][e], world);
+    return r.u;
+  }
+};
+
+// Warp-collective: hands every rank's words of this lane's line (i, `live`) to f(p, x) in rank
+// order: this rank's from `mine`, each peer's from its lines of call seq in this window
+// (`base` lines into its area). False on every lane on a timeout or abort.
+template <class T, class F>
+__device__ __forceinline__ bool each_rank_line(const ReduceLaunch& a, dc_u64 seq, dc_u64 base,
+                                               dc_u64 i, bool live, const LaneLine<T>& ln,
+                                               const unsigned char* mine, F f) {
+  const int world = a.w.world_size, me = a.w.rank;
+  const dc_u32 l = linear_thread_index() & 7u;
+  for (int p = 0; p < world; ++p) {
+    dc_u64 x[2] = {0, 0};
+    if (p == me) {
+#pragma unroll
+      for (dc_u32 k = 0; k < 2; ++k) {
+        if (live && ln.n[k] > 0) x[k] = load8(mine + ln.at[k], ln.n[k]);
+      }
+    } else if (!ll128_warp_wait(a.w, line_area(a, me, p, seq) + (base + i) * 16 + 2 * l, live,
+                                seq, p, base + i, x[0], x[1])) {
+      return false;
+    }
+    f(p, x);
+  }
+  return true;
+}
+
 template <class T, int OP>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   enter_after_previous_kernel();
@@ -191,9 +254,6 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   DC_TRACE_PHASE_BEGIN(kPhaseReduce, -1);
   unsigned char* out = reinterpret_cast<unsigned char*>(a.out);
   const unsigned char* mine = in + (a.mode == kReduceScatter ? (dc_u64)me * payload : 0);
-  using N = Num<T>;
-  constexpr int kE = (int)(8 / sizeof(T));
-  const dc_u32 l = g.thread_rank() & 7u;
   const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
   bool ok = true;
   // Warp-uniform from here: the first line of the warp's 4 decides.
@@ -201,44 +261,20 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   for (dc_u64 first = l0 + 4 * warp; ok && first < l1; first += 4 * (dc_u64)warps) {
     const dc_u64 i = first + (g.thread_rank() & 31u) / 8;
     const bool live = i < l1;
-    dc_u64 n[2], at[2];
-#pragma unroll
-    for (dc_u32 k = 0; k < 2; ++k) at[k] = line_word(i, l, k, payload, n[k]);
-    typename N::Acc acc[2][kE];
-    for (int p = 0; ok && p < world; ++p) {
-      Word<T> x[2];
-      if (p == me) {
-#pragma unroll
-        for (dc_u32 k = 0; k < 2; ++k) x[k].u = live && n[k] > 0 ? load8(mine + at[k], n[k]) : 0;
-      } else {
-        ok = ll128_warp_wait(a.w, line_area(a, me, p, seq) + i * 16 + 2 * l, live, seq, p, i,
-                             x[0].u, x[1].u);
-        if (!ok) break;
+    LaneLine<T> ln(i, payload);
+    ok = each_rank_line(a, seq, 0, i, live, ln, mine, [&](int p, const dc_u64 (&x)[2]) {
+      if (a.mode != kAllGather) {
+        ln.template add<OP>(p, x);
+        return;
       }
-      if (a.mode == kAllGather) {
-#pragma unroll
-        for (dc_u32 k = 0; k < 2; ++k) {
-          if (live && n[k] > 0) store8(out + (dc_u64)p * payload + at[k], x[k].u, n[k]);
-        }
-        continue;
-      }
-#pragma unroll
       for (dc_u32 k = 0; k < 2; ++k) {
-#pragma unroll
-        for (int e = 0; e < kE; ++e) {
-          acc[k][e] = p == 0 ? N::load(x[k].v[e]) : combine<OP, T>(acc[k][e], N::load(x[k].v[e]));
-        }
+        if (live && ln.n[k] > 0) store8(out + (dc_u64)p * payload + ln.at[k], x[k], ln.n[k]);
       }
-    }
-    if (ok && a.mode != kAllGather && live) {
+    });
+    if (!ok || !live || a.mode == kAllGather) continue;
 #pragma unroll
-      for (dc_u32 k = 0; k < 2; ++k) {
-        if (n[k] == 0) continue;
-        Word<T> r;
-#pragma unroll
-        for (int e = 0; e < kE; ++e) r.v[e] = finish<OP, T>(acc[k][e], world);
-        store8(out + at[k], r.u, n[k]);
-      }
+    for (dc_u32 k = 0; k < 2; ++k) {
+      if (ln.n[k] > 0) store8(out + ln.at[k], ln.template result<OP>(k, world), ln.n[k]);
     }
   }
   if (g.any(!ok)) return;  // barrier: every line of this block has been read
@@ -290,8 +326,6 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
   // 2. Reduce shard `me` in rank order, write it out and send it to every peer.
   DC_TRACE_PHASE_BEGIN(kPhaseReduce, -1);
   unsigned char* out = reinterpret_cast<unsigned char*>(a.out);
-  using N = Num<T>;
-  constexpr int kE = (int)(8 / sizeof(T));
   const dc_u32 l = g.thread_rank() & 7u;
   const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
   const dc_u64 mine = bytes_of(me), mine_end = end_of(me);
@@ -300,39 +334,16 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
   for (dc_u64 first = l0 + 4 * warp; ok && first < l1; first += 4 * (dc_u64)warps) {
     const dc_u64 i = first + (g.thread_rank() & 31u) / 8;
     const bool live = i < mine_end;
-    dc_u64 n[2], at[2];
-#pragma unroll
-    for (dc_u32 k = 0; k < 2; ++k) at[k] = line_word(i, l, k, mine, n[k]);
-    typename N::Acc acc[2][kE];
-    for (int p = 0; ok && p < world; ++p) {
-      Word<T> x[2];
-      if (p == me) {
-#pragma unroll
-        for (dc_u32 k = 0; k < 2; ++k) {
-          x[k].u = live && n[k] > 0 ? load8(in + start_of(me) + at[k], n[k]) : 0;
-        }
-      } else {
-        ok = ll128_warp_wait(a.w, line_area(a, me, p, seq) + i * 16 + 2 * l, live, seq, p, i,
-                             x[0].u, x[1].u);
-        if (!ok) break;
-      }
-#pragma unroll
-      for (dc_u32 k = 0; k < 2; ++k) {
-#pragma unroll
-        for (int e = 0; e < kE; ++e) {
-          acc[k][e] = p == 0 ? N::load(x[k].v[e]) : combine<OP, T>(acc[k][e], N::load(x[k].v[e]));
-        }
-      }
-    }
+    LaneLine<T> ln(i, mine);
+    ok = each_rank_line(a, seq, 0, i, live, ln, in + start_of(me),
+                        [&](int p, const dc_u64 (&x)[2]) { ln.template add<OP>(p, x); });
     if (!ok || !live) continue;
     dc_u64 v[2];
 #pragma unroll
     for (dc_u32 k = 0; k < 2; ++k) {
-      Word<T> r;
-#pragma unroll
-      for (int e = 0; e < kE; ++e) r.v[e] = finish<OP, T>(acc[k][e], world);
-      if (n[k] > 0) store8(out + start_of(me) + at[k], r.u, n[k]);
-      v[k] = line_value(l, k, n[k] > 0 ? r.u : 0, seq);
+      const dc_u64 r = ln.template result<OP>(k, world);
+      if (ln.n[k] > 0) store8(out + start_of(me) + ln.at[k], r, ln.n[k]);
+      v[k] = line_value(l, k, ln.n[k] > 0 ? r : 0, seq);
     }
     for (int t = 0; t < world; ++t) {
       const int q = turn(t, me, world);
