@@ -16,7 +16,7 @@
 //! | 6 | [`jit`]: compilation through `cuda::nvrtc` with an on-disk cache |
 //! | 8 | `window`: [`Window<T>`](Window) and its [`DeviceWindow`] handle |
 //! | 9 | [`p2p`] (`plan` decides, `launch` carries out), [`collective`]: send/recv and the hooked collectives on its protocol; [`kernels`]: every kernel module by kind, its spec, the one load path; `trace`: the device event rings and their merge |
-//! | 10 | [`moe`]: MoE dispatch and combine, the pure part (row layout, buffer sizes, the host reference); [`reduce`]: the reductions (the pure planners: line one-shot, staged two-shot, zero-copy on pool buffers, window; their window and launch) |
+//! | 10 | [`moe`]: MoE dispatch and combine, the pure part (row layout, buffer sizes, the host reference); [`reduce`]: the reductions (the pure planners: the one-shot and two-shot on LL128 lines, the staged two-shot, zero-copy on pool buffers; their window and launch) |
 //! | top | [`Comm`] (`comm`: builder, setup, send/recv, collectives, hooked send/recv, zero-copy, registration); [`testing`]: helpers of the self-test on raw device memory |
 //!
 //! The public surface is what a user needs: [`Comm`] and the types its calls take and return
