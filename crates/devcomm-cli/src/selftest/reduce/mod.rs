@@ -74,7 +74,7 @@ pub(super) const CHECKS: &[Check] = &[
     Check {
         name: "reduce_pool_graph",
         ranks: Ranks::AtLeast(2),
-        about: "--replays replays of a graph of zero-copy calls on pool slices, verified",
+        about: "--replays (at most 100) replays of a graph of zero-copy calls on pool slices, verified",
         run: |cx, p| verified(pool_cases::check_pool_graph(cx, p.replays)),
     },
     Check {
