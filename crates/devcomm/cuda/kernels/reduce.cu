@@ -88,20 +88,12 @@ __device__ __forceinline__ dc_u64 lines_of(dc_u64 bytes) {
   return ((bytes + 7) / 8 + kWords - 1) / kWords;
 }
 
-// The byte offset in the payload of word k (0 or 1) of lane l's share of line i (words 2 l and
-// 2 l + 1), and in n its bytes there (0: past the payload, or the flag word).
-__device__ __forceinline__ dc_u64 line_word(dc_u64 i, dc_u32 l, dc_u32 k, dc_u64 payload,
-                                            dc_u64& n) {
-  constexpr dc_u64 kWords = p2p::Ll128<8>::kWords;
-  const dc_u32 word = 2 * l + k;
-  const dc_u64 at = (i * kWords + word) * 8;
-  n = word < kWords && at < payload ? (payload - at < 8 ? payload - at : 8) : 0;
-  return at;
-}
-
-// Word k of lane l's share of a line: the flag (the call's sequence number) in word 15, else v.
-__device__ __forceinline__ dc_u64 line_value(dc_u32 l, dc_u32 k, dc_u64 v, dc_u64 seq) {
-  return 2 * l + k == p2p::Ll128<8>::kWords ? seq : v;
+// Calls f(o, n, k) for word k (0, 1) of lane l's share of line i (words 2 l and 2 l + 1) of a
+// `payload`-byte span: o its byte offset, n its bytes (ll128.cuh's lane units of 8 bytes; the
+// flag word and words past the payload are skipped).
+template <class F>
+__device__ __forceinline__ void line_words(dc_u64 i, dc_u32 l, dc_u64 payload, F f) {
+  p2p::ll128_lane_units<8>(i * p2p::Ll128<8>::kBytes, payload, l, f);
 }
 
 // The line area of `sender` in the window of rank `owner` (as mapped here) for call seq.
@@ -120,13 +112,9 @@ __device__ __forceinline__ void push_lines(const G& g, dc_u64* dst, const unsign
                                            dc_u64 payload, dc_u64 l0, dc_u64 l1, dc_u64 seq) {
   const dc_u32 l = g.thread_rank() & 7u;
   for (dc_u64 i = l0 + g.thread_rank() / 8; i < l1; i += g.size() / 8) {
-    dc_u64 v[2];
-#pragma unroll
-    for (dc_u32 k = 0; k < 2; ++k) {
-      dc_u64 n;
-      const dc_u64 at = line_word(i, l, k, payload, n);
-      v[k] = line_value(l, k, n > 0 ? load8(src + at, n) : 0, seq);
-    }
+    dc_u64 v[2] = {0, 0};
+    line_words(i, l, payload, [&](dc_u64 o, dc_u64 n, dc_u32 k) { v[k] = load8(src + o, n); });
+    if (l == 7) v[1] = seq;  // the flag word
     p2p::ll128_store(dst + i * 16 + 2 * l, v[0], v[1]);
   }
 }
@@ -167,7 +155,7 @@ __device__ __forceinline__ void lines_release(const G& g, const ReduceLaunch& a,
 }
 
 // A lane's share of one line in the reduce loops: its two words' offsets and bytes in the
-// payload (line_word), and the accumulators of their elements.
+// payload (line_words; n = 0: no word there), and the accumulators of their elements.
 template <class T>
 struct LaneLine {
   static constexpr int kE = (int)(8 / sizeof(T));
@@ -175,9 +163,11 @@ struct LaneLine {
   typename Num<T>::Acc acc[2][kE];
 
   __device__ __forceinline__ LaneLine(dc_u64 i, dc_u64 payload) {
-    const dc_u32 l = linear_thread_index() & 7u;
-#pragma unroll
-    for (dc_u32 k = 0; k < 2; ++k) at[k] = line_word(i, l, k, payload, n[k]);
+    at[0] = at[1] = n[0] = n[1] = 0;
+    line_words(i, linear_thread_index() & 7u, payload, [&](dc_u64 o, dc_u64 m, dc_u32 k) {
+      at[k] = o;
+      n[k] = m;
+    });
   }
 
   // Folds rank p's words (ranks in order from 0).
@@ -343,8 +333,9 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
     for (dc_u32 k = 0; k < 2; ++k) {
       const dc_u64 r = ln.template result<OP>(k, world);
       if (ln.n[k] > 0) store8(out + start_of(me) + ln.at[k], r, ln.n[k]);
-      v[k] = line_value(l, k, ln.n[k] > 0 ? r : 0, seq);
+      v[k] = ln.n[k] > 0 ? r : 0;
     }
+    if (l == 7) v[1] = seq;  // the flag word
     for (int t = 0; t < world; ++t) {
       const int q = turn(t, me, world);
       if (q != me) p2p::ll128_store(line_area(a, q, me, seq) + (span + i) * 16 + 2 * l, v[0], v[1]);
@@ -364,12 +355,9 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
       ok = ll128_warp_wait(a.w, line_area(a, me, p, seq) + (span + i) * 16 + 2 * l, live, seq, p,
                            span + i, x[0].u, x[1].u);
       if (!ok || !live) continue;
-#pragma unroll
-      for (dc_u32 k = 0; k < 2; ++k) {
-        dc_u64 n;
-        const dc_u64 at = line_word(i, l, k, bytes, n);
-        if (n > 0) store8(out + start_of(p) + at, x[k].u, n);
-      }
+      line_words(i, l, bytes, [&](dc_u64 o, dc_u64 n, dc_u32 k) {
+        store8(out + start_of(p) + o, x[k].u, n);
+      });
     }
   }
   DC_TRACE_PHASE_END(kPhaseWriteOut, -1, 120 * (l1 - l0) * (world - 1));

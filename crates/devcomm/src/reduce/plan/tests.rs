@@ -1,0 +1,244 @@
+//! The planners' tests (`plan`), and the shape helper the zero-copy planner's tests share.
+
+use super::*;
+
+/// The shape of an unhooked call (the planners' tests).
+pub(in crate::reduce) fn shape(c: Collective, count: u64, es: u64, world: usize) -> Shape {
+    Shape {
+        collective: c,
+        count,
+        elem_bytes: es,
+        world,
+        row_len: None,
+    }
+}
+
+const L: ReduceLimits = ReduceLimits::for_world(2);
+
+fn lw(world: usize) -> ReduceLimits {
+    ReduceLimits::for_world(world)
+}
+
+#[test]
+fn one_shot_up_to_its_limit_then_two_shot() {
+    for world in [2usize, 3, 4, 8] {
+        let max = one_shot_max_bytes(world);
+        let l = lw(world);
+        for c in [
+            Collective::AllReduce,
+            Collective::ReduceScatter,
+            Collective::AllGather,
+        ] {
+            let at = plan(&shape(c, max / 4, 4, world), &l).unwrap();
+            assert_eq!(at.algorithm, Algorithm::OneShot, "{c:?} {world}");
+            assert_eq!(at.shard, max / 4);
+            let above = plan(&shape(c, max / 4 + 1, 4, world), &l).unwrap();
+            let next = match c {
+                Collective::AllReduce if world > 2 => Algorithm::LineTwoShot,
+                _ => Algorithm::TwoShot,
+            };
+            assert_eq!(above.algorithm, next, "{c:?} {world}");
+        }
+    }
+    // Bytes decide, not elements.
+    assert_eq!(
+        plan(&shape(Collective::AllReduce, 512 << 10, 1, 2), &L)
+            .unwrap()
+            .algorithm,
+        Algorithm::OneShot
+    );
+    assert_eq!(
+        plan(&shape(Collective::AllReduce, (512 << 10) / 8 + 1, 8, 2), &L)
+            .unwrap()
+            .algorithm,
+        Algorithm::TwoShot
+    );
+}
+
+#[test]
+fn two_shot_while_one_round_fits_then_pipelined() {
+    // All-reduce on 2 ranks: a round holds 2 shards of 16 MiB.
+    let fits = plan(&shape(Collective::AllReduce, (32 << 20) / 4, 4, 2), &L).unwrap();
+    assert_eq!((fits.algorithm, fits.rounds), (Algorithm::TwoShot, 1));
+    let more = plan(&shape(Collective::AllReduce, (32 << 20) / 4 + 8, 4, 2), &L).unwrap();
+    assert_eq!((more.algorithm, more.rounds), (Algorithm::Pipelined, 2));
+    // Reduce-scatter: the shard is the output.
+    let rs = plan(&shape(Collective::ReduceScatter, (16 << 20) / 4, 4, 2), &L).unwrap();
+    assert_eq!(
+        (rs.algorithm, rs.shard, rs.rounds),
+        (Algorithm::TwoShot, 4 << 20, 1)
+    );
+    let rs = plan(
+        &shape(Collective::ReduceScatter, (16 << 20) / 4 + 1, 4, 2),
+        &L,
+    )
+    .unwrap();
+    assert_eq!(rs.algorithm, Algorithm::Pipelined);
+    // 1 GiB all-reduce on 3 ranks: bounded rounds, at most 32 blocks.
+    let big = plan(&shape(Collective::AllReduce, 1 << 28, 4, 3), &L).unwrap();
+    assert_eq!(big.algorithm, Algorithm::Pipelined);
+    assert!(big.chunk * 3 * 4 <= L.chunk_bytes);
+    assert!(big.rounds * big.chunk >= big.shard);
+    assert_eq!(big.blocks, DEFAULT_MAX_BLOCKS);
+}
+
+#[test]
+fn blocks_grow_with_the_round_and_stay_bounded() {
+    let p = |n: u64| plan(&shape(Collective::AllReduce, n, 4, 2), &L).unwrap();
+    // 4 ranks, 600 KB (two-shot): a 600,064-byte round, one block per 16 KiB, at most 32.
+    let staged = ReduceLimits {
+        line_two_shot_bytes: 0,
+        ..lw(4)
+    };
+    let mid = plan(&shape(Collective::AllReduce, 150_000, 4, 4), &staged).unwrap();
+    assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 32));
+    // 300 KB with the one-shot off: a 300,032-byte round, 19 blocks.
+    let small = ReduceLimits {
+        one_shot_bytes: 0,
+        ..staged
+    };
+    let mid = plan(&shape(Collective::AllReduce, 75_000, 4, 4), &small).unwrap();
+    assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 19));
+    assert_eq!(p(1 << 20).blocks, 32); // 4 MiB: capped
+    assert_eq!(p(64 << 20).blocks, 32); // 256 MiB: 32 blocks, at most 32 SMs
+    let one = plan(&shape(Collective::AllReduce, 1, 4, 2), &L).unwrap();
+    assert_eq!((one.algorithm, one.blocks), (Algorithm::OneShot, 1));
+    let full = plan(&shape(Collective::AllReduce, 32 << 10, 4, 2), &L).unwrap();
+    assert_eq!(full.blocks, 16);
+    let narrow = ReduceLimits { max_blocks: 8, ..L };
+    let pl = plan(&shape(Collective::AllReduce, 64 << 20, 4, 2), &narrow).unwrap();
+    assert_eq!(pl.blocks, 8);
+}
+
+#[test]
+fn shards_are_aligned_and_cover_the_buffer() {
+    for world in 1..=8usize {
+        for n in [1u64, 7, 4097, 100_003, 3 << 20] {
+            for es in [1u64, 2, 4, 8] {
+                let pl = plan(&shape(Collective::AllReduce, n, es, world), &L).unwrap();
+                if pl.algorithm == Algorithm::OneShot {
+                    continue;
+                }
+                assert_eq!(pl.shard * es % 16, 0);
+                assert!(pl.shard * world as u64 >= n);
+                assert!(pl.shard * (world as u64) < n + world as u64 * pl.unit);
+                assert_eq!(pl.chunk % pl.unit, 0);
+                assert!(pl.chunk * world as u64 * es <= L.chunk_bytes);
+            }
+        }
+    }
+}
+
+#[test]
+fn hooked_plans_hold_whole_rows() {
+    let mut s = shape(Collective::AllReduce, 4096 * 7, 4, 3);
+    s.row_len = Some(4096);
+    let pl = plan(&s, &L).unwrap();
+    assert_eq!(pl.algorithm, Algorithm::TwoShot); // never one-shot when hooked
+    assert_eq!((pl.unit, pl.shard), (4096, 3 * 4096));
+    assert_eq!(pl.chunk % 4096, 0);
+    s.row_len = Some(1000);
+    assert!(plan(&s, &L).unwrap_err().contains("does not divide"));
+    s.row_len = Some(4 << 20);
+    s.count = 4 << 20;
+    assert!(plan(&s, &L).unwrap_err().contains("does not fit"));
+    // Reduce-scatter: the output is whole rows.
+    let mut rs = shape(Collective::ReduceScatter, 4096, 4, 2);
+    rs.row_len = Some(64);
+    let pl = plan(&rs, &L).unwrap();
+    assert_eq!(
+        (pl.algorithm, pl.unit, pl.shard),
+        (Algorithm::TwoShot, 64, 4096)
+    );
+    rs.row_len = Some(100);
+    assert!(plan(&rs, &L).unwrap_err().contains("does not divide"));
+    let mut ag = shape(Collective::AllGather, 4096, 4, 2);
+    ag.row_len = Some(64);
+    assert!(plan(&ag, &L).is_err());
+}
+
+#[test]
+fn bad_shapes_are_refused() {
+    assert!(plan(&shape(Collective::AllReduce, 0, 4, 2), &L).is_err());
+    assert!(plan(&shape(Collective::AllReduce, 10, 3, 2), &L).is_err());
+    assert!(plan(&shape(Collective::AllReduce, 10, 4, 0), &L).is_err());
+    assert!(plan(&shape(Collective::AllReduce, 10, 4, 33), &L).is_err());
+    assert!(plan(&shape(Collective::AllReduce, u64::MAX, 8, 2), &L).is_err());
+}
+
+#[test]
+fn block_pieces_partition_in_units() {
+    for m in [0u64, 1, 15, 16, 17, 1000, 65_536] {
+        for blocks in 1..=33u32 {
+            for unit in [1u64, 4, 16, 96] {
+                let mut next = 0;
+                for b in 0..blocks {
+                    let (lo, hi) = block_piece(m, blocks, unit, b);
+                    assert_eq!(lo, next.min(m));
+                    assert!(lo <= hi && hi <= m);
+                    assert!(lo % unit == 0 || lo == m);
+                    next = hi;
+                }
+                assert_eq!(next, m);
+            }
+        }
+    }
+}
+
+#[test]
+fn line_two_shot_between_the_one_shot_and_its_limit() {
+    let l = lw(4);
+    let ar = |n: u64| plan(&shape(Collective::AllReduce, n, 2, 4), &l).unwrap();
+    let at = ar(l.line_two_shot_bytes / 2);
+    // 2 MiB of bf16 on 4 ranks: shards of 262,144 elements (512 KiB, 32 blocks).
+    assert_eq!(
+        (at.algorithm, at.shard, at.blocks),
+        (Algorithm::LineTwoShot, 262_144, 32)
+    );
+    assert_eq!(
+        ar(l.line_two_shot_bytes / 2 + 1).algorithm,
+        Algorithm::TwoShot
+    );
+    // Odd counts: shards of whole 16 bytes, the last one short.
+    let odd = ar((l.one_shot_bytes / 2) + 1001);
+    assert_eq!(odd.algorithm, Algorithm::LineTwoShot);
+    assert_eq!(odd.shard % 8, 0);
+    assert!(odd.shard * 4 >= (l.one_shot_bytes / 2) + 1001);
+    // Reduce-scatter, all-gather and hooked calls never take it.
+    let rs = plan(&shape(Collective::ReduceScatter, 200_000, 4, 4), &l).unwrap();
+    assert_eq!(rs.algorithm, Algorithm::TwoShot);
+    let hooked = Shape {
+        row_len: Some(1000),
+        ..shape(Collective::AllReduce, 200_000, 4, 4)
+    };
+    assert_eq!(plan(&hooked, &l).unwrap().algorithm, Algorithm::TwoShot);
+    // The window holds both of its areas for the largest shard.
+    assert!(2 * lines_of(l.line_two_shot_bytes / 4 + 16) * LINE_BYTES <= ll_sender_bytes(4, &l));
+    // 2 ranks: never.
+    let two = plan(&shape(Collective::AllReduce, 300_000, 4, 2), &lw(2)).unwrap();
+    assert_eq!(two.algorithm, Algorithm::TwoShot);
+}
+
+#[test]
+fn window_holds_both_areas() {
+    // 512 KiB in lines of 120 bytes: 4370 lines of 128 bytes.
+    assert_eq!(ll_sender_bytes(2, &L), 4370 * 128);
+    assert_eq!(window_bytes(2, &L), 2 * 2 * 4370 * 128 + (64 << 20));
+    // 8 ranks: the two-shot on lines' two shards of 2 MiB / 8 (+ 16 bytes) take more than
+    // the one-shot's 32 KiB: 2 x 2185 lines.
+    assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * 4370 * 128 + (64 << 20));
+    let no_lines = ReduceLimits {
+        line_two_shot_bytes: 0,
+        ..lw(8)
+    };
+    // 32 KiB: 4096 words, 274 lines.
+    assert_eq!(window_bytes(8, &no_lines), 8 * 2 * 274 * 128 + (64 << 20));
+    // One-shot off: no lines.
+    let off = ReduceLimits {
+        one_shot_bytes: 0,
+        ..L
+    };
+    assert_eq!(window_bytes(4, &off), 64 << 20);
+    let p = plan(&shape(Collective::AllReduce, 1, 4, 4), &off).unwrap();
+    assert_eq!(p.algorithm, Algorithm::TwoShot);
+}
