@@ -84,9 +84,10 @@ impl Group {
         crate::trace::CallScope::open(self.trace.get(), stream, info)
     }
 
-    /// Runs `load` (a kernel's compile or load) with this rank marked as loading in the store
-    /// (a counter other ranks read, [`KernelGate`]): a peer waiting at a gate keeps waiting
-    /// while this rank loads, and gives up within the device timeout once it does not.
+    /// Runs `load` (a kernel's compile: no GPU work, see `kernel_load::load`) with this rank
+    /// marked as loading in the store (a counter other ranks read, [`KernelGate`]): a peer
+    /// waiting at a gate keeps waiting while this rank loads, and gives up within the device
+    /// timeout once it does not.
     pub(crate) fn loading<T>(&self, load: impl FnOnce() -> Result<T>) -> Result<T> {
         let key = loading_key(self.rank);
         self.store.add(&key, 1)?;

@@ -77,17 +77,36 @@ impl Jit {
     /// Compiles (or fetches from cache) `spec` for the GPU of `ctx` and loads it there. Repeated
     /// loads of the same spec on the same device return the same module.
     pub fn load(&self, ctx: &Arc<CudaContext>, spec: &KernelSpec) -> Result<Arc<LoadedModule>> {
-        let (major, minor) = ctx
-            .compute_capability()
-            .cuda(-1, "cuDeviceGetAttribute(COMPUTE_CAPABILITY)")?;
-        let arch = (major as u32, minor as u32);
+        match self.compile_for(ctx, spec)? {
+            Prepared::Loaded(loaded) => Ok(loaded),
+            Prepared::Compiled(compiled) => self.load_compiled(ctx, spec, compiled),
+        }
+    }
+
+    /// The first half of [`load`](Self::load), which touches no GPU: the module of `spec` on
+    /// the device of `ctx` if it is loaded already, else its compiled code (to hand to
+    /// [`load_compiled`](Self::load_compiled)).
+    pub fn compile_for(&self, ctx: &Arc<CudaContext>, spec: &KernelSpec) -> Result<Prepared> {
+        let arch = device_arch(ctx)?;
         let memo_key = (ctx.ordinal(), cache_key(spec, arch)?);
         if let Some(module) = self.memo().get(&memo_key) {
-            return Ok(module.clone());
+            return Ok(Prepared::Loaded(module.clone()));
         }
         // Not holding the lock while compiling: two threads may compile the same spec at once,
-        // which costs time but is correct (the first insert wins below).
-        let (compiled, _) = self.compile_cached(spec, arch)?;
+        // which costs time but is correct (the first insert wins in `load_compiled`).
+        Ok(Prepared::Compiled(self.compile_cached(spec, arch)?.0))
+    }
+
+    /// The second half of [`load`](Self::load): loads `compiled` (the code of `spec` from
+    /// [`compile_for`](Self::compile_for)) on the device of `ctx`. The driver may wait here
+    /// for kernels already running on that device.
+    pub fn load_compiled(
+        &self,
+        ctx: &Arc<CudaContext>,
+        spec: &KernelSpec,
+        compiled: CompiledModule,
+    ) -> Result<Arc<LoadedModule>> {
+        let memo_key = (ctx.ordinal(), cache_key(spec, device_arch(ctx)?)?);
         let module = ctx
             .load_module(Ptx::from_binary(compiled.cubin))
             .cuda(-1, "cuModuleLoadData")?;
@@ -143,6 +162,23 @@ impl Jit {
         write_atomic(&self.cache_dir, &format!("{key}.cubin"), &module.cubin)?;
         write_atomic(&self.cache_dir, &format!("{key}.json"), &meta)
     }
+}
+
+/// What [`Jit::compile_for`] found: the module loaded already, or its code to load.
+#[derive(Debug)]
+pub enum Prepared {
+    /// Loaded on that device already (the same module every time).
+    Loaded(Arc<LoadedModule>),
+    /// Compiled (or read from the disk cache), not loaded yet.
+    Compiled(CompiledModule),
+}
+
+/// The compute capability of the GPU of `ctx` (the architecture a module is compiled for).
+fn device_arch(ctx: &CudaContext) -> Result<(u32, u32)> {
+    let (major, minor) = ctx
+        .compute_capability()
+        .cuda(-1, "cuDeviceGetAttribute(COMPUTE_CAPABILITY)")?;
+    Ok((major as u32, minor as u32))
 }
 
 /// A module loaded on one device, with the lowered names of its kernels.
