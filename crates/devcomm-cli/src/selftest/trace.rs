@@ -80,8 +80,9 @@ fn check_rank(t: &RankTrace, expected: &[&str], read_ns: u64) -> Result<usize, S
         return Err(format!("rank {rank}: {} events dropped with the default ring", t.dropped));
     }
     let all = spans(t);
-    // The clock's uncertainty plus the granularity of %globaltimer.
-    let slack = t.clock_rtt_ns as i64 + 20_000;
+    // The clock's uncertainty (either measurement's) plus the granularity of %globaltimer.
+    let rtt = t.clock_rtt_ns.max(t.clock_end.map_or(0, |c| c.rtt_ns));
+    let slack = rtt as i64 + 20_000;
     for c in &t.calls {
         let mine: Vec<_> = all.iter().filter(|s| s.call == c.call).collect();
         let kernels: Vec<_> = mine.iter().filter(|s| s.what == "kernel").collect();
@@ -126,8 +127,13 @@ fn check_calls(cx: &Ctx, timeout: Duration) -> Result<String, String> {
         run_calls(comm, stream, op, bytes, 1)?;
     }
     let merged = merged_check(comm, CALLS.len())?;
+    let drift = t.clock_end.map_or("no second clock measurement".to_owned(), |end| {
+        let ppm = (end.offset_ns - t.clock_offset_ns) as f64 * 1e6
+            / end.gpu_ns.saturating_sub(t.clock_gpu_ns).max(1) as f64;
+        format!("drift {ppm:.2} ppm")
+    });
     Ok(format!(
-        "{} calls, {events} events on this rank, clock offset {} ns +- {} ns{merged}",
+        "{} calls, {events} events on this rank, clock offset {} ns +- {} ns, {drift}{merged}",
         expected.len(),
         t.clock_offset_ns,
         t.clock_rtt_ns / 2

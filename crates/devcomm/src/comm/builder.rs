@@ -305,7 +305,7 @@ impl CommBuilder {
                             &g.ctx,
                             rank,
                             self.config.trace_events,
-                            &clock,
+                            clock,
                         )
                     }),
                 setup_timeout,

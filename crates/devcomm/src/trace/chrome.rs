@@ -1,7 +1,8 @@
 //! Every rank's [`RankTrace`] merged onto one clock as one Chrome trace (JSON Object Format:
 //! `traceEvents` and `displayTimeUnit`), which Perfetto and `chrome://tracing` open.
 //!
-//! Clock: a device event at `%globaltimer` t happened at host time t - `clock_offset_ns`
+//! Clock: a device event at `%globaltimer` t happened at host time `RankTrace::host_ns(t)`:
+//! t minus the offset interpolated between the rank's two clock measurements
 //! (`CLOCK_REALTIME`, shared by the ranks of a host); the earliest event of the job is time 0.
 //! Tracks: one process per rank (`pid` = rank), in it one thread per host stream (`tid` =
 //! [`HOST_TID`] + the stream's index on that rank) and per GPU block (`tid` = [`BLOCK_TID`] +
@@ -44,12 +45,26 @@ pub struct Span {
     pub bytes: u64,
 }
 
+/// How fast the rank's GPU clock ran ahead of the host's between its two clock measurements,
+/// in parts per million; `None` without a second one, or when they are less than a second
+/// apart (each is good to about a microsecond: over a shorter span the slope is mostly that
+/// error, though the offsets in between stay within it).
+fn drift_ppm(r: &RankTrace) -> Option<f64> {
+    const MIN_SPAN_NS: u64 = 1_000_000_000;
+    let end = r.clock_end?;
+    let span = end
+        .gpu_ns
+        .checked_sub(r.clock_gpu_ns)
+        .filter(|&s| s >= MIN_SPAN_NS)?;
+    Some((end.offset_ns - r.clock_offset_ns) as f64 * 1e6 / span as f64)
+}
+
 /// The device spans of one rank: each begin paired with the next end of the same call, block,
 /// kind and phase (and peer), on the host clock.
 pub fn spans(trace: &RankTrace) -> Vec<Span> {
     let mut events: Vec<_> = trace.events.iter().collect();
     events.sort_by_key(|e| e.time_ns);
-    let at = |t: u64| t as i64 - trace.clock_offset_ns;
+    let at = |t: u64| trace.host_ns(t);
     let peer = |p: u16| (p != NO_PEER).then_some(p as usize);
     // Open begins by (call, block, pairing kind, phase, peer): a stack each.
     let mut open: BTreeMap<(u32, u16, u16, u16, u16), Vec<usize>> = BTreeMap::new();
@@ -203,7 +218,9 @@ pub fn chrome_trace(ranks: &[RankTrace]) -> Value {
         .iter()
         .map(|r| {
             json!({"rank": r.rank, "clock_offset_ns": r.clock_offset_ns,
-            "clock_rtt_ns": r.clock_rtt_ns, "dropped_events": r.dropped,
+            "clock_rtt_ns": r.clock_rtt_ns,
+            "clock_end_offset_ns": r.clock_end.map(|c| c.offset_ns),
+            "clock_drift_ppm": drift_ppm(r), "dropped_events": r.dropped,
             "dropped_calls": r.dropped_calls})
         })
         .collect();

@@ -1,5 +1,7 @@
-//! The offset between the GPU's `%globaltimer` and the host's `CLOCK_REALTIME`, measured once
-//! per communicator when tracing is on.
+//! The offset between the GPU's `%globaltimer` and the host's `CLOCK_REALTIME`, measured when
+//! tracing starts and again at every read of the trace: the two clocks drift apart by parts per
+//! million (microseconds per second), so a device event is placed on the host clock by the
+//! offset interpolated between the measurements before and after it ([`offset_at`]).
 //!
 //! One thread of a small kernel waits for the host's go word `i` in host-mapped memory, reads
 //! `%globaltimer` and writes it back; the host notes its clock just before the go and just
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, DeviceRepr, LaunchConfig};
+use serde::{Deserialize, Serialize};
 
 use super::now_ns;
 use crate::cuda::HostMapped;
@@ -71,9 +74,20 @@ pub struct Sample {
     pub gpu: u64,
 }
 
-/// `(offset, round trip)` of the sample with the shortest round trip: offset = gpu - the
-/// midpoint of the host's two readings. `None` without samples.
-pub fn best_offset(samples: &[Sample]) -> Option<(i64, u64)> {
+/// One measurement of the GPU clock against the host's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockPoint {
+    /// The GPU's `%globaltimer` when it was taken.
+    pub gpu_ns: u64,
+    /// `%globaltimer - CLOCK_REALTIME` then, in ns.
+    pub offset_ns: i64,
+    /// The round trip it came from: the offset is good to half of it.
+    pub rtt_ns: u64,
+}
+
+/// The point of the sample with the shortest round trip: offset = gpu - the midpoint of the
+/// host's two readings. `None` without samples.
+pub fn best_offset(samples: &[Sample]) -> Option<ClockPoint> {
     samples
         .iter()
         .filter(|s| s.host_after >= s.host_before)
@@ -81,18 +95,36 @@ pub fn best_offset(samples: &[Sample]) -> Option<(i64, u64)> {
         .map(|s| {
             let mid =
                 s.host_before / 2 + s.host_after / 2 + (s.host_before % 2 + s.host_after % 2) / 2;
-            (s.gpu as i64 - mid as i64, s.host_after - s.host_before)
+            ClockPoint {
+                gpu_ns: s.gpu,
+                offset_ns: s.gpu as i64 - mid as i64,
+                rtt_ns: s.host_after - s.host_before,
+            }
         })
 }
 
-/// Measures `(offset ns, round trip ns)` of `ctx`'s GPU (see the module's doc) with `module`,
+/// The offset at GPU time `t`: linear between `start` and a later point `end` (and beyond
+/// them, the same line); `start`'s alone without `end` or when `end` is not later.
+pub fn offset_at(start: ClockPoint, end: Option<ClockPoint>, t: u64) -> i64 {
+    match end {
+        Some(end) if end.gpu_ns > start.gpu_ns => {
+            let span = i128::from(end.gpu_ns - start.gpu_ns);
+            let drift = i128::from(end.offset_ns) - i128::from(start.offset_ns);
+            let since = i128::from(t) - i128::from(start.gpu_ns);
+            start.offset_ns + (drift * since / span) as i64
+        }
+        _ => start.offset_ns,
+    }
+}
+
+/// Measures the clock point of `ctx`'s GPU (see the module's doc) with `module`,
 /// the clock kernel's (`KernelKind::TraceClock`, loaded by the caller through the one load
 /// path); `rank` names the rank in an error.
 pub(crate) fn measure(
     ctx: &Arc<CudaContext>,
     module: &LoadedModule,
     rank: usize,
-) -> Result<(i64, u64)> {
+) -> Result<ClockPoint> {
     let failed = |reason: String| Error::Setup {
         step: "trace: measuring the GPU clock".into(),
         failures: vec![(rank, reason)],
@@ -179,7 +211,12 @@ mod tests {
             },
         ];
         // Midpoint 20_500, stamp 70_400: the GPU clock runs 49_900 ns ahead, +- 500.
-        assert_eq!(best_offset(&samples), Some((49_900, 1_000)));
+        let point = ClockPoint {
+            gpu_ns: 70_400,
+            offset_ns: 49_900,
+            rtt_ns: 1_000,
+        };
+        assert_eq!(best_offset(&samples), Some(point));
         assert_eq!(best_offset(&[]), None);
         // A GPU clock behind the host's gives a negative offset.
         let behind = [Sample {
@@ -187,6 +224,37 @@ mod tests {
             host_after: 1_000_003,
             gpu: 10,
         }];
-        assert_eq!(best_offset(&behind), Some((10 - 1_000_002, 2)));
+        let offset = best_offset(&behind).map(|p| (p.offset_ns, p.rtt_ns));
+        assert_eq!(offset, Some((10 - 1_000_002, 2)));
+    }
+
+    #[test]
+    fn the_offset_between_two_points_is_interpolated() {
+        let start = ClockPoint {
+            gpu_ns: 1_000_000_000,
+            offset_ns: -300_000,
+            rtt_ns: 2_000,
+        };
+        // 10 s later the GPU clock is 50 us further ahead (5 ppm).
+        let end = ClockPoint {
+            gpu_ns: 11_000_000_000,
+            offset_ns: -250_000,
+            ..start
+        };
+        assert_eq!(offset_at(start, Some(end), start.gpu_ns), -300_000);
+        assert_eq!(offset_at(start, Some(end), end.gpu_ns), -250_000);
+        assert_eq!(offset_at(start, Some(end), 6_000_000_000), -275_000);
+        // Before the start and after the end: the same line.
+        assert_eq!(offset_at(start, Some(end), 0), -305_000);
+        assert_eq!(offset_at(start, Some(end), 21_000_000_000), -200_000);
+        // No later point, or one not later: the start's offset.
+        assert_eq!(offset_at(start, None, 6_000_000_000), -300_000);
+        assert_eq!(offset_at(start, Some(start), 6_000_000_000), -300_000);
+        // A drift the other way.
+        let back = ClockPoint {
+            offset_ns: -350_000,
+            ..end
+        };
+        assert_eq!(offset_at(start, Some(back), 6_000_000_000), -325_000);
     }
 }

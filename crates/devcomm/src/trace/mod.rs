@@ -59,10 +59,18 @@ pub struct HostCall {
 pub struct RankTrace {
     /// The rank.
     pub rank: usize,
-    /// `%globaltimer - CLOCK_REALTIME` in ns, measured at setup ([`clock`]).
+    /// `%globaltimer - CLOCK_REALTIME` in ns, measured when this trace's span began (at setup,
+    /// or at the previous read) ([`clock`]).
     pub clock_offset_ns: i64,
     /// Round trip of the clock sample the offset came from (its uncertainty).
     pub clock_rtt_ns: u64,
+    /// The GPU's `%globaltimer` when `clock_offset_ns` was measured.
+    #[serde(default)]
+    pub clock_gpu_ns: u64,
+    /// The clock measured again at the read; the offset of an event in between is interpolated
+    /// ([`RankTrace::host_ns`]). `None` when that measurement failed.
+    #[serde(default)]
+    pub clock_end: Option<clock::ClockPoint>,
     /// The host calls, in order.
     pub calls: Vec<HostCall>,
     /// The device events, as recorded.
@@ -74,6 +82,17 @@ pub struct RankTrace {
 }
 
 impl RankTrace {
+    /// The host time (`CLOCK_REALTIME` ns) of the device time `gpu_ns`: minus the offset
+    /// interpolated between the clock measurements before and after the events.
+    pub fn host_ns(&self, gpu_ns: u64) -> i64 {
+        let start = clock::ClockPoint {
+            gpu_ns: self.clock_gpu_ns,
+            offset_ns: self.clock_offset_ns,
+            rtt_ns: self.clock_rtt_ns,
+        };
+        gpu_ns as i64 - clock::offset_at(start, self.clock_end, gpu_ns)
+    }
+
     /// The trace as bytes (for the store): the length of a JSON of everything but the events,
     /// that JSON, then the events as the ring lays them out.
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -137,7 +156,10 @@ pub(crate) struct DeviceTrace {
     ring: DeviceBuffer,
     capacity: u64,
     next_call: AtomicU32,
-    clock: (i64, u64),
+    /// The clock kernel, to measure the clock again at every read.
+    clock_kernel: Arc<LoadedModule>,
+    /// The last clock measurement (setup, then every read).
+    clock: Mutex<clock::ClockPoint>,
     calls: Mutex<(Vec<HostCall>, u64)>,
 }
 
@@ -161,20 +183,20 @@ impl DeviceTrace {
         ctx: &Arc<CudaContext>,
         rank: usize,
         capacity: u32,
-        clock_kernel: &LoadedModule,
+        clock_kernel: Arc<LoadedModule>,
     ) -> Result<Self> {
         let bytes = ring::HEADER_BYTES + capacity as usize * std::mem::size_of::<RawEvent>();
-        let mut trace = Self {
+        let trace = Self {
             ctx: ctx.clone(),
             rank,
             ring: DeviceBuffer::zeroed(ctx, bytes)?,
             capacity: capacity as u64,
             next_call: AtomicU32::new(1),
-            clock: (0, 0),
+            clock: Mutex::new(clock::measure(ctx, &clock_kernel, rank)?),
+            clock_kernel,
             calls: Mutex::new((Vec::new(), 0)),
         };
         trace.clear()?;
-        trace.clock = clock::measure(ctx, clock_kernel, rank)?;
         Ok(trace)
     }
 
@@ -232,10 +254,24 @@ impl DeviceTrace {
             let mut c = self.calls.lock().unwrap_or_else(|p| p.into_inner());
             (std::mem::take(&mut c.0), std::mem::replace(&mut c.1, 0))
         };
+        // The clock again: the span from the last measurement to this one brackets the events.
+        let end = clock::measure(&self.ctx, &self.clock_kernel, self.rank)
+            .inspect_err(|e| log::warn!("rank {}: measuring the GPU clock again: {e}", self.rank))
+            .ok();
+        let start = {
+            let mut last = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+            let start = *last;
+            if let Some(end) = end {
+                *last = end;
+            }
+            start
+        };
         Ok(RankTrace {
             rank: self.rank,
-            clock_offset_ns: self.clock.0,
-            clock_rtt_ns: self.clock.1,
+            clock_offset_ns: start.offset_ns,
+            clock_rtt_ns: start.rtt_ns,
+            clock_gpu_ns: start.gpu_ns,
+            clock_end: end,
             calls,
             events,
             dropped: ring::dropped(head.claimed, head.capacity),

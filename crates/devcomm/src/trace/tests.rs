@@ -136,6 +136,8 @@ fn two_ranks() -> Vec<RankTrace> {
             rank: r,
             clock_offset_ns: offset,
             clock_rtt_ns: 2_000,
+            clock_gpu_ns: 0,
+            clock_end: None,
             calls: vec![call(1, "all_reduce", 1 << 20, 9_000 + late, 9_500 + late)],
             events,
             dropped: 0,
@@ -143,6 +145,57 @@ fn two_ranks() -> Vec<RankTrace> {
         }
     };
     vec![rank(0, -1_000, 0), rank(1, 5_000_000, 2_000)]
+}
+
+#[test]
+fn a_drifting_gpu_clock_is_placed_by_the_interpolated_offset() {
+    // Rank 1's GPU clock gains 100 ns per 10 us of its own time (10,000 ppm, to show in ns):
+    // measured 5 ms ahead at GPU time 0 and 5.0001 ms ahead at GPU time 10 us after it.
+    let mut ranks = two_ranks();
+    let r = &mut ranks[1];
+    let start = r.clock_offset_ns as u64;
+    r.clock_gpu_ns = start;
+    r.clock_end = Some(super::clock::ClockPoint {
+        gpu_ns: start + 10_000,
+        offset_ns: r.clock_offset_ns + 100,
+        rtt_ns: 2_000,
+    });
+    // The kernel's begin (GPU 5_012_000) is 12 us into the span: its offset grew by 120 ns.
+    let k1 = spans(r)
+        .into_iter()
+        .find(|s| s.what == "kernel" && s.block == 0)
+        .unwrap();
+    assert_eq!(k1.begin, 12_000 - 120);
+    assert_eq!(r.host_ns(start), 0);
+    assert_eq!(r.host_ns(start + 10_000), 10_000 - 100);
+    // Without the second point the offset at setup holds.
+    r.clock_end = None;
+    assert_eq!(r.host_ns(start + 10_000), 10_000);
+    let trace = chrome_trace(&ranks);
+    validate(&trace).unwrap();
+    assert_eq!(
+        trace["otherData"]["ranks"][1]["clock_drift_ppm"],
+        serde_json::Value::Null
+    );
+    // A span under a second gives no drift figure (its slope is mostly measurement error);
+    // 50 us over 10 s is 5 ppm.
+    ranks[1].clock_end = Some(super::clock::ClockPoint {
+        gpu_ns: start + 10_000,
+        offset_ns: ranks[1].clock_offset_ns + 100,
+        rtt_ns: 2_000,
+    });
+    let trace = chrome_trace(&ranks);
+    assert_eq!(
+        trace["otherData"]["ranks"][1]["clock_drift_ppm"],
+        serde_json::Value::Null
+    );
+    ranks[1].clock_end = Some(super::clock::ClockPoint {
+        gpu_ns: start + 10_000_000_000,
+        offset_ns: ranks[1].clock_offset_ns + 50_000,
+        rtt_ns: 2_000,
+    });
+    let trace = chrome_trace(&ranks);
+    assert_eq!(trace["otherData"]["ranks"][1]["clock_drift_ppm"], 5.0);
 }
 
 #[test]
