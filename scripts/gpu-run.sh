@@ -3,7 +3,7 @@
 # the GPU self-test on every GPU, then the quick benchmarks. Full logs and JSON go to $OUT
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
-#   what: info selftest selftest2 reduce-var p2p coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
+#   what: info selftest selftest2 reduce-var p2p traced coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
 #         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2av sweep graph
 #         all_reduce reduce_scatter all_gather reduce-smoke ...
 #   The reductions take REDUCE_ARGS (e.g. "--dtype f32 --redop max" or "--max-bytes 67108864";
@@ -53,6 +53,9 @@ for w in $what; do
       step sweep $bin launch -n 2 -- $bin bench --op sendrecv --sweep --device-kind "$kind" --json "$out/sweep.json"
       step sweep-both $bin launch -n 2 -- $bin bench --op sendrecv --sweep --both-directions --device-kind "$kind" --json "$out/sweep-both.json" ;;
     p2p) step selftest-p2p $bin launch -n "$n" -- $bin selftest --only sendrecv ;;
+    traced)  # results with tracing on (every kernel compiled with its events) are those without
+      step selftest-traced env DEVCOMM_TRACE=1 $bin launch -n "$n" -- $bin selftest \
+        --only sendrecv,a2a,reduce_sizes,reduce_graph,trace --calls 1000 --coll-calls 200 --replays 20 ;;
     pull)
       for m in 1 0; do
         step pull$m env DEVCOMM_P2P_PULL=$m $bin launch -n 2 -- $bin bench --op sendrecv --min-bytes 1048576 --device-kind "$kind" --json "$out/pull$m.json"

@@ -141,6 +141,9 @@ __device__ __forceinline__ bool ll128_recv_span(const G& g, const P2PLaunch& a, 
     // Every lane reloads its part of the group's lines until each line's flag lane saw this
     // call in the same load instruction as the rest of its line.
     for (;;) {
+      // The eight loads of a line leave in one instruction: a lane that diverged before (a
+      // traced block's thread 0 records events alone) could read its words of an older line.
+      __syncwarp();
       bool ready = true;
       dc_u64 stale = seq;
       const dc_u64 d = ag.agreed ? 0 : ld_relaxed_sys(ag.desc);

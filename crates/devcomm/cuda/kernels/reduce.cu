@@ -44,7 +44,9 @@ __device__ __forceinline__ dc_u64 shard_len(const ReduceLaunch& a, int q) {
 
 // Whether every live line of the warp's 4 (this lane's: `line`, 8 lanes a line) carries `seq`,
 // polled until it does; v0, v1: this lane's two words. Warp-collective (every lane calls it
-// with the same peer); false on every lane on a timeout (recorded once) or an abort.
+// with the same peer); false on every lane on a timeout (recorded once) or an abort. The loop's
+// control flow is warp-uniform (the clock is lane 0's, shuffled), so that the eight loads of a
+// line leave in one instruction: a lane that ran apart could read its words of an older line.
 __device__ inline bool ll128_warp_wait(const DeviceWindow& w, const dc_u64* line, bool live,
                                        dc_u64 seq, int peer, dc_u64 index, dc_u64& v0,
                                        dc_u64& v1) {
@@ -54,19 +56,20 @@ __device__ inline bool ll128_warp_wait(const DeviceWindow& w, const dc_u64* line
   dc_u64 start = 0, next_abort = 0;
   v0 = v1 = 0;
   for (dc_u32 polls = 1;; ++polls) {
+    __syncwarp();
     if (live) p2p::ll128_load(line, v0, v1);
     const dc_u64 flag = __shfl_sync(0xffffffffu, v1, (int)flag_lane);
     const bool ready = !live || flag == seq;
     if (__all_sync(0xffffffffu, ready)) return true;
     if (polls % kAbortCheckPolls != 0) continue;
-    const dc_u64 now = globaltimer_ns();
+    const dc_u64 now = __shfl_sync(0xffffffffu, globaltimer_ns(), 0);
     if (start == 0) {
       start = now;
       next_abort = now + kAbortCheckNs;
     }
     bool stop = false;
     if (now >= next_abort) {
-      stop = lane == 0 && abort_raised(err);
+      stop = abort_raised(err);
       next_abort = now + kAbortCheckNs;
     }
     if (now - start >= w.timeout_ns) {
@@ -105,17 +108,23 @@ __device__ __forceinline__ dc_u64* line_area(const ReduceLaunch& a, int owner, i
                                    (seq & 1) * a.ll_sender_bytes);
 }
 
-// Group g writes lines [l0, l1) of the `payload` bytes at src as lines of call seq at dst,
-// 8 lanes a line.
+// Group g (whole warps) writes lines [l0, l1) of the `payload` bytes at src as lines of call
+// seq at dst, 8 lanes a line. Every lane runs every pass (the bounds are the group's), so the
+// warp can converge before its stores.
 template <class G>
 __device__ __forceinline__ void push_lines(const G& g, dc_u64* dst, const unsigned char* src,
                                            dc_u64 payload, dc_u64 l0, dc_u64 l1, dc_u64 seq) {
   const dc_u32 l = g.thread_rank() & 7u;
-  for (dc_u64 i = l0 + g.thread_rank() / 8; i < l1; i += g.size() / 8) {
+  for (dc_u64 base = l0; base < l1; base += g.size() / 8) {
+    const dc_u64 i = base + g.thread_rank() / 8;
+    const bool live = i < l1;
     dc_u64 v[2] = {0, 0};
-    line_words(i, l, payload, [&](dc_u64 o, dc_u64 n, dc_u32 k) { v[k] = load8(src + o, n); });
-    if (l == 7) v[1] = seq;  // the flag word
-    p2p::ll128_store(dst + i * 16 + 2 * l, v[0], v[1]);
+    if (live) {
+      line_words(i, l, payload, [&](dc_u64 o, dc_u64 n, dc_u32 k) { v[k] = load8(src + o, n); });
+      if (l == 7) v[1] = seq;  // the flag word
+    }
+    __syncwarp();  // the eight stores of a line leave in one instruction (LL128's guarantee)
+    if (live) p2p::ll128_store(dst + i * 16 + 2 * l, v[0], v[1]);
   }
 }
 
@@ -327,18 +336,23 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
     LaneLine<T> ln(i, mine);
     ok = each_rank_line(a, seq, 0, i, live, ln, in + start_of(me),
                         [&](int p, const dc_u64 (&x)[2]) { ln.template add<OP>(p, x); });
-    if (!ok || !live) continue;
-    dc_u64 v[2];
+    if (!ok) continue;  // warp-uniform: every lane stays for the stores below
+    dc_u64 v[2] = {0, 0};
+    if (live) {
 #pragma unroll
-    for (dc_u32 k = 0; k < 2; ++k) {
-      const dc_u64 r = ln.template result<OP>(k, world);
-      if (ln.n[k] > 0) store8(out + start_of(me) + ln.at[k], r, ln.n[k]);
-      v[k] = ln.n[k] > 0 ? r : 0;
+      for (dc_u32 k = 0; k < 2; ++k) {
+        const dc_u64 r = ln.template result<OP>(k, world);
+        if (ln.n[k] > 0) store8(out + start_of(me) + ln.at[k], r, ln.n[k]);
+        v[k] = ln.n[k] > 0 ? r : 0;
+      }
+      if (l == 7) v[1] = seq;  // the flag word
     }
-    if (l == 7) v[1] = seq;  // the flag word
     for (int t = 0; t < world; ++t) {
       const int q = turn(t, me, world);
-      if (q != me) p2p::ll128_store(line_area(a, q, me, seq) + (span + i) * 16 + 2 * l, v[0], v[1]);
+      __syncwarp();  // the eight stores of a line leave in one instruction (LL128's guarantee)
+      if (q != me && live) {
+        p2p::ll128_store(line_area(a, q, me, seq) + (span + i) * 16 + 2 * l, v[0], v[1]);
+      }
     }
   }
   DC_TRACE_PHASE_END(kPhaseReduce, -1, 120 * (l1 - l0));

@@ -31,6 +31,20 @@ pub(crate) fn limits(
     }
 }
 
+/// `limits` with tracing on: no line algorithm (the one-shot and the two-shot on LL128 lines);
+/// every size takes the staged two-shot, or on pool buffers the zero-copy paths. Traced, the
+/// line algorithms returned stale first words of some lines (those that thread 0 of a block,
+/// the one that records the events, writes or reads) on 4 H200s, although they pass every
+/// check untraced (docs/PERFORMANCE.md, "Tracing and the line reductions"). So a trace of a
+/// small reduction shows the staged two-shot, not what an untraced call runs.
+pub(crate) fn without_lines(limits: ReduceLimits) -> ReduceLimits {
+    ReduceLimits {
+        one_shot_bytes: 0,
+        line_two_shot_bytes: 0,
+        ..limits
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,6 +63,26 @@ mod tests {
             limits(4, None, None, None, 8, 132).one_shot_bytes,
             512 << 10
         );
+    }
+
+    #[test]
+    fn tracing_leaves_the_line_algorithms() {
+        use crate::reduce::plan::{plan, Algorithm, Collective, Shape};
+        let traced = without_lines(ReduceLimits::for_world(4));
+        assert_eq!((traced.one_shot_bytes, traced.line_two_shot_bytes), (0, 0));
+        let untraced = ReduceLimits::for_world(4);
+        for bytes in [8u64, 4096, 256 << 10, 1 << 20, 2 << 20] {
+            let shape = Shape {
+                collective: Collective::AllReduce,
+                count: bytes / 2,
+                elem_bytes: 2,
+                world: 4,
+                row_len: None,
+            };
+            let algorithm = |l: &ReduceLimits| plan(&shape, l).map(|p| p.algorithm);
+            assert_eq!(algorithm(&traced), Ok(Algorithm::TwoShot), "{bytes} B");
+            assert_ne!(algorithm(&untraced), Ok(Algorithm::TwoShot), "{bytes} B");
+        }
     }
 
     #[test]

@@ -265,6 +265,11 @@ impl Reduce {
                 .map_or(limits.zero_copy_min_bytes, |k| u64::from(k) << 10),
             ..limits
         };
+        let limits = if c.trace {
+            config::without_lines(limits)
+        } else {
+            limits
+        };
         let world = group.world_size;
         let slots = plan::SLOT_KINDS * world.min(plan::MAX_WORLD) * MAX_BLOCKS as usize;
         let bytes = plan::window_bytes(world, &limits) as usize;
