@@ -31,16 +31,30 @@ pub(crate) fn limits(
     }
 }
 
-/// `limits` with tracing on: no line algorithm (the one-shot and the two-shot on LL128 lines);
-/// every size takes the staged two-shot, or on pool buffers the zero-copy paths. Traced, the
-/// line algorithms returned stale first words of some lines (those that thread 0 of a block,
-/// the one that records the events, writes or reads) on 4 H200s, although they pass every
-/// check untraced (docs/PERFORMANCE.md, "Tracing and the line reductions"). So a trace of a
-/// small reduction shows the staged two-shot, not what an untraced call runs.
-pub(crate) fn without_lines(limits: ReduceLimits) -> ReduceLimits {
+/// `limits` with tracing on: no line algorithm (the one-shot and the two-shot on LL128 lines)
+/// unless its limit was set explicitly (`one_shot_set`, `line_two_shot_set`: the experimental
+/// `DEVCOMM_REDUCE_ONE_SHOT_KIB` / `DEVCOMM_REDUCE_LINE_TWO_SHOT_KIB`, to study the defect
+/// below); every other size takes the staged two-shot, or on pool buffers the zero-copy paths.
+/// Traced, the line algorithms returned stale first words of some lines (those that thread 0
+/// of a block, the one that records the events, writes or reads) on 4 H200s, although they
+/// pass every check untraced (docs/PERFORMANCE.md, "Tracing and the line reductions"). So a
+/// trace of a small reduction shows the staged two-shot, not what an untraced call runs.
+pub(crate) fn without_lines(
+    limits: ReduceLimits,
+    one_shot_set: bool,
+    line_two_shot_set: bool,
+) -> ReduceLimits {
     ReduceLimits {
-        one_shot_bytes: 0,
-        line_two_shot_bytes: 0,
+        one_shot_bytes: if one_shot_set {
+            limits.one_shot_bytes
+        } else {
+            0
+        },
+        line_two_shot_bytes: if line_two_shot_set {
+            limits.line_two_shot_bytes
+        } else {
+            0
+        },
         ..limits
     }
 }
@@ -68,9 +82,15 @@ mod tests {
     #[test]
     fn tracing_leaves_the_line_algorithms() {
         use crate::reduce::plan::{plan, Algorithm, Collective, Shape};
-        let traced = without_lines(ReduceLimits::for_world(4));
-        assert_eq!((traced.one_shot_bytes, traced.line_two_shot_bytes), (0, 0));
         let untraced = ReduceLimits::for_world(4);
+        let traced = without_lines(untraced, false, false);
+        assert_eq!((traced.one_shot_bytes, traced.line_two_shot_bytes), (0, 0));
+        // A limit set explicitly stays (to study the traced line kernels).
+        let kept = without_lines(untraced, true, false);
+        assert_eq!(kept.one_shot_bytes, untraced.one_shot_bytes);
+        assert_eq!(kept.line_two_shot_bytes, 0);
+        let kept = without_lines(untraced, false, true);
+        assert_eq!(kept.line_two_shot_bytes, untraced.line_two_shot_bytes);
         for bytes in [8u64, 4096, 256 << 10, 1 << 20, 2 << 20] {
             let shape = Shape {
                 collective: Collective::AllReduce,

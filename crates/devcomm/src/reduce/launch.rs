@@ -266,7 +266,11 @@ impl Reduce {
             ..limits
         };
         let limits = if c.trace {
-            config::without_lines(limits)
+            let set = (
+                c.reduce_one_shot_kib.is_some(),
+                c.reduce_line_two_shot_kib.is_some(),
+            );
+            config::without_lines(limits, set.0, set.1)
         } else {
             limits
         };
