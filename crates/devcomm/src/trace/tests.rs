@@ -150,16 +150,24 @@ fn two_ranks() -> Vec<RankTrace> {
 #[test]
 fn a_drifting_gpu_clock_is_placed_by_the_interpolated_offset() {
     // Rank 1's GPU clock gains 100 ns per 10 us of its own time (10,000 ppm, to show in ns):
-    // measured 5 ms ahead at GPU time 0 and 5.0001 ms ahead at GPU time 10 us after it.
+    // measured 5 ms ahead at GPU time `start` and 5.0001 ms ahead 10 us after it.
     let mut ranks = two_ranks();
+    let offset = ranks[1].clock_offset_ns;
+    let start = offset as u64;
+    // The second measurement, `after` ns of GPU time later, `gained` ns further ahead.
+    let end = |after: u64, gained: i64| {
+        Some(super::clock::ClockPoint {
+            gpu_ns: start + after,
+            offset_ns: offset + gained,
+            rtt_ns: 2_000,
+        })
+    };
+    let drift = |ranks: &[RankTrace]| {
+        chrome_trace(ranks)["otherData"]["ranks"][1]["clock_drift_ppm"].clone()
+    };
     let r = &mut ranks[1];
-    let start = r.clock_offset_ns as u64;
     r.clock_gpu_ns = start;
-    r.clock_end = Some(super::clock::ClockPoint {
-        gpu_ns: start + 10_000,
-        offset_ns: r.clock_offset_ns + 100,
-        rtt_ns: 2_000,
-    });
+    r.clock_end = end(10_000, 100);
     // The kernel's begin (GPU 5_012_000) is 12 us into the span: its offset grew by 120 ns.
     let k1 = spans(r)
         .into_iter()
@@ -168,34 +176,16 @@ fn a_drifting_gpu_clock_is_placed_by_the_interpolated_offset() {
     assert_eq!(k1.begin, 12_000 - 120);
     assert_eq!(r.host_ns(start), 0);
     assert_eq!(r.host_ns(start + 10_000), 10_000 - 100);
-    // Without the second point the offset at setup holds.
-    r.clock_end = None;
-    assert_eq!(r.host_ns(start + 10_000), 10_000);
-    let trace = chrome_trace(&ranks);
-    validate(&trace).unwrap();
-    assert_eq!(
-        trace["otherData"]["ranks"][1]["clock_drift_ppm"],
-        serde_json::Value::Null
-    );
-    // A span under a second gives no drift figure (its slope is mostly measurement error);
+    // A span under a second gives no drift figure (its slope is mostly measurement error).
+    assert_eq!(drift(&ranks), serde_json::Value::Null);
+    validate(&chrome_trace(&ranks)).unwrap();
+    // Without the second point the offset at setup holds, and there is no drift.
+    ranks[1].clock_end = None;
+    assert_eq!(ranks[1].host_ns(start + 10_000), 10_000);
+    assert_eq!(drift(&ranks), serde_json::Value::Null);
     // 50 us over 10 s is 5 ppm.
-    ranks[1].clock_end = Some(super::clock::ClockPoint {
-        gpu_ns: start + 10_000,
-        offset_ns: ranks[1].clock_offset_ns + 100,
-        rtt_ns: 2_000,
-    });
-    let trace = chrome_trace(&ranks);
-    assert_eq!(
-        trace["otherData"]["ranks"][1]["clock_drift_ppm"],
-        serde_json::Value::Null
-    );
-    ranks[1].clock_end = Some(super::clock::ClockPoint {
-        gpu_ns: start + 10_000_000_000,
-        offset_ns: ranks[1].clock_offset_ns + 50_000,
-        rtt_ns: 2_000,
-    });
-    let trace = chrome_trace(&ranks);
-    assert_eq!(trace["otherData"]["ranks"][1]["clock_drift_ppm"], 5.0);
+    ranks[1].clock_end = end(10_000_000_000, 50_000);
+    assert_eq!(drift(&ranks), 5.0);
 }
 
 #[test]
