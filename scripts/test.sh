@@ -49,6 +49,8 @@ if sys_uses=$(grep -rn "sys::" crates/devcomm/src --include='*.rs' | grep -v '^c
 fi
 echo "== layers: no import circle among the modules of the library and the CLI"
 python3 scripts/check_module_cycles.py crates/devcomm/src crates/devcomm-cli/src
+echo "== layers: no module imports one above it in lib.rs's layer table"
+python3 scripts/check_layers.py crates/devcomm/src scripts/layer-exceptions.txt
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

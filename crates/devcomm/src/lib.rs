@@ -3,21 +3,23 @@
 //! GPU kernels write into other GPUs' memory over NVLink and signal them directly; on that,
 //! devcomm builds send/recv and collectives and lets users fuse small CUDA C++ hooks into the
 //! transfer. `docs/ARCHITECTURE.md` describes the layers; each is a module here, and a layer
-//! uses only the layers below it:
+//! uses only the layers below it and its own (`scripts/check_layers.py` checks every
+//! `crate::` path against this table; the few imports that still run up are listed, with
+//! why, in `scripts/layer-exceptions.txt`):
 //!
-//! | layer | module |
-//! |---|---|
-//! | 0 | [`abi`]: what the kernels share with the host: constants (copy-engine words, `P2PSide` bits) and, re-exported, the `#[repr(C)]` twins (defined in `handles` and beside their launchers); [`error`]: the one error type; [`config`]: every knob with its environment variable |
-//! | 1 | `cuda`: the thin layer over cudarc (VMM, IPC, host-mapped memory, device queries, graph capture, NVRTC); the only caller of cudarc's raw bindings |
-//! | 2 | `devcomm_bootstrap` (crate): ranks, store, fd passing, launcher; `group`: rank, store, context, topology and error state in one `Arc` |
-//! | 3 | [`topology`]: link kind of every peer |
-//! | 4 | `memory`: symmetric allocations, registered user buffers and the memory pool; `net`: the network transport (UCX proxy, descriptor queues, routes; on `handles`, `config` and `topology` only) |
-//! | 5 | [`device`]: the embedded CUDA headers (device API) |
-//! | 6 | [`jit`]: compilation through `cuda::nvrtc` with an on-disk cache |
-//! | 8 | `window`: [`Window<T>`](Window) and its [`DeviceWindow`] handle |
-//! | 9 | [`p2p`] (`plan` decides, `launch` carries out), [`collective`]: send/recv and the hooked collectives on its protocol; [`kernels`]: every kernel module by kind, its spec, the one load path; `trace`: the device event rings and their merge |
-//! | 10 | [`moe`]: MoE dispatch and combine, the pure part (row layout, buffer sizes, the host reference); [`reduce`]: the reductions (the pure planners: the one-shot and two-shot on LL128 lines, the staged two-shot, zero-copy on pool buffers; their window and launch) |
-//! | top | [`Comm`] (`comm`: builder, setup, send/recv, collectives, hooked send/recv, zero-copy, registration); [`testing`]: helpers of the self-test on raw device memory |
+//! | layer | modules | what |
+//! |---|---|---|
+//! | 0 | `handles`, [`error`], [`config`], [`abi`] | the `#[repr(C)]` twins of the device handles; the one error type; every knob with its environment variable; what the kernels share with the host (constants and, re-exported, every launch struct) |
+//! | 1 | `cuda` | the thin layer over cudarc (VMM, IPC, host-mapped memory, device queries, graph capture, NVRTC); the only caller of cudarc's raw bindings |
+//! | 2 | [`topology`], [`device`] | link kind of every peer; the embedded CUDA headers (device API) |
+//! | 3 | [`jit`], [`trace`] | compilation through `cuda::nvrtc` with an on-disk cache; the device event rings, the GPU clock and the merge into one trace |
+//! | 4 | `group`, `kernel_load` | rank, store (`devcomm_bootstrap`), context, topology, error state and trace in one `Arc`; the one load path of the kernel modules |
+//! | 5 | [`net`], `memory` | the network transport (UCX proxy, descriptor queues, routes); symmetric allocations, registered user buffers and the memory pool |
+//! | 6 | `window_net`, `window` | a window's network side; [`Window<T>`](Window) and its [`DeviceWindow`] handle |
+//! | 7 | [`p2p`], [`collective`] | send/recv (`plan` decides, `launch` carries out); the hooked collectives on its protocol |
+//! | 8 | [`reduce`], [`moe`] | the reductions (planners, window and launch); MoE dispatch and combine, the pure part (row layout, buffer sizes, the host reference) |
+//! | 9 | [`kernels`] | every kernel module by kind and its spec |
+//! | top | `comm`, [`testing`] | [`Comm`]: builder, setup, send/recv, collectives, hooked send/recv, zero-copy, registration, reductions, MoE; helpers of the self-test on raw device memory |
 //!
 //! The public surface is what a user needs: [`Comm`] and the types its calls take and return
 //! (re-exported here), the kernel ABI ([`abi`]), the kernel compiler ([`jit`]) and the kernels'
