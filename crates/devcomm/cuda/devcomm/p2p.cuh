@@ -1,6 +1,6 @@
 // devcomm/p2p.cuh: the launch arguments of the send/recv kernels (docs/PROTOCOL.md).
 //
-// Rust twin: src/p2p/handle.rs (sizes and offsets asserted on both sides, compared by
+// Rust twin: src/abi/p2p_launch.rs (sizes and offsets asserted on both sides, compared by
 // tests/layout.rs).
 #pragma once
 

@@ -18,7 +18,7 @@
 namespace devcomm {
 namespace red {
 
-// Launch arguments of both reduction kernels (twin of reduce::handle::ReduceLaunch in Rust).
+// Launch arguments of both reduction kernels (twin of abi::reduce_launch::ReduceLaunch in Rust).
 struct ReduceLaunch {
   DeviceWindow w;         // @0   the reduce window: lines at ll_offset, two-shot halves after
   dc_u64 in;              // @80  input buffer
@@ -62,7 +62,7 @@ static_assert(DC_OFFSETOF(ReduceLaunch, blocks) == 200, "ReduceLaunch.blocks");
 
 // Launch arguments of net_step_kernel (reduce.cu), the local steps of the reductions with
 // network peers.
-struct NetStep {      // twin of reduce::handle::NetStepLaunch
+struct NetStep {      // twin of abi::reduce_launch::NetStepLaunch
   dc_u64 in;          // @0
   dc_u64 out;         // @8
   dc_u64 in_stride;   // @16 elements between the pieces (copies) of in

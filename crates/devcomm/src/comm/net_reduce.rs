@@ -15,11 +15,11 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::Comm;
+use crate::abi::reduce_launch::{NetStepKind, NetStepLaunch};
 use crate::collective::{CollCall, RawHooks, MODE_DEVICE_COUNTS, MODE_UNIFORM};
 use crate::cuda::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::group::Group;
-use crate::reduce::handle::{NetStepKind, NetStepLaunch};
 use crate::reduce::launch::ReduceCall;
 use crate::reduce::net_plan::{net_plan, step_code, NetPlan, NetStep};
 use crate::reduce::plan::{Algorithm, Collective, Plan, Shape};

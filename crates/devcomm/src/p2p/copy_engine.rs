@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream};
 
-use super::handle::P2PSide;
 use super::P2P;
+use crate::abi::P2PSide;
 use crate::abi::{ce_pulled, CE_DONE, CE_DONE_R, CE_GO, CE_GO_R, CE_SLOTS, CE_WORDS};
 use crate::cuda::{launch_struct, linear_launch, InternalStream};
 use crate::error::{Error, Result};

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::handle::{P2PLaunch, P2PNegotiated, P2PSide};
 use super::kernels::KernelKey;
 use super::plan::{plan, Grid, Plan, PlanInputs, PlannedSide};
 use super::{Counter, Transfer, P2P};
+use crate::abi::{P2PLaunch, P2PNegotiated, P2PSide};
 use crate::cuda::{launch_struct, linear_launch};
 use crate::error::{CudaResultExt, Result};
 use crate::group::Group;

@@ -5,13 +5,12 @@
 //! `launch.rs` carries a plan out; `copy_engine.rs` and `zero_copy.rs` are the copy-engine
 //! and zero-copy paths; `kernels.rs` the kernel source and names; `protocol.rs`,
 //! `window.rs`, `defaults.rs`, `sweep.rs`, `env.rs` the knobs (with `crate::abi`, re-exported by
-//! `config`); `handle.rs` the kernels' argument structs; `tune.rs` the tuning table.
+//! `config`); `tune.rs` the tuning table. The kernels' argument structs are `crate::abi`'s.
 
 mod barrier;
 pub mod config;
 mod copy_engine;
 pub mod defaults;
-pub mod handle;
 mod kernels;
 mod launch;
 pub(crate) mod plan;
@@ -45,7 +44,7 @@ pub use switches::Switches;
 pub use tune::{TuneEntry, TuneTable, TUNE_FILE_ENV};
 pub(crate) use zero_copy::ZcRole;
 
-use handle::{P2PLaunch, P2PSide};
+use crate::abi::{P2PLaunch, P2PSide};
 
 use crate::cuda::InternalStream;
 use crate::error::{CudaResultExt, Error, Result};

@@ -7,9 +7,9 @@ use cudarc::driver::{CudaFunction, CudaStream};
 
 use super::copy_engine::launch_one_warp;
 use super::defaults::{zero_copy_route, ZcRoute};
-use super::handle::{P2PLaunch, P2PSide, ZcLaunch};
 use super::kernels::{KernelKey, ZC_THREADS};
 use super::{Counter, Transfer, P2P};
+use crate::abi::{P2PLaunch, P2PSide, ZcLaunch};
 use crate::abi::{CE_DONE, CE_GO};
 use crate::cuda::{launch_struct, linear_launch};
 use crate::error::{CudaResultExt, Error, Result};

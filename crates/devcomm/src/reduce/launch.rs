@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaFunction, CudaStream};
 
 use super::config;
-use super::handle::{NetStepLaunch, ReduceLaunch};
 use super::net_plan;
 use super::plan::{self, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, THREADS};
 use super::types::{DataType, ReduceOp};
 use super::zero_copy_plan::{layout_word, zero_copy_plan, Placement};
+use crate::abi::reduce_launch::{NetStepLaunch, ReduceLaunch};
 use crate::collective::RawHooks;
 use crate::cuda::{linear_launch, DeviceBuffer};
 use crate::error::{CudaResultExt, Error, Result};

@@ -11,7 +11,6 @@
 
 pub(crate) mod args;
 pub(crate) mod config;
-pub mod handle;
 pub(crate) mod launch;
 pub mod net_plan;
 pub mod plan;
