@@ -9,7 +9,7 @@
 //!
 //! | layer | modules | what |
 //! |---|---|---|
-//! | 0 | `handles`, [`error`], [`config`], [`abi`] | the `#[repr(C)]` twins of the device handles; the one error type; every knob with its environment variable; what the kernels share with the host: constants and every launch struct (send/recv's and the reductions' defined there, the collective's re-exported) |
+//! | 0 | `handles`, [`error`], [`config`], [`abi`] | the `#[repr(C)]` twins of the device handles; the one error type; every knob with its environment variable; what the kernels share with the host: constants, every launch struct and the network structs |
 //! | 1 | `cuda` | the thin layer over cudarc (VMM, IPC, host-mapped memory, device queries, graph capture, NVRTC); the only caller of cudarc's raw bindings |
 //! | 2 | [`topology`], [`device`] | link kind of every peer; the embedded CUDA headers (device API) |
 //! | 3 | [`jit`], [`trace`] | compilation through `cuda::nvrtc` with an on-disk cache; the device event rings, the GPU clock and the merge into one trace |

@@ -37,7 +37,7 @@
 
 namespace devcomm {
 
-// Launch arguments of the collective kernel. Rust twin: src/collective/handle.rs.
+// Launch arguments of the collective kernel. Rust twin: src/abi/coll_launch.rs.
 struct CollLaunch {
   P2PLaunch p;             // @0   the p2p window and staging constants (p.send/p.recv unused)
   dc_u64 in;               // @240 send buffer

@@ -3,7 +3,7 @@
 // into a queue per (peer, channel) in host-mapped memory, and the proxy thread of the
 // communicator performs them through UCX (src/net/, docs/NETWORK.md).
 //
-// Every struct here has a Rust twin in src/net/descriptor.rs with the same size and offsets
+// Every struct here has a Rust twin in src/abi/net.rs with the same size and offsets
 // (static_assert below, const assertions in Rust, tests/net_layout.rs compares them).
 //
 // Queue protocol (single producer per queue: one thread of the kernel at a time):

@@ -1,7 +1,7 @@
 // devcomm/net_p2p.cuh: one call's transfer with a network peer through host staging and the
 // proxy, for send/recv (kernels/sendrecv_net.cu) and the collectives' network roles
 // (collective.cuh) (docs/NETWORK.md, "Send/recv over the network"; the host side is
-// src/net/route.rs and src/comm/net_p2p.rs). Rust twins of the structs: src/net/route.rs (static_asserts below,
+// src/net/route.rs and src/comm/net_p2p.rs). Rust twins of the structs: src/abi/net.rs and src/net/route.rs (static_asserts below,
 // const assertions there, tests/net_layout.rs compares them).
 //
 // Staging (pinned host memory, mapped here and registered with UCX under `key`, the same

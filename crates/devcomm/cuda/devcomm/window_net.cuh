@@ -38,7 +38,7 @@
 
 namespace devcomm {
 
-// A window's network path (WindowNetHandle in src/net/descriptor.rs); zero: none.
+// A window's network path (WindowNetHandle in src/abi/net.rs); zero: none.
 struct WindowNet {
   NetQueues queues;      // @0  the communicator's queues
   dc_u32 first_channel;  // @48 user channel c is queue channel first_channel + c

@@ -4,11 +4,11 @@
 //!   and pad-word offsets and the `P2PSide::pull` bits. Plain constants, below every layer:
 //!   `cuda` decodes error records with them, `p2p` lays out its window and launches with them
 //!   (re-exported as `p2p::config::*`).
-//! - The `#[repr(C)]` twins of the kernels' structs and their [`layout`]: the send/recv and
-//!   reduction launch arguments are defined here (`p2p_launch`, `reduce_launch`), the device
-//!   handles ([`DeviceWindow`], [`RegisteredBuffer`]) in `handles`; the collective's launch
-//!   argument is still re-exported from `collective` (it holds the network role's struct,
-//!   defined in `net`: `scripts/layer-exceptions.txt`).
+//! - The `#[repr(C)]` twins of the kernels' structs and their [`layout`]: the launch
+//!   arguments of send/recv, the collectives and the reductions and the network structs are
+//!   defined here (`p2p_launch`, `coll_launch`, `reduce_launch`, `net`), the device handles
+//!   ([`DeviceWindow`], [`RegisteredBuffer`]) in `handles`. Nothing here imports a module above
+//!   this layer.
 
 /// Copy-engine slots per (sender, receiver) and pad words per peer (`cuda/devcomm/p2p.cuh`).
 pub const CE_SLOTS: u64 = 4;
@@ -47,15 +47,17 @@ pub const CE_DEC_S: usize = 50;
 /// See [`CE_DEC_S`].
 pub const CE_DEC_R: usize = 51;
 
+pub mod coll_launch;
+pub mod net;
 pub mod p2p_launch;
 pub mod reduce_launch;
 
-/// The `#[repr(C)]` twins of the structs in `cuda/devcomm/*.cuh` that the host hands to the
-/// kernels or reads back, gathered here.
-pub use crate::collective::handle::{CollLaunch, MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
 pub use crate::handles::{
     DeviceErrorState, DeviceOp, DevicePeerTable, DeviceWindow, ErrorRecord, RegisteredBuffer,
 };
+/// The `#[repr(C)]` twins of the structs in `cuda/devcomm/*.cuh` that the host hands to the
+/// kernels or reads back, gathered here.
+pub use coll_launch::{CollLaunch, MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
 pub use p2p_launch::{P2PLaunch, P2PNegotiated, P2PSide, ZcLaunch};
 pub use reduce_launch::ReduceLaunch;
 
@@ -65,7 +67,7 @@ pub fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
     crate::handles::LAYOUT
         .iter()
         .chain(p2p_launch::LAYOUT)
-        .chain(crate::collective::handle::LAYOUT)
+        .chain(coll_launch::LAYOUT)
         .chain(reduce_launch::LAYOUT)
         .chain(reduce_launch::NET_STEP_LAYOUT)
         .copied()

@@ -2,7 +2,7 @@
 //! peer x block kernel over the send/recv protocol, with the user's `produce`/`consume` hooks
 //! compiled into the copy steps by the JIT.
 
-pub mod handle;
+pub use crate::abi::coll_launch as handle;
 
 mod aliasing;
 mod hooks;
@@ -13,16 +13,16 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
 
+use crate::abi::coll_launch::CollLaunch;
+pub use crate::abi::coll_launch::{MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
+use crate::abi::net::NetP2PLaunch;
 use crate::cuda::linear_launch;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::Jit;
 use crate::jit::KernelSpec;
-use crate::net::route::NetP2PLaunch;
 use crate::p2p::P2P;
 use crate::topology::LinkKind;
-use handle::CollLaunch;
-pub use handle::{MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
 
 pub(crate) use aliasing::{first_written_overlap, overlap, Buf};
 pub use hooks::{Hooks, RawHooks};

@@ -16,7 +16,7 @@
 //! `proxy` (the progress thread), `record` (the abort record), `host` (host-side waits),
 //! `route` (send/recv's route and staging layout, pure).
 
-pub mod descriptor;
+pub use crate::abi::net as descriptor;
 mod error;
 pub mod host;
 mod proxy;
@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use devcomm_bootstrap::Store;
 
-pub use descriptor::{
+pub use crate::abi::net::{
     NetDescriptor, NetOp, NetQueueHeader, NetQueuesHandle, SignalOp, WindowNetHandle,
 };
 pub use error::{NetError, Result};

@@ -16,11 +16,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::descriptor::{NetDescriptor, NetOp, SignalOp};
 use super::queue::{backoff, QueueRef};
 use super::record::{op, STATUS_TIMED_OUT};
 use super::ucx::Request;
 use super::{Inner, Shared};
+use crate::abi::net::{NetDescriptor, NetOp, SignalOp};
 use crate::handles::ErrorRecord;
 
 /// Descriptors one queue may start per pass, so that no queue starves the others.

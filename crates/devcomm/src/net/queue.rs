@@ -11,15 +11,15 @@
 //!   flush whose operations completed). It takes entry `tail % capacity` once its `seq` is
 //!   `tail + 1` (acquire), copies it out and stores `tail + 1` (release): the entry is free.
 //!
-//! The structs are in `descriptor.rs`; the C++ twin of the producer is `cuda/devcomm/net.cuh`.
+//! The structs are in `abi/net.rs`; the C++ twin of the producer is `cuda/devcomm/net.cuh`.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::descriptor::{NetDescriptor, NetOp, NetQueueHeader, NetQueuesHandle};
 use super::error::{NetError, Result};
 use super::record::{op, ErrorSink};
+use crate::abi::net::{NetDescriptor, NetOp, NetQueueHeader, NetQueuesHandle};
 use crate::handles::ErrorRecord;
 
 /// Bytes of one queue with `capacity` entries.

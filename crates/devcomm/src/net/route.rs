@@ -11,7 +11,6 @@
 //! - [`chunks`]: how a message is cut into slots.
 //! - [`NetP2PLaunch`]: the kernel's argument, twin of `NetP2PLaunch` in `net_p2p.cuh`.
 
-use super::descriptor::NetQueuesHandle;
 use crate::error::{Error, Result};
 use crate::topology::LinkKind;
 
@@ -54,40 +53,8 @@ pub struct ChunkHeader {
     pub reserved: [u64; 3],
 }
 
-/// The network send/recv kernel's argument (`NetP2PLaunch` in `net_p2p.cuh`); a role with
-/// `peer < 0` is absent.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NetP2PLaunch {
-    /// The descriptor queues.
-    pub q: NetQueuesHandle,
-    /// Device address of this rank's staging ([`StagingLayout`]).
-    pub staging: u64,
-    /// Device `u64[world][4]`: chunks sent, calls sent, chunks received, calls received.
-    pub counters: u64,
-    /// Payload bytes per slot.
-    pub slot_bytes: u64,
-    /// Slots per (peer, direction).
-    pub slots: u32,
-    /// The staging's registration key (data and signal words).
-    pub key: u32,
-    /// Source of the send role.
-    pub send_buf: u64,
-    /// Bytes of the send role.
-    pub send_bytes: u64,
-    /// Destination of the receive role.
-    pub recv_buf: u64,
-    /// Bytes of the receive role.
-    pub recv_bytes: u64,
-    /// Peer of the send role, -1: none.
-    pub send_peer: i32,
-    /// Peer of the receive role, -1: none.
-    pub recv_peer: i32,
-}
-
-// SAFETY: plain integers, `repr(C)`, the layout of the C++ twin (asserted below and by
-// tests/net_layout.rs).
-unsafe impl cudarc::driver::DeviceRepr for NetP2PLaunch {}
+/// The network send/recv kernel's argument, defined with the other twins in `abi`.
+pub use crate::abi::net::NetP2PLaunch;
 
 const _: () = {
     use std::mem::{offset_of, size_of};
@@ -95,11 +62,6 @@ const _: () = {
     assert!(offset_of!(ChunkHeader, call) == 8);
     assert!(offset_of!(ChunkHeader, bytes) == 16);
     assert!(offset_of!(ChunkHeader, rows) == 32);
-    assert!(size_of::<NetP2PLaunch>() == 120);
-    assert!(offset_of!(NetP2PLaunch, staging) == 48);
-    assert!(offset_of!(NetP2PLaunch, slots) == 72);
-    assert!(offset_of!(NetP2PLaunch, send_buf) == 80);
-    assert!(offset_of!(NetP2PLaunch, send_peer) == 112);
 };
 
 /// Where everything is in one rank's staging (the same on every rank: it depends only on the

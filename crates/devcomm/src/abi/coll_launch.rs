@@ -4,8 +4,8 @@ use std::mem::{offset_of, size_of};
 
 use cudarc::driver::DeviceRepr;
 
-use crate::abi::p2p_launch::P2PLaunch;
-use crate::net::route::NetP2PLaunch;
+use super::net::NetP2PLaunch;
+use super::p2p_launch::P2PLaunch;
 
 /// Launch arguments of the collective kernel (see the header for each field's meaning).
 #[repr(C)]

@@ -1,6 +1,7 @@
-//! The structs shared with `cuda/devcomm/net.cuh`: descriptors, the queue header and the
-//! handle kernels receive, with their layout asserted here (const), in the header
-//! (`static_assert`) and compared by `tests/net_layout.rs`. Change both sides together.
+//! The structs shared with `cuda/devcomm/net.cuh` and `net_p2p.cuh`: descriptors, the queue
+//! header, the handles kernels receive and the network send/recv kernel's argument, with their
+//! layout asserted here (const), in the headers (`static_assert`) and compared by
+//! `tests/net_layout.rs`. Change both sides together. `net::descriptor` re-exports this.
 
 /// What a descriptor asks the proxy to do (`NetOp` in `net.cuh`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,6 +336,50 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = &[
         std::mem::size_of::<WindowNetHandle>(),
     ),
 ];
+
+/// The network send/recv kernel's argument (`NetP2PLaunch` in `net_p2p.cuh`); a role with
+/// `peer < 0` is absent.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetP2PLaunch {
+    /// The descriptor queues.
+    pub q: NetQueuesHandle,
+    /// Device address of this rank's staging (`net::route::StagingLayout`).
+    pub staging: u64,
+    /// Device `u64[world][4]`: chunks sent, calls sent, chunks received, calls received.
+    pub counters: u64,
+    /// Payload bytes per slot.
+    pub slot_bytes: u64,
+    /// Slots per (peer, direction).
+    pub slots: u32,
+    /// The staging's registration key (data and signal words).
+    pub key: u32,
+    /// Source of the send role.
+    pub send_buf: u64,
+    /// Bytes of the send role.
+    pub send_bytes: u64,
+    /// Destination of the receive role.
+    pub recv_buf: u64,
+    /// Bytes of the receive role.
+    pub recv_bytes: u64,
+    /// Peer of the send role, -1: none.
+    pub send_peer: i32,
+    /// Peer of the receive role, -1: none.
+    pub recv_peer: i32,
+}
+
+// SAFETY: plain integers, `repr(C)`, the layout of the C++ twin (asserted below and by
+// tests/net_layout.rs).
+unsafe impl cudarc::driver::DeviceRepr for NetP2PLaunch {}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<NetP2PLaunch>() == 120);
+    assert!(offset_of!(NetP2PLaunch, staging) == 48);
+    assert!(offset_of!(NetP2PLaunch, slots) == 72);
+    assert!(offset_of!(NetP2PLaunch, send_buf) == 80);
+    assert!(offset_of!(NetP2PLaunch, send_peer) == 112);
+};
 
 #[cfg(test)]
 mod tests {
