@@ -51,6 +51,8 @@ echo "== layers: no import circle among the modules of the library and the CLI"
 python3 scripts/check_module_cycles.py crates/devcomm/src crates/devcomm-cli/src
 echo "== layers: no module imports one above it in lib.rs's layer table"
 python3 scripts/check_layers.py crates/devcomm/src scripts/layer-exceptions.txt
+echo "== docs/ARCHITECTURE.md lists Comm's public methods as the code has them"
+python3 scripts/comm_methods.py docs/ARCHITECTURE.md
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
