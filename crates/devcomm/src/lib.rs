@@ -4,12 +4,12 @@
 //! devcomm builds send/recv and collectives and lets users fuse small CUDA C++ hooks into the
 //! transfer. `docs/ARCHITECTURE.md` describes the layers; each is a module here, and a layer
 //! uses only the layers below it and its own (`scripts/check_layers.py` checks every
-//! `crate::` path against this table; the few imports that still run up are listed, with
-//! why, in `scripts/layer-exceptions.txt`):
+//! `crate::` path against this table; an import that had to run up would be listed, with
+//! why, in `scripts/layer-exceptions.txt`, empty today):
 //!
 //! | layer | modules | what |
 //! |---|---|---|
-//! | 0 | `handles`, [`error`], [`config`], [`abi`] | the `#[repr(C)]` twins of the device handles; the one error type; every knob with its environment variable; what the kernels share with the host: constants, every launch struct and the network structs |
+//! | 0 | `handles`, [`error`], [`config`], [`abi`] | the `#[repr(C)]` twins of the device handles; the one error type (and the network's, with the wording of its error records); every knob with its environment variable; what the kernels share with the host: constants, every launch struct and the network structs |
 //! | 1 | `cuda` | the thin layer over cudarc (VMM, IPC, host-mapped memory, device queries, graph capture, NVRTC); the only caller of cudarc's raw bindings |
 //! | 2 | [`topology`], [`device`] | link kind of every peer; the embedded CUDA headers (device API) |
 //! | 3 | [`jit`], [`trace`] | compilation through `cuda::nvrtc` with an on-disk cache; the device event rings, the GPU clock and the merge into one trace |

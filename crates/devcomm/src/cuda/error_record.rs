@@ -65,12 +65,12 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
             | DeviceOp::NetFlush
             | DeviceOp::NetBadDescriptor
     ) {
-        // Written by the network proxy (or a network producer's wait): the network layer
-        // words it (its codes and UCX statuses are its own; a pure decoder, no UCX needed).
+        // Written by the network proxy (or a network producer's wait): worded by the network
+        // errors' module (its codes and UCX statuses; a pure decoder, no UCX needed).
         return Error::Network {
             rank: record.rank,
             peer: record.peer,
-            message: crate::net::record::to_error(record).to_string(),
+            message: crate::error::net::from_record(record).to_string(),
         };
     }
     Error::PeerTimeout {

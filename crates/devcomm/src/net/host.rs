@@ -4,9 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::error::Result;
 use super::queue::backoff;
 use super::record::ErrorSink;
+use crate::error::net::Result;
 use crate::handles::ErrorRecord;
 
 /// `DeviceOp::WaitSignal`'s code (`handles.rs`, `DeviceOp::from_code`).

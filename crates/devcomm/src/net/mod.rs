@@ -17,7 +17,7 @@
 //! `route` (send/recv's route and staging layout, pure).
 
 pub use crate::abi::net as descriptor;
-mod error;
+
 pub mod host;
 mod proxy;
 pub mod queue;
@@ -39,7 +39,7 @@ use devcomm_bootstrap::Store;
 pub use crate::abi::net::{
     NetDescriptor, NetOp, NetQueueHeader, NetQueuesHandle, SignalOp, WindowNetHandle,
 };
-pub use error::{NetError, Result};
+pub use crate::error::net::{NetError, Result};
 pub use queue::{QueueMemory, QueueRef};
 pub use record::ErrorSink;
 use ucx::{Endpoint, MemRegion, RemoteKey, Ucx, Worker};

@@ -17,9 +17,9 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::error::{NetError, Result};
 use super::record::{op, ErrorSink};
 use crate::abi::net::{NetDescriptor, NetOp, NetQueueHeader, NetQueuesHandle};
+use crate::error::net::{NetError, Result};
 use crate::handles::ErrorRecord;
 
 /// Bytes of one queue with `capacity` entries.

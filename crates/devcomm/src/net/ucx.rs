@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::error::{NetError, Result};
 use super::ucx_ffi::*;
+use crate::error::net::{NetError, Result};
 
 /// A loaded libucp and an initialised UCP context (RMA).
 #[derive(Debug)]

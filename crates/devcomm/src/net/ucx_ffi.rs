@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use libloading::Library;
 
-use super::error::{NetError, Result};
+use crate::error::net::{NetError, Result};
 
 /// `ucs_status_t` (`ucs/type/status.h`): 0 is OK, 1 in progress, negative values are errors.
 pub type UcsStatus = i8;

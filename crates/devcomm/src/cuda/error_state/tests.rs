@@ -288,7 +288,7 @@ fn network_records_name_the_peer_in_the_network_layers_words() {
     // What the proxy writes for a dead peer (record::op::PEER_FAILED, UCS_ERR_CONNECTION_RESET).
     let dead = ErrorRecord {
         flag: 1,
-        op: crate::net::record::op::PEER_FAILED,
+        op: crate::error::net::op::PEER_FAILED,
         rank: 0,
         peer: 2,
         slot: 1,
@@ -319,7 +319,7 @@ fn network_records_name_the_peer_in_the_network_layers_words() {
         assert_eq!(DeviceOp::from_code(code), op);
     }
     let full = ErrorRecord {
-        op: crate::net::record::op::QUEUE_FULL,
+        op: crate::error::net::op::QUEUE_FULL,
         ..dead
     };
     assert!(matches!(

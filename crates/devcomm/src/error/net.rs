@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::handles::{DeviceOp, ErrorRecord};
+
 /// Every failure of the network layer. Messages carry the rank, peer, operation and sizes.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -193,4 +195,89 @@ impl From<NetError> for crate::Error {
             }
         }
     }
+}
+
+/// `ErrorRecord::op` codes of the network layer (`kOpNet*` in `handles.cuh`, `DeviceOp::Net*`). `slot` holds the
+/// channel.
+pub mod op {
+    /// A producer waited for a free queue entry (a credit) and gave up; `expected` = entries
+    /// the proxy had to have consumed, `seen` = entries it had consumed.
+    pub const QUEUE_FULL: u32 = 20;
+    /// The proxy found the peer failed; `expected` = the descriptor's seq, `seen` = the UCX
+    /// status (as `i8`, sign-extended).
+    pub const PEER_FAILED: u32 = 21;
+    /// A producer's flush waited too long; `expected` = the flush's seq, `seen` = the last
+    /// completed flush.
+    pub const FLUSH_TIMEOUT: u32 = 22;
+    /// The proxy refused a descriptor (unknown registration, range outside it, unknown op);
+    /// `expected` = its seq, `seen` = its op and signal-op words.
+    pub const BAD_DESCRIPTOR: u32 = 23;
+}
+
+/// The UCX status the proxy stores in `seen` for an operation that did not complete within
+/// its timeout (`UCS_ERR_TIMED_OUT`).
+pub const STATUS_TIMED_OUT: i8 = -20;
+
+/// Converts a written record into the error the host reports (pure).
+pub fn from_record(r: &ErrorRecord) -> NetError {
+    match r.op {
+        op::QUEUE_FULL => NetError::QueueFull {
+            rank: r.rank,
+            peer: r.peer,
+            channel: r.slot,
+            needed: r.expected,
+            consumed: r.seen,
+            elapsed: Duration::from_nanos(r.elapsed_ns),
+        },
+        op::PEER_FAILED => NetError::PeerFailed {
+            rank: r.rank,
+            peer: r.peer,
+            op: "the network proxy's operations".to_owned(),
+            channel: r.slot,
+            seq: r.expected,
+            reason: status_text(r.seen as i64 as i8),
+        },
+        op::FLUSH_TIMEOUT => NetError::FlushTimeout {
+            rank: r.rank,
+            peer: r.peer,
+            channel: r.slot,
+            expected: r.expected,
+            seen: r.seen,
+            elapsed: Duration::from_nanos(r.elapsed_ns),
+        },
+        op::BAD_DESCRIPTOR => NetError::BadDescriptor {
+            rank: r.rank,
+            peer: r.peer,
+            channel: r.slot,
+            reason: format!(
+                "descriptor {} (op word {:#x}) names memory outside its registration or an \
+                 unknown registration or op",
+                r.expected, r.seen
+            ),
+        },
+        _ => NetError::Device(crate::Error::PeerTimeout {
+            op: DeviceOp::from_code(r.op),
+            rank: r.rank,
+            peer: r.peer,
+            slot: r.slot,
+            expected: r.expected,
+            seen: r.seen,
+            elapsed: Duration::from_nanos(r.elapsed_ns),
+        }),
+    }
+}
+
+/// Text for the UCX statuses the proxy records (kept here so that reading a record needs no
+/// loaded library).
+pub fn status_text(status: i8) -> String {
+    let what = match status {
+        -25 => "connection reset by the remote peer (UCS_ERR_CONNECTION_RESET)",
+        -80 => "endpoint timeout (UCS_ERR_ENDPOINT_TIMEOUT)",
+        -6 => "destination unreachable (UCS_ERR_UNREACHABLE)",
+        -3 => "input/output error (UCS_ERR_IO_ERROR)",
+        -16 => "request canceled (UCS_ERR_CANCELED)",
+        STATUS_TIMED_OUT => "the operation did not complete within the proxy's timeout",
+        _ => return format!("UCX status {status}"),
+    };
+    what.to_owned()
 }

@@ -1,4 +1,8 @@
-//! The one error type of the library.
+//! The one error type of the library; `net`: the network transport's errors and the wording
+//! of the error records its proxy writes (pure, so that the cuda layer, which reads every
+//! record, words them without the network layer).
+
+pub mod net;
 
 use std::time::Duration;
 
