@@ -76,7 +76,7 @@ pub fn run(args: &KillArgs) -> Result<i32, String> {
     let mut dst = stream
         .alloc_zeros::<u64>(elems)
         .map_err(|e| e.to_string())?;
-    let network = comm.has_network_peers();
+    let network = comm.tuning().has_network_peers();
     let step = |dst: &mut CudaSlice<u64>| collective(&comm, &stream, &src, dst, reduce);
     for call in 0..args.calls {
         step(&mut dst).map_err(|e| format!("call {call}: {e}"))?;

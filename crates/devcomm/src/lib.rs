@@ -68,6 +68,7 @@ pub use collective::{AllToAllVCounts, Hooks, RawHooks};
 pub use comm::raw;
 pub use comm::{
     Comm, CommBuilder, DispatchBuffers, HookArgs, Moe, PoolSlice, RegisteredRange, Registration,
+    Tuning,
 };
 pub use config::Config;
 pub use cuda::ensure_driver;

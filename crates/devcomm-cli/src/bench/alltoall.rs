@@ -215,9 +215,9 @@ fn a2a_point(
     )?;
     let n_us = us.get(1).copied().unwrap_or(f64::NAN);
     let r = record(cx, args, "all_to_all", bytes as u64, (us[0], n_us));
-    let copy_engine = cx.comm.zero_copy_route(bytes as u64) == ZcRoute::CopyEngine;
+    let copy_engine = cx.comm.tuning().zero_copy_route(bytes as u64) == ZcRoute::CopyEngine;
     // With network links (forced on one machine) the records say that they time loopback.
-    let net = cx.comm.has_network_peers();
+    let net = cx.comm.tuning().has_network_peers();
     Ok((rank == 0).then(|| match registered {
         None if net => Record {
             reference: net_reference(nccl.is_some()),
@@ -563,6 +563,7 @@ fn record(cx: &Ctx, args: &BenchArgs, op: &str, bytes: u64, (d_us, n_us): (f64, 
     Record {
         sms: cx
             .comm
+            .tuning()
             .collective_shape((op != "all_to_allv").then_some(bytes))
             .grid(world),
         ..Record::new(cx, args, op, bytes).timed(d_us, n_us, to_peers)

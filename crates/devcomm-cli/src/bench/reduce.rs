@@ -298,6 +298,7 @@ fn point(
     let busbw = |t: f64| Some(busbw_gbps(s.coll, world, z.bytes, t));
     let plan = cx
         .comm
+        .tuning()
         .reduction_plan_at(
             s.coll.devcomm(),
             s.dtype,
@@ -321,7 +322,7 @@ fn point(
         .map(|i| us[i]);
     if candidates.len() == 1 {
         // With network links (forced on one machine) the record says that it times loopback.
-        let reference = match cx.comm.has_network_peers() {
+        let reference = match cx.comm.tuning().has_network_peers() {
             true => crate::bench::sendrecv_net::net_reference(false),
             false => "none (devcomm alone)".into(),
         };

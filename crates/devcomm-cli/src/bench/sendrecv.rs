@@ -70,7 +70,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
     let mut out = Vec::new();
     for &bytes in &sizes {
         // What a call without a configuration uses: the loaded tuning table's, else defaults.
-        let library_default = comm.p2p_config(bytes as u64);
+        let library_default = comm.tuning().p2p_config(bytes as u64);
         let mut default = library_default;
         // The library's own defaults go in as no configuration at all, so that what a caller
         // without one gets is what is timed (a large message's layout is negotiated per launch:
@@ -80,7 +80,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             default.blocks = b;
         }
         let candidates = if args.sweep && registered.is_none() {
-            sweep_configs(bytes as u64, comm.p2p_limits())
+            sweep_configs(bytes as u64, comm.tuning().p2p_limits())
         } else {
             vec![default]
         };
@@ -89,7 +89,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             // Poison, one call, verify every byte (large sizes only for the default in sweeps,
             // to bound the run's length).
             if !args.sweep || bytes <= 64 << 20 || cfg == default {
-                let what = describe(&cfg, bytes, both, cx.comm.p2p_switches().pull);
+                let what = describe(&cfg, bytes, both, cx.comm.tuning().p2p_switches().pull);
                 verify_call(
                     cx,
                     dst,
@@ -130,7 +130,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
             for (cfg, t) in candidates.iter().zip(&us) {
                 eprintln!(
                     "  {bytes} B {}: {t:.2} us",
-                    describe(cfg, bytes, both, cx.comm.p2p_switches().pull)
+                    describe(cfg, bytes, both, cx.comm.tuning().p2p_switches().pull)
                 );
             }
         }
@@ -147,14 +147,14 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
         // whose sender runs one pacing warp (one block).
         let zc_route = registered
             .is_some()
-            .then(|| comm.zero_copy_route(bytes as u64));
+            .then(|| comm.tuning().zero_copy_route(bytes as u64));
         // Both ways in one launch on both ranks, the defaults' copy-engine layout gives way to
         // the staged protocol in the negotiation.
         let negotiated_staged =
             both && cfg == library_default && cfg.protocol == Protocol::CopyEngine;
         let (cfg, label_prefix) = if negotiated_staged {
             (
-                staged_config(bytes as u64, comm.p2p_limits()),
+                staged_config(bytes as u64, comm.tuning().p2p_limits()),
                 "negotiated ",
             )
         } else {
@@ -192,11 +192,11 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, both: bool) -> Result<Vec<Record>,
                     Some(ZcRoute::CopyEngine) => "zero-copy/copy-engine".into(),
                     Some(ZcRoute::Staged) => format!(
                         "registered/{}",
-                        describe(&cfg, bytes, both, cx.comm.p2p_switches().pull)
+                        describe(&cfg, bytes, both, cx.comm.tuning().p2p_switches().pull)
                     ),
                     None => format!(
                         "{label_prefix}{}",
-                        describe(&cfg, bytes, both, cx.comm.p2p_switches().pull)
+                        describe(&cfg, bytes, both, cx.comm.tuning().p2p_switches().pull)
                     ),
                 },
                 meaningful: !net,
@@ -291,7 +291,7 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
     let calls = 50;
     let mut out = Vec::new();
     for bytes in [8usize, 64, 512, 4096, 65536] {
-        let cfg = comm.p2p_config(bytes as u64);
+        let cfg = comm.tuning().p2p_config(bytes as u64);
         let capture = |which: &str,
                        dst: &mut CudaSlice<u8>|
          -> Result<Option<cudarc::driver::CudaGraph>, String> {
@@ -356,7 +356,7 @@ pub(crate) fn run_graph(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, Strin
             out.push(Record {
                 sms: cfg.blocks,
                 reference: "NCCL send/recv, graph-replayed".into(),
-                config: describe(&cfg, bytes, false, cx.comm.p2p_switches().pull),
+                config: describe(&cfg, bytes, false, cx.comm.tuning().p2p_switches().pull),
                 ..Record::new(cx, args, "sendrecv_graph", bytes as u64).timed(
                     d_us,
                     n_us,

@@ -57,7 +57,7 @@ fn verify(
     both: bool,
     config: P2PConfig,
 ) -> Result<(), String> {
-    let what = describe(&config, bytes, both, cx.comm.p2p_switches().pull);
+    let what = describe(&config, bytes, both, cx.comm.tuning().p2p_switches().pull);
     verify_call(cx, dst, expect, bytes, both, &what, &mut |dst| {
         devcomm_call(cx, src, dst, bytes, peer, both, Some(config))
     })
@@ -134,7 +134,7 @@ pub fn run(args: &TuneArgs) -> Result<i32, String> {
             args.min_bytes, args.max_bytes
         ));
     };
-    let limits = *comm.p2p_limits();
+    let limits = *comm.tuning().p2p_limits();
     let nccl = NcclPair::new(&cx)?;
     let src: CudaSlice<u8> = cx
         .stream
@@ -190,7 +190,12 @@ pub fn run(args: &TuneArgs) -> Result<i32, String> {
                  ways {:.2} us ({:.2}x NCCL)",
                 i + 1,
                 sizes.len(),
-                describe(&pick.config, bytes, false, cx.comm.p2p_switches().pull),
+                describe(
+                    &pick.config,
+                    bytes,
+                    false,
+                    cx.comm.tuning().p2p_switches().pull
+                ),
                 scored.len(),
                 pick.one_way_us,
                 nccl_us[0] / pick.one_way_us,

@@ -56,12 +56,12 @@ pub(super) const CHECKS: &[Check] = &[
 /// A size on the copy-engine route (the smallest, at most 64 MiB; with the copy engine off,
 /// 64 MiB on whatever route it takes then).
 fn large_size(cx: &Ctx) -> usize {
-    let ll = cx.comm.p2p_limits().ll_max_bytes;
-    cx.comm.p2p_switches().zc_ce_min.clamp(ll + 1, 64 << 20) as usize
+    let ll = cx.comm.tuning().p2p_limits().ll_max_bytes;
+    cx.comm.tuning().p2p_switches().zc_ce_min.clamp(ll + 1, 64 << 20) as usize
 }
 
 fn route_name(cx: &Ctx, bytes: usize) -> &'static str {
-    match cx.comm.zero_copy_route(bytes as u64) {
+    match cx.comm.tuning().zero_copy_route(bytes as u64) {
         ZcRoute::Staged => "staged",
         ZcRoute::Blocks(_) => "SM blocks",
         ZcRoute::CopyEngine => "copy engine",
@@ -227,8 +227,8 @@ fn check_errors(cx: &Ctx) -> Checked {
     ];
     let mut checked = Vec::new();
     for (what, send_off, send_n, recv_off, recv_n) in cases {
-        let route = comm.zero_copy_route(send_n as u64);
-        if route == ZcRoute::Staged || comm.zero_copy_route(recv_n as u64) != route {
+        let route = comm.tuning().zero_copy_route(send_n as u64);
+        if route == ZcRoute::Staged || comm.tuning().zero_copy_route(recv_n as u64) != route {
             continue;
         }
         checked.push(format!("{what} on {}", route_name(cx, send_n)));

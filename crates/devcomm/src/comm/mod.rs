@@ -17,6 +17,7 @@ mod registration;
 mod setup;
 mod tiles;
 mod trace;
+mod tuning;
 mod zero_copy;
 
 use std::sync::Arc;
@@ -40,6 +41,7 @@ pub use collectives::HookArgs;
 pub use moe::{DispatchBuffers, Moe};
 pub use pool::PoolSlice;
 pub use registration::{RegisteredRange, Registration};
+pub use tuning::Tuning;
 
 /// A communicator: one per process, one GPU per process.
 #[derive(Debug)]
@@ -132,8 +134,9 @@ impl Comm {
     }
 
     /// Whether the job has network links (then the collectives load their instantiation for
-    /// network peers, and the reductions and barrier take the network path).
-    pub fn net_links(&self) -> bool {
+    /// network peers, and the reductions and barrier take the network path;
+    /// [`Tuning::has_network_links`]).
+    pub(crate) fn net_links(&self) -> bool {
         self.net.is_some()
     }
 

@@ -393,15 +393,8 @@ impl Comm {
         })
     }
 
-    /// Whether some link of the job, on any rank, is reached over the network (the same answer
-    /// on every rank): then the reductions and `Comm::barrier` take the network path
-    /// (docs/NETWORK.md).
-    pub fn has_network_links(&self) -> bool {
-        self.net.is_some()
-    }
-
     /// Whether some peer of this rank is reached over the network.
-    pub fn has_network_peers(&self) -> bool {
+    pub(crate) fn has_network_peers(&self) -> bool {
         (0..self.group.world_size).any(|p| self.group.topology.kind(p) == LinkKind::Net)
     }
 }

@@ -135,7 +135,7 @@ impl Comm {
     /// The collective kernel's blocks (docs/COLLECTIVES.md, "Grid"): for a plain all-to-all
     /// (copy hooks) of `self_bytes` input bytes per peer, or `None` for device counts
     /// (all-to-all-v).
-    pub fn collective_shape(&self, self_bytes: Option<u64>) -> CollShape {
+    pub(crate) fn collective_shape(&self, self_bytes: Option<u64>) -> CollShape {
         self.coll.shape(
             self.group.world_size,
             self.p2p.limits().max_blocks,
@@ -145,12 +145,12 @@ impl Comm {
     }
 
     /// Sizes of this communicator's send/recv window.
-    pub fn p2p_limits(&self) -> &P2PLimits {
+    pub(crate) fn p2p_limits(&self) -> &P2PLimits {
         self.p2p.limits()
     }
 
     /// The send/recv switches of this communicator's configuration.
-    pub fn p2p_switches(&self) -> &crate::p2p::Switches {
+    pub(crate) fn p2p_switches(&self) -> &crate::p2p::Switches {
         self.p2p.switches()
     }
 
@@ -161,18 +161,18 @@ impl Comm {
 
     /// The route a message of `bytes` into a registered destination takes (the same on both
     /// ends: it depends on the size and the must-agree settings only).
-    pub fn zero_copy_route(&self, bytes: u64) -> crate::p2p::ZcRoute {
+    pub(crate) fn zero_copy_route(&self, bytes: u64) -> crate::p2p::ZcRoute {
         crate::p2p::zero_copy_route(bytes, self.p2p_limits(), self.p2p_switches())
     }
 
     /// The configuration a send/recv of `bytes` uses when the call names none: the tuning
     /// table's (if one is loaded and covers the size), the built-in defaults otherwise.
-    pub fn p2p_config(&self, bytes: u64) -> P2PConfig {
+    pub(crate) fn p2p_config(&self, bytes: u64) -> P2PConfig {
         self.p2p.config_for(bytes)
     }
 
     /// The send/recv tuning table this communicator loaded, if any.
-    pub fn tune_table(&self) -> Option<&TuneTable> {
+    pub(crate) fn tune_table(&self) -> Option<&TuneTable> {
         self.p2p.tune_table()
     }
 }

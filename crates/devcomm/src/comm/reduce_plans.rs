@@ -14,7 +14,7 @@ impl Comm {
     /// The plan a reduction of `count` elements of `dtype` takes on this communicator (as the
     /// methods name the count: all-reduce elements, reduce-scatter output elements,
     /// all-gather input elements); `None` for 0 elements (nothing runs).
-    pub fn reduction_plan(
+    pub(crate) fn reduction_plan(
         &self,
         collective: Collective,
         dtype: DataType,
@@ -57,10 +57,10 @@ impl Comm {
     }
 
     /// The plan a reduction takes on these buffers (`(input, output, count)` as the raw forms
-    /// take them): [`Comm::reduction_plan`]'s, or a zero-copy one when the buffers lie in the
-    /// memory pool (docs/COLLECTIVES.md, "Zero-copy reductions"). Nothing is launched; `None`
-    /// for 0 elements.
-    pub fn reduction_plan_at(
+    /// take them): [`Tuning::reduction_plan`](super::Tuning::reduction_plan)'s, or a
+    /// zero-copy one when the buffers lie in the memory pool (docs/COLLECTIVES.md, "Zero-copy
+    /// reductions"). Nothing is launched; `None` for 0 elements.
+    pub(crate) fn reduction_plan_at(
         &self,
         collective: Collective,
         dtype: DataType,
@@ -95,7 +95,7 @@ impl Comm {
     }
 
     /// The window sizes the reductions' plans are made for.
-    pub fn reduction_limits(&self) -> crate::reduce::ReduceLimits {
+    pub(crate) fn reduction_limits(&self) -> crate::reduce::ReduceLimits {
         *self.reduce.limits()
     }
 

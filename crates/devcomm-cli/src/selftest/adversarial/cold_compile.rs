@@ -88,7 +88,7 @@ pub(super) fn cold_round(cx: &Ctx, params: &Params, name: &str, cold: fn(usize) 
     // communicator first (the same settings and network flag as the fresh one).
     let t0 = std::time::Instant::now();
     cx.comm
-        .prewarm(&hooks.kinds(cx.comm.net_links()))
+        .prewarm(&hooks.kinds(cx.comm.tuning().has_network_links()))
         .map_err(|e| format!("prewarming the warm cache: {e}"))?;
     let warm_s = t0.elapsed().as_secs_f64();
     cx.host_barrier()?;
@@ -175,7 +175,7 @@ fn first_calls(comm: &Comm, stream: &Arc<CudaStream>, hooks: &RoundHooks, cx: &C
 }
 
 fn algorithm(comm: &Comm, dtype: DataType, count: usize) -> String {
-    match comm.reduction_plan(Collective::AllReduce, dtype, count as u64) {
+    match comm.tuning().reduction_plan(Collective::AllReduce, dtype, count as u64) {
         Ok(Some(p)) => match p.algorithm {
             Algorithm::OneShot => "one-shot".into(),
             Algorithm::TwoShot => "two-shot".into(),

@@ -43,7 +43,7 @@ const AFTER: usize = 1_000;
 const AFTER_SIZES: &[usize] = &[8, 64, 4096, 65_536, 262_144];
 
 pub(super) fn collective_mismatch(cx: &Ctx, timeout: Duration) -> Result<String, String> {
-    let net = cx.comm.has_network_links();
+    let net = cx.comm.tuning().has_network_links();
     let one = |f: &Fresh, _, _, call| one_case(cx, f, call, timeout);
     let after_what = format!("{AFTER} verified all-to-alls");
     let done = run_cases(cx, "collective", timeout, CASES, one, |f| after(cx, f), &after_what)?;

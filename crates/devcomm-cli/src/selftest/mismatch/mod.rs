@@ -132,9 +132,9 @@ fn sendrecv_mismatch(cx: &Ctx, timeout: Duration) -> Result<String, String> {
             let what = format!(
                 "{} B sent ({:?}) against {} B received ({:?}), {}",
                 s_bytes,
-                comm.comm.p2p_config(s_bytes as u64).protocol,
+                comm.comm.tuning().p2p_config(s_bytes as u64).protocol,
                 r_bytes,
-                comm.comm.p2p_config(r_bytes as u64).protocol,
+                comm.comm.tuning().p2p_config(r_bytes as u64).protocol,
                 if both { "both ways" } else { "one way" }
             );
             let e = one_case(cx, &comm, peer, s_bytes, r_bytes, both, timeout)
@@ -227,7 +227,7 @@ fn one_case(
         // The copy engine's pulled chunks are copied by a stream that cannot be stopped once a
         // kernel has released it: its copy stays inside the destination. Every other route
         // writes nothing at all.
-        let by_ce = comm.p2p_config(r_bytes as u64).protocol == Protocol::CopyEngine;
+        let by_ce = comm.tuning().p2p_config(r_bytes as u64).protocol == Protocol::CopyEngine;
         let checked = if by_ce {
             [&got[..GUARD], &got[GUARD + r_bytes..]].concat()
         } else {

@@ -127,7 +127,7 @@ fn one_case(
     // operation or size as a collective's (docs/NETWORK.md), not the reduction's field, and a
     // rank whose network peer refused its call before sending it anything learns it as a
     // timeout naming that peer (as the collectives' mismatch check allows too).
-    let network = comm.has_network_links();
+    let network = comm.tuning().has_network_links();
     let e = match result {
         Err(e @ Error::CallMismatch { .. }) => e.to_string(),
         // Against a barrier neither side can tell what the other called: both time out.

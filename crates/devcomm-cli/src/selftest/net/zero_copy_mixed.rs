@@ -25,13 +25,13 @@ const REPLAYS: usize = 10;
 /// The ring's sizes: 1 B, a page and 3 B, one byte past the low-latency size, 1 MiB + 3 B,
 /// and one on the copy-engine route (at most 64 MiB + 5 B).
 fn sizes(cx: &Ctx) -> Vec<usize> {
-    let ll = cx.comm.p2p_limits().ll_max_bytes;
-    let ce = cx.comm.p2p_switches().zc_ce_min.clamp(ll + 2, 64 << 20) as usize;
+    let ll = cx.comm.tuning().p2p_limits().ll_max_bytes;
+    let ce = cx.comm.tuning().p2p_switches().zc_ce_min.clamp(ll + 2, 64 << 20) as usize;
     vec![1, 4099, ll as usize + 1, (1 << 20) + 3, ce + 5]
 }
 
 fn route(cx: &Ctx, bytes: usize) -> &'static str {
-    match cx.comm.zero_copy_route(bytes as u64) {
+    match cx.comm.tuning().zero_copy_route(bytes as u64) {
         ZcRoute::Staged => "staged",
         ZcRoute::Blocks(_) => "SM blocks",
         ZcRoute::CopyEngine => "copy engine",

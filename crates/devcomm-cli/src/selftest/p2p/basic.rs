@@ -174,12 +174,12 @@ pub(super) fn check_guard(cx: &Ctx) -> Check {
     let comm = &cx.comm;
     let (rank, world) = (comm.rank(), comm.world_size());
     let peer = (rank + 1) % world;
-    let limits = *comm.p2p_limits();
+    let limits = *comm.tuning().p2p_limits();
     let mut dst = poisoned(cx, 4096)?;
     let (dp, _d) = dst.device_ptr_mut(&cx.stream);
     let base = P2PConfig {
         protocol: Protocol::Bulk,
-        ..default_config(64 << 20, &limits, comm.p2p_switches())
+        ..default_config(64 << 20, &limits, comm.tuning().p2p_switches())
     };
     let cases: Vec<(&str, Transfer)> = vec![
         (

@@ -118,7 +118,7 @@ pub(super) fn exchange_cases(cx: &Ctx, cases: &[(usize, P2PConfig)], tag0: u64) 
 pub(super) fn ll128(cx: &Ctx, blocks: u32, threads: u32) -> P2PConfig {
     P2PConfig {
         protocol: Protocol::LowLatency128,
-        blocks: blocks.min(cx.comm.p2p_limits().max_blocks),
+        blocks: blocks.min(cx.comm.tuning().p2p_limits().max_blocks),
         threads,
         chunk_bytes: 0,
     }

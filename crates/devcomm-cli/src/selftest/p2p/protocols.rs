@@ -16,7 +16,7 @@ type Check = Result<String, String>;
 fn pulled(cx: &Ctx, bytes: usize) -> P2PConfig {
     P2PConfig {
         protocol: Protocol::Pull,
-        ..staged_config(bytes as u64, cx.comm.p2p_limits())
+        ..staged_config(bytes as u64, cx.comm.tuning().p2p_limits())
     }
 }
 
@@ -43,7 +43,7 @@ pub(super) fn check_pull(cx: &Ctx, calls: usize) -> Check {
         n += 1;
     }
     let mixed = back_to_back(cx, calls, &|call, bytes| {
-        (call % 3 == 1 && bytes > cx.comm.p2p_limits().ll_max_bytes as usize)
+        (call % 3 == 1 && bytes > cx.comm.tuning().p2p_limits().ll_max_bytes as usize)
             .then(|| pulled(cx, bytes))
     })?;
     Ok(format!(
@@ -58,7 +58,7 @@ pub(super) fn check_pull(cx: &Ctx, calls: usize) -> Check {
 /// counts; then back-to-back calls that alternate LL128, LL and the staged protocols on the
 /// same call counters and parities, every call verified.
 pub(super) fn check_ll128(cx: &Ctx, calls: usize) -> Check {
-    let max = cx.comm.p2p_limits().ll128_max_bytes as usize;
+    let max = cx.comm.tuning().p2p_limits().ll128_max_bytes as usize;
     let cases = [
         (1usize, ll128(cx, 1, 256)),
         (119, ll128(cx, 1, 512)),
@@ -77,7 +77,7 @@ pub(super) fn check_ll128(cx: &Ctx, calls: usize) -> Check {
         "{n} LL128 exchanges (1 B to {} MiB, odd sizes and alignments, 1 to {} blocks, one way \
          and both ways); {mixed} back-to-back calls mixing LL128, LL and staged, all verified",
         max >> 20,
-        cx.comm.p2p_limits().max_blocks.min(32)
+        cx.comm.tuning().p2p_limits().max_blocks.min(32)
     ))
 }
 
@@ -86,7 +86,7 @@ pub(super) fn check_ll128(cx: &Ctx, calls: usize) -> Check {
 fn by_copy_engine(cx: &Ctx, blocks: u32, chunk: u64) -> P2PConfig {
     P2PConfig {
         protocol: Protocol::CopyEngine,
-        blocks: blocks.min(cx.comm.p2p_limits().max_blocks),
+        blocks: blocks.min(cx.comm.tuning().p2p_limits().max_blocks),
         threads: 512,
         chunk_bytes: chunk,
     }
@@ -97,7 +97,7 @@ fn by_copy_engine(cx: &Ctx, blocks: u32, chunk: u64) -> P2PConfig {
 /// SMs in the same launch; back-to-back calls mixing the copy engine with the staged and
 /// low-latency protocols on the same staging; 100 replays of a captured graph.
 pub(super) fn check_copy_engine(cx: &Ctx, calls: usize) -> Check {
-    let slot = cx.comm.p2p_limits().ce_slot_bytes();
+    let slot = cx.comm.tuning().p2p_limits().ce_slot_bytes();
     let cases = [
         (1usize, by_copy_engine(cx, 1, 64 << 10)),
         (100_003, by_copy_engine(cx, 2, 64 << 10)),
@@ -108,7 +108,7 @@ pub(super) fn check_copy_engine(cx: &Ctx, calls: usize) -> Check {
     let n = exchange_cases(cx, &cases, 900)?;
     let mixed = back_to_back(cx, calls, &|call, bytes| match call % 5 {
         1 => Some(by_copy_engine(cx, 4, 256 << 10)),
-        3 if bytes > cx.comm.p2p_limits().ll_max_bytes as usize => Some(pulled(cx, bytes)),
+        3 if bytes > cx.comm.tuning().p2p_limits().ll_max_bytes as usize => Some(pulled(cx, bytes)),
         _ => None,
     })?;
     mixed_launch(cx)?;

@@ -193,7 +193,7 @@ macro_rules! by_type {
 /// algorithm the plan must take there, so that the sizes really straddle every switch.
 fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algorithm>)> {
     let (w, es) = (cx.comm.world_size(), dtype.size_bytes());
-    let limits = cx.comm.reduction_limits();
+    let limits = cx.comm.tuning().reduction_limits();
     let one = limits.one_shot_bytes as usize / es;
     // All-reduce: the two-shot on lines above the one-shot, up to its limit.
     let lines = match coll {
@@ -209,7 +209,7 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
     };
     // A job with network links runs every reduction as all-to-alls in rounds of the network
     // scratch (docs/NETWORK.md): its sizes straddle that round as well.
-    let network = cx.comm.has_network_links();
+    let network = cx.comm.tuning().has_network_links();
     let expect = |n: usize| match n {
         0 => None,
         _ if network => Some(Algorithm::Network),
@@ -234,7 +234,7 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
         round + 1,
     ];
     let net_round = match network {
-        true => cx.comm.reduction_plan(coll, dtype, 1).ok().flatten(),
+        true => cx.comm.tuning().reduction_plan(coll, dtype, 1).ok().flatten(),
         false => None,
     }
     .map(|p| match coll {
@@ -270,7 +270,7 @@ pub(super) fn check_sizes(cx: &Ctx) -> Check {
             for (count, algo) in sizes(cx, coll, dtype) {
                 let plan = cx
                     .comm
-                    .reduction_plan(coll, dtype, count as u64)
+                    .tuning().reduction_plan(coll, dtype, count as u64)
                     .map_err(err)?;
                 if let (Some(want), Some(p)) = (algo, plan) {
                     if p.algorithm != want {

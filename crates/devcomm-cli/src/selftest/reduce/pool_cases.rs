@@ -159,7 +159,7 @@ pub(super) fn run_pool_case<N: HostNum>(
         };
         let plan = cx
             .comm
-            .reduction_plan_at(c.coll, N::DTYPE, (pi, po, c.count as u64))
+            .tuning().reduction_plan_at(c.coll, N::DTYPE, (pi, po, c.count as u64))
             .map_err(err)?;
         if plan.map(|p| p.algorithm) != Some(want) {
             return Err(format!("{what}: planned {plan:?}, the test expects {want:?}"));
@@ -188,7 +188,7 @@ pub(super) fn run_pool_case<N: HostNum>(
 /// The zero-copy algorithm a case takes with its buffers placed as `at` says, or `None` when
 /// it stays staged.
 fn zero_copy_algorithm(cx: &Ctx, c: &Case, es: usize, at: Place) -> Option<Algorithm> {
-    let l = cx.comm.reduction_limits();
+    let l = cx.comm.tuning().reduction_limits();
     let bytes = (c.count * es) as u64;
     if bytes <= l.zero_copy_min_bytes.min(l.one_shot_bytes) {
         return None; // the line one-shot serves these
@@ -209,7 +209,7 @@ fn zero_copy_algorithm(cx: &Ctx, c: &Case, es: usize, at: Place) -> Option<Algor
 
 fn sizes_and_places<N: HostNum>(cx: &Ctx) -> Vec<(usize, Place)> {
     let es = std::mem::size_of::<N>();
-    let l = cx.comm.reduction_limits();
+    let l = cx.comm.tuning().reduction_limits();
     let zc_one = l.zero_copy_one_shot_bytes as usize / es;
     let zc_min = l.zero_copy_min_bytes.min(l.one_shot_bytes) as usize / es;
     let mut v = Vec::new();
@@ -314,7 +314,7 @@ pub(super) fn check_pool_prefixes(cx: &Ctx) -> Check {
                 let i = if in_place { o.ptr() } else { x.ptr() };
                 let plan = cx
                     .comm
-                    .reduction_plan_at(Collective::AllReduce, DataType::F32, (i, o.ptr(), k as u64))
+                    .tuning().reduction_plan_at(Collective::AllReduce, DataType::F32, (i, o.ptr(), k as u64))
                     .map_err(err)?;
                 if let Some(p) = plan {
                     kinds.insert(p.algorithm.name());

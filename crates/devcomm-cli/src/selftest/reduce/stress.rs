@@ -84,7 +84,7 @@ pub(super) fn check_back_to_back(cx: &Ctx, calls: usize) -> Check {
         reduce(a, sum, 0, 2000)
     })?;
     // Past the one-shot limit (bf16: 2 bytes an element), so that this all-reduce is two-shot.
-    let n2 = cx.comm.reduction_limits().one_shot_bytes as usize / 2 + 1_001;
+    let n2 = cx.comm.tuning().reduction_limits().one_shot_bytes as usize / 2 + 1_001;
     let mut ar2 = reduction_op::<bf16>(cx, "all_reduce bf16", 1, (n2, n2), 2, |a| {
         reduce(a, sum, 0, n2)
     })?;
@@ -242,7 +242,7 @@ pub(super) fn check_graph(cx: &Ctx, replays: usize) -> Check {
 /// The algorithms the small and the larger all-reduces of these checks take: one-shot and
 /// two-shot, or with network links the network path.
 fn paths(cx: &Ctx) -> &'static str {
-    match cx.comm.has_network_links() {
+    match cx.comm.tuning().has_network_links() {
         true => "network path",
         false => "one-shot and two-shot",
     }

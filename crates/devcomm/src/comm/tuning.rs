@@ -1,0 +1,99 @@
+//! [`Tuning`]: what a communicator decided or would decide (limits, switches, routes, plans)
+//! for benchmarks, the self-test and tuning work. Nothing here moves data; a program that only
+//! communicates does not need it, so it stays off [`Comm`]'s own methods.
+
+use super::Comm;
+use crate::collective::CollShape;
+use crate::error::Result;
+use crate::p2p::{P2PConfig, P2PLimits, Switches, TuneTable, ZcRoute};
+use crate::reduce::{Collective, DataType, Plan, ReduceLimits};
+
+/// A view of a communicator's decisions ([`Comm::tuning`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Tuning<'c> {
+    comm: &'c Comm,
+}
+
+impl Comm {
+    /// What this communicator decided or would decide: its send/recv window and switches, the
+    /// configuration and route of a message, the collective's grid, a reduction's plan.
+    pub fn tuning(&self) -> Tuning<'_> {
+        Tuning { comm: self }
+    }
+}
+
+impl<'c> Tuning<'c> {
+    /// Sizes of the send/recv window.
+    pub fn p2p_limits(&self) -> &'c P2PLimits {
+        self.comm.p2p_limits()
+    }
+
+    /// The send/recv switches of the configuration.
+    pub fn p2p_switches(&self) -> &'c Switches {
+        self.comm.p2p_switches()
+    }
+
+    /// The configuration a send/recv of `bytes` uses when the call names none: the tuning
+    /// table's (if one is loaded and covers the size), the built-in defaults otherwise.
+    pub fn p2p_config(&self, bytes: u64) -> P2PConfig {
+        self.comm.p2p_config(bytes)
+    }
+
+    /// The send/recv tuning table the communicator loaded, if any.
+    pub fn tune_table(&self) -> Option<&'c TuneTable> {
+        self.comm.tune_table()
+    }
+
+    /// The route a message of `bytes` into a registered destination takes (the same on both
+    /// ends: it depends on the size and the must-agree settings only).
+    pub fn zero_copy_route(&self, bytes: u64) -> ZcRoute {
+        self.comm.zero_copy_route(bytes)
+    }
+
+    /// The collective kernel's blocks (docs/COLLECTIVES.md, "Grid"): for a plain all-to-all
+    /// (copy hooks) of `self_bytes` input bytes per peer, or `None` for device counts
+    /// (all-to-all-v).
+    pub fn collective_shape(&self, self_bytes: Option<u64>) -> CollShape {
+        self.comm.collective_shape(self_bytes)
+    }
+
+    /// The plan a reduction of `count` elements of `dtype` takes on ordinary buffers (as the
+    /// calls name the count: all-reduce elements, reduce-scatter output elements, all-gather
+    /// input elements); `None` for 0 elements (nothing runs).
+    pub fn reduction_plan(
+        &self,
+        collective: Collective,
+        dtype: DataType,
+        count: u64,
+    ) -> Result<Option<Plan>> {
+        self.comm.reduction_plan(collective, dtype, count)
+    }
+
+    /// The plan of a reduction at device addresses `(input, output, count)`: the zero-copy
+    /// paths where both lie in the memory pool, else [`reduction_plan`](Self::reduction_plan)'s.
+    pub fn reduction_plan_at(
+        &self,
+        collective: Collective,
+        dtype: DataType,
+        at: (u64, u64, u64),
+    ) -> Result<Option<Plan>> {
+        self.comm.reduction_plan_at(collective, dtype, at)
+    }
+
+    /// The reductions' window sizes that plans are made for.
+    pub fn reduction_limits(&self) -> ReduceLimits {
+        self.comm.reduction_limits()
+    }
+
+    /// Whether some link of the job, on any rank, is reached over the network (the same answer
+    /// on every rank): then the reductions and `Comm::barrier` take the network path
+    /// (docs/NETWORK.md), and the collectives load their instantiation for network peers.
+    pub fn has_network_links(&self) -> bool {
+        self.comm.net_links()
+    }
+
+    /// Whether some peer of this rank is reached over the network.
+    pub fn has_network_peers(&self) -> bool {
+        self.comm.has_network_peers()
+    }
+}
