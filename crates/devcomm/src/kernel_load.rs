@@ -39,7 +39,7 @@ pub(crate) fn configured(mut spec: KernelSpec, options: &[String], trace: bool) 
 pub(crate) fn load(group: &Group, jit: &Jit, spec: &KernelSpec) -> Result<Arc<LoadedModule>> {
     let module = match group.loading(|| jit.compile_for(&group.ctx, spec))? {
         Prepared::Loaded(loaded) => loaded,
-        Prepared::Compiled(compiled) => jit.load_compiled(&group.ctx, spec, compiled)?,
+        Prepared::Compiled(compiled) => jit.load_compiled(&group.ctx, compiled)?,
     };
     module.load_every_kernel()?;
     if let Some(trace) = group.trace.get() {

@@ -127,11 +127,10 @@ fn check_calls(cx: &Ctx, timeout: Duration) -> Result<String, String> {
         run_calls(comm, stream, op, bytes, 1)?;
     }
     let merged = merged_check(comm, CALLS.len())?;
-    let drift = t.clock_end.map_or("no second clock measurement".to_owned(), |end| {
-        let ppm = (end.offset_ns - t.clock_offset_ns) as f64 * 1e6
-            / end.gpu_ns.saturating_sub(t.clock_gpu_ns).max(1) as f64;
-        format!("drift {ppm:.2} ppm")
-    });
+    let drift = t.clock_drift_ppm().map_or(
+        "no drift estimate (the clock's measurements are under a second apart)".to_owned(),
+        |ppm| format!("drift {ppm:.2} ppm"),
+    );
     Ok(format!(
         "{} calls, {events} events on this rank, clock offset {} ns +- {} ns, {drift}{merged}",
         expected.len(),

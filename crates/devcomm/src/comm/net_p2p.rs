@@ -392,9 +392,4 @@ impl Comm {
             ),
         })
     }
-
-    /// Whether some peer of this rank is reached over the network.
-    pub(crate) fn has_network_peers(&self) -> bool {
-        (0..self.group.world_size).any(|p| self.group.topology.kind(p) == LinkKind::Net)
-    }
 }

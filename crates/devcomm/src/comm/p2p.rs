@@ -5,9 +5,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use super::Comm;
-use crate::collective::CollShape;
 use crate::error::Result;
-use crate::p2p::{P2PConfig, P2PLimits, Transfer, TuneTable};
+use crate::p2p::Transfer;
 
 /// Send/recv and the collectives composed from them. A call whose peers are network peers
 /// (link kind `Net`) goes through the network route (docs/NETWORK.md, "Send/recv over the
@@ -132,47 +131,8 @@ impl Comm {
         self.sendrecv_routed(send, recv, stream)
     }
 
-    /// The collective kernel's blocks (docs/COLLECTIVES.md, "Grid"): for a plain all-to-all
-    /// (copy hooks) of `self_bytes` input bytes per peer, or `None` for device counts
-    /// (all-to-all-v).
-    pub(crate) fn collective_shape(&self, self_bytes: Option<u64>) -> CollShape {
-        self.coll.shape(
-            self.group.world_size,
-            self.p2p.limits().max_blocks,
-            self_bytes,
-            true,
-        )
-    }
-
-    /// Sizes of this communicator's send/recv window.
-    pub(crate) fn p2p_limits(&self) -> &P2PLimits {
-        self.p2p.limits()
-    }
-
-    /// The send/recv switches of this communicator's configuration.
-    pub(crate) fn p2p_switches(&self) -> &crate::p2p::Switches {
-        self.p2p.switches()
-    }
-
     /// The settings this communicator was built with (docs/CONFIG.md).
     pub fn config(&self) -> &crate::Config {
         &self.group.config
-    }
-
-    /// The route a message of `bytes` into a registered destination takes (the same on both
-    /// ends: it depends on the size and the must-agree settings only).
-    pub(crate) fn zero_copy_route(&self, bytes: u64) -> crate::p2p::ZcRoute {
-        crate::p2p::zero_copy_route(bytes, self.p2p_limits(), self.p2p_switches())
-    }
-
-    /// The configuration a send/recv of `bytes` uses when the call names none: the tuning
-    /// table's (if one is loaded and covers the size), the built-in defaults otherwise.
-    pub(crate) fn p2p_config(&self, bytes: u64) -> P2PConfig {
-        self.p2p.config_for(bytes)
-    }
-
-    /// The send/recv tuning table this communicator loaded, if any.
-    pub(crate) fn tune_table(&self) -> Option<&TuneTable> {
-        self.p2p.tune_table()
     }
 }

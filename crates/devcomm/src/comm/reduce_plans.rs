@@ -94,11 +94,6 @@ impl Comm {
         Ok(Some(plan))
     }
 
-    /// The window sizes the reductions' plans are made for.
-    pub(crate) fn reduction_limits(&self) -> crate::reduce::ReduceLimits {
-        *self.reduce.limits()
-    }
-
     /// The call's buffers checked and resolved on this rank (`resolve`).
     pub(super) fn resolve_buffers(
         &self,

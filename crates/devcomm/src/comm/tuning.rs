@@ -7,6 +7,7 @@ use crate::collective::CollShape;
 use crate::error::Result;
 use crate::p2p::{P2PConfig, P2PLimits, Switches, TuneTable, ZcRoute};
 use crate::reduce::{Collective, DataType, Plan, ReduceLimits};
+use crate::topology::LinkKind;
 
 /// A view of a communicator's decisions ([`Comm::tuning`]).
 #[derive(Debug, Clone, Copy)]
@@ -25,36 +26,42 @@ impl Comm {
 impl<'c> Tuning<'c> {
     /// Sizes of the send/recv window.
     pub fn p2p_limits(&self) -> &'c P2PLimits {
-        self.comm.p2p_limits()
+        self.comm.p2p.limits()
     }
 
     /// The send/recv switches of the configuration.
     pub fn p2p_switches(&self) -> &'c Switches {
-        self.comm.p2p_switches()
+        self.comm.p2p.switches()
     }
 
     /// The configuration a send/recv of `bytes` uses when the call names none: the tuning
     /// table's (if one is loaded and covers the size), the built-in defaults otherwise.
     pub fn p2p_config(&self, bytes: u64) -> P2PConfig {
-        self.comm.p2p_config(bytes)
+        self.comm.p2p.config_for(bytes)
     }
 
     /// The send/recv tuning table the communicator loaded, if any.
     pub fn tune_table(&self) -> Option<&'c TuneTable> {
-        self.comm.tune_table()
+        self.comm.p2p.tune_table()
     }
 
     /// The route a message of `bytes` into a registered destination takes (the same on both
     /// ends: it depends on the size and the must-agree settings only).
     pub fn zero_copy_route(&self, bytes: u64) -> ZcRoute {
-        self.comm.zero_copy_route(bytes)
+        crate::p2p::zero_copy_route(bytes, self.p2p_limits(), self.p2p_switches())
     }
 
     /// The collective kernel's blocks (docs/COLLECTIVES.md, "Grid"): for a plain all-to-all
     /// (copy hooks) of `self_bytes` input bytes per peer, or `None` for device counts
     /// (all-to-all-v).
     pub fn collective_shape(&self, self_bytes: Option<u64>) -> CollShape {
-        self.comm.collective_shape(self_bytes)
+        let c = self.comm;
+        c.coll.shape(
+            c.group.world_size,
+            c.p2p.limits().max_blocks,
+            self_bytes,
+            true,
+        )
     }
 
     /// The plan a reduction of `count` elements of `dtype` takes on ordinary buffers (as the
@@ -82,7 +89,7 @@ impl<'c> Tuning<'c> {
 
     /// The reductions' window sizes that plans are made for.
     pub fn reduction_limits(&self) -> ReduceLimits {
-        self.comm.reduction_limits()
+        *self.comm.reduce.limits()
     }
 
     /// Whether some link of the job, on any rank, is reached over the network (the same answer
@@ -94,6 +101,7 @@ impl<'c> Tuning<'c> {
 
     /// Whether some peer of this rank is reached over the network.
     pub fn has_network_peers(&self) -> bool {
-        self.comm.has_network_peers()
+        let g = &self.comm.group;
+        (0..g.world_size).any(|p| g.topology.kind(p) == LinkKind::Net)
     }
 }

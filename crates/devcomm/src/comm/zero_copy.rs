@@ -220,7 +220,7 @@ impl Comm {
         let at = |p: usize| recv.shifted(p as u64 * chunk, chunk);
         // In a job with network links the fused kernel reaches every peer (NVLink and network
         // roles in one launch); the copy-engine steps reach NVLink peers only.
-        let route = zero_copy_route(chunk, self.p2p_limits(), self.p2p_switches());
+        let route = zero_copy_route(chunk, self.p2p.limits(), self.p2p.switches());
         if route != ZcRoute::CopyEngine || self.net.is_some() {
             let hooks = crate::collective::Hooks::<T>::copy();
             let elems = total / elem;

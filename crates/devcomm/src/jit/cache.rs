@@ -79,7 +79,7 @@ impl Jit {
     pub fn load(&self, ctx: &Arc<CudaContext>, spec: &KernelSpec) -> Result<Arc<LoadedModule>> {
         match self.compile_for(ctx, spec)? {
             Prepared::Loaded(loaded) => Ok(loaded),
-            Prepared::Compiled(compiled) => self.load_compiled(ctx, spec, compiled),
+            Prepared::Compiled(compiled) => self.load_compiled(ctx, compiled),
         }
     }
 
@@ -94,28 +94,35 @@ impl Jit {
         }
         // Not holding the lock while compiling: two threads may compile the same spec at once,
         // which costs time but is correct (the first insert wins in `load_compiled`).
-        Ok(Prepared::Compiled(self.compile_cached(spec, arch)?.0))
+        let code = self.compile_cached(spec, arch)?.0;
+        Ok(Prepared::Compiled(Compiled {
+            name: spec.name.clone(),
+            code,
+            memo_key,
+        }))
     }
 
-    /// The second half of [`load`](Self::load): loads `compiled` (the code of `spec` from
-    /// [`compile_for`](Self::compile_for)) on the device of `ctx`. The driver may wait here
-    /// for kernels already running on that device.
+    /// The second half of [`load`](Self::load): loads `compiled` (from
+    /// [`compile_for`](Self::compile_for) on the same `ctx`) on the device of `ctx`. The
+    /// driver may wait here for kernels already running on that device.
     pub fn load_compiled(
         &self,
         ctx: &Arc<CudaContext>,
-        spec: &KernelSpec,
-        compiled: CompiledModule,
+        compiled: Compiled,
     ) -> Result<Arc<LoadedModule>> {
-        let memo_key = (ctx.ordinal(), cache_key(spec, device_arch(ctx)?)?);
         let module = ctx
-            .load_module(Ptx::from_binary(compiled.cubin))
+            .load_module(Ptx::from_binary(compiled.code.cubin))
             .cuda(-1, "cuModuleLoadData")?;
         let loaded = Arc::new(LoadedModule {
-            name: spec.name.clone(),
+            name: compiled.name,
             module,
-            lowered_names: compiled.lowered_names,
+            lowered_names: compiled.code.lowered_names,
         });
-        Ok(self.memo().entry(memo_key).or_insert(loaded).clone())
+        Ok(self
+            .memo()
+            .entry(compiled.memo_key)
+            .or_insert(loaded)
+            .clone())
     }
 
     fn memo(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, String), Arc<LoadedModule>>> {
@@ -170,7 +177,16 @@ pub enum Prepared {
     /// Loaded on that device already (the same module every time).
     Loaded(Arc<LoadedModule>),
     /// Compiled (or read from the disk cache), not loaded yet.
-    Compiled(CompiledModule),
+    Compiled(Compiled),
+}
+
+/// A module compiled for one device and not loaded yet ([`Jit::load_compiled`] loads it).
+#[derive(Debug)]
+pub struct Compiled {
+    name: String,
+    code: CompiledModule,
+    /// Where the loaded module is memoised: (device ordinal, cache key).
+    memo_key: (usize, String),
 }
 
 /// The compute capability of the GPU of `ctx` (the architecture a module is compiled for).

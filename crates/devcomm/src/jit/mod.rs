@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 pub use crate::cuda::nvrtc::nvrtc_version;
 use crate::cuda::nvrtc::{ensure_nvrtc, nvrtc_error, CompileFailure, Program};
 use crate::error::{Error, Result};
-pub use cache::{Jit, LoadedModule, Prepared};
+pub use cache::{Compiled, Jit, LoadedModule, Prepared};
 use dump::{dump, dump_failed};
 
 /// Options every compile gets, before the spec's own.

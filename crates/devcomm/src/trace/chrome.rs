@@ -45,20 +45,6 @@ pub struct Span {
     pub bytes: u64,
 }
 
-/// How fast the rank's GPU clock ran ahead of the host's between its two clock measurements,
-/// in parts per million; `None` without a second one, or when they are less than a second
-/// apart (each is good to about a microsecond: over a shorter span the slope is mostly that
-/// error, though the offsets in between stay within it).
-fn drift_ppm(r: &RankTrace) -> Option<f64> {
-    const MIN_SPAN_NS: u64 = 1_000_000_000;
-    let end = r.clock_end?;
-    let span = end
-        .gpu_ns
-        .checked_sub(r.clock_gpu_ns)
-        .filter(|&s| s >= MIN_SPAN_NS)?;
-    Some((end.offset_ns - r.clock_offset_ns) as f64 * 1e6 / span as f64)
-}
-
 /// The device spans of one rank: each begin paired with the next end of the same call, block,
 /// kind and phase (and peer), on the host clock.
 pub fn spans(trace: &RankTrace) -> Vec<Span> {
@@ -220,7 +206,7 @@ pub fn chrome_trace(ranks: &[RankTrace]) -> Value {
             json!({"rank": r.rank, "clock_offset_ns": r.clock_offset_ns,
             "clock_rtt_ns": r.clock_rtt_ns,
             "clock_end_offset_ns": r.clock_end.map(|c| c.offset_ns),
-            "clock_drift_ppm": drift_ppm(r), "dropped_events": r.dropped,
+            "clock_drift_ppm": r.clock_drift_ppm(), "dropped_events": r.dropped,
             "dropped_calls": r.dropped_calls})
         })
         .collect();

@@ -93,6 +93,20 @@ impl RankTrace {
         gpu_ns as i64 - clock::offset_at(start, self.clock_end, gpu_ns)
     }
 
+    /// How fast the GPU clock ran ahead of the host's between the two clock measurements, in
+    /// parts per million; `None` without a second one, or when they are less than a second
+    /// apart (each is good to about a microsecond: over a shorter span the slope is mostly
+    /// that error, though the offsets in between stay within it).
+    pub fn clock_drift_ppm(&self) -> Option<f64> {
+        const MIN_SPAN_NS: u64 = 1_000_000_000;
+        let end = self.clock_end?;
+        let span = end
+            .gpu_ns
+            .checked_sub(self.clock_gpu_ns)
+            .filter(|&s| s >= MIN_SPAN_NS)?;
+        Some((end.offset_ns - self.clock_offset_ns) as f64 * 1e6 / span as f64)
+    }
+
     /// The trace as bytes (for the store): the length of a JSON of everything but the events,
     /// that JSON, then the events as the ring lays them out.
     pub fn to_bytes(&self) -> Vec<u8> {
