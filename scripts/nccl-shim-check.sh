@@ -3,16 +3,22 @@
 #
 #   scripts/nccl-shim-check.sh NCCL_TESTS_SRC [GPUS] [MIN_BYTES] [MAX_BYTES]
 #
-# Builds nccl-tests from NCCL_TESTS_SRC (no MPI: several GPUs in one process, one thread per
-# GPU that creates and drives its own communicator, `-t GPUS -g 1 -p 1`; one thread driving
-# several communicators, `-g GPUS`, would block in devcomm's first launch of each kernel, which
-# waits on the host until every peer has loaded it)
-# against the real NCCL of PyTorch's site-packages (nvidia/nccl), then runs each test twice,
-# with LD_PRELOAD=libdevcomm_nccl.so (DEVCOMM_NCCL_FALLBACK_LIB = the real libnccl.so.2) and
-# plain, with data checks on (-c 1), every type (-d all) and, for reductions, every operator
-# (-o all). Logs go to $OUT (or ./nccl-shim-out); a table of wrong counts and bus bandwidth,
-# shim against plain, is printed last. The library is taken from dist/ (scripts/stage.sh),
-# else target/release/. Exit status 1 when any run fails or reports a wrong element.
+# Builds nccl-tests from NCCL_TESTS_SRC against the real NCCL of PyTorch's site-packages
+# (nvidia/nccl), then runs each test twice, with LD_PRELOAD=libdevcomm_nccl.so
+# (DEVCOMM_NCCL_FALLBACK_LIB = the real libnccl.so.2) and plain, with data checks on (-c 1).
+# How the GPUS ranks are driven (MODE):
+#   threads (default)  one process, a thread per GPU (-t GPUS -g 1);
+#   gpus               one process, one thread driving every GPU (-t 1 -g GPUS);
+#   mpi                a process per GPU under MPI (-t 1 -g 1; MPI_HOME: an MPI with
+#                      bin/mpiexec, include/mpi.h and lib/libmpi.so, e.g. PyPI's mpich wheel
+#                      unpacked: its mpich-*.data/data folder).
+# TYPES (nccl-tests' -d, default all), OPS (-o for the reductions, default all), ITERS (-n,
+# default 5), WARMUP (-w, default 2), FACTOR (-f, default 4) and TESTS (default every test)
+# narrow or lengthen the runs. Logs go to $OUT (or ./nccl-shim-out); a table of wrong counts
+# and bus bandwidth, shim against plain, is printed last, and with SPEED=1 also every size's
+# time and bus bandwidth, shim against plain ($OUT/speed.md). The library is taken from dist/
+# (scripts/stage.sh), else target/release/. Exit status 1 when any run fails or reports a
+# wrong element.
 set -uo pipefail
 src=${1:?usage: scripts/nccl-shim-check.sh NCCL_TESTS_SRC [GPUS] [MIN_BYTES] [MAX_BYTES]}
 gpus=${2:-$(nvidia-smi -L | wc -l)}
@@ -37,27 +43,43 @@ mkdir -p "$home/lib"
 ln -s "$nccl_dir/include" "$home/include"
 ln -s "$real" "$home/lib/libnccl.so"
 ln -s "$real" "$home/lib/libnccl.so.2"
-build="$out/nccl-tests-build"
+mode=${MODE:-threads}
+mpi=(MPI=0)
+launch=()
+case $mode in
+  threads) shape=(-t "$gpus" -g 1) ;;
+  gpus) shape=(-t 1 -g "$gpus") ;;
+  mpi)
+    : "${MPI_HOME:?MODE=mpi needs MPI_HOME}"
+    shape=(-t 1 -g 1)
+    mpi=(MPI=1 MPI_HOME="$MPI_HOME")
+    launch=("$MPI_HOME/bin/mpiexec" -n "$gpus")
+    export LD_LIBRARY_PATH="$MPI_HOME/lib:${LD_LIBRARY_PATH:-}" PATH="$MPI_HOME/bin:$PATH" ;;
+  *) echo "MODE is threads, gpus or mpi, not $mode" >&2; exit 1 ;;
+esac
+build="$out/nccl-tests-build-${mpi[0]#MPI=}"
 cuda_home=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
-echo "== building nccl-tests from $src (CUDA $cuda_home, NCCL $nccl_dir)"
-if ! make -C "$src/src" -j 16 BUILDDIR="$build" NCCL_HOME="$home" CUDA_HOME="$cuda_home" MPI=0 \
-    NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > "$out/build.log" 2>&1; then
+echo "== building nccl-tests from $src (CUDA $cuda_home, NCCL $nccl_dir, ${mpi[*]})"
+if [ ! -x "$build/all_reduce_perf" ] && ! make -C "$src/src" -j 16 BUILDDIR="$build" NCCL_HOME="$home" \
+    CUDA_HOME="$cuda_home" "${mpi[@]}" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" \
+    > "$out/build.log" 2>&1; then
   tail -n 30 "$out/build.log"; exit 1
 fi
 export LD_LIBRARY_PATH="$home/lib:${LD_LIBRARY_PATH:-}"
 status=0
 # TESTS="sendrecv alltoall" runs a subset.
 for t in ${TESTS:-all_reduce reduce_scatter all_gather sendrecv alltoall broadcast reduce}; do
-  args=(-t "$gpus" -g 1 -p 1 -c 1 -b "$min" -e "$max" -f 4 -n 5 -w 2 -d all)
-  case $t in all_reduce|reduce_scatter|reduce) args+=(-o all) ;; esac
-  for mode in shim plain; do
-    log="$out/${t}_${mode}.log"
-    echo "== $t ($mode): ${t}_perf ${args[*]}"
-    if [ "$mode" = shim ]; then
-      env LD_PRELOAD="$shim" DEVCOMM_NCCL_FALLBACK_LIB="$real" \
-        timeout 900 "$build/${t}_perf" "${args[@]}" > "$log" 2>&1
+  args=("${shape[@]}" -p 1 -c 1 -b "$min" -e "$max" -f "${FACTOR:-4}" -n "${ITERS:-5}"
+        -w "${WARMUP:-2}" -d "${TYPES:-all}")
+  case $t in all_reduce|reduce_scatter|reduce) args+=(-o "${OPS:-all}") ;; esac
+  for lib in shim plain; do
+    log="$out/${t}_${lib}.log"
+    echo "== $t ($lib, $mode): ${launch[*]} ${t}_perf ${args[*]}"
+    if [ "$lib" = shim ]; then
+      timeout 900 "${launch[@]}" env LD_PRELOAD="$shim" DEVCOMM_NCCL_FALLBACK_LIB="$real" \
+        "$build/${t}_perf" "${args[@]}" > "$log" 2>&1
     else
-      timeout 900 "$build/${t}_perf" "${args[@]}" > "$log" 2>&1
+      timeout 900 "${launch[@]}" "$build/${t}_perf" "${args[@]}" > "$log" 2>&1
     fi
     rc=$?
     [ $rc -eq 0 ] || { echo "   exit status $rc (tail of $log):"; tail -n 15 "$log"; status=1; }
@@ -66,7 +88,7 @@ done
 # The table: per test, type and operator, the wrong elements (out-of-place + in-place) and
 # the out-of-place bus bandwidth at a few sizes, shim against plain.
 tests=${TESTS:-all_reduce reduce_scatter all_gather sendrecv alltoall broadcast reduce}
-python3 - "$out" $tests <<'PY' || status=1
+SPEED=${SPEED:-0} python3 - "$out" $tests <<'PY' || status=1
 import glob, os, re, sys
 out = sys.argv[1]
 def rows(path):
@@ -85,7 +107,7 @@ def rows(path):
                 wrong = -1 if oop is None else oop + (inp or 0)
             except ValueError:
                 wrong = -1
-            res[(f[2], f[3], int(f[0]))] = (wrong, float(f[7]))
+            res[(f[2], f[3], int(f[0]))] = (wrong, float(f[7]), float(f[5]))
     return res
 bad = False
 print(f"{'test':15} {'type':9} {'op':5} {'wrong shim/plain':>17}  busbw GB/s shim/plain at sizes")
@@ -101,6 +123,21 @@ for t in sys.argv[2:]:
         pick = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]})
         bw = "  ".join(f"{n}B {s[(ty, op, n)][1]:.1f}/{p.get((ty, op, n), (0, 0))[1]:.1f}" for n in pick)
         print(f"{t:15} {ty:9} {op:5} {ws:>8}/{wp:<8}  {bw}")
+if os.environ.get("SPEED") == "1":
+    # Every size: out-of-place time and bus bandwidth, shim against plain NCCL, same process
+    # shape and buffers (ratio = plain time / shim time).
+    lines = ["| test | type | op | bytes | shim us | NCCL us | shim busbw | NCCL busbw | ratio |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for t in sys.argv[2:]:
+        s, p = rows(f"{out}/{t}_shim.log"), rows(f"{out}/{t}_plain.log")
+        for key in sorted(s):
+            ty, op, n = key
+            ws, bs, ts = s[key]
+            wp, bp, tp = p.get(key, (-1, 0.0, float("nan")))
+            ratio = tp / ts if ts > 0 else float("nan")
+            lines.append(f"| {t} | {ty} | {op} | {n} | {ts:.1f} | {tp:.1f} | {bs:.1f} | {bp:.1f} | {ratio:.2f} |")
+    open(f"{out}/speed.md", "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
 sys.exit(1 if bad else 0)
 PY
 rm -rf "$home"

@@ -36,6 +36,51 @@ pub(crate) fn write<T>(call: &str, out: *mut T, v: T) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `ncclCommInitRank(Config)` on the calling thread's device: now, or inside a group at its
+/// outermost end (as NCCL does; `*out` is written then), when the group's inits run on a
+/// thread each: a thread that creates several ranks of one communicator (nccl-tests' `-g`)
+/// cannot make them one after the other, since each waits for the others to join. The
+/// configuration is copied now.
+fn init_rank_or_defer(
+    call: &'static str,
+    out: *mut NcclCommT,
+    nranks: c_int,
+    id: NcclUniqueId,
+    rank: c_int,
+    config: *mut NcclConfig,
+) -> Result<(), Failure> {
+    if out.is_null() {
+        return Err(Failure::invalid_argument(format!(
+            "{call}: the output pointer is null"
+        )));
+    }
+    comm::check_init(nranks, &id, rank)?;
+    if !crate::group::in_group() {
+        let c = comm::init_rank(nranks, &id, rank, config, None)?;
+        return write(call, out, c);
+    }
+    let device = comm::current_device()?;
+    // SAFETY: NCCL's contract: a non-null config points to an initialised ncclConfig_t.
+    let config = (!config.is_null()).then(|| KeptConfig(unsafe { *config }));
+    let out = out as usize;
+    crate::group::defer_init(Box::new(move || {
+        let mut config = config;
+        let cfg = config
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |c| &mut c.0 as *mut NcclConfig);
+        let c = comm::init_rank(nranks, &id, rank, cfg, Some(device))?;
+        write(call, out as *mut NcclCommT, c)
+    }));
+    Ok(())
+}
+
+/// A copy of the caller's `ncclConfig_t` kept for the end of a group. Its string pointers
+/// (`netName`, `commName`) are the caller's, whose strings NCCL's contract keeps alive until the
+/// communicator is made, so the copy may move to the thread that makes it.
+struct KeptConfig(NcclConfig);
+// SAFETY: see the type's comment; nothing else in it is a pointer.
+unsafe impl Send for KeptConfig {}
+
 /// `ncclGetVersion`: the NCCL version this library is compatible with.
 #[no_mangle]
 pub extern "C" fn ncclGetVersion(version: *mut c_int) -> NcclResult {
@@ -65,8 +110,14 @@ pub extern "C" fn ncclCommInitRank(
     rank: c_int,
 ) -> NcclResult {
     guarded("ncclCommInitRank", || {
-        let c = comm::init_rank(nranks, &id, rank, std::ptr::null_mut(), None)?;
-        write("ncclCommInitRank", out, c)
+        init_rank_or_defer(
+            "ncclCommInitRank",
+            out,
+            nranks,
+            id,
+            rank,
+            std::ptr::null_mut(),
+        )
     })
 }
 
@@ -82,8 +133,7 @@ pub extern "C" fn ncclCommInitRankConfig(
     config: *mut NcclConfig,
 ) -> NcclResult {
     guarded("ncclCommInitRankConfig", || {
-        let c = comm::init_rank(nranks, &id, rank, config, None)?;
-        write("ncclCommInitRankConfig", out, c)
+        init_rank_or_defer("ncclCommInitRankConfig", out, nranks, id, rank, config)
     })
 }
 
@@ -105,8 +155,7 @@ pub extern "C" fn ncclCommInitRankScalable(
         }
         // SAFETY: one id, non-null.
         let id = unsafe { *ids };
-        let c = comm::init_rank(nranks, &id, rank, config, None)?;
-        write("ncclCommInitRankScalable", out, c)
+        init_rank_or_defer("ncclCommInitRankScalable", out, nranks, id, rank, config)
     })
 }
 

@@ -5,6 +5,7 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 
 use devcomm::raw::RawBuffer;
 use devcomm::HookArgs;
@@ -26,7 +27,7 @@ fn op_call<N: FnOnce(&'static Nccl, NcclCommT) -> Option<NcclResult>>(
     call: &str,
     c: NcclCommT,
     nccl: N,
-    f: impl FnOnce(&ShimComm, N) -> Result<(), Failure>,
+    f: impl FnOnce(&Arc<ShimComm>, N) -> Result<(), Failure>,
 ) -> NcclResult {
     guarded(call, || {
         let comm = match resolve(call, c)? {
@@ -90,11 +91,14 @@ pub extern "C" fn ncclAllReduce(
             checked_size(CALL, t)?;
             match route(Op::AllReduce, t, Some(op), comm.job) {
                 Route::Devcomm(Plan::Reduce { dtype, op }) if count > 0 => {
-                    let (dc, s) = comm.dc_stream(CALL, stream)?;
-                    // SAFETY: NCCL's contract: `count` elements at each buffer on this device until
-                    // the stream's work is done.
-                    unsafe { dc.all_reduce_raw(send as u64, recv as u64, count, dtype, op, &s) }
-                        .map_err(devcomm_err(CALL))
+                    let (send, recv, stream) = (send as u64, recv as u64, stream as usize);
+                    group::launch(comm, move |comm| {
+                        let (dc, s) = comm.dc_stream(CALL, stream as CudaStreamT)?;
+                        // SAFETY: NCCL's contract: `count` elements at each buffer on this
+                        // device until the stream's work is done.
+                        unsafe { dc.all_reduce_raw(send, recv, count, dtype, op, &s) }
+                            .map_err(devcomm_err(CALL))
+                    })
                 }
                 Route::Devcomm(_) => Ok(()),
                 Route::Nccl(_) => to_nccl(CALL, comm, nccl),
@@ -128,16 +132,19 @@ pub extern "C" fn ncclReduceScatter(
             let size = checked_size(CALL, t)?;
             match route(Op::ReduceScatter, t, Some(op), comm.job) {
                 Route::Devcomm(Plan::Reduce { dtype, op }) if recvcount > 0 => {
-                    let (dc, s) = comm.dc_stream(CALL, stream)?;
                     let shard = (send as u64).wrapping_add((comm.rank * recvcount * size) as u64);
                     let output = if recv as u64 == shard {
                         send as u64
                     } else {
                         recv as u64
                     };
-                    // SAFETY: as ncclAllReduce, for nranks x recvcount input elements.
-                    unsafe { dc.reduce_scatter_raw(send as u64, output, recvcount, dtype, op, &s) }
-                        .map_err(devcomm_err(CALL))
+                    let (send, stream) = (send as u64, stream as usize);
+                    group::launch(comm, move |comm| {
+                        let (dc, s) = comm.dc_stream(CALL, stream as CudaStreamT)?;
+                        // SAFETY: as ncclAllReduce, for nranks x recvcount input elements.
+                        unsafe { dc.reduce_scatter_raw(send, output, recvcount, dtype, op, &s) }
+                            .map_err(devcomm_err(CALL))
+                    })
                 }
                 Route::Devcomm(_) => Ok(()),
                 Route::Nccl(_) => to_nccl(CALL, comm, nccl),
@@ -170,16 +177,19 @@ pub extern "C" fn ncclAllGather(
             let size = checked_size(CALL, t)?;
             match route(Op::AllGather, t, None, comm.job) {
                 Route::Devcomm(Plan::Gather { dtype }) if sendcount > 0 => {
-                    let (dc, s) = comm.dc_stream(CALL, stream)?;
                     let shard = (recv as u64).wrapping_add((comm.rank * sendcount * size) as u64);
                     let input = if send as u64 == shard {
                         recv as u64
                     } else {
                         send as u64
                     };
-                    // SAFETY: as ncclAllReduce, for nranks x sendcount output elements.
-                    unsafe { dc.all_gather_raw(input, recv as u64, sendcount, dtype, &s) }
-                        .map_err(devcomm_err(CALL))
+                    let (recv, stream) = (recv as u64, stream as usize);
+                    group::launch(comm, move |comm| {
+                        let (dc, s) = comm.dc_stream(CALL, stream as CudaStreamT)?;
+                        // SAFETY: as ncclAllReduce, for nranks x sendcount output elements.
+                        unsafe { dc.all_gather_raw(input, recv, sendcount, dtype, &s) }
+                            .map_err(devcomm_err(CALL))
+                    })
                 }
                 Route::Devcomm(_) => Ok(()),
                 Route::Nccl(_) => to_nccl(CALL, comm, nccl),
@@ -211,33 +221,36 @@ pub extern "C" fn ncclAlltoAll(
             checked_size(CALL, t)?;
             match route(Op::AllToAll, t, None, comm.job) {
                 Route::Devcomm(Plan::Copy { elem_size }) if count > 0 => {
-                    let (dc, s) = comm.dc_stream(CALL, stream)?;
                     let hooks = devcomm::raw::copy_hooks(elem_size).map_err(devcomm_err(CALL))?;
                     let elems = (count * comm.nranks) as u64;
-                    let b = |ptr: u64| RawBuffer {
-                        ptr,
-                        elems,
-                        elem_size,
-                    };
-                    let bytes = elems * elem_size as u64;
-                    let run = |input: u64| {
-                        // SAFETY: NCCL's contract: nranks x count elements in each buffer.
-                        unsafe {
-                            dc.all_to_all_raw(
-                                &hooks,
-                                b(input),
-                                b(recv as u64),
-                                HookArgs::default(),
-                                &s,
-                            )
+                    let (send, recv, stream) = (send as u64, recv as u64, stream as usize);
+                    group::launch(comm, move |comm| {
+                        let (dc, s) = comm.dc_stream(CALL, stream as CudaStreamT)?;
+                        let b = |ptr: u64| RawBuffer {
+                            ptr,
+                            elems,
+                            elem_size,
+                        };
+                        let bytes = elems * elem_size as u64;
+                        let run = |input: u64| {
+                            // SAFETY: NCCL's contract: nranks x count elements in each buffer.
+                            unsafe {
+                                dc.all_to_all_raw(
+                                    &hooks,
+                                    b(input),
+                                    b(recv),
+                                    HookArgs::default(),
+                                    &s,
+                                )
+                            }
+                            .map_err(devcomm_err(CALL))
+                        };
+                        // In place (NCCL allows it): from a copy of the input.
+                        match overlap(send, bytes, recv, bytes) {
+                            true => staged(CALL, &s, send, bytes as usize, run),
+                            false => run(send),
                         }
-                        .map_err(devcomm_err(CALL))
-                    };
-                    // In place (NCCL allows it): from a copy of the input.
-                    match overlap(send as u64, bytes, recv as u64, bytes) {
-                        true => staged(CALL, &s, send as u64, bytes as usize, run),
-                        false => run(send as u64),
-                    }
+                    })
                 }
                 Route::Devcomm(_) => Ok(()),
                 Route::Nccl(_) => to_nccl(CALL, comm, nccl),

@@ -481,6 +481,19 @@ pub fn build(
     })
 }
 
+/// The checks of `ncclCommInitRank`'s arguments made before anything connects or touches
+/// CUDA: the rank is one of `nranks`, and the id is whole (a damaged or foreign id is
+/// refused).
+pub fn check_init(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Result<(), Failure> {
+    if nranks < 1 || rank < 0 || rank >= nranks {
+        return Err(Failure::invalid_argument(format!(
+            "ncclCommInitRank: rank {rank} is not a rank of {nranks} ranks"
+        )));
+    }
+    unique_id::decode(&id.internal.map(|c| c as u8))?;
+    Ok(())
+}
+
 /// `ncclCommInitRank(Config)` on the calling thread's device (or `device`).
 pub fn init_rank(
     nranks: c_int,
@@ -489,13 +502,7 @@ pub fn init_rank(
     config: *mut NcclConfig,
     device: Option<i32>,
 ) -> Result<NcclCommT, Failure> {
-    if nranks < 1 || rank < 0 || rank >= nranks {
-        return Err(Failure::invalid_argument(format!(
-            "ncclCommInitRank: rank {rank} is not a rank of {nranks} ranks"
-        )));
-    }
-    // A damaged or foreign id is refused before any CUDA call.
-    unique_id::decode(&id.internal.map(|c| c as u8))?;
+    check_init(nranks, id, rank)?;
     let device = match device {
         Some(d) => d,
         None => current_device()?,
