@@ -17,7 +17,8 @@
 # narrow or lengthen the runs. Logs go to $OUT (or ./nccl-shim-out); a table of wrong counts
 # and bus bandwidth, shim against plain, is printed last, and with SPEED=1 also every size's
 # time and bus bandwidth, shim against plain ($OUT/speed.md). The library is taken from dist/
-# (scripts/stage.sh), else target/release/. Exit status 1 when any run fails or reports a
+# (scripts/stage.sh), else target/release/; BUILD_DIR keeps the nccl-tests build (one per MPI
+# setting) for later runs. Exit status 1 when any run fails or reports a
 # wrong element.
 set -uo pipefail
 src=${1:?usage: scripts/nccl-shim-check.sh NCCL_TESTS_SRC [GPUS] [MIN_BYTES] [MAX_BYTES]}
@@ -57,7 +58,7 @@ case $mode in
     export LD_LIBRARY_PATH="$MPI_HOME/lib:${LD_LIBRARY_PATH:-}" PATH="$MPI_HOME/bin:$PATH" ;;
   *) echo "MODE is threads, gpus or mpi, not $mode" >&2; exit 1 ;;
 esac
-build="$out/nccl-tests-build-${mpi[0]#MPI=}"
+build=${BUILD_DIR:-"$out/nccl-tests-build-${mpi[0]#MPI=}"}
 cuda_home=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 echo "== building nccl-tests from $src (CUDA $cuda_home, NCCL $nccl_dir, ${mpi[*]})"
 if [ ! -x "$build/all_reduce_perf" ] && ! make -C "$src/src" -j 16 BUILDDIR="$build" NCCL_HOME="$home" \
