@@ -188,12 +188,16 @@ pub const fn zero_copy_one_shot_max_bytes(world: usize) -> u64 {
 
 /// The default largest payload (bytes per sender) of a one-shot call on `world` ranks: each
 /// rank receives `world - 1` copies, so the cut-over comes earlier with more ranks. 2 ranks:
-/// measured on 2 H200s (2026-11-24, 16-byte lines); 3-4 ranks: on 4 H200s with LL128 lines
-/// (2026-11-27), bf16 all-reduce 512 KiB 16.9 us one-shot against 23.0 two-shot, 1 MiB 28.1
-/// against 25.2 (docs/PERFORMANCE.md); more ranks: not measured.
+/// on 2 H200s with LL128 lines (2026-11-27, bf16 sum, docs/PERFORMANCE.md) all-reduce 1 MiB
+/// 13.3 us one-shot against 19.8 two-shot, 2 MiB 21.6 against 23.0 and 4 MiB 38.0 against
+/// 32.6; reduce-scatter and all-gather of 2 MiB (1 MiB a sender) 13.9-14.0 against
+/// 15.6-16.1, of 4 MiB 22.5-22.6 against 20.8-21.1: 1 MiB serves all three. 3-4 ranks: on
+/// 4 H200s with LL128 lines (2026-11-27), bf16 all-reduce 512 KiB 16.9 us one-shot against
+/// 23.0 two-shot, 1 MiB 28.1 against 25.2; more ranks: not measured.
 pub const fn one_shot_max_bytes(world: usize) -> u64 {
     match world {
-        0..=4 => 512 << 10,
+        0..=2 => 1 << 20,
+        3..=4 => 512 << 10,
         _ => 32 << 10,
     }
 }

@@ -42,13 +42,13 @@ fn one_shot_up_to_its_limit_then_two_shot() {
     }
     // Bytes decide, not elements.
     assert_eq!(
-        plan(&shape(Collective::AllReduce, 512 << 10, 1, 2), &L)
+        plan(&shape(Collective::AllReduce, 1 << 20, 1, 2), &L)
             .unwrap()
             .algorithm,
         Algorithm::OneShot
     );
     assert_eq!(
-        plan(&shape(Collective::AllReduce, (512 << 10) / 8 + 1, 8, 2), &L)
+        plan(&shape(Collective::AllReduce, (1 << 20) / 8 + 1, 8, 2), &L)
             .unwrap()
             .algorithm,
         Algorithm::TwoShot
@@ -221,9 +221,9 @@ fn line_two_shot_between_the_one_shot_and_its_limit() {
 
 #[test]
 fn window_holds_both_areas() {
-    // 512 KiB in lines of 120 bytes: 4370 lines of 128 bytes.
-    assert_eq!(ll_sender_bytes(2, &L), 4370 * 128);
-    assert_eq!(window_bytes(2, &L), 2 * 2 * 4370 * 128 + (64 << 20));
+    // 1 MiB in lines of 120 bytes: 8739 lines of 128 bytes.
+    assert_eq!(ll_sender_bytes(2, &L), 8739 * 128);
+    assert_eq!(window_bytes(2, &L), 2 * 2 * 8739 * 128 + (64 << 20));
     // 8 ranks: the two-shot on lines' two shards of 2 MiB / 8 (+ 16 bytes) take more than
     // the one-shot's 32 KiB: 2 x 2185 lines.
     assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * 4370 * 128 + (64 << 20));
