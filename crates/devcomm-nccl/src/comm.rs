@@ -40,8 +40,6 @@ pub struct ShimComm {
     stream: Mutex<Option<Arc<CudaStream>>>,
     /// The first asynchronous error (an NCCL result code; 0: none).
     async_error: AtomicI32,
-    /// Rounds of send/recv groups with each peer (`group::agree`).
-    pub(crate) p2p_rounds: Mutex<HashMap<usize, u64>>,
     /// Splits of this communicator so far (their store keys).
     pub(crate) splits: AtomicU64,
 }
@@ -476,7 +474,6 @@ pub fn build(
         nccl,
         stream: Mutex::new(None),
         async_error: AtomicI32::new(0),
-        p2p_rounds: Mutex::new(HashMap::new()),
         splits: AtomicU64::new(0),
     })
 }

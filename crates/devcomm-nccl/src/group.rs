@@ -5,12 +5,11 @@
 //! answers are kept ([`launch`]) and issued at the outermost `ncclGroupEnd`, as NCCL issues
 //! its own (those that go to NCCL are inside the real NCCL's group, which this library opens
 //! alongside). Sends and recvs are collected and issued at the outermost `ncclGroupEnd` too
-//! (a lone `ncclSend`/`ncclRecv` is a group of one): a communicator whose group holds at most
-//! one send and one recv is *eligible* for one devcomm `sendrecv`. A transfer goes to devcomm
-//! only when both of its ends are eligible, which each end learns through the store (one key
-//! per rank and pair round), so both ends route it alike; every other transfer goes to NCCL's
-//! group. devcomm's launches come first on every stream, so no devcomm kernel waits behind an
-//! NCCL one.
+//! (a lone `ncclSend`/`ncclRecv` is a group of one): those devcomm answers (every send/recv
+//! of an NVLink-only job unless forced to NCCL, the same decision on both ends) as devcomm
+//! `sendrecv` launches in the order [`crate::p2p_schedule`] gives, which each rank computes
+//! alone; the rest through NCCL's group. devcomm's launches come first on every stream, so
+//! no devcomm kernel waits behind an NCCL one.
 //!
 //! A group that spans several communicators (one thread driving several GPUs:
 //! `ncclCommInitAll`, nccl-tests' `-g`) issues each communicator's launches on a thread of
@@ -20,13 +19,14 @@
 
 use std::cell::RefCell;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 use devcomm::p2p::Transfer;
 
-use crate::comm::{overlap, setup_timeout, staged, ShimComm};
+use crate::comm::{overlap, staged, ShimComm};
 use crate::error::Failure;
 use crate::ffi::{self, CudaStreamT, NcclDataType, NcclResult};
+use crate::p2p_schedule::{schedule, Call, Step};
 use crate::route::{route, Op, Route};
 
 /// One send or recv of a group.
@@ -175,30 +175,72 @@ pub fn defer_init(job: Job) {
     GROUP.with(|g| g.borrow_mut().inits.push(job));
 }
 
-/// Runs each lane's jobs in order: on this thread when there is at most one lane, else on a
-/// thread per lane, all at once. The first failure, in lane order (every lane runs to its
-/// end or its first failure).
+/// Runs each lane's jobs in order: on this thread when there is at most one lane, else each
+/// lane on a worker thread of this thread's own (kept between groups: starting threads at
+/// every group end cost more than the calls), all at once. The first failure, in lane order
+/// (every lane runs to its end or its first failure).
 pub fn run_parallel(lanes: Vec<Vec<Job>>) -> Result<(), Failure> {
     let run_lane = |lane: Vec<Job>| lane.into_iter().try_for_each(|j| j());
     if lanes.len() <= 1 {
         return lanes.into_iter().try_for_each(run_lane);
     }
-    std::thread::scope(|scope| {
-        let threads: Vec<_> = lanes
+    let lost = || Failure::system("ncclGroupEnd: a group thread panicked");
+    let pending: Vec<mpsc::Receiver<Result<(), Failure>>> = WORKERS.with(|w| {
+        let mut w = w.borrow_mut();
+        lanes
             .into_iter()
-            .map(|lane| scope.spawn(move || run_lane(lane)))
-            .collect();
-        let mut first = Ok(());
-        for t in threads {
-            let r = t
-                .join()
-                .unwrap_or_else(|_| Err(Failure::system("ncclGroupEnd: a group thread panicked")));
-            if first.is_ok() {
-                first = r;
-            }
+            .enumerate()
+            .map(|(i, lane)| {
+                let (done, result) = mpsc::channel();
+                if w.len() <= i {
+                    w.push(Worker::start());
+                }
+                // A worker whose thread died (a job panicked) is replaced.
+                if let Err(mpsc::SendError((lane, done))) = w[i].jobs.send((lane, done)) {
+                    w[i] = Worker::start();
+                    let _ = w[i].jobs.send((lane, done));
+                }
+                result
+            })
+            .collect()
+    });
+    let mut first = Ok(());
+    for r in pending {
+        let r = r.recv().unwrap_or_else(|_| Err(lost()));
+        if first.is_ok() {
+            first = r;
         }
-        first
-    })
+    }
+    first
+}
+
+/// A lane and where its result goes.
+type LaneWork = (Vec<Job>, mpsc::Sender<Result<(), Failure>>);
+
+/// A thread that runs the lanes sent to it, one after another.
+struct Worker {
+    jobs: mpsc::Sender<LaneWork>,
+}
+
+impl Worker {
+    fn start() -> Worker {
+        let (jobs, rx) = mpsc::channel::<LaneWork>();
+        let spawned = std::thread::Builder::new()
+            .name("devcomm-nccl-group".into())
+            .spawn(move || {
+                for (lane, done) in rx {
+                    let _ = done.send(lane.into_iter().try_for_each(|j| j()));
+                }
+            });
+        // A thread that could not start drops `rx`: its lanes' results come back as failures.
+        drop(spawned);
+        Worker { jobs }
+    }
+}
+
+thread_local! {
+    /// This thread's group workers (they end when it does: their channels close).
+    static WORKERS: RefCell<Vec<Worker>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `launches` (in order per communicator): on this thread when they all belong to one
@@ -264,49 +306,9 @@ pub fn p2p(call: P2pCall) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Whether a communicator's sends and recvs of one group fit one devcomm `sendrecv`.
-pub fn eligible(calls: &[&P2pCall]) -> bool {
-    let sends = calls.iter().filter(|c| c.send).count();
-    let recvs = calls.len() - sends;
-    let Some(first) = calls.first() else {
-        return false;
-    };
-    sends <= 1
-        && recvs <= 1
-        && calls.iter().all(|c| c.stream == first.stream)
-        && calls.iter().all(|c| {
-            matches!(
-                route(Op::SendRecv, c.dtype, None, c.comm.job),
-                Route::Devcomm(_)
-            )
-        })
-}
-
-/// The store key of `rank`'s eligibility in round `round` with `peer`.
-fn round_key(rank: usize, peer: usize, round: u64) -> String {
-    format!(
-        "devcomm-nccl/p2p/{}-{}/{round}/{rank}",
-        rank.min(peer),
-        rank.max(peer)
-    )
-}
-
 /// Issues a group's collectives kept for its end (`launches`), sends and recvs (see the
 /// module's comment).
 fn issue(calls: &[P2pCall], mut launches: Vec<Launch>) -> Result<(), Failure> {
-    // The group's communicators, in order of first appearance.
-    let mut comms: Vec<&Arc<ShimComm>> = Vec::new();
-    for c in calls {
-        if !comms.iter().any(|x| Arc::ptr_eq(x, &c.comm)) {
-            comms.push(&c.comm);
-        }
-    }
-    let of = |comm: &Arc<ShimComm>| -> Vec<&P2pCall> {
-        calls
-            .iter()
-            .filter(|c| Arc::ptr_eq(&c.comm, comm))
-            .collect()
-    };
     for c in calls {
         if c.peer >= c.comm.nranks {
             return Err(Failure::invalid_argument(format!(
@@ -315,78 +317,48 @@ fn issue(calls: &[P2pCall], mut launches: Vec<Launch>) -> Result<(), Failure> {
             )));
         }
     }
-    // Publish every communicator's eligibility for each of its peers' rounds first (a thread
-    // driving several communicators reads its own keys next), then read the peers'.
-    type Plans<'a> = Vec<(&'a Arc<ShimComm>, Vec<(&'a P2pCall, bool)>)>;
-    let mut plans: Plans<'_> = Vec::new();
-    let mut reads = Vec::new();
-    for comm in &comms {
-        let mine = of(comm);
-        let ok = eligible(&mine);
-        let Some(dc) = comm.dc.as_ref() else {
-            plans.push((comm, mine.into_iter().map(|c| (c, false)).collect()));
-            continue;
-        };
-        let mut rounds = comm
-            .p2p_rounds
-            .lock()
-            .map_err(|_| Failure::system("ncclGroupEnd: a thread panicked in devcomm-nccl"))?;
-        let mut with_peer = Vec::new();
-        for c in &mine {
-            let round = rounds.entry(c.peer).or_insert(0);
-            if !with_peer.contains(&c.peer) {
-                *round += 1;
-                with_peer.push(c.peer);
-                dc.store()
-                    .set(&round_key(comm.rank, c.peer, *round), &[ok as u8])
-                    .map_err(|e| Failure::from_devcomm("ncclGroupEnd", &e.into()))?;
-            }
-            reads.push((Arc::clone(comm), c.peer, *round));
-        }
-        plans.push((comm, mine.into_iter().map(|c| (c, ok)).collect()));
-    }
-    let mut peer_ok = std::collections::HashMap::new();
-    for (comm, peer, round) in reads {
-        if let Some(dc) = comm.dc.as_ref() {
-            let v = dc
-                .store()
-                .get(&round_key(peer, comm.rank, round), setup_timeout())
-                .map_err(|e| Failure::from_devcomm("ncclGroupEnd", &e.into()))?;
-            peer_ok.insert((Arc::as_ptr(&comm) as usize, peer), v.first() == Some(&1));
+    // The group's communicators, in order of first appearance.
+    let mut comms: Vec<&Arc<ShimComm>> = Vec::new();
+    for c in calls {
+        if !comms.iter().any(|x| Arc::ptr_eq(x, &c.comm)) {
+            comms.push(&c.comm);
         }
     }
-    // devcomm first, on every communicator; then the rest through NCCL's group.
-    let mut rest = Vec::new();
-    for (comm, mine) in &plans {
-        let (mut send, mut recv) = (None, None);
-        for &(c, ok) in mine {
-            let both = ok && peer_ok.get(&(Arc::as_ptr(comm) as usize, c.peer)) == Some(&true);
-            if !both {
-                rest.push(c);
-                continue;
-            }
-            let t = Transfer {
-                ptr: c.ptr,
-                bytes: (c.count * ffi::type_size(c.dtype).unwrap_or(1)) as u64,
-                peer: c.peer,
-                config: None,
-            };
-            if c.send {
-                send = Some(t);
-            } else {
-                recv = Some(t);
-            }
-        }
-        if let Some(c) = mine
+    // devcomm first, on every communicator (its sendrecv launches after its collectives, in
+    // the schedule's order); then the rest through NCCL's group.
+    let mut rest: Vec<&P2pCall> = Vec::new();
+    for comm in comms {
+        let (mine, nccl): (Vec<&P2pCall>, Vec<&P2pCall>) = calls
             .iter()
-            .find(|(c, _)| !rest.iter().any(|r| std::ptr::eq(*r, *c)))
-        {
-            let stream = c.0.stream as usize;
-            launches.push(Launch {
-                comm: Arc::clone(comm),
-                run: Box::new(move |comm| sendrecv(comm, stream as CudaStreamT, send, recv)),
+            .filter(|c| Arc::ptr_eq(&c.comm, comm))
+            .partition(|c| {
+                comm.dc.is_some()
+                    && matches!(
+                        route(Op::SendRecv, c.dtype, None, c.comm.job),
+                        Route::Devcomm(_)
+                    )
             });
+        rest.extend(nccl);
+        if mine.is_empty() {
+            continue;
         }
+        let seen: Vec<Call> = mine
+            .iter()
+            .map(|c| Call {
+                send: c.send,
+                peer: c.peer,
+            })
+            .collect();
+        let steps = schedule(comm.rank, comm.nranks, &seen)
+            .map_err(|e| Failure::invalid_usage(format!("ncclGroupEnd: {e}")))?;
+        let owned = Calls(mine.into_iter().cloned().collect());
+        launches.push(Launch {
+            comm: Arc::clone(comm),
+            run: Box::new(move |comm| {
+                let owned = owned; // the whole wrapper, not its field (Send)
+                run_steps(comm, &owned.0, &steps)
+            }),
+        });
     }
     run_launches(launches)?;
     for c in rest {
@@ -413,24 +385,104 @@ fn issue(calls: &[P2pCall], mut launches: Vec<Launch>) -> Result<(), Failure> {
     Ok(())
 }
 
-/// One devcomm `sendrecv` of a group on `comm`'s devcomm communicator.
+/// A communicator's calls of a group, moved to the thread that issues them.
+struct Calls(Vec<P2pCall>);
+
+// SAFETY: the only raw pointer is the CUDA stream, an opaque handle CUDA lets any thread use.
+unsafe impl Send for Calls {}
+
+/// Bytes of a send or recv.
+fn bytes_of(c: &P2pCall) -> u64 {
+    (c.count * ffi::type_size(c.dtype).unwrap_or(1)) as u64
+}
+
+/// Runs one communicator's scheduled sends and recvs of a group on the stream of its first
+/// call; the group's other streams wait for everything before them first and for the
+/// launches after (NCCL's rule: a group's work on several streams starts and ends together).
+fn run_steps(comm: &ShimComm, calls: &[P2pCall], steps: &[Step]) -> Result<(), Failure> {
+    const CALL: &str = "ncclSend/ncclRecv";
+    let Some(first) = calls.first() else {
+        return Ok(());
+    };
+    let (dc, stream) = comm.dc_stream(CALL, first.stream)?;
+    let cuda = |e: cudarc::driver::DriverError| {
+        Failure::new(
+            ffi::UNHANDLED_CUDA_ERROR,
+            format!("{CALL}: joining the group's streams: {e}"),
+        )
+    };
+    let mut others: Vec<Arc<cudarc::driver::CudaStream>> = Vec::new();
+    for c in calls {
+        let raw = c.stream as cudarc::driver::sys::CUstream;
+        if raw != stream.cu_stream() && !others.iter().any(|s| s.cu_stream() == raw) {
+            // SAFETY: the caller's stream, of the communicator's device, alive during the call.
+            let s = unsafe { dc.context().wrap_borrowed_stream(raw) };
+            stream.join(&s).map_err(cuda)?;
+            others.push(s);
+        }
+    }
+    let transfer = |c: &P2pCall| Transfer {
+        ptr: c.ptr,
+        bytes: bytes_of(c),
+        peer: c.peer,
+        config: None,
+    };
+    for step in steps {
+        match *step {
+            Step::Local { send, recv } => {
+                let (s, r) = (&calls[send], &calls[recv]);
+                if bytes_of(s) != bytes_of(r) {
+                    return Err(Failure::invalid_argument(format!(
+                        "{CALL}: rank {} sends itself {} bytes into a recv of {}",
+                        comm.rank,
+                        bytes_of(s),
+                        bytes_of(r)
+                    )));
+                }
+                if s.ptr != r.ptr && bytes_of(s) > 0 {
+                    // SAFETY: both buffers hold `bytes` on this device (NCCL's contract).
+                    unsafe {
+                        devcomm::testing::memcpy_dtod_async(
+                            r.ptr,
+                            s.ptr,
+                            bytes_of(s) as usize,
+                            &stream,
+                        )
+                    }
+                    .map_err(|e| Failure::from_devcomm(CALL, &e))?;
+                }
+            }
+            Step::Peer { send, recv } => sendrecv(
+                dc,
+                &stream,
+                send.map(|i| transfer(&calls[i])),
+                recv.map(|i| transfer(&calls[i])),
+            )?,
+        }
+    }
+    for s in &others {
+        s.join(&stream).map_err(cuda)?;
+    }
+    Ok(())
+}
+
+/// One devcomm `sendrecv` of a group.
 fn sendrecv(
-    comm: &ShimComm,
-    stream: CudaStreamT,
+    dc: &devcomm::Comm,
+    stream: &Arc<cudarc::driver::CudaStream>,
     send: Option<Transfer>,
     recv: Option<Transfer>,
 ) -> Result<(), Failure> {
     const CALL: &str = "ncclSend/ncclRecv";
-    let (dc, stream) = comm.dc_stream(CALL, stream)?;
     let run = |send: Option<Transfer>| {
         // SAFETY: the caller's buffers of `count` elements live on this device until the work
         // on its stream is done (NCCL's contract for ncclSend/ncclRecv).
-        unsafe { dc.sendrecv_raw(send, recv, &stream) }.map_err(|e| Failure::from_devcomm(CALL, &e))
+        unsafe { dc.sendrecv_raw(send, recv, stream) }.map_err(|e| Failure::from_devcomm(CALL, &e))
     };
     // A send whose buffer overlaps the recv's (NCCL allows it): from a copy.
     match (send, recv) {
         (Some(t), Some(r)) if overlap(t.ptr, t.bytes, r.ptr, r.bytes) => {
-            staged(CALL, &stream, t.ptr, t.bytes as usize, |ptr| {
+            staged(CALL, stream, t.ptr, t.bytes as usize, |ptr| {
                 run(Some(Transfer { ptr, ..t }))
             })
         }

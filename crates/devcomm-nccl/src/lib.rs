@@ -15,6 +15,7 @@
 //! | [`route`] | which calls devcomm answers (a pure function) |
 //! | [`fallback`] | the real NCCL, loaded by path |
 //! | [`group`] | group semantics, send/recv of a group |
+//! | [`p2p_schedule`] | the order of a group's sends and recvs (a pure function) |
 //! | [`error`] | result codes and the last error's text |
 //! | `api_comm`, `api_ops` | the exported functions |
 #![warn(missing_docs)]
@@ -26,6 +27,7 @@ pub mod error;
 pub mod fallback;
 pub mod ffi;
 pub mod group;
+pub mod p2p_schedule;
 pub mod route;
 pub mod split;
 pub mod unique_id;
