@@ -50,7 +50,7 @@ struct ReduceLaunch {
   dc_u64 layout;          // @248 the layout word (48 bits): algorithm, segments and offsets,
                           //      which every rank must announce alike
   dc_u32 zc;              // @256 ZcAlgo
-  dc_u32 pad;             // @260
+  dc_u32 flags;           // @260 TwoShotFlags (the staged two-shot)
 };
 
 static_assert(sizeof(ReduceLaunch) == 264, "ReduceLaunch size");
@@ -93,6 +93,13 @@ enum Mode : dc_u32 { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2 };
 // writes it into every rank's output (two-shot; reduce-scatter: into its own only;
 // all-gather: writes its input into every rank's output).
 enum ZcAlgo : dc_u32 { kStaged = 0, kZcOneShot = 1, kZcTwoShot = 2 };
+// How the staged two-shot runs its rounds (two_shot_kernel). kTwoShotPushed (all-reduce,
+// Plan::pushed): each block takes the same span of every round, so that from its third round
+// a block waits only for its own peers' blocks; it stages round k + 1 before it gathers round
+// k; and each reducer writes its reduced piece into every peer's window, from which every rank
+// copies it out: the links carry stores only. Otherwise peers read the reduced pieces from the
+// reducer's window, round after round.
+enum TwoShotFlags : dc_u32 { kTwoShotPushed = 1 };
 enum Op : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
 
 constexpr dc_u32 kMaxBlocks = 64;
@@ -111,12 +118,14 @@ constexpr dc_u32 kThreads = 512;
 //            needed this rank's block b to have read call c's word
 //   kZcDone  [rank p][block b]: p's block b is done with every rank's buffers in zero-copy
 //            call c (the call number)
+//   kPushed  [rank p][block b]: p wrote its reduced shard piece of round seq into this
+//            rank's window (the staged two-shot with kTwoShotPushResults)
 enum Slot : dc_u32 {
   kFree = 0, kReady = 1, kReduced = 2, kDone = 3, kAgree0 = 4, kAgree1 = 5, kZcLayout = 6,
-  kZcDone = 7
+  kZcDone = 7, kPushed = 8
 };
 // Slot kinds: the window holds kSlotKinds x world x kMaxBlocks user slots (reduce/launch.rs).
-constexpr dc_u32 kSlotKinds = 8;
+constexpr dc_u32 kSlotKinds = 9;
 
 DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 block) {
   return ((dc_u64)kind * (dc_u64)world + (dc_u64)rank) * kMaxBlocks + block;

@@ -397,6 +397,14 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
 //      reduced shard piece into the output, publish kDone.
 // The call agreement (reduce.cuh): announced first; checked by the block after the first
 // round's staging, before it reads a peer's window or writes the output.
+// The pushed form (an all-reduce's Plan::pushed, kTwoShotPushed) changes three things: block b
+// takes span b of every round (waits from a call's third round on block b of every rank
+// only); it stages round k + 1 right after reducing round k; and in step 3 it first writes
+// its reduced piece into slot `me` of every peer's window (once every rank published kReduced:
+// its staged data there is read) and publishes kPushed, then copies every rank's piece from
+// its own window. NVLink then carries stores only: mixing the pulls of step 3 with the next
+// round's stores was slower (docs/PERFORMANCE.md, "The staged two-shot: 64 blocks, pushed
+// results").
 // Blocks beyond this launch's count read nothing: block 0 advances their counters and kDone
 // slots at the end, and waits on them only ask for what a previous call left.
 //
@@ -485,81 +493,136 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
   const int world = a.w.world_size, me = a.w.rank;
   dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters) + kMaxBlocks;
   const dc_u64 before = counters[b];
+  // The pushed form (kTwoShotPushed, all-reduce): own pieces, overlap, pushed results.
+  const bool pushed = (a.flags & kTwoShotPushed) != 0 && a.mode == kAllReduce;
   DC_TRACE_KERNEL_BEGIN();
   const Agree ag = agree_begin(a, b, sizeof(T), HasEpilogue<H>::value);
   agree_announce(g, a, b, ag);
   const T* in = reinterpret_cast<const T*>(a.in);
   T* out = reinterpret_cast<T*>(a.out);
-  for (dc_u64 k = 0; k < a.rounds; ++k) {
-    const dc_u64 s = before + k + 1;
+  // Block b's piece [lo, hi) of round k: pushed, the same span of every round (the last
+  // round's tail is cut by clip), so that block b only ever touches span b of a half and
+  // needs only its own peers' blocks to be done with a half; otherwise round k's elements
+  // split over the blocks.
+  auto piece = [&](dc_u64 k, dc_u64& lo, dc_u64& hi) {
     const dc_u64 m = a.shard - k * a.chunk < a.chunk ? a.shard - k * a.chunk : a.chunk;
+    block_piece(pushed ? a.chunk : m, a.blocks, a.unit, b, lo, hi);
+  };
+  // The window of rank p: shard slot q of round s's half.
+  auto slot = [&](dc_u64 s, int p, int q) {
+    return reinterpret_cast<T*>(static_cast<char*>(get_nvlink_address(a.w, p)) + a.pipe_offset +
+                                (s & 1) * a.half_bytes) +
+           (dc_u64)q * a.chunk;
+  };
+  // Before round k writes its half: every rank is done with round k - 2 there (the first two
+  // rounds of a call: every block, for the blocks of the call before may have had other
+  // pieces; later ones, pushed: block b of every rank).
+  auto half_free = [&](dc_u64 k) -> bool {
+    const dc_u64 s = before + k + 1;
+    if (pushed && k >= 2) return wait_every_rank(g, a, kDone, b, s - 2);
+    return wait_all_done(g, a, s >= 2 ? s - 2 : 0, before);
+  };
+  // 1. Stage round k: this rank's data into rank q's window, the slot of this rank; publish
+  // kReady (all-gather: kReduced).
+  auto stage = [&](dc_u64 k) -> bool {
+    const dc_u64 s = before + k + 1;
     dc_u64 lo, hi;
-    block_piece(m, a.blocks, a.unit, b, lo, hi);
-    const dc_u64 half = a.pipe_offset + (s & 1) * a.half_bytes;
-    // The window of rank p: shard slot q of this round's half.
-    auto slot = [&](int p, int q) {
-      return reinterpret_cast<T*>(static_cast<char*>(get_nvlink_address(a.w, p)) + half) +
-             (dc_u64)q * a.chunk;
-    };
+    piece(k, lo, hi);
     DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
-    if (!wait_all_done(g, a, s >= 2 ? s - 2 : 0, before)) return;
+    if (!half_free(k)) return false;
     DC_TRACE_WAIT_END(-1, (dc_u32)s);
     DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
-    // 1. Stage: into rank q's window, the slot of this rank. Every rank's every block is done
-    // with this half (the wait above).
     for (int i = 0; i < world; ++i) {
       const int q = turn(i, me, world);
       if (a.mode == kAllGather && q != me) continue;
       const dc_u64 n = clip(a, q, k, lo, hi);
       const T* src = a.mode == kAllGather ? in + k * a.chunk + lo
                                           : in + (dc_u64)q * a.shard + k * a.chunk + lo;
-      T* dst = slot(q, me);
-      if (n > 0) copy_elems<T>(g, dst + lo, src, n);
+      if (n > 0) copy_elems<T>(g, slot(s, q, me) + lo, src, n);
     }
     DC_TRACE_PHASE_END(kPhaseStage, -1, (hi - lo) * sizeof(T) * (a.mode == kAllGather ? 1 : world));
     publish(g, a, a.mode == kAllGather ? kReduced : kReady, b, s);
-    if (k == 0 && !agree_all(g, a, b, ag)) return;
-    // 2. Reduce this rank's shard.
-    if (a.mode != kAllGather) {
-      DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
-      if (!wait_every_rank(g, a, kReady, b, s)) return;
-      DC_TRACE_WAIT_END(-1, (dc_u32)s);
-      DC_TRACE_PHASE_BEGIN(kPhaseReduce, -1);
-      const dc_u64 n = clip(a, me, k, lo, hi);
-      // Where the reduced piece goes first: the own window (all-reduce: peers read it there;
-      // hooked reduce-scatter: the hook rewrites it there), or straight to the output.
-      constexpr bool kHooked = HasEpilogue<H>::value;
-      T* const to_out = out + (a.mode == kAllReduce ? (dc_u64)me * a.shard : 0) + k * a.chunk + lo;
-      T* dst = a.mode == kAllReduce || kHooked ? slot(me, me) + lo : to_out;
-      // Rank p's data of this shard: pushed into the own window (slot p).
-      auto part = [&](int p) -> const T* { return slot(me, p) + lo; };
-      if (n > 0) reduce_elems<T, OP>(g, dst, part, world, n);
-      if constexpr (kHooked) {
-        static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
+    return true;
+  };
+  // 2. (all-reduce, reduce-scatter) Reduce this rank's shard of round k from every rank's
+  // data in rank order: all-reduce into the own window (then the epilogue hook, one warp per
+  // row), publish kReduced; reduce-scatter into the output, publish kDone.
+  auto reduce = [&](dc_u64 k) -> bool {
+    const dc_u64 s = before + k + 1;
+    dc_u64 lo, hi;
+    piece(k, lo, hi);
+    DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
+    if (!wait_every_rank(g, a, kReady, b, s)) return false;
+    DC_TRACE_WAIT_END(-1, (dc_u32)s);
+    DC_TRACE_PHASE_BEGIN(kPhaseReduce, -1);
+    const dc_u64 n = clip(a, me, k, lo, hi);
+    // Where the reduced piece goes first: the own window (all-reduce: peers read it there;
+    // hooked reduce-scatter: the hook rewrites it there), or straight to the output.
+    constexpr bool kHooked = HasEpilogue<H>::value;
+    T* const to_out = out + (a.mode == kAllReduce ? (dc_u64)me * a.shard : 0) + k * a.chunk + lo;
+    T* dst = a.mode == kAllReduce || kHooked ? slot(s, me, me) + lo : to_out;
+    // Rank p's data of this shard: pushed into the own window (slot p).
+    auto part = [&](int p) -> const T* { return slot(s, me, p) + lo; };
+    if (n > 0) reduce_elems<T, OP>(g, dst, part, world, n);
+    if constexpr (kHooked) {
+      static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
+      g.sync();
+      epilogue_rows<H>(g, a, dst, to_out, (to_out - out) / a.row_len, n);
+      if (a.mode == kReduceScatter) {
         g.sync();
-        epilogue_rows<H>(g, a, dst, to_out, (to_out - out) / a.row_len, n);
-        if (a.mode == kReduceScatter) {
-          g.sync();
-          if (n > 0) copy_elems<T>(g, to_out, dst, n);
-        }
+        if (n > 0) copy_elems<T>(g, to_out, dst, n);
       }
-      DC_TRACE_PHASE_END(kPhaseReduce, -1, n * sizeof(T) * world);
-      publish(g, a, a.mode == kAllReduce ? kReduced : kDone, b, s);
     }
-    // 3. Gather every rank's reduced shard.
-    if (a.mode != kReduceScatter) {
-      DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
-      if (!wait_every_rank(g, a, kReduced, b, s)) return;
-      DC_TRACE_WAIT_END(-1, (dc_u32)s);
-      DC_TRACE_PHASE_BEGIN(kPhaseWriteOut, -1);
-      for (int i = 0; i < world; ++i) {
+    DC_TRACE_PHASE_END(kPhaseReduce, -1, n * sizeof(T) * world);
+    publish(g, a, a.mode == kAllReduce ? kReduced : kDone, b, s);
+    return true;
+  };
+  // 3. (all-reduce, all-gather) Copy every rank's reduced shard piece of round k into the
+  // output; publish kDone. Pushed (all-reduce), first write this rank's reduced
+  // piece into slot `me` of every peer's window (the peer has reduced this round: its staged
+  // data there is read), then copy every rank's piece out of the own window.
+  auto gather = [&](dc_u64 k) -> bool {
+    const dc_u64 s = before + k + 1;
+    dc_u64 lo, hi;
+    piece(k, lo, hi);
+    DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
+    if (!wait_every_rank(g, a, kReduced, b, s)) return false;
+    DC_TRACE_WAIT_END(-1, (dc_u32)s);
+    if (pushed) {
+      DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
+      const dc_u64 n = clip(a, me, k, lo, hi);
+      for (int i = 0; i < world && n > 0; ++i) {
         const int q = turn(i, me, world);
-        const dc_u64 n = clip(a, q, k, lo, hi);
-        if (n > 0) copy_elems<T>(g, out + (dc_u64)q * a.shard + k * a.chunk + lo, slot(q, q) + lo, n);
+        if (q != me) copy_elems<T>(g, slot(s, q, me) + lo, slot(s, me, me) + lo, n);
       }
-      DC_TRACE_PHASE_END(kPhaseWriteOut, -1, (hi - lo) * sizeof(T) * world);
-      publish(g, a, kDone, b, s);
+      DC_TRACE_PHASE_END(kPhaseStage, -1, n * sizeof(T) * (world - 1));
+      publish(g, a, kPushed, b, s);
+      DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
+      if (!wait_every_rank(g, a, kPushed, b, s)) return false;
+      DC_TRACE_WAIT_END(-1, (dc_u32)s);
     }
+    DC_TRACE_PHASE_BEGIN(kPhaseWriteOut, -1);
+    for (int i = 0; i < world; ++i) {
+      const int q = turn(i, me, world);
+      const dc_u64 n = clip(a, q, k, lo, hi);
+      const T* from = pushed ? slot(s, me, q) : slot(s, q, q);
+      if (n > 0) copy_elems<T>(g, out + (dc_u64)q * a.shard + k * a.chunk + lo, from + lo, n);
+    }
+    DC_TRACE_PHASE_END(kPhaseWriteOut, -1, (hi - lo) * sizeof(T) * world);
+    publish(g, a, kDone, b, s);
+    return true;
+  };
+  // Round k stages, reduces, then gathers. Pushed, round k + 1 is staged between round
+  // k's reduction and its gather, so that this block's stores of the next round cross the
+  // links while the peers reduce this one.
+  if (a.rounds > 0 && !stage(0)) return;
+  if (!agree_all(g, a, b, ag)) return;
+  for (dc_u64 k = 0; k < a.rounds; ++k) {
+    const bool next = k + 1 < a.rounds;
+    if (a.mode != kAllGather && !reduce(k)) return;
+    if (pushed && next && !stage(k + 1)) return;
+    if (a.mode != kReduceScatter && !gather(k)) return;
+    if (!pushed && next && !stage(k + 1)) return;
   }
   // Every thread read counters[b] before the first barrier above; blocks not in this launch
   // read nothing, so their counters and kDone slots may jump to the end of this call.

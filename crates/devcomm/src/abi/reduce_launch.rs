@@ -63,9 +63,13 @@ pub struct ReduceLaunch {
     pub layout: u64,
     /// `Algorithm::zero_copy_code` (0: staged).
     pub zc: u32,
-    /// Padding.
-    pub pad: u32,
+    /// The staged two-shot's `TwoShotFlags` (`TWO_SHOT_*`).
+    pub flags: u32,
 }
+
+/// `kTwoShotPushed`: the staged all-reduce pipelines its rounds with pushed results
+/// (`Plan::pushed`).
+pub const TWO_SHOT_PUSHED: u32 = 1;
 
 const _: () = assert!(size_of::<ReduceLaunch>() == 264);
 const _: () = assert!(offset_of!(ReduceLaunch, in_peers) == 216);

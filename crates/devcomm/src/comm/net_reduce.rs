@@ -100,6 +100,7 @@ impl Comm {
             chunk: p.max_chunk,
             rounds: p.rounds,
             unit: p.unit,
+            pushed: false,
         }
     }
 

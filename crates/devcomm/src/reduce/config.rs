@@ -4,7 +4,8 @@
 
 use super::plan::ReduceLimits;
 
-/// The limits on `world` ranks from the settings (`None`: the default) and the smallest SM
+/// The limits on `world` ranks from the settings (`None`: the default; an explicit
+/// `max_blocks` bounds every algorithm, the staged two-shot's 64 included) and the smallest SM
 /// count of the group: at most half its SMs in blocks, so that ranks sharing a GPU for tests
 /// and the next kernel's early blocks still find room.
 pub(crate) fn limits(
@@ -23,6 +24,9 @@ pub(crate) fn limits(
         line_two_shot_bytes: d.line_two_shot_bytes,
         max_blocks: max_blocks
             .unwrap_or(d.max_blocks)
+            .min((fewest_sms / 2).max(1)),
+        staged_max_blocks: max_blocks
+            .unwrap_or(d.staged_max_blocks)
             .min((fewest_sms / 2).max(1)),
         one_shot_bytes: one_shot_kib.map_or(d.one_shot_bytes, |k| u64::from(k) << 10),
         zero_copy_one_shot_bytes: zero_copy_one_shot_kib
@@ -72,6 +76,9 @@ mod tests {
         assert_eq!(limits(2, Some(64), None, None, 32, 100).max_blocks, 50);
         // Half the SMs of the smallest GPU (a 33-SM share: 16 blocks).
         assert_eq!(limits(4, None, None, None, 8, 33).max_blocks, 16);
+        assert_eq!(limits(4, None, None, None, 8, 33).staged_max_blocks, 16);
+        assert_eq!(limits(4, None, None, None, 8, 132).staged_max_blocks, 64);
+        assert_eq!(limits(4, Some(8), None, None, 8, 132).staged_max_blocks, 8);
         assert_eq!(limits(4, None, None, None, 8, 1).max_blocks, 1);
         assert_eq!(
             limits(4, None, None, None, 8, 132).one_shot_bytes,

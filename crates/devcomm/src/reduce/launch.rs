@@ -11,7 +11,7 @@ use super::net_plan;
 use super::plan::{self, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, THREADS};
 use super::types::{DataType, ReduceOp};
 use super::zero_copy_plan::{layout_word, zero_copy_plan, Placement};
-use crate::abi::reduce_launch::{NetStepLaunch, ReduceLaunch};
+use crate::abi::reduce_launch::{NetStepLaunch, ReduceLaunch, TWO_SHOT_PUSHED};
 use crate::collective::RawHooks;
 use crate::cuda::{linear_launch, DeviceBuffer};
 use crate::error::{CudaResultExt, Error, Result};
@@ -480,7 +480,7 @@ impl Reduce {
             out_offset,
             layout,
             zc: pl.algorithm.zero_copy_code(),
-            pad: 0,
+            flags: if pl.pushed { TWO_SHOT_PUSHED } else { 0 },
         };
         debug_assert!(pl.chunk * world as u64 * es <= self.limits.chunk_bytes);
         let cfg = linear_launch(pl.blocks, THREADS);

@@ -103,6 +103,19 @@ pub const BLOCK_BYTES: u64 = 16 << 10;
 /// Most blocks of a launch by default ([`ReduceLimits::max_blocks`]).
 pub const DEFAULT_MAX_BLOCKS: u32 = 32;
 
+/// Most blocks of the staged two-shot by default ([`ReduceLimits::staged_max_blocks`]): 64.
+/// On 4 H200s (bf16 all-reduce, 2026-11-27) 1 GiB took 5628 us on 64 blocks against 6141 on
+/// 32, 32 MiB 202 against 213, 4 MiB 40 against 41 (docs/PERFORMANCE.md, "The staged
+/// two-shot: 64 blocks, pushed results").
+pub const STAGED_MAX_BLOCKS: u32 = 64;
+
+/// Rounds from which an all-reduce on 3 ranks or more pushes its reduced pieces
+/// ([`Plan::pushed`]); on 2 ranks every staged all-reduce does. On 4 H200s with 64 blocks:
+/// 64 MiB (2 rounds) 414 us pushed against 399 pulled, 128 MiB (4) 756 against 727, 256 MiB
+/// (8) 1439 against 1487, 1 GiB 5542 against 5628; on 2 H200s pushed 1 GiB 3533 us against
+/// 4368 pulled on 32 blocks.
+pub const PUSHED_MIN_ROUNDS: u64 = 8;
+
 /// Most blocks of a one-shot call by default ([`ReduceLimits::one_shot_blocks`]): 32. On 4
 /// H200s a 256 KiB all-reduce took 15.8 us on 32 blocks against 18.6 on 16.
 pub const ONE_SHOT_BLOCKS: u32 = 32;
@@ -117,9 +130,9 @@ pub const LINE_WORDS: u64 = 15;
 pub const MAX_WORLD: usize = 32;
 
 /// Signal-slot kinds of the reduce window per (rank, block): the staged protocol's four, the
-/// call agreement's ring of two words and the zero-copy calls' two (`kSlotKinds` in
-/// `reduce.cuh`).
-pub const SLOT_KINDS: usize = 8;
+/// call agreement's ring of two words, the zero-copy calls' two and the staged two-shot's
+/// pushed results (`kSlotKinds` in `reduce.cuh`).
+pub const SLOT_KINDS: usize = 9;
 
 /// The window sizes the plans are made for (every rank must use the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +144,8 @@ pub struct ReduceLimits {
     pub chunk_bytes: u64,
     /// Most blocks of a launch (1 to [`MAX_BLOCKS`]).
     pub max_blocks: u32,
+    /// Most blocks of the staged two-shot (1 to [`MAX_BLOCKS`]).
+    pub staged_max_blocks: u32,
     /// Bytes of a two-shot round per block: the block count grows with the size by this step.
     pub block_bytes: u64,
     /// Most blocks of a one-shot call (at most `max_blocks`).
@@ -157,6 +172,7 @@ impl ReduceLimits {
             one_shot_bytes: one_shot_max_bytes(world),
             chunk_bytes: 32 << 20,
             max_blocks: DEFAULT_MAX_BLOCKS,
+            staged_max_blocks: STAGED_MAX_BLOCKS,
             block_bytes: BLOCK_BYTES,
             one_shot_blocks: ONE_SHOT_BLOCKS,
             zero_copy_one_shot_bytes: zero_copy_one_shot_max_bytes(world),
@@ -268,6 +284,12 @@ pub struct Plan {
     pub rounds: u64,
     /// Block pieces are multiples of this many elements (16 bytes, or a row when hooked).
     pub unit: u64,
+    /// The staged all-reduce's rounds are pipelined with pushed results: each block takes the
+    /// same span of every round, stages round k + 1 before it gathers round k, and the
+    /// reducers write their reduced pieces into every peer's window, so that the links carry
+    /// stores only (`TwoShotFlags` in `reduce.cuh`: all three bits). Otherwise peers read the
+    /// reduced pieces from the reducer's window, round after round.
+    pub pushed: bool,
 }
 
 /// The plan of a call, or why it cannot run (the caller turns the reason into
@@ -308,6 +330,7 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
             chunk: 0,
             rounds: 1,
             unit: 8 / es.min(8),
+            pushed: false,
         });
     }
     let vec = 16 / es;
@@ -323,6 +346,7 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
             chunk: 0,
             rounds: 1,
             unit: 8 / es.min(8),
+            pushed: false,
         });
     }
     let (unit, shard) = match (s.collective, s.row_len) {
@@ -371,11 +395,13 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
         },
         blocks: round_bytes
             .div_ceil(limits.block_bytes.max(1))
-            .clamp(1, limits.max_blocks.clamp(1, MAX_BLOCKS) as u64) as u32,
+            .clamp(1, limits.staged_max_blocks.clamp(1, MAX_BLOCKS) as u64) as u32,
         shard,
         chunk,
         rounds,
         unit,
+        pushed: s.collective == Collective::AllReduce
+            && (s.world == 2 || rounds >= PUSHED_MIN_ROUNDS),
     })
 }
 

@@ -70,6 +70,7 @@ pub fn zero_copy_plan(s: &Shape, at: &Placement, limits: &ReduceLimits) -> Optio
         chunk: 0,
         rounds: 1,
         unit,
+        pushed: false,
     })
 }
 

@@ -74,24 +74,51 @@ fn two_shot_while_one_round_fits_then_pipelined() {
     )
     .unwrap();
     assert_eq!(rs.algorithm, Algorithm::Pipelined);
-    // 1 GiB all-reduce on 3 ranks: bounded rounds, at most 32 blocks.
+    // 1 GiB all-reduce on 3 ranks: bounded rounds, at most 64 blocks.
     let big = plan(&shape(Collective::AllReduce, 1 << 28, 4, 3), &L).unwrap();
     assert_eq!(big.algorithm, Algorithm::Pipelined);
     assert!(big.chunk * 3 * 4 <= L.chunk_bytes);
     assert!(big.rounds * big.chunk >= big.shard);
-    assert_eq!(big.blocks, DEFAULT_MAX_BLOCKS);
+    assert_eq!(big.blocks, STAGED_MAX_BLOCKS);
+}
+
+#[test]
+fn all_reduces_push_their_results_on_two_ranks_and_from_eight_rounds() {
+    let l4 = ReduceLimits {
+        line_two_shot_bytes: 0,
+        ..lw(4)
+    };
+    let pushed = |c: Collective, bytes: u64, world: usize, l: &ReduceLimits| {
+        let p = plan(&shape(c, bytes / 2, 2, world), l).unwrap();
+        (p.rounds, p.pushed)
+    };
+    // 4 ranks, rounds of 32 MiB: 128 MiB is 4 rounds (pulled), 256 MiB 8 (pushed).
+    assert_eq!(pushed(Collective::AllReduce, 4 << 20, 4, &l4), (1, false));
+    assert_eq!(pushed(Collective::AllReduce, 128 << 20, 4, &l4), (4, false));
+    assert_eq!(pushed(Collective::AllReduce, 256 << 20, 4, &l4), (8, true));
+    assert_eq!(pushed(Collective::AllReduce, 1 << 30, 4, &l4), (32, true));
+    // 2 ranks: every staged all-reduce, one round or many.
+    assert_eq!(pushed(Collective::AllReduce, 4 << 20, 2, &L), (1, true));
+    assert_eq!(pushed(Collective::AllReduce, 1 << 30, 2, &L), (32, true));
+    // Reduce-scatter and all-gather gather nothing the reducers could push.
+    for c in [Collective::ReduceScatter, Collective::AllGather] {
+        assert!(!pushed(c, 1 << 30, 2, &L).1, "{c:?}");
+        assert!(!pushed(c, 256 << 20, 4, &l4).1, "{c:?}");
+    }
+    // Line and one-shot calls never.
+    assert!(!pushed(Collective::AllReduce, 4096, 2, &L).1);
 }
 
 #[test]
 fn blocks_grow_with_the_round_and_stay_bounded() {
     let p = |n: u64| plan(&shape(Collective::AllReduce, n, 4, 2), &L).unwrap();
-    // 4 ranks, 600 KB (two-shot): a 600,064-byte round, one block per 16 KiB, at most 32.
+    // 4 ranks, 600 KB (two-shot): a 600,064-byte round, one block per 16 KiB: 37.
     let staged = ReduceLimits {
         line_two_shot_bytes: 0,
         ..lw(4)
     };
     let mid = plan(&shape(Collective::AllReduce, 150_000, 4, 4), &staged).unwrap();
-    assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 32));
+    assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 37));
     // 300 KB with the one-shot off: a 300,032-byte round, 19 blocks.
     let small = ReduceLimits {
         one_shot_bytes: 0,
@@ -99,13 +126,16 @@ fn blocks_grow_with_the_round_and_stay_bounded() {
     };
     let mid = plan(&shape(Collective::AllReduce, 75_000, 4, 4), &small).unwrap();
     assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 19));
-    assert_eq!(p(1 << 20).blocks, 32); // 4 MiB: capped
-    assert_eq!(p(64 << 20).blocks, 32); // 256 MiB: 32 blocks, at most 32 SMs
+    assert_eq!(p(1 << 20).blocks, 64); // 4 MiB: capped
+    assert_eq!(p(64 << 20).blocks, 64); // 256 MiB: 64 blocks, at most 64 SMs
     let one = plan(&shape(Collective::AllReduce, 1, 4, 2), &L).unwrap();
     assert_eq!((one.algorithm, one.blocks), (Algorithm::OneShot, 1));
     let full = plan(&shape(Collective::AllReduce, 32 << 10, 4, 2), &L).unwrap();
     assert_eq!(full.blocks, 16);
-    let narrow = ReduceLimits { max_blocks: 8, ..L };
+    let narrow = ReduceLimits {
+        staged_max_blocks: 8,
+        ..L
+    };
     let pl = plan(&shape(Collective::AllReduce, 64 << 20, 4, 2), &narrow).unwrap();
     assert_eq!(pl.blocks, 8);
 }
