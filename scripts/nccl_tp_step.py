@@ -13,7 +13,10 @@ down projection), each pair closed by `torch.distributed.all_reduce` of the part
 so two all-reduces of tokens x 8192 bf16 per layer (256 KiB at 16 tokens: decode). A step is
 timed with CUDA events, eager and replayed from a CUDA graph, the median of ITERS steps after
 warm-up; rank 0 writes DIR/result.json with the times and a digest of the step's output, and
-`compare` prints the table and whether the outputs were bit for bit equal.
+`compare` prints the table and whether the outputs were bit for bit equal. On 2 ranks they
+must be (a sum of two is the same in either order); on more ranks NCCL sums in its ring's
+order and devcomm in rank order, so bf16 outputs differ in rounding ("differ"), while each run's
+graph replay must equal its eager step.
 """
 
 import hashlib
@@ -139,12 +142,12 @@ def compare(plain_dir, shim_dir):
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for p, s in zip(plain["rows"], shim["rows"]):
         same = p["digest"] == s["digest"]
-        ok = same and p["graph_equals_eager"] and s["graph_equals_eager"]
-        bad |= not (p["graph_equals_eager"] and s["graph_equals_eager"])
+        replays = p["graph_equals_eager"] and s["graph_equals_eager"]
+        bad |= not replays
         print(f"| {p['tokens']} | {p['all_reduce_bytes'] // 1024} KiB | {p['eager_us']:.1f} | "
               f"{s['eager_us']:.1f} | {p['eager_us'] / s['eager_us']:.2f} | {p['graph_us']:.1f} | "
               f"{s['graph_us']:.1f} | {p['graph_us'] / s['graph_us']:.2f} | "
-              f"{'bitwise equal' if same else 'differ'}{'' if ok else ' (graph != eager)'} |")
+              f"{'bitwise equal' if same else 'differ'}{'' if replays else ' (graph != eager)'} |")
     return bad
 
 
