@@ -192,8 +192,9 @@ knobs! {
     coll_fit_grid: bool = true, "1",
         env "DEVCOMM_COLL_FIT_GRID", group "collectives", range None, Must, experimental;
 
-    /// Most blocks of a reduction; unset: 32, at most half the smallest GPU's SMs.
-    reduce_max_blocks: Option<u32> = None, "32 (fitted)",
+    /// Most blocks of a reduction; unset: 32, 64 for the staged two-shot, at most half the
+    /// smallest GPU's SMs.
+    reduce_max_blocks: Option<u32> = None, "32/64 (fitted)",
         env "DEVCOMM_REDUCE_MAX_BLOCKS", group "reductions", range range(1, 64), Must;
     /// KiB of a two-shot round that one block reduces: the block count grows with the size
     /// by this step (up to the most blocks).
