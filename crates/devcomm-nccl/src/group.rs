@@ -195,7 +195,7 @@ pub fn run_parallel(lanes: Vec<Vec<Job>>) -> Result<(), Failure> {
                 if w.len() <= i {
                     w.push(Worker::start());
                 }
-                // A worker whose thread died (a job panicked) is replaced.
+                // A worker whose thread is gone (it could not start) is replaced.
                 if let Err(mpsc::SendError((lane, done))) = w[i].jobs.send((lane, done)) {
                     w[i] = Worker::start();
                     let _ = w[i].jobs.send((lane, done));
@@ -229,7 +229,13 @@ impl Worker {
             .name("devcomm-nccl-group".into())
             .spawn(move || {
                 for (lane, done) in rx {
-                    let _ = done.send(lane.into_iter().try_for_each(|j| j()));
+                    // A panicking job fails its lane; the worker stays for the next group.
+                    let run =
+                        std::panic::AssertUnwindSafe(|| lane.into_iter().try_for_each(|j| j()));
+                    let r = std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                        Err(Failure::system("ncclGroupEnd: a group job panicked"))
+                    });
+                    let _ = done.send(r);
                 }
             });
         // A thread that could not start drops `rx`: its lanes' results come back as failures.
@@ -542,5 +548,52 @@ mod tests {
         };
         run_parallel(vec![vec![job(0), job(1), job(2)]]).unwrap();
         assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
+    }
+
+    /// A group's lanes run on this thread's workers, the same ones group after group, and a
+    /// job that panics fails its lane without taking the worker with it.
+    #[test]
+    fn lanes_reuse_this_threads_workers() {
+        let ids = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = |lane: usize| -> Job {
+            let ids = Arc::clone(&ids);
+            Box::new(move || {
+                ids.lock()
+                    .unwrap()
+                    .push((lane, std::thread::current().id()));
+                Ok(())
+            })
+        };
+        for _ in 0..3 {
+            run_parallel(vec![vec![record(0)], vec![record(1)]]).unwrap();
+        }
+        let seen = ids.lock().unwrap().clone();
+        let of = |lane: usize| -> Vec<_> {
+            seen.iter()
+                .filter(|(l, _)| *l == lane)
+                .map(|(_, t)| *t)
+                .collect()
+        };
+        let (zero, one) = (of(0), of(1));
+        assert_eq!(zero.len(), 3);
+        assert!(zero.iter().all(|t| *t == zero[0]), "lane 0 moved: {zero:?}");
+        assert!(one.iter().all(|t| *t == one[0]), "lane 1 moved: {one:?}");
+        assert_ne!(zero[0], one[0]);
+        assert_ne!(zero[0], std::thread::current().id());
+        // A panicking job: its lane fails; the next group runs on the same workers.
+        let e = run_parallel(vec![
+            vec![Box::new(|| panic!("a job panicked"))],
+            vec![record(1)],
+        ])
+        .unwrap_err();
+        assert_eq!(e.code, ffi::SYSTEM_ERROR);
+        run_parallel(vec![vec![record(0)], vec![record(1)]]).unwrap();
+        let seen = ids.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3 * 2 + 1 + 2);
+        let last: Vec<_> = seen[seen.len() - 2..].to_vec();
+        assert!(
+            last.contains(&(0, zero[0])) && last.contains(&(1, one[0])),
+            "{last:?}"
+        );
     }
 }
