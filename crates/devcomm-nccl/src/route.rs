@@ -22,7 +22,7 @@ pub enum Op {
     AllGather,
     /// `ncclAlltoAll`.
     AllToAll,
-    /// `ncclSend`/`ncclRecv` (one send and one recv of a group at most).
+    /// `ncclSend`/`ncclRecv` (every one of a group, in `p2p_schedule`'s order).
     SendRecv,
     /// `ncclBroadcast`/`ncclBcast`: always NCCL.
     Broadcast,
