@@ -128,9 +128,9 @@ bool check_desc() {
     std::printf("FAIL agree word\n");
     return false;
   }
-  const dc_u64 last = slot_of(kZcDone, 32, 31, kMaxBlocks - 1);
+  const dc_u64 last = slot_of(kPushed, 32, 31, kMaxBlocks - 1);
   const bool ring = agree_slot_kind(1) == kAgree1 && agree_slot_kind(2) == kAgree0 &&
-                    agree_slot_kind(3) == kAgree1 && kSlotKinds == 8 &&
+                    agree_slot_kind(3) == kAgree1 && kSlotKinds == 9 && kPushed == kSlotKinds - 1 &&
                     last == (dc_u64)kSlotKinds * 32 * kMaxBlocks - 1;
   if (!ring) std::printf("FAIL desc ring slots\n");
   return ring;
@@ -148,8 +148,8 @@ int main() {
 
 #[test]
 fn the_window_holds_the_kernels_slot_kinds() {
-    // check_desc() above asserts kSlotKinds == 8 in the header.
-    assert_eq!(devcomm::reduce::plan::SLOT_KINDS, 8);
+    // check_desc() above asserts kSlotKinds == 9 in the header.
+    assert_eq!(devcomm::reduce::plan::SLOT_KINDS, 9);
 }
 
 #[test]
