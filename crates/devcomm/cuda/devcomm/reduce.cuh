@@ -119,7 +119,7 @@ constexpr dc_u32 kThreads = 512;
 //   kZcDone  [rank p][block b]: p's block b is done with every rank's buffers in zero-copy
 //            call c (the call number)
 //   kPushed  [rank p][block b]: p wrote its reduced shard piece of round seq into this
-//            rank's window (the staged two-shot with kTwoShotPushResults)
+//            rank's window (the staged two-shot's pushed form, kTwoShotPushed)
 enum Slot : dc_u32 {
   kFree = 0, kReady = 1, kReduced = 2, kDone = 3, kAgree0 = 4, kAgree1 = 5, kZcLayout = 6,
   kZcDone = 7, kPushed = 8
