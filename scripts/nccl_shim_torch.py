@@ -9,7 +9,9 @@ Run once under the shim and once plain, then compare (docs/NCCL.md, "Checking it
     python3 scripts/nccl_shim_torch.py linkage   # does libtorch_cuda link libnccl.so.2?
 
 Inputs are small integers (exact in every type), so sums are exact whatever the order of
-the reduction and the results must match bit for bit. Each rank saves its results to
+the reduction and the results must match bit for bit. The last section repeats the
+reductions on an NCCL window (`ncclMemAlloc` memory registered with
+`ncclCommWindowRegister`), which devcomm adopts into its memory pool. Each rank saves its results to
 DIR/rank<R>.pt; `run` also records whether libdevcomm_nccl.so is mapped into the process.
 """
 
@@ -30,6 +32,60 @@ def linkage():
     dynamic = "libnccl.so" in needed
     print(f"{lib}: NEEDED libnccl.so.2: {dynamic}; resolves to: {nccl or 'nothing'}")
     return 0 if dynamic else 1
+
+
+NCCL_WIN_COLL_SYMMETRIC = 0x01
+
+
+def nccl_lib():
+    """The process's NCCL entry points: the preloaded shim's when it is mapped (the global
+    scope finds its symbols first), else the real library PyTorch loaded."""
+    import ctypes
+
+    lib = ctypes.CDLL(None)
+    if not hasattr(lib, "ncclCommWindowRegister"):
+        import nvidia.nccl
+
+        lib = ctypes.CDLL(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))
+    lib.ncclCommWindowRegister.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int]
+    lib.ncclCommWindowDeregister.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+class Window:
+    """`nbytes` of NCCL memory (`ncclMemAlloc`, through PyTorch's NCCL memory pool) registered
+    as a symmetric NCCL window on the default group's communicator, as vLLM and PyTorch's
+    NCCL symmetric memory do. `tensor(dtype, n, offset)` is a view of it."""
+
+    def __init__(self, nbytes):
+        import ctypes
+        import torch
+        import torch.distributed as dist
+
+        dev = torch.device("cuda", torch.cuda.current_device())
+        backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
+        self.pool = torch.cuda.MemPool(backend.mem_allocator)
+        with torch.cuda.use_mem_pool(self.pool):
+            self.buf = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
+        torch.cuda.synchronize()
+        self.lib, self.comm, self.win = nccl_lib(), ctypes.c_void_p(backend._comm_ptr()), ctypes.c_void_p()
+        r = self.lib.ncclCommWindowRegister(self.comm, self.buf.data_ptr(), nbytes, ctypes.byref(self.win), NCCL_WIN_COLL_SYMMETRIC)
+        if r != 0:
+            raise RuntimeError(f"ncclCommWindowRegister: NCCL result {r}")
+
+    def tensor(self, dtype, n, offset=0):
+        import torch
+
+        es = torch.empty(0, dtype=dtype).element_size()
+        return self.buf[offset : offset + n * es].view(dtype)
+
+    def close(self):
+        import torch
+
+        torch.cuda.synchronize()
+        r = self.lib.ncclCommWindowDeregister(self.comm, self.win)
+        if r != 0:
+            raise RuntimeError(f"ncclCommWindowDeregister: NCCL result {r}")
 
 
 def run(out):
@@ -83,21 +139,48 @@ def run(out):
             r.wait()
         res[f"send_recv/{n}"] = y.cpu()
     dist.barrier()
-    # A CUDA graph of an all-reduce, replayed twice.
-    x = data(1 << 16, torch.float32, 7)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        dist.all_reduce(x)  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    x.copy_(data(1 << 16, torch.float32, 7))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        dist.all_reduce(x)
-    g.replay()
-    g.replay()
-    torch.cuda.synchronize()
-    res["graph_all_reduce"] = x.cpu()
+    def graph_twice(x, salt):
+        """`x` (filled from `salt`) all-reduced by a CUDA graph replayed twice, after a warm-up
+        call outside the capture."""
+        x.copy_(data(x.numel(), x.dtype, salt))
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            dist.all_reduce(x)
+        torch.cuda.current_stream().wait_stream(s)
+        x.copy_(data(x.numel(), x.dtype, salt))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            dist.all_reduce(x)
+        g.replay()
+        g.replay()
+        torch.cuda.synchronize()
+        return x.cpu()
+
+    res["graph_all_reduce"] = graph_twice(torch.empty(1 << 16, device=dev), 7)
+    # Window buffers (ncclMemAlloc + ncclCommWindowRegister): under the shim devcomm adopts them
+    # into its memory pool and takes its zero-copy paths.
+    n_max = 1 << 20
+    win = Window(2 * world * n_max * 4)
+    for dt in [torch.float32, torch.bfloat16]:
+        for n in [1000, n_max]:
+            x = win.tensor(dt, n)
+            x.copy_(data(n, dt, 8))
+            dist.all_reduce(x)
+            res[f"window/all_reduce/{dt}/{n}"] = x.cpu()
+            x = win.tensor(dt, n * world)
+            x.copy_(data(n * world, dt, 9))
+            y = win.tensor(dt, n, offset=world * n_max * 4)
+            dist.reduce_scatter_tensor(y, x)
+            res[f"window/reduce_scatter/{dt}/{n}"] = y.cpu()
+            x = win.tensor(dt, n, offset=world * n_max * 4)
+            x.copy_(data(n, dt, 10))
+            y = win.tensor(dt, n * world)
+            dist.all_gather_into_tensor(y, x)
+            res[f"window/all_gather/{dt}/{n}"] = y.cpu()
+    res["window/graph_all_reduce"] = graph_twice(win.tensor(torch.float32, 1 << 16), 11)
+    dist.barrier()
+    win.close()
     os.makedirs(out, exist_ok=True)
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()
@@ -108,7 +191,7 @@ def run(out):
 def compare(a, b):
     import torch
 
-    bad = 0
+    bad = compared = 0
     ranks = sorted(f for f in os.listdir(a) if f.endswith(".pt"))
     if not ranks:
         print(f"no results in {a}")
@@ -119,12 +202,13 @@ def compare(a, b):
         for k in sorted(ra):
             if k == "shim_loaded":
                 continue
+            compared += 1
             x, y = ra[k], rb.get(k)
             same = y is not None and x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.view(torch.uint8), y.view(torch.uint8))
             if not same:
                 bad += 1
                 print(f"  DIFFERS: {k}")
-    print(f"{bad} result(s) differ")
+    print(f"{bad} of {compared} result(s) differ ({sum(k.startswith('window/') for k in ra)} of a rank's on window buffers)")
     return 1 if bad else 0
 
 

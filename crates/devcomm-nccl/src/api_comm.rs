@@ -455,7 +455,8 @@ pub extern "C" fn ncclCommDeregister(c: NcclCommT, handle: *mut c_void) -> NcclR
     })
 }
 
-/// `ncclCommWindowRegister`: NCCL's window.
+/// `ncclCommWindowRegister`: NCCL's window, and the buffer adopted into devcomm's memory pool
+/// so that devcomm's calls on it take the zero-copy paths (`window`).
 #[no_mangle]
 pub extern "C" fn ncclCommWindowRegister(
     c: NcclCommT,
@@ -464,23 +465,31 @@ pub extern "C" fn ncclCommWindowRegister(
     win: *mut NcclWindowT,
     flags: c_int,
 ) -> NcclResult {
-    guarded("ncclCommWindowRegister", || {
-        forward("ncclCommWindowRegister", c, |l, nc| {
+    const CALL: &str = "ncclCommWindowRegister";
+    guarded(CALL, || match resolve(CALL, c)? {
+        Handle::Inner(nc) => comm::nccl_call(CALL, nc, |l, nc| {
             l.comm_window_register
-                // SAFETY: NCCL\'s prototype, the caller\'s arguments unchanged.
+                // SAFETY: NCCL's prototype, the caller's arguments unchanged.
                 .map(|f| unsafe { f(nc, buff, size, win, flags) })
-        })
+        }),
+        // SAFETY: NCCL's contract for the buffer and `win`.
+        Handle::Shim(comm) => unsafe {
+            crate::window::register(&comm, buff, size, win, flags, crate::group::in_group())
+        },
     })
 }
 
 /// `ncclCommWindowDeregister`.
 #[no_mangle]
 pub extern "C" fn ncclCommWindowDeregister(c: NcclCommT, win: NcclWindowT) -> NcclResult {
-    guarded("ncclCommWindowDeregister", || {
-        forward("ncclCommWindowDeregister", c, |l, nc| {
-            // SAFETY: NCCL\'s prototype, the caller\'s arguments unchanged.
+    const CALL: &str = "ncclCommWindowDeregister";
+    guarded(CALL, || match resolve(CALL, c)? {
+        Handle::Inner(nc) => comm::nccl_call(CALL, nc, |l, nc| {
+            // SAFETY: NCCL's prototype, the caller's arguments unchanged.
             l.comm_window_deregister.map(|f| unsafe { f(nc, win) })
-        })
+        }),
+        // SAFETY: NCCL's contract for `win`.
+        Handle::Shim(comm) => unsafe { crate::window::deregister(&comm, win) },
     })
 }
 

@@ -42,6 +42,8 @@ pub struct ShimComm {
     async_error: AtomicI32,
     /// Splits of this communicator so far (their store keys).
     pub(crate) splits: AtomicU64,
+    /// Its windows (`ncclCommWindowRegister`).
+    pub(crate) windows: crate::window::Windows,
 }
 
 // The raw NCCL communicator is an opaque pointer NCCL lets any thread use.
@@ -475,6 +477,7 @@ pub fn build(
         stream: Mutex::new(None),
         async_error: AtomicI32::new(0),
         splits: AtomicU64::new(0),
+        windows: crate::window::Windows::default(),
     })
 }
 

@@ -16,6 +16,7 @@
 //! | [`fallback`] | the real NCCL, loaded by path |
 //! | [`group`] | group semantics, send/recv of a group |
 //! | [`p2p_schedule`] | the order of a group's sends and recvs (a pure function) |
+//! | [`window`] | NCCL's windows adopted into devcomm's memory pool |
 //! | [`error`] | result codes and the last error's text |
 //! | `api_comm`, `api_ops` | the exported functions |
 #![warn(missing_docs)]
@@ -31,3 +32,4 @@ pub mod p2p_schedule;
 pub mod route;
 pub mod split;
 pub mod unique_id;
+pub mod window;

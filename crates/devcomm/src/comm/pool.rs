@@ -140,6 +140,31 @@ impl Comm {
             .grow(bytes, |ptr, bytes| self.network_key(ptr, bytes))
     }
 
+    /// Collective: adds `[ptr, ptr + bytes)`, device memory of this rank's GPU that the caller
+    /// allocated (`cuMemAlloc`, or `cuMemCreate` with a shareable handle, as `ncclMemAlloc`
+    /// does), to the memory pool as a segment that nothing allocates from; returns its index.
+    /// Calls on addresses inside it take the zero-copy paths as pool memory does (peers read
+    /// and write it in place), with the same results bit for bit. Every rank adopts the same
+    /// size, at the same point among the collective setup calls; a mismatch, memory that
+    /// overlaps the pool, or memory that cannot be shared fails on every rank alike, nothing
+    /// adopted. This is how NCCL's window registration reaches devcomm (docs/NCCL.md).
+    ///
+    /// # Safety
+    ///
+    /// `[ptr, ptr + bytes)` must stay allocated until [`Comm::pool_release`] of the returned
+    /// segment (or the communicator's drop) has returned on every rank: peers write into it.
+    pub unsafe fn pool_adopt(&self, ptr: u64, bytes: usize) -> Result<usize> {
+        self.pool
+            .adopt(ptr, bytes, |ptr, bytes| self.network_key(ptr, bytes))
+    }
+
+    /// Collective: removes the adopted segment `segment` ([`Comm::pool_adopt`]) from the
+    /// pool; once it returns no peer maps this rank's memory and the caller may free it. A
+    /// segment that is not adopted memory is refused on every rank.
+    pub fn pool_release(&self, segment: usize) -> Result<()> {
+        self.pool.release_adopted(segment)
+    }
+
     /// The pool's allocator: local allocation, free and lookup without a borrow of the
     /// communicator (for bindings; [`Comm::alloc`] is the typed form).
     pub fn pool(&self) -> PoolAllocator {

@@ -11,10 +11,15 @@
 //! 256-byte-aligned slices, first fit in a fixed order, so ranks that allocate the same sizes
 //! in the same order get the same offsets (the slices are then symmetric, as with PyTorch's
 //! symmetric memory); nothing checks that, so a call that relies on it compares the offsets.
+//!
+//! Memory the caller allocated can join the pool too ([`Pool::adopt`]): registered the same
+//! way, found by the same lookups (so calls on it take the zero-copy paths), but never
+//! allocated from, and released collectively by its owner ([`Pool::release_adopted`]). That
+//! is how NCCL's window buffers (`ncclCommWindowRegister`) reach devcomm's zero-copy paths.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::pool_alloc::{locate, AllocError, FreeError, SubAllocator};
+use super::pool_alloc::{locate, overlapping, AllocError, FreeError, SubAllocator};
 use super::{check_same_size, MappedMemory, NetworkKey, Registry};
 use crate::cuda::vmm::PhysicalMemory;
 use crate::cuda::{self, with_rank};
@@ -65,13 +70,20 @@ struct SegmentView {
     handle: u64,
     peer_table: u64,
     peer_bases: Arc<[u64]>,
+    /// The sub-allocator's index of a grown segment; `None` for adopted memory, which
+    /// nothing allocates from.
+    alloc: Option<usize>,
 }
 
 #[derive(Debug, Default)]
 struct State {
     alloc: SubAllocator,
+    /// Grown and adopted segments, in creation order (the same on every rank).
     segments: Vec<SegmentView>,
-    /// `(base, bytes)` of every segment, for [`locate`].
+    /// The segment of each of the sub-allocator's segments.
+    allocated_in: Vec<usize>,
+    /// `(base, bytes)` of every segment, for [`locate`]; `(0, 0)` once an adopted segment is
+    /// released (no range lies in it).
     bounds: Vec<(u64, u64)>,
     /// Set when the communicator tears the pool down: the memory is gone.
     closed: bool,
@@ -116,7 +128,10 @@ impl PoolAllocator {
             return Err(torn_down("pool alloc", rank));
         }
         match st.alloc.alloc(bytes) {
-            Ok(p) => Ok(location(&st.segments[p.segment], p.segment, p.offset)),
+            Ok(p) => {
+                let segment = st.allocated_in[p.segment];
+                Ok(location(&st.segments[segment], segment, p.offset))
+            }
             Err(AllocError::Exhausted { requested, rounded }) => {
                 let usage = st.alloc.usage();
                 Err(Error::PoolExhausted {
@@ -151,7 +166,12 @@ impl PoolAllocator {
         };
         let (segment, offset) =
             locate(&st.bounds, ptr, 1).ok_or_else(|| not_ours("lies in no segment of the pool"))?;
-        st.alloc.free(segment, offset).map_err(|e| match e {
+        let Some(index) = st.segments[segment].alloc else {
+            return Err(not_ours(
+                "lies in memory adopted into the pool (the caller's, never allocated from)",
+            ));
+        };
+        st.alloc.free(index, offset).map_err(|e| match e {
             FreeError::NotAllocated { .. } | FreeError::NoSegment { .. } => not_ours(&format!(
                 "(segment {segment}, offset {offset}) is not the start of a live allocation \
                  (freed already, or inside one)"
@@ -175,10 +195,11 @@ impl PoolAllocator {
     pub fn allocation_bytes(&self, ptr: u64) -> Option<u64> {
         let st = self.lock();
         let (segment, offset) = locate(&st.bounds, ptr, 1)?;
-        st.alloc.allocated(segment, offset)
+        st.alloc.allocated(st.segments[segment].alloc?, offset)
     }
 
-    /// The segments' sizes, free bytes and live allocations.
+    /// The grown segments' sizes, free bytes and live allocations (adopted memory is not
+    /// counted: nothing is allocated from it).
     pub fn usage(&self) -> PoolUsage {
         self.lock().alloc.usage()
     }
@@ -210,13 +231,21 @@ struct Segment {
     memory: MappedMemory,
 }
 
+/// What the pool holds collectively: its grown segments (memory it owns) and the adopted
+/// ones (the caller's memory: the segment's index and its registration).
+#[derive(Debug, Default)]
+struct Owned {
+    grown: Vec<Segment>,
+    adopted: Vec<(usize, u64)>,
+}
+
 /// The pool a communicator owns: its segments' memory and registrations, and the shared
 /// bookkeeping its [`PoolAllocator`]s use.
 #[derive(Debug)]
 pub(crate) struct Pool {
     shared: Arc<Shared>,
-    /// Segments in creation order; the lock also orders concurrent `grow` calls.
-    segments: Mutex<Vec<Segment>>,
+    /// Segments in creation order; the lock also orders concurrent `grow` and `adopt` calls.
+    segments: Mutex<Owned>,
     registry: Arc<Registry>,
     group: Arc<Group>,
 }
@@ -229,7 +258,7 @@ impl Pool {
                 rank: group.rank,
                 state: Mutex::new(State::default()),
             }),
-            segments: Mutex::new(Vec::new()),
+            segments: Mutex::new(Owned::default()),
             registry,
             group: group.clone(),
         }
@@ -289,26 +318,121 @@ impl Pool {
         let handle = self
             .registry
             .register(group, ptr, capacity, || network(ptr, capacity))?;
-        let peer_bases: Arc<[u64]> = (0..group.world_size)
-            .map(|p| self.registry.get_nvlink_address(handle, p).unwrap_or(0))
-            .collect();
-        let view = SegmentView {
-            base: ptr,
-            bytes: capacity as u64,
-            handle,
-            peer_table: self.registry.peer_table(handle).unwrap_or(0),
-            peer_bases,
-        };
-        segments.push(Segment {
+        segments.grown.push(Segment {
             handle,
             memory: local,
         });
+        let view = self.view(handle, ptr, capacity as u64);
         let mut st = self.allocator_state();
-        let index = st.alloc.add_segment(capacity as u64);
+        let index = st.segments.len();
+        let alloc = st.alloc.add_segment(capacity as u64);
+        st.allocated_in.push(index);
         st.bounds.push((ptr, capacity as u64));
-        st.segments.push(view);
+        st.segments.push(SegmentView {
+            alloc: Some(alloc),
+            ..view
+        });
         log::debug!("rank {rank}: memory pool segment {index}: {capacity} bytes at {ptr:#x}");
         Ok(index)
+    }
+
+    /// Collective over all ranks: adds `[ptr, ptr+bytes)`, device memory the caller allocated
+    /// and keeps, as a segment that nothing allocates from but every lookup finds, registered
+    /// like a grown segment (`network` as in [`grow`](Self::grow)); returns its index. Every
+    /// rank adopts the same size (checked after the registration, which is then undone on
+    /// every rank alike); memory that overlaps a segment of the pool is refused on every
+    /// rank. The memory must stay allocated until [`release_adopted`](Self::release_adopted)
+    /// (or the pool's end) has returned on every rank.
+    pub(crate) fn adopt(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        network: impl FnOnce(u64, usize) -> Result<Option<NetworkKey>>,
+    ) -> Result<usize> {
+        let group = &self.group;
+        let rank = group.rank;
+        let mut owned = self.segments.lock().unwrap_or_else(PoisonError::into_inner);
+        let refused = |reason: String| Error::InvalidArgument {
+            op: "pool_adopt",
+            reason: format!("rank {rank}: {reason}"),
+        };
+        let args = match ptr.checked_add(bytes as u64) {
+            _ if ptr == 0 || bytes == 0 => Err(refused(format!(
+                "{bytes} bytes at {ptr:#x}: nothing to adopt"
+            ))),
+            None => Err(refused(format!("{bytes} bytes at {ptr:#x} overflow"))),
+            Some(end) => match overlapping(&self.allocator_state().bounds, ptr, end) {
+                Some(s) => Err(refused(format!(
+                    "[{ptr:#x}, {end:#x}) overlaps segment {s} of the pool"
+                ))),
+                None => Ok(()),
+            },
+        };
+        group.agree("pool adopt: arguments", args)?;
+        let handle = self
+            .registry
+            .register(group, ptr, bytes, || network(ptr, bytes))?;
+        // Every rank sees every rank's size, so every rank undoes a mismatch alike.
+        let sizes = self.registry.sizes(handle).unwrap_or_default();
+        if sizes.iter().any(|&s| s != bytes as u64) {
+            self.registry.deregister(group, handle)?;
+            return Err(Error::InvalidArgument {
+                op: "pool_adopt",
+                reason: format!(
+                    "ranks adopt different sizes (by rank, bytes): {}",
+                    sizes
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+        let view = self.view(handle, ptr, bytes as u64);
+        let mut st = self.allocator_state();
+        let index = st.segments.len();
+        st.bounds.push((ptr, bytes as u64));
+        st.segments.push(view);
+        owned.adopted.push((index, handle));
+        log::debug!("rank {rank}: memory pool segment {index}: {bytes} bytes adopted at {ptr:#x}");
+        Ok(index)
+    }
+
+    /// Collective over all ranks: removes the adopted segment `segment` from the pool (no
+    /// lookup finds it from here on) and releases its registration on every rank
+    /// ([`Registry::deregister`]: once it returns, no peer maps this rank's memory and the
+    /// owner may free it). A segment that is not adopted memory of this pool is refused on
+    /// every rank.
+    pub(crate) fn release_adopted(&self, segment: usize) -> Result<()> {
+        let group = &self.group;
+        let mut owned = self.segments.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = owned.adopted.iter().position(|&(s, _)| s == segment);
+        let args = at.ok_or_else(|| Error::InvalidArgument {
+            op: "pool_release",
+            reason: format!(
+                "rank {}: segment {segment} is not adopted memory of this pool (released \
+                 already, or a grown segment, which goes with the communicator)",
+                group.rank
+            ),
+        });
+        let at = group.agree("pool release: arguments", args)?;
+        let (_, handle) = owned.adopted.remove(at);
+        self.allocator_state().bounds[segment] = (0, 0);
+        self.registry.deregister(group, handle)
+    }
+
+    /// The lookups' view of a registered segment (not allocated from until the caller says).
+    fn view(&self, handle: u64, base: u64, bytes: u64) -> SegmentView {
+        SegmentView {
+            base,
+            bytes,
+            handle,
+            peer_table: self.registry.peer_table(handle).unwrap_or(0),
+            peer_bases: (0..self.group.world_size)
+                .map(|p| self.registry.get_nvlink_address(handle, p).unwrap_or(0))
+                .collect(),
+            alloc: None,
+        }
     }
 
     fn allocator_state(&self) -> MutexGuard<'_, State> {
@@ -326,8 +450,20 @@ impl Drop for Pool {
             st.closed = true;
             st.alloc.usage().allocations
         };
-        let segments =
-            std::mem::take(&mut *self.segments.lock().unwrap_or_else(PoisonError::into_inner));
+        let Owned {
+            grown: segments,
+            adopted,
+        } = std::mem::take(&mut *self.segments.lock().unwrap_or_else(PoisonError::into_inner));
+        // Collective, in creation order (as every rank's): adopted memory's registrations
+        // first (the memory is the caller's), then the grown segments'.
+        for (index, handle) in adopted {
+            if let Err(e) = self.registry.deregister(&self.group, handle) {
+                log::warn!(
+                    "devcomm: rank {}: releasing adopted memory (pool segment {index}): {e}",
+                    self.group.rank
+                );
+            }
+        }
         if live > 0 && !segments.is_empty() {
             log::warn!(
                 "devcomm: rank {}: the memory pool goes with its communicator while {live} \
@@ -335,8 +471,8 @@ impl Drop for Pool {
                 self.group.rank
             );
         }
-        // Collective, in creation order (as every rank's): each segment's registration is
-        // released on every rank before this rank unmaps its memory.
+        // Each grown segment's registration is released on every rank before this rank
+        // unmaps its memory.
         for segment in segments {
             if let Err(e) = self.registry.deregister(&self.group, segment.handle) {
                 log::warn!(

@@ -166,6 +166,15 @@ pub(crate) fn locate(segments: &[(u64, u64)], ptr: u64, bytes: u64) -> Option<(u
     })
 }
 
+/// The first of `segments` (as `(base, size)`) that shares a byte with `[start, end)`: where
+/// memory adopted into a pool would overlap a segment it has.
+pub(crate) fn overlapping(segments: &[(u64, u64)], start: u64, end: u64) -> Option<usize> {
+    segments.iter().position(|&(base, size)| {
+        let limit = base.saturating_add(size);
+        size > 0 && start < limit && base < end
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,5 +393,18 @@ mod tests {
         assert_eq!(locate(&segs, 0x50_2000, 0), None);
         assert_eq!(locate(&segs, u64::MAX, 2), None);
         assert_eq!(locate(&[], 0x10_0000, 1), None);
+    }
+
+    #[test]
+    fn overlaps_are_found_and_touching_ranges_are_not() {
+        let segs = [(0x1000, 0x1000), (0, 0), (0x4000, 0x100)];
+        assert_eq!(overlapping(&segs, 0x1fff, 0x3000), Some(0));
+        assert_eq!(overlapping(&segs, 0x0, 0x1001), Some(0));
+        assert_eq!(overlapping(&segs, 0x0, 0x1000), None);
+        assert_eq!(overlapping(&segs, 0x2000, 0x4000), None);
+        assert_eq!(overlapping(&segs, 0x3000, 0x5000), Some(2));
+        assert_eq!(overlapping(&segs, 0x0, u64::MAX), Some(0));
+        // A released segment, (0, 0), overlaps nothing.
+        assert_eq!(overlapping(&[(0, 0)], 0, 0x10), None);
     }
 }

@@ -60,6 +60,12 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, _| verified(pool_cases::check_pool(cx)),
     },
     Check {
+        name: "reduce_pool_adopted",
+        ranks: Ranks::AtLeast(2),
+        about: "caller's memory adopted into the pool: zero-copy bitwise, refusals, release",
+        run: |cx, _| verified(pool_cases::check_pool_adopted(cx)),
+    },
+    Check {
         name: "reduce_pool_prefixes",
         ranks: Ranks::AtLeast(2),
         about: "batch invariance across zero-copy and staged: every prefix equals the whole's",

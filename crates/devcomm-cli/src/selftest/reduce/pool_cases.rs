@@ -55,9 +55,11 @@ fn from_bytes<N: HostNum>(b: &[u8]) -> Vec<N> {
         .collect()
 }
 
-/// A device buffer of the call: a pool slice or an ordinary allocation, with its address.
+/// A device buffer of the call: a pool slice, a place in adopted memory, or an ordinary
+/// allocation, with its address.
 enum Buf<'c> {
     Pool(PoolSlice<'c>),
+    Adopted(u64),
     Plain {
         _alloc: cudarc::driver::CudaSlice<u8>,
         ptr: u64,
@@ -68,17 +70,47 @@ impl Buf<'_> {
     fn ptr(&self) -> u64 {
         match self {
             Buf::Pool(s) => s.ptr(),
-            Buf::Plain { ptr, .. } => *ptr,
+            Buf::Adopted(ptr) | Buf::Plain { ptr, .. } => *ptr,
         }
     }
 }
 
-/// A buffer holding `host`, in the pool or not.
-fn buffer<'c, N: HostNum>(cx: &'c Ctx, pooled: bool, host: &[N]) -> Result<Buf<'c>, String> {
+/// Memory adopted into the pool (`Comm::pool_adopt`), handed out front to back: every rank
+/// takes the same sizes in the same order, so its places are symmetric.
+pub(super) struct Arena {
+    base: u64,
+    bytes: u64,
+    next: std::cell::Cell<u64>,
+}
+
+impl Arena {
+    /// The next `bytes` (256-byte aligned), or an error when the arena is full.
+    fn take(&self, bytes: u64) -> Result<u64, String> {
+        let at = self.next.get();
+        let end = at + bytes.max(1).next_multiple_of(256);
+        if end > self.bytes {
+            return Err(format!("the adopted arena of {} bytes is full", self.bytes));
+        }
+        self.next.set(end);
+        Ok(self.base + at)
+    }
+}
+
+/// A buffer holding `host`: in the pool (a slice of it, or a place in `arena`, adopted
+/// memory) or not.
+fn buffer<'c, N: HostNum>(
+    cx: &'c Ctx,
+    pooled: bool,
+    arena: Option<&Arena>,
+    host: &[N],
+) -> Result<Buf<'c>, String> {
     let bytes = bytes_of(host);
     let src = cx.stream.clone_htod(&bytes).map_err(err)?;
     let buf = if pooled {
-        Buf::Pool(cx.comm.alloc(bytes.len().max(1) as u64).map_err(err)?)
+        match arena {
+            Some(a) => Buf::Adopted(a.take(bytes.len() as u64)?),
+            None => Buf::Pool(cx.comm.alloc(bytes.len().max(1) as u64).map_err(err)?),
+        }
     } else {
         let b = cx.stream.alloc_zeros::<u8>(bytes.len().max(1)).map_err(err)?;
         let p = {
@@ -129,12 +161,14 @@ fn out_len(c: &Case, w: usize) -> usize {
 
 /// Runs one case with its buffers placed as `at` says; checks the plan took `want` (when
 /// given), the result against the host reference, the guards, and (all-reduce) that every rank
-/// holds the same bits. Returns the output's hash.
-pub(super) fn run_pool_case<N: HostNum>(
+/// holds the same bits. Returns the output's hash. The pooled buffers are pool slices, or
+/// places in `arena` (adopted memory) when given.
+fn run_pool_case<N: HostNum>(
     cx: &Ctx,
     c: &Case,
     at: Place,
     want: Option<Algorithm>,
+    arena: Option<&Arena>,
 ) -> Result<u64, String> {
     let w = cx.comm.world_size();
     let what = format!("{} ({at:?})", c.what::<N>());
@@ -144,9 +178,12 @@ pub(super) fn run_pool_case<N: HostNum>(
     host.extend_from_slice(&e.initial);
     host.extend(std::iter::repeat_n(N::poison(), GUARD));
     let es = std::mem::size_of::<N>();
-    ensure_room(&cx.comm, (host.len() + e.input.len()) * es + 4096)?;
-    let input = buffer(cx, at.input && !c.in_place, &e.input)?;
-    let outbuf = buffer(cx, at.output || (c.in_place && at.input), &host)?;
+    match arena {
+        Some(a) => a.next.set(0),
+        None => ensure_room(&cx.comm, (host.len() + e.input.len()) * es + 4096)?,
+    }
+    let input = buffer(cx, at.input && !c.in_place, arena, &e.input)?;
+    let outbuf = buffer(cx, at.output || (c.in_place && at.input), arena, &host)?;
     let out = outbuf.ptr() + (GUARD * es) as u64;
     let (i, o) = (input.ptr(), out);
     if let Some(want) = want {
@@ -233,7 +270,12 @@ fn sizes_and_places<N: HostNum>(cx: &Ctx) -> Vec<(usize, Place)> {
 
 /// Every collective x in/out of place x pool arrangement of one type, at sizes around the
 /// zero-copy one-shot's limit; each against the host reference and the ordinary buffers' call.
-fn pool_cases_of<N: HostNum>(cx: &Ctx, ops: &[ReduceOp], tag: &mut u64) -> Result<usize, String> {
+fn pool_cases_of<N: HostNum>(
+    cx: &Ctx,
+    ops: &[ReduceOp],
+    tag: &mut u64,
+    arena: Option<&Arena>,
+) -> Result<usize, String> {
     let es = std::mem::size_of::<N>();
     let mut n = 0;
     for (count, at) in sizes_and_places::<N>(cx) {
@@ -261,7 +303,7 @@ fn pool_cases_of<N: HostNum>(cx: &Ctx, ops: &[ReduceOp], tag: &mut u64) -> Resul
                         tag: *tag,
                     };
                     let want = zero_copy_algorithm(cx, &c, es, at);
-                    let pooled = run_pool_case::<N>(cx, &c, at, want)?;
+                    let pooled = run_pool_case::<N>(cx, &c, at, want, arena)?;
                     let plain = run_case::<N>(cx, &c)?;
                     if pooled != plain {
                         return Err(format!(
@@ -282,18 +324,100 @@ fn pool_cases_of<N: HostNum>(cx: &Ctx, ops: &[ReduceOp], tag: &mut u64) -> Resul
 pub(super) fn check_pool(cx: &Ctx) -> Check {
     let mut tag = 50_000u64;
     let all = ReduceOp::ALL;
-    let n = pool_cases_of::<f32>(cx, &all, &mut tag)?
-        + pool_cases_of::<bf16>(cx, &[ReduceOp::Sum, ReduceOp::Avg], &mut tag)?
-        + pool_cases_of::<f16>(cx, &[ReduceOp::Max], &mut tag)?
-        + pool_cases_of::<i32>(cx, &[ReduceOp::Sum], &mut tag)?
-        + pool_cases_of::<u8>(cx, &[ReduceOp::Min], &mut tag)?
-        + pool_cases_of::<f64>(cx, &[ReduceOp::Sum], &mut tag)?;
+    let n = pool_cases_of::<f32>(cx, &all, &mut tag, None)?
+        + pool_cases_of::<bf16>(cx, &[ReduceOp::Sum, ReduceOp::Avg], &mut tag, None)?
+        + pool_cases_of::<f16>(cx, &[ReduceOp::Max], &mut tag, None)?
+        + pool_cases_of::<i32>(cx, &[ReduceOp::Sum], &mut tag, None)?
+        + pool_cases_of::<u8>(cx, &[ReduceOp::Min], &mut tag, None)?
+        + pool_cases_of::<f64>(cx, &[ReduceOp::Sum], &mut tag, None)?;
     Ok(format!(
         "{n} cases (f32 x 4 ops, bf16 sum/avg, f16 max, i32 sum, u8 min, f64 sum; all-reduce, \
          reduce-scatter, all-gather; in/out of place; input, output or both in the pool; 1 \
          element to 3 MiB, both sides of the line one-shot's and the zero-copy one-shot's limits): the planned zero-copy \
          algorithm, bitwise equal to the host reference and to ordinary buffers"
     ))
+}
+
+/// Memory the caller allocated (`cuMemAlloc`, as NCCL windows of `cudaMalloc` memory are)
+/// adopted into the pool: found by lookups, never allocated from or freed by the pool; the
+/// zero-copy paths on it bitwise equal to the host reference and to ordinary buffers (f32 sum
+/// and max, bf16 sum, every collective and arrangement as `reduce_pool`); overlapping memory
+/// and ranks adopting different sizes refused on every rank; released collectively, after
+/// which lookups miss it and a second release is refused.
+pub(super) fn check_pool_adopted(cx: &Ctx) -> Check {
+    let comm = &cx.comm;
+    let w = comm.world_size();
+    let bytes = (2 * w * (4 << 20) + (1 << 20)).next_multiple_of(1 << 20);
+    let memory = devcomm::testing::DeviceBuffer::zeroed(comm.context(), bytes).map_err(err)?;
+    devcomm::testing::synchronize(comm.context()).map_err(err)?;
+    let base = memory.ptr();
+    // SAFETY: `memory` is `bytes` bytes, released below (or by the communicator's drop,
+    // before `memory` is freed at the end of this function on the error paths too: the
+    // release is collective and the check's communicator outlives it).
+    let segment = unsafe { comm.pool_adopt(base, bytes) }.map_err(err)?;
+    let released = std::cell::Cell::new(false);
+    let result = (|| -> Check {
+        let at = comm
+            .pool_lookup(base + 4096, 256)
+            .ok_or("adopted memory is not found by a lookup")?;
+        if at.segment != segment || at.offset != 4096 {
+            return Err(format!("lookup: {at:?}, expected segment {segment} at 4096"));
+        }
+        // SAFETY: the address is refused (it is adopted memory, never allocated from).
+        if unsafe { comm.pool().free(base) }.is_ok() {
+            return Err("the pool freed adopted memory".into());
+        }
+        if comm.pool_usage().segments.len() > segment + 1 {
+            return Err("adopted memory counted as an allocatable segment".into());
+        }
+        // Overlapping memory: refused on every rank.
+        // SAFETY: nothing is adopted (refused); the range lies in `memory`.
+        // (The argument agreement reports each rank's refusal.)
+        match unsafe { comm.pool_adopt(base + 4096, 8192) } {
+            Err(e) if e.to_string().contains("overlaps segment") => {}
+            other => return Err(format!("overlapping memory: {other:?}, expected a refusal")),
+        }
+        // Different sizes: refused on every rank (rank 0 adopts 256 bytes less).
+        let second = devcomm::testing::DeviceBuffer::zeroed(comm.context(), 1 << 20).map_err(err)?;
+        devcomm::testing::synchronize(comm.context()).map_err(err)?;
+        let size = (1 << 20) - if comm.rank() == 0 { 256 } else { 0 };
+        // SAFETY: `second` holds `size` bytes and outlives the (undone) registration.
+        match unsafe { comm.pool_adopt(second.ptr(), size) } {
+            Err(e) if e.to_string().contains("different sizes") => {}
+            other => return Err(format!("different sizes: {other:?}, expected a refusal")),
+        }
+        drop(second);
+        let arena = Arena {
+            base,
+            bytes: bytes as u64,
+            next: std::cell::Cell::new(0),
+        };
+        let mut tag = 58_000u64;
+        let n = pool_cases_of::<f32>(cx, &[ReduceOp::Sum, ReduceOp::Max], &mut tag, Some(&arena))?
+            + pool_cases_of::<bf16>(cx, &[ReduceOp::Sum], &mut tag, Some(&arena))?;
+        comm.pool_release(segment).map_err(err)?;
+        released.set(true);
+        if comm.pool_lookup(base + 4096, 256).is_some() {
+            return Err("released adopted memory is still found by a lookup".into());
+        }
+        if comm.pool_release(segment).is_ok() {
+            return Err("a second release of adopted memory succeeded".into());
+        }
+        Ok(format!(
+            "{bytes} bytes of cuMemAlloc memory adopted as segment {segment}: lookups find it, \
+             the pool never frees it; overlapping memory and unequal sizes refused on every \
+             rank; {n} cases (f32 sum/max, bf16 sum; every collective, in/out of place, every \
+             arrangement, 1 element to 3 MiB) bitwise equal to the host reference and to \
+             ordinary buffers; released, then no longer found and not released twice"
+        ))
+    })();
+    if !released.get() {
+        // Collective on every rank that failed before its release (a failure above is a
+        // failure of every rank's check: the calls agree).
+        let _ = comm.pool_release(segment);
+    }
+    drop(memory);
+    result
 }
 
 /// Batch invariance across the zero-copy switch: prefixes of one input, all-reduced on pool
@@ -309,8 +433,8 @@ pub(super) fn check_pool_prefixes(cx: &Ctx) -> Check {
     for k in [1usize, 1000, 65_536, 300_001, 3 << 20, big] {
         for at in [BOTH, Place { input: false, output: false }] {
             for in_place in [false, true] {
-                let x = buffer(cx, at.input && !in_place, &inputs[rank][..k])?;
-                let o = buffer(cx, at.output || (in_place && at.input), &inputs[rank][..k])?;
+                let x = buffer(cx, at.input && !in_place, None, &inputs[rank][..k])?;
+                let o = buffer(cx, at.output || (in_place && at.input), None, &inputs[rank][..k])?;
                 let i = if in_place { o.ptr() } else { x.ptr() };
                 let plan = cx
                     .comm
@@ -357,8 +481,8 @@ pub(super) fn check_pool_hooked(cx: &Ctx) -> Check {
         let mut results = Vec::new();
         let zeros = vec![0f32; n];
         for (pooled, in_place) in [(false, false), (true, false), (true, true)] {
-            let x = buffer(cx, pooled && !in_place, &inputs[rank])?;
-            let o = buffer(cx, pooled, if in_place { &inputs[rank] } else { &zeros })?;
+            let x = buffer(cx, pooled && !in_place, None, &inputs[rank])?;
+            let o = buffer(cx, pooled, None, if in_place { &inputs[rank] } else { &zeros })?;
             let i = if in_place { o.ptr() } else { x.ptr() };
             let args = HookArgs::rows(row);
             // SAFETY: both buffers hold n f32 and outlive the synchronisation below.
