@@ -14,7 +14,8 @@
 #                      unpacked: its mpich-*.data/data folder).
 # TYPES (nccl-tests' -d, default all), OPS (-o for the reductions, default all), ITERS (-n,
 # default 5), WARMUP (-w, default 2), FACTOR (-f, default 4) and TESTS (default every test)
-# narrow or lengthen the runs. Logs go to $OUT (or ./nccl-shim-out); a table of wrong counts
+# narrow or lengthen the runs; EXTRA adds nccl-tests arguments to both runs (`EXTRA="-R 2"`:
+# buffers from ncclMemAlloc registered as symmetric windows, which the shim adopts). Logs go to $OUT (or ./nccl-shim-out); a table of wrong counts
 # and bus bandwidth, shim against plain, is printed last, and with SPEED=1 also every size's
 # time and bus bandwidth, shim against plain ($OUT/speed.md). The library is taken from dist/
 # (scripts/stage.sh), else target/release/; BUILD_DIR keeps the nccl-tests build (one per MPI
@@ -73,6 +74,8 @@ for t in ${TESTS:-all_reduce reduce_scatter all_gather sendrecv alltoall broadca
   args=("${shape[@]}" -p 1 -c 1 -b "$min" -e "$max" -f "${FACTOR:-4}" -n "${ITERS:-5}"
         -w "${WARMUP:-2}" -d "${TYPES:-all}")
   case $t in all_reduce|reduce_scatter|reduce) args+=(-o "${OPS:-all}") ;; esac
+  # shellcheck disable=SC2206  # EXTRA is a list of words
+  args+=(${EXTRA:-})
   for lib in shim plain; do
     log="$out/${t}_${lib}.log"
     echo "== $t ($lib, $mode): ${launch[*]} ${t}_perf ${args[*]}"
