@@ -27,6 +27,8 @@ pub(crate) struct Group {
     pub(crate) ctx: Arc<CudaContext>,
     /// Link kind of every peer.
     pub(crate) topology: Topology,
+    /// Each peer's transport, decided at setup: what the operation families ask.
+    pub(crate) mesh: crate::mesh::Mesh,
     /// Host-mapped error record and abort flag shared by all of this communicator's kernels.
     pub(crate) errors: ErrorState,
     /// Bound of every device wait.
@@ -52,7 +54,7 @@ impl Group {
         world_size: usize,
         store: Store,
         ctx: Arc<CudaContext>,
-        topology: Topology,
+        (topology, mesh): (Topology, crate::mesh::Mesh),
         errors: ErrorState,
         config: Arc<Config>,
     ) -> Self {
@@ -67,6 +69,7 @@ impl Group {
             store,
             ctx,
             topology,
+            mesh,
             errors,
             seq: AtomicU64::new(0),
             marked_failed: false.into(),

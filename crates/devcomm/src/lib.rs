@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | 0 | `handles`, [`error`], [`config`], [`abi`] | the `#[repr(C)]` twins of the device handles; the one error type (and the network's, with the wording of its error records); every knob with its environment variable; what the kernels share with the host: constants, every launch struct and the network structs |
 //! | 1 | `cuda` | the thin layer over cudarc (VMM, IPC, host-mapped memory, device queries, graph capture, NVRTC); the only caller of cudarc's raw bindings |
-//! | 2 | [`topology`], [`device`] | link kind of every peer; the embedded CUDA headers (device API) |
+//! | 2 | [`topology`], `mesh`, [`device`] | link kind of every peer; the mesh: each peer's transport, decided once at setup (what the operation families ask instead of link kinds or network flags); the embedded CUDA headers (device API) |
 //! | 3 | [`jit`], [`trace`] | compilation through `cuda::nvrtc` with an on-disk cache; the device event rings, the GPU clock and the merge into one trace |
 //! | 4 | `group`, `kernel_load` | rank, store (`devcomm_bootstrap`), context, topology, error state and trace in one `Arc`; the one load path of the kernel modules |
 //! | 5 | [`net`], `memory` | the network transport (UCX proxy, descriptor queues, routes); symmetric allocations, registered user buffers and the memory pool |
@@ -49,6 +49,7 @@ pub mod jit;
 pub(crate) mod kernel_load;
 pub mod kernels;
 pub(crate) mod memory;
+pub(crate) mod mesh;
 pub mod moe;
 #[allow(unreachable_pub)]
 pub mod net;

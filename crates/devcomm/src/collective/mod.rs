@@ -22,7 +22,6 @@ use crate::group::{Group, KernelGate};
 use crate::jit::Jit;
 use crate::jit::KernelSpec;
 use crate::p2p::P2P;
-use crate::topology::LinkKind;
 
 pub(crate) use aliasing::{first_written_overlap, overlap, Buf};
 pub use hooks::{Hooks, RawHooks};
@@ -248,25 +247,20 @@ impl Collective {
                 reason: "row length 0".into(),
             });
         }
-        let mut net_peers = 0u32;
-        let mut net_links = 0u32;
-        for p in 0..world {
-            match group.topology.kind(p) {
-                LinkKind::SelfLink | LinkKind::Nvl => {}
-                LinkKind::Net if net.is_some() => net_links |= 1 << p,
-                other => {
-                    return Err(Error::NoPath {
-                        op: call.op,
-                        rank,
-                        peer: p,
-                        kind: other.to_string(),
-                    })
-                }
-            }
-            if p != rank && group.topology.tuned_as_net(p) {
-                net_peers |= 1 << p;
-            }
-        }
+        // Network peers are reachable when the network transport was set up (the job uses
+        // it); every other peer must be on NVLink.
+        group.mesh.check_nvlink(call.op, net.is_some())?;
+        let net_links = match net {
+            Some(_) => group
+                .mesh
+                .network_peers()
+                .iter()
+                .fold(0u32, |m, &p| m | 1 << p),
+            None => 0,
+        };
+        let net_peers = (0..world)
+            .filter(|&p| p != rank && group.topology.tuned_as_net(p))
+            .fold(0u32, |m, p| m | 1 << p);
         p2p.bind(group, stream)?;
         // A network peer is tuned as one; the network kernels are instantiated with mixed
         // tuning only.

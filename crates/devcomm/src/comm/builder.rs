@@ -244,6 +244,7 @@ impl CommBuilder {
             &device,
             &self.config,
         )?;
+        let mesh = crate::mesh::Mesh::agree(&store, &topology, setup_timeout)?;
         let errors = agree_on_store(
             &store,
             "error state",
@@ -262,7 +263,7 @@ impl CommBuilder {
             self.info.world_size,
             store,
             ctx,
-            topology,
+            (topology, mesh),
             errors,
             Arc::new(self.config.clone()),
         ));

@@ -133,11 +133,11 @@ impl Comm {
         Ok(())
     }
 
-    /// Whether the job has network links (then the collectives load their instantiation for
-    /// network peers, and the reductions and barrier take the network path;
-    /// [`Tuning::has_network_links`]).
+    /// Whether the job has network links, as the mesh decided at setup (then the collectives
+    /// load their instantiation for network peers, and the reductions and barrier take the
+    /// network path; [`Tuning::has_network_links`]).
     pub(crate) fn net_links(&self) -> bool {
-        self.net.is_some()
+        self.group.mesh.network_in_job()
     }
 
     /// The stream this communicator was built with ([`CommBuilder::stream`]), to which its

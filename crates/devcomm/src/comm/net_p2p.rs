@@ -11,11 +11,11 @@ use crate::cuda::{launch_struct, linear_launch, HostMapped};
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::Group;
 use crate::jit::Jit;
+use crate::mesh::P2PRoute;
 use crate::net::queue::queue_bytes;
-use crate::net::route::{self, NetP2PLaunch, P2PRoute, RoleView, StagingLayout};
+use crate::net::route::{self, NetP2PLaunch, StagingLayout};
 use crate::net::{ErrorSink, NetConfig, NetTransport, QueueMemory};
 use crate::p2p::{KernelKey, Transfer, NET_THREADS, P2P};
-use crate::topology::LinkKind;
 
 /// The network side of a communicator. Field order is drop order: the transport (its proxy
 /// reads the queues and staging) goes before the memory.
@@ -52,15 +52,8 @@ impl NetPeers {
     pub(crate) fn new(group: &Arc<Group>) -> Result<Option<Self>> {
         let rank = group.rank;
         let world = group.world_size;
-        let net_peers: Vec<usize> = (0..world)
-            .filter(|&p| group.topology.kind(p) == LinkKind::Net)
-            .collect();
-        let flags = group.store.all_gather(
-            "__devcomm/net/any",
-            &[u8::from(!net_peers.is_empty())],
-            group.setup_timeout,
-        )?;
-        if !flags.iter().any(|f| f.first() == Some(&1)) {
+        let net_peers = group.mesh.network_peers();
+        if !group.mesh.network_in_job() {
             return Ok(None);
         }
         let config = &group.config;
@@ -324,15 +317,10 @@ impl Drop for NetPeers {
     }
 }
 
-/// The route of a send/recv call on this communicator's topology.
+/// The route of a send/recv call: the mesh's decision.
 fn route_of(group: &Group, send: Option<Transfer>, recv: Option<Transfer>) -> Result<P2PRoute> {
-    let view = |t: Transfer| RoleView {
-        peer: t.peer,
-        bytes: t.bytes,
-        kind: (t.peer < group.world_size && t.peer != group.rank)
-            .then(|| group.topology.kind(t.peer)),
-    };
-    route::choose(group.rank, send.map(view), recv.map(view))
+    let role = |t: Transfer| (t.peer, t.bytes);
+    group.mesh.p2p_route(send.map(role), recv.map(role))
 }
 
 impl Comm {
@@ -354,10 +342,7 @@ impl Comm {
             P2PRoute::Nvlink => {
                 // An empty role with a network peer moves nothing: the NVLink path would refuse
                 // its peer.
-                let is_net = |t: &Transfer| {
-                    t.peer < self.group.world_size
-                        && self.group.topology.kind(t.peer) == LinkKind::Net
-                };
+                let is_net = |t: &Transfer| self.group.mesh.is_network(t.peer);
                 let keep = |t: Option<Transfer>| t.filter(|t| !(t.bytes == 0 && is_net(t)));
                 self.p2p
                     .launch(&self.group, &self.jit, keep(send), keep(recv), stream)

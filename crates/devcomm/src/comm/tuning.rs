@@ -7,7 +7,6 @@ use crate::collective::CollShape;
 use crate::error::Result;
 use crate::p2p::{P2PConfig, P2PLimits, Switches, TuneTable, ZcRoute};
 use crate::reduce::{Collective, DataType, Plan, ReduceLimits};
-use crate::topology::LinkKind;
 
 /// A view of a communicator's decisions ([`Comm::tuning`]).
 #[derive(Debug, Clone, Copy)]
@@ -101,7 +100,6 @@ impl<'c> Tuning<'c> {
 
     /// Whether some peer of this rank is reached over the network.
     pub fn has_network_peers(&self) -> bool {
-        let g = &self.comm.group;
-        (0..g.world_size).any(|p| g.topology.kind(p) == LinkKind::Net)
+        self.comm.group.mesh.has_network_peers()
     }
 }

@@ -257,9 +257,7 @@ impl Comm {
 
     /// Whether `peer` is another rank reached over the network.
     fn is_net_peer(&self, peer: usize) -> bool {
-        peer < self.world_size()
-            && peer != self.rank()
-            && self.topology().kind(peer) == crate::topology::LinkKind::Net
+        self.group.mesh.is_network(peer)
     }
 
     /// The send role of a zero-copy call to a network peer, as a send of the network route

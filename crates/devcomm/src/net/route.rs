@@ -1,8 +1,7 @@
 //! Send/recv with network peers (docs/NETWORK.md, "Send/recv over the network"): the pure
-//! decisions and layouts the launcher and `cuda/kernels/sendrecv_net.cu` share.
+//! layouts the launcher and `cuda/kernels/sendrecv_net.cu` share. Which route a call takes is
+//! the mesh's decision (`mesh::Mesh::p2p_route`), not this transport's.
 //!
-//! - [`choose`]: which route a call takes (NVLink kernels, the network kernel, or both side by
-//!   side for a launch that mixes the two), from the link kinds of its peers.
 //! - [`StagingLayout`]: the host-mapped staging every rank registers with UCX, the same
 //!   offsets on every rank: two signal words per peer (`READY` written by that peer's proxy:
 //!   chunks it sent here; `FREE` written by that peer's proxy: chunks of ours it consumed),
@@ -12,7 +11,6 @@
 //! - [`NetP2PLaunch`]: the kernel's argument, twin of `NetP2PLaunch` in `net_p2p.cuh`.
 
 use crate::error::{Error, Result};
-use crate::topology::LinkKind;
 
 /// Bytes of the header in front of each chunk's payload.
 pub const HEADER_BYTES: u64 = 64;
@@ -153,60 +151,6 @@ pub fn refusal(field: u64, value: u64) -> u64 {
 /// A `FREE` word's refusal, if it is one: (field, receiver's value) (pure).
 pub fn refused(word: u64) -> Option<(u64, u64)> {
     (word & REFUSED != 0).then_some(((word >> 56) & 0x7f, word & ((1 << 56) - 1)))
-}
-
-/// The route of a send/recv launch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum P2PRoute {
-    /// The NVLink kernels (`p2p`), which refuse other peers themselves.
-    Nvlink,
-    /// The network kernel: every role with bytes to move has a network peer.
-    Network,
-    /// One role each: the send role by the network kernel and the receive role by the NVLink
-    /// kernels (`send_by_network`), or the other way round; the two run side by side.
-    Split {
-        /// Whether the send role is the network one.
-        send_by_network: bool,
-    },
-}
-
-/// One role of a call, as the route decision sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RoleView {
-    /// The peer.
-    pub peer: usize,
-    /// Bytes to move.
-    pub bytes: u64,
-    /// The peer's link kind (`None` for a peer that is not a rank or is this rank: the
-    /// NVLink path reports it).
-    pub kind: Option<LinkKind>,
-}
-
-/// The route of a call with roles `send` and `recv` (pure). Empty roles move nothing and do
-/// not count. A launch whose two roles need both routes is split: each role runs on its own
-/// route, side by side.
-pub fn choose(rank: usize, send: Option<RoleView>, recv: Option<RoleView>) -> Result<P2PRoute> {
-    let roles = [send, recv].map(|r| r.filter(|r| r.bytes > 0));
-    let net = roles.map(|r| r.is_some_and(|r| r.kind == Some(LinkKind::Net)));
-    let other = roles.map(|r| r.is_some_and(|r| r.kind != Some(LinkKind::Net)));
-    if net.contains(&true) {
-        if let Some(r) = roles.iter().flatten().find(|r| r.kind.is_none()) {
-            return Err(Error::InvalidArgument {
-                op: "sendrecv",
-                reason: format!(
-                    "rank {rank}: peer {} is not another rank of the world",
-                    r.peer
-                ),
-            });
-        }
-    }
-    Ok(match (net.contains(&true), other.contains(&true)) {
-        (false, _) => P2PRoute::Nvlink,
-        (true, false) => P2PRoute::Network,
-        (true, true) => P2PRoute::Split {
-            send_by_network: net[0],
-        },
-    })
 }
 
 /// Layout of the structs shared with `net_p2p.cuh`: (C++ struct, field, offset, size of

@@ -50,7 +50,6 @@ use crate::cuda::InternalStream;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, LoadedModule};
-use crate::topology::LinkKind;
 use crate::window::Window;
 
 /// One direction of a send/recv call.
@@ -248,15 +247,7 @@ impl P2P {
                 reason: format!("peer {peer} is this rank; copy locally instead"),
             });
         }
-        match group.topology.kind(peer) {
-            LinkKind::Nvl => Ok(()),
-            other => Err(Error::NoPath {
-                op,
-                rank: group.rank,
-                peer,
-                kind: other.to_string(),
-            }),
-        }
+        group.mesh.check_nvlink_peer(op, peer)
     }
 
     /// Binds the namespace to the first stream used; another stream is refused, because two

@@ -18,7 +18,6 @@ use crate::error::{CudaResultExt, Error, Result};
 use crate::group::{Group, KernelGate};
 use crate::jit::{Jit, KernelSpec};
 use crate::memory::PoolLocation;
-use crate::topology::LinkKind;
 use crate::window::Window;
 
 /// The kernels' source (`cuda/kernels/reduce.cu`); instantiations are appended.
@@ -390,19 +389,7 @@ impl Reduce {
                 ),
             });
         }
-        for p in 0..world {
-            match group.topology.kind(p) {
-                LinkKind::SelfLink | LinkKind::Nvl => {}
-                other => {
-                    return Err(Error::NoPath {
-                        op: op_name,
-                        rank,
-                        peer: p,
-                        kind: other.to_string(),
-                    })
-                }
-            }
-        }
+        group.mesh.check_nvlink(op_name, false)?;
         let (pl, zero_copy) = self.choose(&call, (rank, world))?;
         let (in_peers, in_offset, out_peers, out_offset, layout) = match zero_copy {
             Some(pool) => zero_copy_fields(pl.algorithm, call.collective, pool),

@@ -1,60 +1,6 @@
 //! The pure decisions of the network send/recv route.
 use super::*;
 
-fn role(peer: usize, bytes: u64, kind: LinkKind) -> Option<RoleView> {
-    Some(RoleView {
-        peer,
-        bytes,
-        kind: Some(kind),
-    })
-}
-
-#[test]
-fn the_route_follows_the_peers_link_kinds() {
-    use LinkKind::{Net, Nvl, Shm};
-    assert_eq!(
-        choose(0, role(1, 8, Nvl), role(1, 8, Nvl)).unwrap(),
-        P2PRoute::Nvlink
-    );
-    assert_eq!(choose(0, role(1, 8, Net), None).unwrap(), P2PRoute::Network);
-    assert_eq!(choose(0, None, role(2, 8, Net)).unwrap(), P2PRoute::Network);
-    assert_eq!(
-        choose(0, role(1, 8, Net), role(2, 8, Net)).unwrap(),
-        P2PRoute::Network
-    );
-    // Nothing to move with the network peer: the NVLink role alone decides.
-    assert_eq!(
-        choose(0, role(1, 0, Net), role(2, 8, Nvl)).unwrap(),
-        P2PRoute::Nvlink
-    );
-    assert_eq!(choose(0, None, None).unwrap(), P2PRoute::Nvlink);
-    // A shared-memory peer stays with the NVLink path, which refuses it (NoPath).
-    assert_eq!(choose(0, role(1, 8, Shm), None).unwrap(), P2PRoute::Nvlink);
-    // Two roles on two routes: split, each on its own.
-    assert_eq!(
-        choose(3, role(1, 8, Nvl), role(2, 8, Net)).unwrap(),
-        P2PRoute::Split {
-            send_by_network: false
-        }
-    );
-    assert_eq!(
-        choose(3, role(2, 8, Net), role(1, 8, Nvl)).unwrap(),
-        P2PRoute::Split {
-            send_by_network: true
-        }
-    );
-    // A peer that is not a rank (kind unknown) beside a network peer is named as such.
-    let bad = Some(RoleView {
-        peer: 9,
-        bytes: 8,
-        kind: None,
-    });
-    let e = choose(0, bad, role(1, 8, Net)).unwrap_err().to_string();
-    assert!(e.contains("peer 9 is not another rank"), "{e}");
-    // Alone, it is left to the NVLink path's own check.
-    assert_eq!(choose(0, bad, None).unwrap(), P2PRoute::Nvlink);
-}
-
 #[test]
 fn messages_are_cut_into_whole_slots() {
     assert_eq!(chunks(0, 1024), 0);
