@@ -100,7 +100,7 @@ pub const LAYOUT: &[(&str, &str, usize, usize)] = fields!(
 );
 
 /// Launch arguments of `net_step_kernel` (`NetStep` in `cuda/devcomm/reduce.cuh`): one local
-/// step of a reduction with network peers (`src/comm/net_reduce.rs`).
+/// step of a reduction with network peers (`src/reduce/net.rs`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NetStepLaunch {

@@ -271,15 +271,10 @@ impl CommBuilder {
         let coll = Collective::new(&group, device.sm_count)?;
         let reduce = crate::reduce::launch::Reduce::new(&group, device.sm_count)?;
         let net = super::net_p2p::NetPeers::new(&group)?;
-        let net_reduce = match net {
-            Some(_) => Some(super::net_reduce::NetReduce::new(&group)?),
-            None => None,
-        };
         let registry = Arc::new(Registry::new());
         let comm = Comm {
             pool: Pool::new(&group, registry.clone()),
             net,
-            net_reduce,
             p2p,
             coll,
             reduce,

@@ -5,7 +5,6 @@ mod builder;
 mod collectives;
 mod moe;
 mod net_p2p;
-mod net_reduce;
 mod net_window;
 mod p2p;
 mod pool;
@@ -51,8 +50,6 @@ pub struct Comm {
     pool: Pool,
     /// Network peers (`None` when no link of the job is `Net`); torn down first.
     net: Option<net_p2p::NetPeers>,
-    /// The reductions' and barrier's scratch in a job with network links (`None` otherwise).
-    net_reduce: Option<net_reduce::NetReduce>,
     local_rank: usize,
     device: DeviceInfo,
     jit: Jit,
@@ -140,6 +137,17 @@ impl Comm {
         self.group.mesh.network_in_job()
     }
 
+    /// What the reductions' network algorithm and the barrier launch through.
+    pub(crate) fn families(&self) -> crate::reduce::net::NetCtx<'_> {
+        crate::reduce::net::NetCtx {
+            group: &self.group,
+            jit: &self.jit,
+            p2p: &self.p2p,
+            coll: &self.coll,
+            net: self.net.as_ref().map(|n| n.coll_args()),
+        }
+    }
+
     /// The stream this communicator was built with ([`CommBuilder::stream`]), to which its
     /// send/recv and collectives are bound: a call on another stream is refused, since two
     /// streams on one set of send/recv counters would race. `None` when the builder was given
@@ -166,13 +174,7 @@ impl Comm {
     /// make it at the same point of its calls (a rank in another call is named by
     /// [`crate::Error::CallMismatch`]), on the stream of the communicator's send/recv calls.
     pub fn barrier(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        // The barrier kernel reaches NVLink peers only; in a job with network links the
-        // barrier is an all-to-all of one byte, which reaches every peer.
-        if let Some(nr) = &self.net_reduce {
-            self.group.errors.check_before_launch()?;
-            return self.net_barrier(nr, stream);
-        }
-        self.p2p.launch_barrier(&self.group, &self.jit, stream)
+        self.reduce.barrier(&self.families(), stream)
     }
 
     /// Host-side barrier through the store (no GPU work).

@@ -419,7 +419,7 @@ impl Comm {
             Ok(r) => r,
             Err(refusal) => {
                 let e = invalid(collective, self.rank())(refusal.reason);
-                if refusal.a_peer_may_accept && self.net_reduce.is_none() {
+                if refusal.a_peer_may_accept && !self.reduce.by_network() {
                     // The shard's owner may have accepted this very layout as its in-place
                     // call and launched: take part, refused, so that every rank's call fails
                     // at once (docs/PROTOCOL.md, "Refused buffers") instead of the owner
@@ -448,7 +448,7 @@ impl Comm {
             return Ok(());
         }
         self.p2p.bind(&self.group, stream)?;
-        let pool = if self.net_reduce.is_none() && self.group.config.reduce_zero_copy {
+        let pool = if !self.reduce.by_network() && self.group.config.reduce_zero_copy {
             self.pool_buffers(collective, (r.input, r.output, r.count), es)
         } else {
             None
@@ -464,10 +464,7 @@ impl Comm {
             refused: false,
             pool: pool.as_ref(),
         };
-        if let Some(nr) = &self.net_reduce {
-            return self.net_reduction(nr, call, stream);
-        }
-        self.reduce.launch(&self.group, &self.jit, call, stream)
+        self.reduce.run(&self.families(), call, stream)
     }
 }
 

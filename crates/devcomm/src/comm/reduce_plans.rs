@@ -23,20 +23,6 @@ impl Comm {
         if count == 0 {
             return Ok(None);
         }
-        if let Some(nr) = &self.net_reduce {
-            let es = dtype.size_bytes() as u64;
-            let shape = crate::reduce::plan::Shape {
-                collective,
-                count,
-                elem_bytes: es,
-                world: self.world_size(),
-                row_len: None,
-            };
-            let p = self
-                .net_reduction_plan(nr, &shape)
-                .map_err(invalid(collective, self.rank()))?;
-            return Ok(Some(self.net_plan_summary(&p, es)));
-        }
         // What a call on ordinary buffers takes (the buffers' addresses only matter for the
         // pool; these reach no pool).
         let call = ReduceCall {
@@ -50,9 +36,9 @@ impl Comm {
             refused: false,
             pool: None,
         };
-        let (plan, _) = self
+        let plan = self
             .reduce
-            .choose(&call, (self.rank(), self.world_size()))?;
+            .plan_of(&call, (self.rank(), self.world_size()))?;
         Ok(Some(plan))
     }
 
@@ -66,7 +52,7 @@ impl Comm {
         dtype: DataType,
         (input, output, count): (u64, u64, u64),
     ) -> Result<Option<Plan>> {
-        if self.net_reduce.is_some() || !self.group.config.reduce_zero_copy {
+        if self.reduce.by_network() || !self.group.config.reduce_zero_copy {
             return self.reduction_plan(collective, dtype, count);
         }
         let es = dtype.size_bytes() as u64;
@@ -88,9 +74,9 @@ impl Comm {
             refused: false,
             pool: pool.as_ref(),
         };
-        let (plan, _) = self
+        let plan = self
             .reduce
-            .choose(&call, (self.rank(), self.world_size()))?;
+            .plan_of(&call, (self.rank(), self.world_size()))?;
         Ok(Some(plan))
     }
 

@@ -12,6 +12,7 @@
 pub(crate) mod args;
 pub(crate) mod config;
 pub(crate) mod launch;
+pub(crate) mod net;
 pub mod net_plan;
 pub mod plan;
 pub mod types;

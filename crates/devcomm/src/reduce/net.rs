@@ -1,4 +1,4 @@
-//! The reductions and the barrier of a communicator in a job with network links
+//! The reductions' and the barrier's network algorithm, in a job with network links
 //! (docs/NETWORK.md, "Reductions with network peers"). Every step that moves data is a launch
 //! of the collective kernel, whose roles reach NVLink peers by loads and stores and network
 //! peers through the proxy, in one launch; between them `net_step_kernel` reduces this rank's
@@ -14,16 +14,33 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::Comm;
+use super::launch::{Reduce, ReduceCall};
+use super::net_plan::{net_plan, step_code, NetPlan, NetStep};
+use super::plan::{Algorithm, Collective, Plan, ReduceLimits, Shape};
+use super::{DataType, ReduceOp};
+use crate::abi::net::NetP2PLaunch;
 use crate::abi::reduce_launch::{NetStepKind, NetStepLaunch};
-use crate::collective::{CollCall, RawHooks, MODE_DEVICE_COUNTS, MODE_UNIFORM};
+use crate::collective::{
+    CollCall, Collective as CollectiveFamily, RawHooks, MODE_DEVICE_COUNTS, MODE_UNIFORM,
+};
 use crate::cuda::DeviceBuffer;
 use crate::error::{Error, Result};
 use crate::group::Group;
-use crate::reduce::launch::ReduceCall;
-use crate::reduce::net_plan::{net_plan, step_code, NetPlan, NetStep};
-use crate::reduce::plan::{Algorithm, Collective, Plan, Shape};
-use crate::reduce::{DataType, ReduceOp};
+use crate::jit::Jit;
+use crate::p2p::P2P;
+
+/// What the network algorithm launches through: the collective kernel (with the network
+/// transport's arguments) for the all-to-all steps, the reductions' local steps.
+#[derive(Clone, Copy)]
+pub(crate) struct NetCtx<'a> {
+    pub(crate) group: &'a Group,
+    pub(crate) jit: &'a Jit,
+    pub(crate) p2p: &'a P2P,
+    pub(crate) coll: &'a CollectiveFamily,
+    /// The network transport's arguments of the collective kernel (`None`: the job has no
+    /// network links, and the NVLink kernels serve every call).
+    pub(crate) net: Option<NetP2PLaunch>,
+}
 
 /// The device memory of the reductions and barrier with network peers.
 #[derive(Debug)]
@@ -72,6 +89,67 @@ impl NetReduce {
     }
 }
 
+impl Reduce {
+    /// Whether the reductions take the network algorithm (the job has network links): then
+    /// calls take no zero-copy path and a refused call is not joined on the device.
+    pub(crate) fn by_network(&self) -> bool {
+        self.net.is_some()
+    }
+
+    /// The plan `call` takes (its shape only: a call on ordinary buffers, or on the buffers
+    /// `call.pool` places), without launching.
+    pub(crate) fn plan_of(
+        &self,
+        call: &ReduceCall<'_>,
+        (rank, world): (usize, usize),
+    ) -> Result<Plan> {
+        let Some(nr) = &self.net else {
+            return self.choose(call, (rank, world)).map(|(plan, _)| plan);
+        };
+        let es = call.dtype.size_bytes() as u64;
+        let shape = Shape {
+            collective: call.collective,
+            count: call.count,
+            elem_bytes: es,
+            world,
+            row_len: call.hooks.map(|(_, _, row)| row),
+        };
+        let p = nr
+            .plan(&shape, self.limits())
+            .map_err(|reason| Error::InvalidArgument {
+                op: call.collective.name(),
+                reason: format!("rank {rank}: {reason}"),
+            })?;
+        Ok(NetReduce::summary(&p, es, self.sm_count()))
+    }
+
+    /// Runs `call` (its buffers resolved and checked, `count` > 0, the stream bound): the
+    /// network algorithm in a job with network links, else the NVLink kernels.
+    pub(crate) fn run(
+        &self,
+        cx: &NetCtx<'_>,
+        call: ReduceCall<'_>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        match &self.net {
+            Some(nr) => nr.run(cx, self, call, stream),
+            None => self.launch(cx.group, cx.jit, call, stream),
+        }
+    }
+
+    /// `Comm::barrier`: the barrier kernel reaches NVLink peers only; in a job with network
+    /// links the barrier is an all-to-all of one byte, which reaches every peer.
+    pub(crate) fn barrier(&self, cx: &NetCtx<'_>, stream: &Arc<CudaStream>) -> Result<()> {
+        match &self.net {
+            Some(nr) => {
+                cx.group.errors.check_before_launch()?;
+                nr.barrier(cx, stream)
+            }
+            None => cx.p2p.launch_barrier(cx.group, cx.jit, stream),
+        }
+    }
+}
+
 /// What one all-to-all step of the network path moves: `chunk` bytes to every rank.
 #[derive(Debug, Clone, Copy)]
 struct Exchange {
@@ -81,21 +159,21 @@ struct Exchange {
     code: u32,
 }
 
-impl Comm {
-    /// The plan of a reduction of `count` elements on a communicator with network links.
-    pub(super) fn net_reduction_plan(
+impl NetReduce {
+    /// The plan of a reduction of `shape` with network links.
+    pub(crate) fn plan(
         &self,
-        nr: &NetReduce,
         shape: &Shape,
+        limits: &ReduceLimits,
     ) -> std::result::Result<NetPlan, String> {
-        net_plan(shape, self.reduce.limits(), nr.half)
+        net_plan(shape, limits, self.half)
     }
 
-    /// [`Plan`] of a network-path call, as `Comm::reduction_plan` reports it.
-    pub(super) fn net_plan_summary(&self, p: &NetPlan, es: u64) -> Plan {
+    /// [`Plan`] of a network-path call, as the plan queries report it.
+    pub(crate) fn summary(p: &NetPlan, es: u64, sm_count: u32) -> Plan {
         Plan {
             algorithm: Algorithm::Network,
-            blocks: crate::reduce::net_plan::step_blocks(p.max_chunk * es, self.reduce.sm_count()),
+            blocks: super::net_plan::step_blocks(p.max_chunk * es, sm_count),
             shard: p.max_chunk,
             chunk: p.max_chunk,
             rounds: p.rounds,
@@ -105,30 +183,32 @@ impl Comm {
     }
 
     /// One reduction with network peers (its buffers resolved and checked, `count` > 0, the
-    /// stream bound).
-    pub(super) fn net_reduction(
+    /// stream bound); `reduce` launches the local steps.
+    pub(crate) fn run(
         &self,
-        nr: &NetReduce,
+        cx: &NetCtx<'_>,
+        reduce: &Reduce,
         call: ReduceCall<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let nr = self;
         let c = call.collective;
         let dtype = call.dtype;
         let es = dtype.size_bytes() as u64;
-        let (me, w) = (self.rank() as u64, self.world_size() as u64);
+        let (me, w) = (cx.group.rank as u64, cx.group.world_size as u64);
         let shape = Shape {
             collective: c,
             count: call.count,
             elem_bytes: es,
-            world: self.world_size(),
+            world: cx.group.world_size,
             row_len: call.hooks.map(|(_, _, row)| row),
         };
-        let plan =
-            self.net_reduction_plan(nr, &shape)
-                .map_err(|reason| Error::InvalidArgument {
-                    op: c.name(),
-                    reason: format!("rank {me}: {reason}"),
-                })?;
+        let plan = self
+            .plan(&shape, reduce.limits())
+            .map_err(|reason| Error::InvalidArgument {
+                op: c.name(),
+                reason: format!("rank {me}: {reason}"),
+            })?;
         let op = call.op.unwrap_or(ReduceOp::Sum);
         let hooked = call.hooks.is_some();
         let scatter = step_code(NetStep::Scatter(c, op), Some(dtype), hooked);
@@ -144,7 +224,16 @@ impl Comm {
                     let src = if r.direct {
                         at(input, r.base)
                     } else {
-                        self.net_copy(dtype, (at(input, r.base), 0), (a, 0), 1, r.len, stream)?;
+                        copy_step(
+                            cx,
+                            reduce,
+                            dtype,
+                            (at(input, r.base), 0),
+                            (a, 0),
+                            1,
+                            r.len,
+                            stream,
+                        )?;
                         a
                     };
                     let x = Exchange {
@@ -153,10 +242,12 @@ impl Comm {
                         chunk: s * es,
                         code: scatter,
                     };
-                    self.net_exchange(nr, c.name(), x, false, stream)?;
+                    nr.exchange(cx, c.name(), x, false, stream)?;
                     let mine = at(b, me * s);
                     let first = r.base + me * s;
-                    self.net_reduce_step(
+                    reduce_step(
+                        cx,
+                        reduce,
                         call,
                         NetStepLaunch {
                             input: b,
@@ -176,15 +267,24 @@ impl Comm {
                         chunk: s * es,
                         code: gather,
                     };
-                    self.net_exchange(nr, c.name(), x, true, stream)?;
-                    self.net_copy(dtype, (a, 0), (at(output, r.base), 0), 1, r.len, stream)?;
+                    nr.exchange(cx, c.name(), x, true, stream)?;
+                    copy_step(
+                        cx,
+                        reduce,
+                        dtype,
+                        (a, 0),
+                        (at(output, r.base), 0),
+                        1,
+                        r.len,
+                        stream,
+                    )?;
                 }
                 Collective::ReduceScatter => {
                     let src = if r.direct {
                         input
                     } else {
                         let from = (at(input, r.base), n);
-                        self.net_copy(dtype, from, (a, r.len), w, r.len, stream)?;
+                        copy_step(cx, reduce, dtype, from, (a, r.len), w, r.len, stream)?;
                         a
                     };
                     let x = Exchange {
@@ -193,14 +293,16 @@ impl Comm {
                         chunk: r.len * es,
                         code: scatter,
                     };
-                    self.net_exchange(nr, c.name(), x, false, stream)?;
+                    nr.exchange(cx, c.name(), x, false, stream)?;
                     // Hooked, the rows are reduced in place in the scratch, hooked, then copied
                     // to the output (whose old rows the hook sees as `dest`).
                     let (to, step) = match hooked {
                         true => (at(b, me * r.len), NetStepKind::ReduceToDest),
                         false => (at(output, r.base), NetStepKind::Reduce),
                     };
-                    self.net_reduce_step(
+                    reduce_step(
+                        cx,
+                        reduce,
                         call,
                         NetStepLaunch {
                             input: b,
@@ -222,9 +324,9 @@ impl Comm {
                         chunk: r.len * es,
                         code: gather,
                     };
-                    self.net_exchange(nr, c.name(), x, true, stream)?;
+                    nr.exchange(cx, c.name(), x, true, stream)?;
                     let to = (at(output, r.base), n);
-                    self.net_copy(dtype, (a, r.len), to, w, r.len, stream)?;
+                    copy_step(cx, reduce, dtype, (a, r.len), to, w, r.len, stream)?;
                 }
             }
         }
@@ -233,32 +335,32 @@ impl Comm {
 
     /// `Comm::barrier` with network peers: an all-to-all of one byte per rank (a rank's
     /// receive roles end only once every rank has started the call, after its earlier work).
-    pub(super) fn net_barrier(&self, nr: &NetReduce, stream: &Arc<CudaStream>) -> Result<()> {
-        self.p2p.bind(&self.group, stream)?;
-        let w = self.world_size() as u64;
+    pub(crate) fn barrier(&self, cx: &NetCtx<'_>, stream: &Arc<CudaStream>) -> Result<()> {
+        cx.p2p.bind(cx.group, stream)?;
+        let w = cx.group.world_size as u64;
         let x = Exchange {
-            input: nr.barrier.ptr(),
-            output: nr.barrier.ptr() + w,
+            input: self.barrier.ptr(),
+            output: self.barrier.ptr() + w,
             chunk: 1,
             code: step_code(NetStep::Barrier, None, false),
         };
-        self.net_exchange(nr, "barrier", x, false, stream)
+        self.exchange(cx, "barrier", x, false, stream)
     }
 
     /// One all-to-all step of `op`: `x.chunk` bytes to every rank, from consecutive chunks of
     /// `x.input` (`gather`: the same chunk to every rank, an all-to-all-v of one row from offset
     /// 0), into consecutive chunks of `x.output`.
-    fn net_exchange(
+    fn exchange(
         &self,
-        nr: &NetReduce,
+        cx: &NetCtx<'_>,
         op: &'static str,
         x: Exchange,
         gather: bool,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let w = self.world_size() as u64;
-        let counts = nr.counts.ptr();
-        let recv = nr.recv.ptr();
+        let w = cx.group.world_size as u64;
+        let counts = self.counts.ptr();
+        let recv = self.recv.ptr();
         let call = CollCall {
             op,
             input: x.input,
@@ -280,82 +382,79 @@ impl Comm {
             peer_rows: [[0; 32]; 2],
             code: x.code,
         };
-        self.launch_collective(&nr.copy, call, stream)
+        // The buffers are this scratch's and the call's own (checked by the reduction's
+        // caller), never overlapping: the collective launch's own checks apply.
+        cx.coll
+            .launch(cx.group, cx.jit, cx.p2p, cx.net, &self.copy, call, stream)
     }
+}
 
-    /// Copies `pieces` pieces of `count` elements of `dtype` from `(address, stride)` to
-    /// `(address, stride)` (strides in elements).
-    #[allow(clippy::too_many_arguments)]
-    fn net_copy(
-        &self,
-        dtype: DataType,
-        (from, in_stride): (u64, u64),
-        (to, out_stride): (u64, u64),
-        pieces: u64,
-        count: u64,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        let args = NetStepLaunch {
-            input: from,
-            output: to,
-            in_stride,
-            out_stride,
-            count,
-            unit: (16 / dtype.size_bytes() as u64).max(1),
-            errors: self.group.errors.device_ptr(),
-            pieces: pieces as u32,
-            step: NetStepKind::Copy as u32,
-            rank: self.rank() as i32,
-            world: self.world_size() as i32,
-            ..Default::default()
-        };
-        self.reduce.launch_net_step(
-            &self.group,
-            &self.jit,
-            dtype,
-            ReduceOp::Sum,
-            None,
-            &args,
-            stream,
-        )
-    }
+/// Copies `pieces` pieces of `count` elements of `dtype` from `(address, stride)` to
+/// `(address, stride)` (strides in elements).
+#[allow(clippy::too_many_arguments)]
+fn copy_step(
+    cx: &NetCtx<'_>,
+    reduce: &Reduce,
+    dtype: DataType,
+    (from, in_stride): (u64, u64),
+    (to, out_stride): (u64, u64),
+    pieces: u64,
+    count: u64,
+    stream: &Arc<CudaStream>,
+) -> Result<()> {
+    let args = NetStepLaunch {
+        input: from,
+        output: to,
+        in_stride,
+        out_stride,
+        count,
+        unit: (16 / dtype.size_bytes() as u64).max(1),
+        errors: cx.group.errors.device_ptr(),
+        pieces: pieces as u32,
+        step: NetStepKind::Copy as u32,
+        rank: cx.group.rank as i32,
+        world: cx.group.world_size as i32,
+        ..Default::default()
+    };
+    reduce.launch_net_step(cx.group, cx.jit, dtype, ReduceOp::Sum, None, &args, stream)
+}
 
-    /// The local reduction of every rank's copy of this rank's chunk, in rank order (`step`'s
-    /// buffers, count and hook placement filled in by the caller).
-    fn net_reduce_step(
-        &self,
-        call: ReduceCall<'_>,
-        step: NetStepLaunch,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        let es = call.dtype.size_bytes() as u64;
-        let (hooks, user, row_len) = match call.hooks {
-            Some((h, user, row)) => (Some(h), user, row),
-            None => (None, 0, 0),
-        };
-        let args = NetStepLaunch {
-            unit: if row_len > 0 {
-                row_len
-            } else {
-                (16 / es).max(1)
-            },
-            user,
-            row_len,
-            row0: step.row0.checked_div(row_len).unwrap_or(0),
-            errors: self.group.errors.device_ptr(),
-            pieces: self.world_size() as u32,
-            rank: self.rank() as i32,
-            world: self.world_size() as i32,
-            ..step
-        };
-        self.reduce.launch_net_step(
-            &self.group,
-            &self.jit,
-            call.dtype,
-            call.op.unwrap_or(ReduceOp::Sum),
-            hooks,
-            &args,
-            stream,
-        )
-    }
+/// The local reduction of every rank's copy of this rank's chunk, in rank order (`step`'s
+/// buffers, count and hook placement filled in by the caller).
+fn reduce_step(
+    cx: &NetCtx<'_>,
+    reduce: &Reduce,
+    call: ReduceCall<'_>,
+    step: NetStepLaunch,
+    stream: &Arc<CudaStream>,
+) -> Result<()> {
+    let es = call.dtype.size_bytes() as u64;
+    let (hooks, user, row_len) = match call.hooks {
+        Some((h, user, row)) => (Some(h), user, row),
+        None => (None, 0, 0),
+    };
+    let args = NetStepLaunch {
+        unit: if row_len > 0 {
+            row_len
+        } else {
+            (16 / es).max(1)
+        },
+        user,
+        row_len,
+        row0: step.row0.checked_div(row_len).unwrap_or(0),
+        errors: cx.group.errors.device_ptr(),
+        pieces: cx.group.world_size as u32,
+        rank: cx.group.rank as i32,
+        world: cx.group.world_size as i32,
+        ..step
+    };
+    reduce.launch_net_step(
+        cx.group,
+        cx.jit,
+        call.dtype,
+        call.op.unwrap_or(ReduceOp::Sum),
+        hooks,
+        &args,
+        stream,
+    )
 }
