@@ -270,11 +270,9 @@ impl CommBuilder {
         let p2p = P2P::new(&group, p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
         let reduce = crate::reduce::launch::Reduce::new(&group, device.sm_count)?;
-        let net = super::net_p2p::NetPeers::new(&group)?;
         let registry = Arc::new(Registry::new());
         let comm = Comm {
             pool: Pool::new(&group, registry.clone()),
-            net,
             p2p,
             coll,
             reduce,

@@ -173,7 +173,7 @@ impl Comm {
                 reason: format!("rank {}: {reason}", self.rank()),
             });
         }
-        let net = self.net.as_ref().map(|n| n.coll_args());
+        let net = self.p2p.coll_net_args();
         self.coll
             .launch(&self.group, &self.jit, &self.p2p, net, hooks, call, stream)
     }

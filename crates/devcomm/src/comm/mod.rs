@@ -4,7 +4,6 @@
 mod builder;
 mod collectives;
 mod moe;
-mod net_p2p;
 mod net_window;
 mod p2p;
 mod pool;
@@ -48,8 +47,6 @@ pub struct Comm {
     /// The memory pool's segments: torn down first (collectively), while the registry and
     /// the network transport their registrations use are still there.
     pool: Pool,
-    /// Network peers (`None` when no link of the job is `Net`); torn down first.
-    net: Option<net_p2p::NetPeers>,
     local_rank: usize,
     device: DeviceInfo,
     jit: Jit,
@@ -144,7 +141,7 @@ impl Comm {
             jit: &self.jit,
             p2p: &self.p2p,
             coll: &self.coll,
-            net: self.net.as_ref().map(|n| n.coll_args()),
+            net: self.p2p.coll_net_args(),
         }
     }
 

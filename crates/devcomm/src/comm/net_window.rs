@@ -3,10 +3,10 @@
 //! the transport, so that users' kernels reach network peers through the communicator's queues
 //! (`window_net.cuh`) beside their NVLink peers in the same launch.
 
-use super::net_p2p::NetPeers;
 use crate::error::Result;
 use crate::memory::NetworkKey;
 use crate::net::{route, WindowNetHandle};
+use crate::p2p::net::NetPeers;
 use crate::window_net::{NetKeys, NetPath};
 
 impl NetPeers {
@@ -66,7 +66,7 @@ impl super::Comm {
     /// network transport, for its `RegisteredBuffer::lkey`. `None` without network links, or
     /// when the transport could not register it (logged; the same on every rank).
     pub(super) fn network_key(&self, ptr: u64, bytes: usize) -> Result<Option<NetworkKey>> {
-        let Some(net) = &self.net else {
+        let Some(net) = self.p2p.network() else {
             return Ok(None);
         };
         match net.register_gpu(&[(ptr, bytes as u64)])? {

@@ -136,3 +136,22 @@ impl Comm {
         &self.group.config
     }
 }
+
+impl Comm {
+    /// Send/recv through the send/recv family's route ([`crate::p2p::P2P::sendrecv`]: NVLink,
+    /// network, or both side by side), once the two roles' buffers are known not to overlap.
+    pub(super) fn sendrecv_routed(
+        &self,
+        send: Option<Transfer>,
+        recv: Option<Transfer>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.refuse_overlap(
+            "sendrecv",
+            send.map(|t| (t.ptr, t.bytes)),
+            recv.map(|t| (t.ptr, t.bytes)),
+        )?;
+        self.p2p
+            .sendrecv(&self.group, &self.jit, send, recv, stream)
+    }
+}

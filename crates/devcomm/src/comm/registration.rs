@@ -175,7 +175,7 @@ impl Comm {
     /// [`Window::net_handle`] (docs/NETWORK.md, "Users' kernels and network peers").
     pub fn window<T: DeviceRepr>(&self, len: usize, signal_count: usize) -> Result<Window<T>> {
         let mut window = Window::new(&self.group, len, signal_count)?;
-        if let Some(net) = &self.net {
+        if let Some(net) = self.p2p.network() {
             let h = window.device_handle();
             let pad_bytes = (h.world_size as u64 + h.signal_count) * 8;
             let path = net.window_path((h.data, h.data_bytes), (h.signals, pad_bytes))?;

@@ -125,13 +125,15 @@ impl Comm {
                     ([None, Some(recv)], [Some(send), None])
                 };
                 let (p2p, group, jit) = (&self.p2p, &self.group, &self.jit);
-                self.net_peers()?.launch_split(
-                    p2p,
-                    jit,
-                    network,
-                    |s| p2p.launch_zero_copy(group, jit, nvlink[0], nvlink[1], s),
-                    stream,
-                )
+                self.p2p
+                    .network_for("sendrecv_registered", self.rank())?
+                    .launch_split(
+                        p2p,
+                        jit,
+                        network,
+                        |s| p2p.launch_zero_copy(group, jit, nvlink[0], nvlink[1], s),
+                        stream,
+                    )
             }
             ZcPath::Nvlink => {
                 let send = self.zc_send(ptr, bytes, send_peer, send_dst)?;
@@ -221,7 +223,7 @@ impl Comm {
         // In a job with network links the fused kernel reaches every peer (NVLink and network
         // roles in one launch); the copy-engine steps reach NVLink peers only.
         let route = zero_copy_route(chunk, self.p2p.limits(), self.p2p.switches());
-        if route != ZcRoute::CopyEngine || self.net.is_some() {
+        if route != ZcRoute::CopyEngine || self.group.mesh.network_in_job() {
             let hooks = crate::collective::Hooks::<T>::copy();
             let elems = total / elem;
             return self.all_to_all_at(

@@ -8,7 +8,7 @@
 //! that device waits write, so the host call returns an error naming the peer.
 //!
 //! Send/recv with network peers uses it through host staging (`route`, the kernel in
-//! `cuda/kernels/sendrecv_net.cu`, the communicator's `comm/net_p2p.rs`); the collectives do
+//! `cuda/kernels/sendrecv_net.cu`, the send/recv family's `p2p/net.rs`); the collectives do
 //! not yet (docs/NETWORK.md, "Not built yet").
 //!
 //! Files: `ucx_ffi` (the dlopen'd libucp table), `ucx` (safe owners of UCX objects),

@@ -13,6 +13,7 @@ mod copy_engine;
 pub mod defaults;
 mod kernels;
 mod launch;
+pub(crate) mod net;
 pub(crate) mod plan;
 pub mod protocol;
 pub mod sweep;
@@ -81,6 +82,9 @@ pub(super) enum Counter {
 /// Per-communicator send/recv state (one signal namespace, bound to one stream).
 #[derive(Debug)]
 pub(crate) struct P2P {
+    /// The network transport, in a job with network links (first: it stops its proxy and
+    /// leaves the job before the memory below goes).
+    net: Option<net::NetPeers>,
     limits: P2PLimits,
     window: Window<u8>,
     /// Owns the memory `counters_base` points into.
@@ -155,7 +159,9 @@ impl P2P {
             let (p, _sync) = counters.device_ptr(&stream);
             p
         };
+        let net = net::NetPeers::new(group)?;
         Ok(Self {
+            net,
             limits,
             window,
             _counters: counters,

@@ -1,12 +1,13 @@
-//! Network peers of a communicator (docs/NETWORK.md, "Send/recv over the network"): the
-//! transport, its host-mapped queues and staging, and the launch of the network send/recv
-//! kernel. Built only when some link of the job is `Net`: NVLink-only jobs never load UCX.
+//! The send/recv family's network transport (docs/NETWORK.md, "Send/recv over the network"):
+//! the transport, its host-mapped queues and staging, the launch of the network send/recv
+//! kernel, and the routed send/recv ([`P2P::sendrecv`]). Built only when the mesh says some
+//! link of the job is `Net`: NVLink-only jobs never load UCX.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use super::Comm;
+use super::{KernelKey, Transfer, NET_THREADS, P2P};
 use crate::cuda::{launch_struct, linear_launch, HostMapped};
 use crate::error::{CudaResultExt, Error, Result};
 use crate::group::Group;
@@ -15,7 +16,6 @@ use crate::mesh::P2PRoute;
 use crate::net::queue::queue_bytes;
 use crate::net::route::{self, NetP2PLaunch, StagingLayout};
 use crate::net::{ErrorSink, NetConfig, NetTransport, QueueMemory};
-use crate::p2p::{KernelKey, Transfer, NET_THREADS, P2P};
 
 /// The network side of a communicator. Field order is drop order: the transport (its proxy
 /// reads the queues and staging) goes before the memory.
@@ -323,58 +323,63 @@ fn route_of(group: &Group, send: Option<Transfer>, recv: Option<Transfer>) -> Re
     group.mesh.p2p_route(send.map(role), recv.map(role))
 }
 
-impl Comm {
-    /// Send/recv through the route the peers' link kinds choose: the NVLink kernels, the
-    /// network kernel when every role with bytes has a network peer, or both side by side when
-    /// the two roles need one each.
-    pub(super) fn sendrecv_routed(
+impl P2P {
+    /// The network transport, which a job with a network link has on every rank (`None` in
+    /// an NVLink-only job).
+    pub(crate) fn network(&self) -> Option<&NetPeers> {
+        self.net.as_ref()
+    }
+
+    /// [`P2P::network`] for a call of `op` that the mesh routed to the network.
+    pub(crate) fn network_for(&self, op: &'static str, rank: usize) -> Result<&NetPeers> {
+        self.net.as_ref().ok_or_else(|| Error::InvalidArgument {
+            op,
+            reason: format!(
+                "rank {rank}: a network peer without a network transport (internal error)"
+            ),
+        })
+    }
+
+    /// The network transport's arguments of the collective kernel (`None`: no network links).
+    pub(crate) fn coll_net_args(&self) -> Option<NetP2PLaunch> {
+        self.net.as_ref().map(NetPeers::coll_args)
+    }
+
+    /// Send/recv through the route the mesh chooses: the NVLink kernels, the network kernel
+    /// when every role with bytes has a network peer, or both side by side when the two
+    /// roles need one each. The caller checked that the roles' buffers do not overlap.
+    pub(crate) fn sendrecv(
         &self,
+        group: &Group,
+        jit: &Jit,
         send: Option<Transfer>,
         recv: Option<Transfer>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.refuse_overlap(
-            "sendrecv",
-            send.map(|t| (t.ptr, t.bytes)),
-            recv.map(|t| (t.ptr, t.bytes)),
-        )?;
-        match route_of(&self.group, send, recv)? {
+        match route_of(group, send, recv)? {
             P2PRoute::Nvlink => {
                 // An empty role with a network peer moves nothing: the NVLink path would refuse
                 // its peer.
-                let is_net = |t: &Transfer| self.group.mesh.is_network(t.peer);
+                let is_net = |t: &Transfer| group.mesh.is_network(t.peer);
                 let keep = |t: Option<Transfer>| t.filter(|t| !(t.bytes == 0 && is_net(t)));
-                self.p2p
-                    .launch(&self.group, &self.jit, keep(send), keep(recv), stream)
+                self.launch(group, jit, keep(send), keep(recv), stream)
             }
             P2PRoute::Network => self
-                .net_peers()?
-                .launch(&self.p2p, &self.jit, send, recv, stream),
+                .network_for("sendrecv", group.rank)?
+                .launch(self, jit, send, recv, stream),
             P2PRoute::Split { send_by_network } => {
                 let (network, nvlink) = match send_by_network {
                     true => ([send, None], [None, recv]),
                     false => ([None, recv], [send, None]),
                 };
-                let (p2p, group, jit) = (&self.p2p, &self.group, &self.jit);
-                self.net_peers()?.launch_split(
-                    p2p,
+                self.network_for("sendrecv", group.rank)?.launch_split(
+                    self,
                     jit,
                     network,
-                    |s| p2p.launch(group, jit, nvlink[0], nvlink[1], s),
+                    |s| self.launch(group, jit, nvlink[0], nvlink[1], s),
                     stream,
                 )
             }
         }
-    }
-
-    /// The network side, which a job with a network link has on every rank.
-    pub(super) fn net_peers(&self) -> Result<&NetPeers> {
-        self.net.as_ref().ok_or_else(|| Error::InvalidArgument {
-            op: "sendrecv",
-            reason: format!(
-                "rank {}: a network peer without a network transport (internal error)",
-                self.group.rank
-            ),
-        })
     }
 }
