@@ -269,7 +269,7 @@ impl CommBuilder {
         ));
         let p2p = P2P::new(&group, p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
-        let reduce = crate::reduce::launch::Reduce::new(&group, device.sm_count)?;
+        let reduce = crate::reduce::family::Reductions::new(&group, device.sm_count)?;
         let registry = Arc::new(Registry::new());
         let comm = Comm {
             pool: Pool::new(&group, registry.clone()),

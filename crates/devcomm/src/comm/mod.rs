@@ -56,7 +56,7 @@ pub struct Comm {
     /// The stream given to the builder, bound at build.
     stream: Option<Arc<CudaStream>>,
     /// The reductions' window, counters and kernels (`reduce::launch`).
-    reduce: crate::reduce::launch::Reduce,
+    reduce: crate::reduce::family::Reductions,
     // Dropped last: windows and registrations above release their mappings first.
     pub(crate) group: Arc<Group>,
 }

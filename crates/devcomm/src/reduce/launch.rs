@@ -226,9 +226,6 @@ pub(crate) struct Reduce {
     /// Loaded modules by (type, operation, hooks key, network steps); plain modules use
     /// (type, None, 0, _).
     modules: Mutex<HashMap<ModuleKey, Loaded>>,
-    /// The network algorithm's scratch, in a job with network links (the mesh's answer at
-    /// setup): then every reduction and the barrier take it (`super::net`).
-    pub(super) net: Option<super::net::NetReduce>,
 }
 
 impl Reduce {
@@ -283,17 +280,12 @@ impl Reduce {
             .map_err(|e| crate::cuda::with_rank(e, group.rank));
         let counters = group.agree("reductions: counters", counters)?;
         let window = Window::<u8>::new(group, bytes, slots)?;
-        let net = match group.mesh.network_in_job() {
-            true => Some(super::net::NetReduce::new(group)?),
-            false => None,
-        };
         Ok(Self {
             limits,
             window,
             counters,
             sm_count: sms.max(1),
             modules: Mutex::new(HashMap::new()),
-            net,
         })
     }
 

@@ -11,6 +11,7 @@
 
 pub(crate) mod args;
 pub(crate) mod config;
+pub(crate) mod family;
 pub(crate) mod launch;
 pub(crate) mod net;
 pub mod net_plan;

@@ -89,67 +89,6 @@ impl NetReduce {
     }
 }
 
-impl Reduce {
-    /// Whether the reductions take the network algorithm (the job has network links): then
-    /// calls take no zero-copy path and a refused call is not joined on the device.
-    pub(crate) fn by_network(&self) -> bool {
-        self.net.is_some()
-    }
-
-    /// The plan `call` takes (its shape only: a call on ordinary buffers, or on the buffers
-    /// `call.pool` places), without launching.
-    pub(crate) fn plan_of(
-        &self,
-        call: &ReduceCall<'_>,
-        (rank, world): (usize, usize),
-    ) -> Result<Plan> {
-        let Some(nr) = &self.net else {
-            return self.choose(call, (rank, world)).map(|(plan, _)| plan);
-        };
-        let es = call.dtype.size_bytes() as u64;
-        let shape = Shape {
-            collective: call.collective,
-            count: call.count,
-            elem_bytes: es,
-            world,
-            row_len: call.hooks.map(|(_, _, row)| row),
-        };
-        let p = nr
-            .plan(&shape, self.limits())
-            .map_err(|reason| Error::InvalidArgument {
-                op: call.collective.name(),
-                reason: format!("rank {rank}: {reason}"),
-            })?;
-        Ok(NetReduce::summary(&p, es, self.sm_count()))
-    }
-
-    /// Runs `call` (its buffers resolved and checked, `count` > 0, the stream bound): the
-    /// network algorithm in a job with network links, else the NVLink kernels.
-    pub(crate) fn run(
-        &self,
-        cx: &NetCtx<'_>,
-        call: ReduceCall<'_>,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        match &self.net {
-            Some(nr) => nr.run(cx, self, call, stream),
-            None => self.launch(cx.group, cx.jit, call, stream),
-        }
-    }
-
-    /// `Comm::barrier`: the barrier kernel reaches NVLink peers only; in a job with network
-    /// links the barrier is an all-to-all of one byte, which reaches every peer.
-    pub(crate) fn barrier(&self, cx: &NetCtx<'_>, stream: &Arc<CudaStream>) -> Result<()> {
-        match &self.net {
-            Some(nr) => {
-                cx.group.errors.check_before_launch()?;
-                nr.barrier(cx, stream)
-            }
-            None => cx.p2p.launch_barrier(cx.group, cx.jit, stream),
-        }
-    }
-}
-
 /// What one all-to-all step of the network path moves: `chunk` bytes to every rank.
 #[derive(Debug, Clone, Copy)]
 struct Exchange {
