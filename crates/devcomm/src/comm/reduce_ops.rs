@@ -349,6 +349,25 @@ impl Comm {
         self.hooked(c, T::DTYPE, op, (i, o, count), (hooks.raw(), args), stream)
     }
 
+    /// [`Comm::reduce_scatter_hooked`] in place: `buf` holds `world_size` shards; the hooked
+    /// result lands in this rank's shard (the hook's `RowCtx::dest` is then that shard's row as
+    /// it was: this rank's own input row), the other shards are left as they were.
+    /// `buf.len() / world_size` must be a multiple of `args.row_len`.
+    pub fn reduce_scatter_hooked_in_place<T: Reducible, R: DevicePtrMut<T>>(
+        &self,
+        hooks: &Hooks<T>,
+        buf: &mut R,
+        op: ReduceOp,
+        args: &HookArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = Collective::ReduceScatter;
+        let count =
+            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
+        let (p, _r) = self.slice_ptr_mut("reduce_scatter_hooked_in_place", buf, stream)?;
+        self.hooked(c, T::DTYPE, op, (p, p, count), (hooks.raw(), args), stream)
+    }
+
     /// [`Comm::reduce_scatter_hooked`] on raw device addresses (`input`: `world_size x
     /// out_count` elements); in place when `input == output`.
     ///
