@@ -129,7 +129,7 @@ for w in $what; do
         b=$bin; [ $v = old ] && b=dist/old/devcomm
         step a2a-$v $b launch -n "$n" -- $b bench --op all_to_all --min-bytes 67108864 --device-kind "$kind" --json "$out/a2a-$v.json"
       done ;;
-    a2av) step a2av $bin launch -n "$n" -- $bin bench --op all_to_allv --device-kind "$kind" --json "$out/a2av.json" --plot "$out/a2av.svg" ;;
+    a2av) step a2av $bin launch -n "$n" -- $bin bench --op all_to_all_v --device-kind "$kind" --json "$out/a2av.json" --plot "$out/a2av.svg" ;;
     all_reduce|reduce_scatter|all_gather)
       # devcomm against NCCL on the same buffers and on NCCL's symmetric window buffers, every
       # GPU, bf16 sum unless REDUCE_ARGS says otherwise.

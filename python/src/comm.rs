@@ -437,7 +437,7 @@ impl PyComm {
         // SAFETY: tensors and count arrays checked above (on this device, contiguous, counts of
         // `world_size` 64-bit entries); the kernel checks the device counts against the
         // buffers' rows before moving anything.
-        py.detach(|| unsafe { self.comm.all_to_allv_raw(h, ib, ob, counts, args, &s) })
+        py.detach(|| unsafe { self.comm.all_to_all_v_raw(h, ib, ob, counts, args, &s) })
             .py()
     }
 

@@ -68,7 +68,7 @@ const OPS: &[(&str, &str)] = &[
          --reference none); with network links (forced) every record says it times loopback",
     ),
     (
-        "all_to_allv",
+        "all_to_all_v",
         "MoE token dispatch with counts on the GPU, against NCCL's count exchange, host sync \
          and grouped send/recv",
     ),
@@ -195,7 +195,7 @@ fn run(args: &BenchArgs) -> Result<i32, String> {
         "sendrecv" if args.graph => sendrecv::run_graph(&cx, args)?,
         "sendrecv" => sendrecv::run(&cx, args, args.both_directions)?,
         "all_to_all" => alltoall::run(&cx, args)?,
-        "all_to_allv" => alltoall::run_v(&cx, args)?,
+        "all_to_all_v" => alltoall::run_v(&cx, args)?,
         "moe" => moe::run(&cx, args)?,
         op => match reduce::Coll::parse(op) {
             Some(coll) => reduce::run(&cx, args, coll)?,
@@ -255,7 +255,7 @@ mod tests {
             let e = shared_gpu_rule(true, op, "nccl").unwrap_err();
             assert!(e.contains("--reference none") && e.contains(op), "{e}");
         }
-        for op in ["all_to_allv", "launch"] {
+        for op in ["all_to_all_v", "launch"] {
             let e = shared_gpu_rule(true, op, "none").unwrap_err();
             assert!(e.contains("needs one GPU per rank"), "{e}");
             assert!(e.contains("--reference none"), "{e}");

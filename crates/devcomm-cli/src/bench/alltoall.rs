@@ -1,4 +1,4 @@
-//! `devcomm bench --op all_to_all` and `--op all_to_allv`: devcomm's fused all-to-all(-v)
+//! `devcomm bench --op all_to_all` and `--op all_to_all_v`: devcomm's fused all-to-all(-v)
 //! against NCCL grouped send/recv on every rank, in the same processes, on the same buffers.
 //! `--op all_to_all --reference none` times devcomm alone (a smoke test, on a shared GPU or
 //! with network links forced: the records say so).
@@ -309,7 +309,7 @@ pub(crate) fn run_v(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let world = cx.comm.world_size();
     if EXPERTS % world != 0 {
         return Err(format!(
-            "all_to_allv spreads {EXPERTS} experts evenly: world size {world} must divide it"
+            "all_to_all_v spreads {EXPERTS} experts evenly: world size {world} must divide it"
         ));
     }
     let nccl = NcclPair::new(cx)?;
@@ -391,7 +391,7 @@ fn a2av_point(
     let us = time_wall_each(cx, warmup, iters, &names, &mut |i| match i {
         0 => cx
             .comm
-            .all_to_allv(&b.send, &mut b.recv, &mut b.counts, HIDDEN, &cx.stream)
+            .all_to_all_v(&b.send, &mut b.recv, &mut b.counts, HIDDEN, &cx.stream)
             .map_err(|e| e.to_string()),
         _ => nccl_a2av(cx, nccl, b, &mut nccl_counts),
     })?;
@@ -399,7 +399,7 @@ fn a2av_point(
     let r = record(
         cx,
         args,
-        "all_to_allv",
+        "all_to_all_v",
         b.bytes_per_peer(rank),
         (us[0], us[1]),
     );
@@ -469,7 +469,7 @@ fn verify_a2av(cx: &Ctx, b: &mut Batch, tokens: usize) -> Result<(), String> {
     cx.sync()?;
     cx.host_barrier()?;
     cx.comm
-        .all_to_allv(&b.send, &mut b.recv, &mut b.counts, HIDDEN, &cx.stream)
+        .all_to_all_v(&b.send, &mut b.recv, &mut b.counts, HIDDEN, &cx.stream)
         .map_err(|e| e.to_string())?;
     cx.sync()?;
     check_a2av(cx, b, tokens)?;
@@ -492,7 +492,7 @@ fn check_a2av(cx: &Ctx, b: &Batch, tokens: usize) -> Result<(), String> {
         .stream
         .clone_dtoh(&b.counts.recv_offsets)
         .map_err(|e| e.to_string())?;
-    let what = format!("all_to_allv {tokens} tokens: rank {rank}");
+    let what = format!("all_to_all_v {tokens} tokens: rank {rank}");
     if got != want || got_offsets != want_offsets {
         return Err(format!(
             "{what} got counts {got:?} at {got_offsets:?}, expected {want:?} at {want_offsets:?}"
@@ -564,7 +564,7 @@ fn record(cx: &Ctx, args: &BenchArgs, op: &str, bytes: u64, (d_us, n_us): (f64, 
         sms: cx
             .comm
             .tuning()
-            .collective_shape((op != "all_to_allv").then_some(bytes))
+            .collective_shape((op != "all_to_all_v").then_some(bytes))
             .grid(world),
         ..Record::new(cx, args, op, bytes).timed(d_us, n_us, to_peers)
     }

@@ -4,7 +4,7 @@
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// What to time (`--op help` lists them): `sendrecv`, `latency`, `launch`, `put`, `ce`,
-    /// `all_to_all`, `all_to_allv`, `moe`, and the reductions `all_reduce`, `reduce_scatter`,
+    /// `all_to_all`, `all_to_all_v`, `moe`, and the reductions `all_reduce`, `reduce_scatter`,
     /// `all_gather` (against NCCL on ordinary buffers and on registered window buffers).
     #[arg(long, default_value = "sendrecv")]
     pub(crate) op: String,

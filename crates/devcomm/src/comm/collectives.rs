@@ -272,7 +272,7 @@ impl Comm {
     /// can be captured in a CUDA graph. Counts that would overrun `recv` (or read past `send`)
     /// are caught on the GPU: nothing is written out of bounds and the next check returns
     /// [`Error::CountOverflow`].
-    pub fn all_to_allv<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+    pub fn all_to_all_v<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         send: &S,
         recv: &mut R,
@@ -281,12 +281,17 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let hooks = Hooks::<T>::copy();
-        let args = HookArgs::rows(nonzero_rows("all_to_allv", row_len)?);
-        self.all_to_allv_hooked(&hooks, send, recv, counts, args, stream)
+        let args = HookArgs::rows(nonzero_rows("all_to_all_v", row_len)?);
+        self.all_to_all_v_hooked(&hooks, send, recv, counts, args, stream)
     }
 
-    /// [`Comm::all_to_allv`] through the user's hooks.
-    pub fn all_to_allv_hooked<I: DeviceRepr, O: DeviceRepr, S: DevicePtr<I>, R: DevicePtrMut<O>>(
+    /// [`Comm::all_to_all_v`] through the user's hooks.
+    pub fn all_to_all_v_hooked<
+        I: DeviceRepr,
+        O: DeviceRepr,
+        S: DevicePtr<I>,
+        R: DevicePtrMut<O>,
+    >(
         &self,
         hooks: &Hooks<I, O>,
         send: &S,
@@ -295,7 +300,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        const OP: &str = "all_to_allv";
+        const OP: &str = "all_to_all_v";
         let world = self.world_size();
         let short = [
             ("send_counts", counts.send_counts.len()),
@@ -316,18 +321,18 @@ impl Comm {
         }
         let row_len = args.cols();
         let (in_elems, out_elems) = (elems::<I>(send.num_bytes()), elems::<O>(recv.num_bytes()));
-        let (input, _s) = self.slice_ptr("all_to_allv_hooked", send, stream)?;
-        let (output, _r) = self.slice_ptr_mut("all_to_allv_hooked", recv, stream)?;
+        let (input, _s) = self.slice_ptr("all_to_all_v_hooked", send, stream)?;
+        let (output, _r) = self.slice_ptr_mut("all_to_all_v_hooked", recv, stream)?;
         let (send_counts, _a) =
-            self.slice_ptr("all_to_allv_hooked", &counts.send_counts, stream)?;
+            self.slice_ptr("all_to_all_v_hooked", &counts.send_counts, stream)?;
         let send_offsets = match &counts.send_offsets {
-            Some(o) => self.slice_ptr("all_to_allv_hooked", o, stream)?.0,
+            Some(o) => self.slice_ptr("all_to_all_v_hooked", o, stream)?.0,
             None => 0,
         };
         let (recv_counts, _c) =
-            self.slice_ptr_mut("all_to_allv_hooked", &mut counts.recv_counts, stream)?;
+            self.slice_ptr_mut("all_to_all_v_hooked", &mut counts.recv_counts, stream)?;
         let (recv_offsets, _d) =
-            self.slice_ptr_mut("all_to_allv_hooked", &mut counts.recv_offsets, stream)?;
+            self.slice_ptr_mut("all_to_all_v_hooked", &mut counts.recv_offsets, stream)?;
         let call = CollCall {
             op: OP,
             input,

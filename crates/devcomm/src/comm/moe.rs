@@ -226,7 +226,7 @@ impl Moe {
         // SAFETY: this layer's buffers, sized for max_tokens per rank; the counts (the
         // layout's, or the dispatch's received ones) stay within them.
         unsafe {
-            comm.all_to_allv_raw(
+            comm.all_to_all_v_raw(
                 &self.hooks,
                 buffer(from, rows.0),
                 buffer(to, rows.1),

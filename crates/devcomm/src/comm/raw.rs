@@ -109,14 +109,14 @@ impl Comm {
         )
     }
 
-    /// [`Comm::all_to_allv_hooked`] on device addresses: the counts stay on the GPU.
+    /// [`Comm::all_to_all_v_hooked`] on device addresses: the counts stay on the GPU.
     ///
     /// # Safety
     ///
     /// As [`Comm::all_to_all_raw`] for `send` and `recv`; each non-zero address of `counts`
     /// must hold `world_size` `u64`s (`recv_counts` and `recv_offsets` writable) until the work
     /// on `stream` has finished.
-    pub unsafe fn all_to_allv_raw(
+    pub unsafe fn all_to_all_v_raw(
         &self,
         hooks: &RawHooks,
         send: RawBuffer,
@@ -125,7 +125,7 @@ impl Comm {
         args: HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        const OP: &str = "all_to_allv";
+        const OP: &str = "all_to_all_v";
         hooks.check_sizes(OP, Some(send.elem_size), Some(recv.elem_size))?;
         let missing = [
             ("send_counts", counts.send_counts),

@@ -155,7 +155,7 @@ fn first_calls(comm: &Comm, stream: &Arc<CudaStream>, hooks: &RoundHooks, cx: &C
     step("sendrecv", sendrecv(comm, stream, cx))?;
     step("barrier", comm.barrier(stream).map_err(err))?;
     step("all_to_all", all_to_all(comm, stream, None))?;
-    step("all_to_allv", all_to_allv(comm, stream))?;
+    step("all_to_all_v", all_to_all_v(comm, stream))?;
     step("hooked all_to_all", all_to_all(comm, stream, Some(&hooks.double)))?;
     for count in [1024usize, 1 << 20] {
         let f32_what = format!("all_reduce f32 x{count} ({})", algorithm(comm, DataType::F32, count));
@@ -231,7 +231,7 @@ fn all_to_all(comm: &Comm, stream: &Arc<CudaStream>, hooks: Option<&Hooks<f32>>)
 }
 
 /// All-to-all-v of rows of 8 f32: rank `r` sends `(r + p) % 3 + 1` rows to peer `p`.
-fn all_to_allv(comm: &Comm, stream: &Arc<CudaStream>) -> Result<(), String> {
+fn all_to_all_v(comm: &Comm, stream: &Arc<CudaStream>) -> Result<(), String> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let row = 8;
     let rows = |from: usize, to: usize| ((from + to) % 3 + 1) as u64;
@@ -247,7 +247,7 @@ fn all_to_allv(comm: &Comm, stream: &Arc<CudaStream>) -> Result<(), String> {
     stream
         .memcpy_htod(&sent, &mut counts.send_counts)
         .map_err(err)?;
-    comm.all_to_allv(&send, &mut recv, &mut counts, row, stream)
+    comm.all_to_all_v(&send, &mut recv, &mut counts, row, stream)
         .map_err(err)?;
     // From peer p: its rows for this rank, which start after its rows for ranks before.
     let mut expect = Vec::new();

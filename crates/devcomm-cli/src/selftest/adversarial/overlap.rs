@@ -107,12 +107,12 @@ pub(super) fn refused_everywhere(cx: &Ctx) -> Result<String, String> {
             recv_offsets: base + 4 * n + 8 * w as u64 * 2,
         };
         expect_refused(
-            "all_to_allv_raw received counts over the send counts",
-            comm.all_to_allv_raw(&copy, half, shifted_out(half, n), counts(base + 4 * n), HookArgs::rows(1), s),
+            "all_to_all_v_raw received counts over the send counts",
+            comm.all_to_all_v_raw(&copy, half, shifted_out(half, n), counts(base + 4 * n), HookArgs::rows(1), s),
         )?;
         expect_refused(
-            "all_to_allv_raw received counts over the received data",
-            comm.all_to_allv_raw(&copy, half, shifted_out(half, n), counts(base + 4 * n + 4 * n), HookArgs::rows(1), s),
+            "all_to_all_v_raw received counts over the received data",
+            comm.all_to_all_v_raw(&copy, half, shifted_out(half, n), counts(base + 4 * n + 4 * n), HookArgs::rows(1), s),
         )?;
     }
     // Send/recv: the receive buffer over the send buffer (raw), and the zero-copy calls with

@@ -99,7 +99,7 @@ fn one(cx: &Ctx, kind: Kind, timeout: Duration) -> Result<(), String> {
                 let mut counts = AllToAllVCounts::new(s, world).map_err(err)?;
                 s.memcpy_htod(&vec![n as u64; world], &mut counts.send_counts)
                     .map_err(err)?;
-                comm.all_to_allv(&src, &mut dst, &mut counts, 1, s)
+                comm.all_to_all_v(&src, &mut dst, &mut counts, 1, s)
                     .map_err(err)?;
             }
             collect(cx, t, timeout)?;
@@ -228,7 +228,7 @@ fn soft_error(cx: &Ctx) -> Result<(CudaSlice<u64>, CudaSlice<u64>, AllToAllVCoun
     let mine = if rank == 0 { 2 * n } else { n };
     s.memcpy_htod(&vec![mine as u64; world], &mut counts.send_counts)
         .map_err(err)?;
-    comm.all_to_allv(&src, &mut scratch, &mut counts, 1, s)
+    comm.all_to_all_v(&src, &mut scratch, &mut counts, 1, s)
         .map_err(|e| format!("the faulty all-to-all-v: {e}"))?;
     s.synchronize().map_err(err)?;
     Ok((src, scratch, counts))

@@ -116,7 +116,7 @@ fn launch_v(cx: &Ctx, c: &mut VCase, row: usize) -> Result<(), Error> {
     let cap = c.capacity_rows as usize * row;
     let mut out = c.recv.slice_mut(..cap);
     cx.comm
-        .all_to_allv(&c.send, &mut out, &mut c.counts, row, &cx.stream)
+        .all_to_all_v(&c.send, &mut out, &mut c.counts, row, &cx.stream)
 }
 
 fn verify_v(cx: &Ctx, c: &VCase, what: &str) -> Result<(), String> {
@@ -133,7 +133,7 @@ fn verify_v(cx: &Ctx, c: &VCase, what: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn check_all_to_allv(cx: &Ctx) -> Detail {
+pub(super) fn check_all_to_all_v(cx: &Ctx) -> Detail {
     // (row bytes, max rows per pair, one very large pair, explicit offsets with gaps)
     let cases: [(usize, u64, Option<u64>, bool); 5] = [
         (1, 50, None, false),
@@ -239,7 +239,7 @@ pub(super) fn check_graph(cx: &Ctx, replays: usize) -> Detail {
     cx.host_barrier()?;
     let graph = cx.capture(|| {
         cx.comm
-            .all_to_allv(&send, &mut recv, &mut counts, row, &cx.stream)
+            .all_to_all_v(&send, &mut recv, &mut counts, row, &cx.stream)
     })?;
     for r in 0..replays {
         let v = (r * 3 + 1) % variants;
@@ -349,7 +349,7 @@ pub(super) fn check_mixed_kinds(cx: &Ctx) -> Detail {
     cx.host_barrier()?;
     launch_v(cx, &mut c, 32).map_err(err)?;
     cx.sync()?;
-    verify_v(cx, &c, "all_to_allv")?;
+    verify_v(cx, &c, "all_to_all_v")?;
     cx.host_barrier()?;
     Ok(format!(
         "peers tuned as network: {tuned:?}; all-to-all (3 sizes) and all-to-all-v verified"

@@ -23,7 +23,7 @@ pub(super) const CHECKS: &[Check] = &[
         name: "a2av_counts",
         ranks: Ranks::AtLeast(2),
         about: "all-to-all-v on random count matrices; counts and offsets returned",
-        run: |cx, _| verified(a2av::check_all_to_allv(cx)),
+        run: |cx, _| verified(a2av::check_all_to_all_v(cx)),
     },
     Check {
         name: "a2a_examples",

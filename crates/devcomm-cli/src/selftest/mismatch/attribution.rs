@@ -36,8 +36,8 @@ pub(super) fn soft_error(cx: &Ctx, timeout: Duration) -> Result<String, String> 
     let mut scratch = stream
         .alloc_zeros::<u64>(4 * n * world)
         .map_err(|e| e.to_string())?;
-    comm.all_to_allv(&src, &mut scratch, &mut counts, 1, stream)
-        .map_err(|e| format!("all_to_allv launch: {e}"))?;
+    comm.all_to_all_v(&src, &mut scratch, &mut counts, 1, stream)
+        .map_err(|e| format!("all_to_all_v launch: {e}"))?;
     // The faulty call has run (and recorded its error) before the next one is launched.
     stream.synchronize().map_err(|e| e.to_string())?;
     comm.all_to_all(&src, &mut dst, stream)

@@ -103,7 +103,7 @@ fn one_case(cx: &Ctx, f: &Fresh, call: Call, timeout: Duration) -> Result<String
         match call {
             Call::AllGatherRing(_) => comm.all_gather_ring(&send, &mut view64, stream),
             Call::AllToAll(_) => comm.all_to_all(&send, &mut view64, stream),
-            Call::AllToAllV(_) => comm.all_to_allv(&send, &mut view64, &mut counts, 1, stream),
+            Call::AllToAllV(_) => comm.all_to_all_v(&send, &mut view64, &mut counts, 1, stream),
             Call::Barrier => comm.barrier(stream),
         }
     };
