@@ -1,7 +1,7 @@
 //! A window's network path (docs/NETWORK.md, "Users' kernels and network peers"): what a
 //! [`Window`](crate::Window) holds towards network peers. `Comm::window` registers the
 //! window's data and signal pad with the communicator's transport in a job with network links
-//! (`comm/net_window.rs`); kernels receive the handle beside the `DeviceWindow` and route each
+//! (`p2p/net_keys.rs`); kernels receive the handle beside the `DeviceWindow` and route each
 //! peer with `window_net.cuh`.
 
 use std::sync::Arc;

@@ -4,7 +4,6 @@
 mod builder;
 mod collectives;
 mod moe;
-mod net_window;
 mod p2p;
 mod pool;
 pub mod raw;
@@ -132,6 +131,16 @@ impl Comm {
     /// network path; [`Tuning::has_network_links`]).
     pub(crate) fn net_links(&self) -> bool {
         self.group.mesh.network_in_job()
+    }
+
+    /// Collective, in a job with network links: the network key of a registration of
+    /// `[ptr, ptr + bytes)` (`None` without network links or when the transport refused it).
+    pub(crate) fn network_key(
+        &self,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<Option<crate::memory::NetworkKey>> {
+        self.p2p.network_key(self.rank(), ptr, bytes)
     }
 
     /// What the reductions' network algorithm and the barrier launch through.

@@ -175,16 +175,10 @@ impl Comm {
     /// [`Window::net_handle`] (docs/NETWORK.md, "Users' kernels and network peers").
     pub fn window<T: DeviceRepr>(&self, len: usize, signal_count: usize) -> Result<Window<T>> {
         let mut window = Window::new(&self.group, len, signal_count)?;
-        if let Some(net) = self.p2p.network() {
-            let h = window.device_handle();
-            let pad_bytes = (h.world_size as u64 + h.signal_count) * 8;
-            let path = net.window_path((h.data, h.data_bytes), (h.signals, pad_bytes))?;
-            if let crate::window_net::NetPath::Unavailable(reason) = &path {
-                log::warn!(
-                    "rank {}: window without a network path: {reason}",
-                    self.group.rank
-                );
-            }
+        if let Some(path) = self
+            .p2p
+            .window_net_path(self.rank(), &window.device_handle())?
+        {
             window.set_net_path(path);
         }
         Ok(window)

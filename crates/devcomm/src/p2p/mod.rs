@@ -14,6 +14,7 @@ pub mod defaults;
 mod kernels;
 mod launch;
 pub(crate) mod net;
+mod net_keys;
 pub(crate) mod plan;
 pub mod protocol;
 pub mod sweep;

@@ -1,12 +1,15 @@
-//! A window's network path (docs/NETWORK.md, "Users' kernels and network peers"): in a job with
-//! network links, `Comm::window` registers the window's data and signal pad (GPU memory) with
-//! the transport, so that users' kernels reach network peers through the communicator's queues
+//! Network keys of registered memory and windows (docs/NETWORK.md, "Users' kernels and
+//! network peers"): in a job with network links, registrations, pool segments and windows are
+//! also registered with the send/recv family's network transport, so that network peers'
+//! puts reach them and users' kernels reach network peers through the communicator's queues
 //! (`window_net.cuh`) beside their NVLink peers in the same launch.
 
+use super::net::NetPeers;
+use super::P2P;
+use crate::abi::DeviceWindow;
 use crate::error::Result;
 use crate::memory::NetworkKey;
 use crate::net::{route, WindowNetHandle};
-use crate::p2p::net::NetPeers;
 use crate::window_net::{NetKeys, NetPath};
 
 impl NetPeers {
@@ -61,12 +64,17 @@ impl NetPeers {
     }
 }
 
-impl super::Comm {
+impl P2P {
     /// Collective, in a job with network links: registers a user buffer (GPU memory) with the
     /// network transport, for its `RegisteredBuffer::lkey`. `None` without network links, or
     /// when the transport could not register it (logged; the same on every rank).
-    pub(super) fn network_key(&self, ptr: u64, bytes: usize) -> Result<Option<NetworkKey>> {
-        let Some(net) = self.p2p.network() else {
+    pub(crate) fn network_key(
+        &self,
+        rank: usize,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<Option<NetworkKey>> {
+        let Some(net) = self.network() else {
             return Ok(None);
         };
         match net.register_gpu(&[(ptr, bytes as u64)])? {
@@ -75,13 +83,25 @@ impl super::Comm {
                 _release: Box::new(keys),
             })),
             Err(reason) => {
-                log::warn!(
-                    "rank {}: registered buffer without a network key: {reason}",
-                    self.group.rank
-                );
+                log::warn!("rank {rank}: registered buffer without a network key: {reason}");
                 Ok(None)
             }
         }
+    }
+
+    /// Collective, in a job with network links: the network path of a window whose device
+    /// handle is `h` (its data and signal pad registered; `NetPath::Unavailable` with the
+    /// reason, logged, when the transport refused); `None` without network links.
+    pub(crate) fn window_net_path(&self, rank: usize, h: &DeviceWindow) -> Result<Option<NetPath>> {
+        let Some(net) = self.network() else {
+            return Ok(None);
+        };
+        let pad_bytes = (h.world_size as u64 + h.signal_count) * 8;
+        let path = net.window_path((h.data, h.data_bytes), (h.signals, pad_bytes))?;
+        if let NetPath::Unavailable(reason) = &path {
+            log::warn!("rank {rank}: window without a network path: {reason}");
+        }
+        Ok(Some(path))
     }
 }
 
