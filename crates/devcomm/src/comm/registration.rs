@@ -125,6 +125,17 @@ pub struct RegisteredRange<'r> {
     _registration: PhantomData<&'r ()>,
 }
 
+impl RegisteredRange<'_> {
+    /// The range as the send/recv family takes it.
+    pub(crate) fn plain(&self) -> crate::p2p::registered::RegRange {
+        crate::p2p::registered::RegRange {
+            handle: self.handle,
+            offset: self.offset,
+            bytes: self.bytes,
+        }
+    }
+}
+
 impl RegisteredRange<'static> {
     /// A range of a registration made with [`Comm::register_raw`] (for bindings that keep
     /// registrations by handle).

@@ -7,7 +7,8 @@ use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr};
 
 use super::{Comm, RegisteredRange};
 use crate::error::{Error, Result};
-use crate::p2p::{zero_copy_route, Transfer, ZcRole, ZcRoute};
+use crate::p2p::registered::{first_too_small, zc_recv, zc_send, zc_target, RegCtx};
+use crate::p2p::{zero_copy_route, ZcRoute};
 
 /// Zero-copy send/recv into registered buffers.
 ///
@@ -44,13 +45,9 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let (ptr, _sync) = self.slice_ptr("send_registered", buf, stream)?;
-        if self.is_net_peer(peer) {
-            let send = self.zc_net_send(ptr, buf.num_bytes() as u64, peer, dst)?;
-            return self.sendrecv_routed(Some(send), None, stream);
-        }
-        let send = self.zc_send(ptr, buf.num_bytes() as u64, peer, dst)?;
+        let src = (ptr, buf.num_bytes() as u64);
         self.p2p
-            .launch_zero_copy(&self.group, &self.jit, Some(send), None, stream)
+            .send_registered(self.reg_cx(), src, peer, dst.plain(), stream)
     }
 
     /// Receives `dst.bytes` from `peer` into this rank's buffer of `dst`'s registration at
@@ -61,13 +58,8 @@ impl Comm {
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        if self.is_net_peer(peer) {
-            let recv = self.zc_net_recv(dst, peer)?;
-            return self.sendrecv_routed(None, Some(recv), stream);
-        }
-        let recv = self.zc_recv(dst, peer)?;
         self.p2p
-            .launch_zero_copy(&self.group, &self.jit, None, Some(recv), stream)
+            .recv_registered(self.reg_cx(), dst.plain(), peer, stream)
     }
 
     /// Both at once: sends `send_buf` into `send_peer`'s buffer of `send_dst`'s registration
@@ -107,41 +99,12 @@ impl Comm {
             .get_nvlink_address(recv_dst.handle, self.rank())
             .map(|base| (base.saturating_add(recv_dst.offset), recv_dst.bytes));
         self.refuse_overlap("sendrecv_registered", Some((ptr, bytes)), own)?;
-        match zc_path(self.is_net_peer(send_peer), self.is_net_peer(recv_peer)) {
-            ZcPath::Network => {
-                let send = self.zc_net_send(ptr, bytes, send_peer, send_dst)?;
-                let recv = self.zc_net_recv(recv_dst, recv_peer)?;
-                self.sendrecv_routed(Some(send), Some(recv), stream)
-            }
-            ZcPath::Mixed { send_by_network } => {
-                // Both roles resolved and their ranges checked before anything is launched.
-                let (network, nvlink) = if send_by_network {
-                    let send = self.zc_net_send(ptr, bytes, send_peer, send_dst)?;
-                    let recv = self.zc_recv(recv_dst, recv_peer)?;
-                    ([Some(send), None], [None, Some(recv)])
-                } else {
-                    let send = self.zc_send(ptr, bytes, send_peer, send_dst)?;
-                    let recv = self.zc_net_recv(recv_dst, recv_peer)?;
-                    ([None, Some(recv)], [Some(send), None])
-                };
-                let (p2p, group, jit) = (&self.p2p, &self.group, &self.jit);
-                self.p2p
-                    .network_for("sendrecv_registered", self.rank())?
-                    .launch_split(
-                        p2p,
-                        jit,
-                        network,
-                        |s| p2p.launch_zero_copy(group, jit, nvlink[0], nvlink[1], s),
-                        stream,
-                    )
-            }
-            ZcPath::Nvlink => {
-                let send = self.zc_send(ptr, bytes, send_peer, send_dst)?;
-                let recv = self.zc_recv(recv_dst, recv_peer)?;
-                self.p2p
-                    .launch_zero_copy(&self.group, &self.jit, Some(send), Some(recv), stream)
-            }
-        }
+        self.p2p.sendrecv_registered(
+            self.reg_cx(),
+            (ptr, bytes, send_peer, send_dst.plain()),
+            (recv_dst.plain(), recv_peer),
+            stream,
+        )
     }
 
     /// All-to-all into a registered output: `send` holds `world_size` equal chunks, chunk `p`
@@ -189,7 +152,7 @@ impl Comm {
         }
         let chunk = total / world as u64;
         // This rank's output range (and the registration) first.
-        let (own, _) = self.zc_target(OP, recv, rank)?;
+        let (own, _) = zc_target(self.reg_cx(), OP, recv.plain(), rank)?;
         // Then every rank's, from the sizes all ranks registered: each refuses the same call,
         // on either route, before any launches (a fused launch would wait for a refuser).
         let sizes = self.registry.sizes(recv.handle).unwrap_or_default();
@@ -238,8 +201,9 @@ impl Comm {
         let steps = (1..world)
             .map(|k| {
                 let (to, from) = ((rank + k) % world, (rank + world - k) % world);
-                let send = self.zc_send(src + to as u64 * chunk, chunk, to, at(rank))?;
-                let recv = self.zc_recv(at(from), from)?;
+                let cx = self.reg_cx();
+                let send = zc_send(cx, src + to as u64 * chunk, chunk, to, at(rank).plain())?;
+                let recv = zc_recv(cx, at(from).plain(), from)?;
                 Ok((send, recv))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -257,227 +221,12 @@ impl Comm {
         Ok(())
     }
 
-    /// Whether `peer` is another rank reached over the network.
-    fn is_net_peer(&self, peer: usize) -> bool {
-        self.group.mesh.is_network(peer)
-    }
-
-    /// The send role of a zero-copy call to a network peer, as a send of the network route
-    /// into the peer's registered range: the range is checked against the size the peer
-    /// registered (every rank's size is known here), the receiver checks the message's size.
-    fn zc_net_send(
-        &self,
-        src: u64,
-        bytes: u64,
-        peer: usize,
-        dst: RegisteredRange<'_>,
-    ) -> Result<Transfer> {
-        const OP: &str = "send_registered";
-        self.zc_same_size(bytes, peer, dst)?;
-        let Some(sizes) = self.registry.sizes(dst.handle) else {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                reason: format!(
-                    "{:#x} is not a registered handle on rank {}",
-                    dst.handle,
-                    self.rank()
-                ),
-            });
-        };
-        let capacity = sizes.get(peer).copied().unwrap_or(0);
-        if first_too_small(dst.offset, bytes, &[capacity]).is_some() {
-            return Err(Error::CapacityExceeded {
-                op: OP,
-                peer,
-                bytes: dst.offset.saturating_add(bytes),
-                capacity,
-            });
+    /// What the send/recv family's registered calls need from the communicator.
+    fn reg_cx(&self) -> RegCtx<'_> {
+        RegCtx {
+            group: &self.group,
+            jit: &self.jit,
+            registry: &self.registry,
         }
-        Ok(Transfer {
-            ptr: src,
-            bytes,
-            peer,
-            config: None,
-        })
-    }
-
-    /// The receive role of a zero-copy call from a network peer: a receive of the network
-    /// route into this rank's registered range (checked here).
-    fn zc_net_recv(&self, dst: RegisteredRange<'_>, peer: usize) -> Result<Transfer> {
-        let (buf, _reg) = self.zc_target("recv_registered", dst, self.rank())?;
-        Ok(Transfer {
-            ptr: buf,
-            bytes: dst.bytes,
-            peer,
-            config: None,
-        })
-    }
-
-    /// Refuses a send whose message and registered range differ in size.
-    fn zc_same_size(&self, bytes: u64, peer: usize, dst: RegisteredRange<'_>) -> Result<()> {
-        if dst.bytes == bytes {
-            return Ok(());
-        }
-        Err(Error::InvalidArgument {
-            op: "send_registered",
-            reason: format!(
-                "rank {}: the message to peer {peer} is {bytes} bytes, its registered range {} \
-                 bytes",
-                self.rank(),
-                dst.bytes
-            ),
-        })
-    }
-
-    /// Resolves and bounds-checks the send role.
-    fn zc_send(
-        &self,
-        src: u64,
-        bytes: u64,
-        peer: usize,
-        dst: RegisteredRange<'_>,
-    ) -> Result<ZcRole> {
-        const OP: &str = "send_registered";
-        self.zc_same_size(bytes, peer, dst)?;
-        let (remote, reg) = self.zc_target(OP, dst, peer)?;
-        Ok(ZcRole {
-            buf: src,
-            bytes,
-            peer,
-            reg,
-            offset: dst.offset,
-            remote,
-        })
-    }
-
-    /// Resolves and bounds-checks the receive role (the peer is checked at launch).
-    fn zc_recv(&self, dst: RegisteredRange<'_>, peer: usize) -> Result<ZcRole> {
-        let (buf, reg) = self.zc_target("recv_registered", dst, self.rank())?;
-        Ok(ZcRole {
-            buf,
-            bytes: dst.bytes,
-            peer,
-            reg,
-            offset: dst.offset,
-            remote: 0,
-        })
-    }
-
-    /// `owner`'s buffer of `dst`'s registration as mapped here, plus `dst.offset`, and the
-    /// registration id, after checking that `dst.bytes` fit.
-    fn zc_target(
-        &self,
-        op: &'static str,
-        dst: RegisteredRange<'_>,
-        owner: usize,
-    ) -> Result<(u64, u64)> {
-        let bytes = dst.bytes;
-        if owner >= self.world_size() {
-            return Err(Error::InvalidArgument {
-                op,
-                reason: format!(
-                    "peer {owner} is not a rank (world size {})",
-                    self.world_size()
-                ),
-            });
-        }
-        let Some(target) = self.registry.target(dst.handle, owner) else {
-            if self.registry.target(dst.handle, self.rank()).is_none() {
-                return Err(Error::InvalidArgument {
-                    op,
-                    reason: format!(
-                        "{:#x} is not a registered handle on rank {}",
-                        dst.handle,
-                        self.rank()
-                    ),
-                });
-            }
-            return Err(Error::NoPath {
-                op,
-                rank: self.rank(),
-                peer: owner,
-                kind: self.topology().kind(owner).to_string(),
-            });
-        };
-        let end = dst.offset.checked_add(bytes);
-        match end {
-            Some(end) if end <= target.bytes => Ok((target.ptr + dst.offset, target.id)),
-            _ => Err(Error::CapacityExceeded {
-                op,
-                peer: owner,
-                bytes: end.unwrap_or(u64::MAX),
-                capacity: target.bytes,
-            }),
-        }
-    }
-}
-
-/// How a `sendrecv_registered` call runs, by whether each role's peer is a network peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ZcPath {
-    /// Zero-copy over NVLink: neither peer is a network peer (one that is not another rank is
-    /// refused by the NVLink path).
-    Nvlink,
-    /// Both roles through the network route, staged.
-    Network,
-    /// One role of each kind: the NVLink role zero-copy on the caller's stream, the network
-    /// role (the send role when `send_by_network`) staged beside it on the side stream.
-    Mixed {
-        /// Whether the send role is the network one.
-        send_by_network: bool,
-    },
-}
-
-/// The path of a `sendrecv_registered` call (pure).
-fn zc_path(send_net: bool, recv_net: bool) -> ZcPath {
-    match (send_net, recv_net) {
-        (false, false) => ZcPath::Nvlink,
-        (true, true) => ZcPath::Network,
-        (send_by_network, _) => ZcPath::Mixed { send_by_network },
-    }
-}
-
-/// The first rank whose registered size cannot hold `bytes` at `offset`, with that size (pure).
-fn first_too_small(offset: u64, bytes: u64, sizes: &[u64]) -> Option<(usize, u64)> {
-    let end = offset.checked_add(bytes);
-    sizes
-        .iter()
-        .enumerate()
-        .find(|&(_, &cap)| end.is_none_or(|end| end > cap))
-        .map(|(rank, &cap)| (rank, cap))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{first_too_small, zc_path, ZcPath};
-
-    #[test]
-    fn a_call_with_one_role_of_each_kind_is_split_by_kind() {
-        assert_eq!(zc_path(false, false), ZcPath::Nvlink);
-        assert_eq!(zc_path(true, true), ZcPath::Network);
-        assert_eq!(
-            zc_path(true, false),
-            ZcPath::Mixed {
-                send_by_network: true
-            }
-        );
-        assert_eq!(
-            zc_path(false, true),
-            ZcPath::Mixed {
-                send_by_network: false
-            }
-        );
-    }
-
-    #[test]
-    fn every_rank_registered_size_is_checked() {
-        assert_eq!(first_too_small(0, 64, &[64, 64, 64]), None);
-        assert_eq!(first_too_small(16, 64, &[128, 64, 128]), Some((1, 64)));
-        assert_eq!(first_too_small(0, 65, &[64, 32]), Some((0, 64)));
-        assert_eq!(
-            first_too_small(u64::MAX, 1, &[u64::MAX]),
-            Some((0, u64::MAX))
-        );
-        assert_eq!(first_too_small(0, 0, &[]), None);
     }
 }

@@ -17,6 +17,7 @@ pub(crate) mod net;
 mod net_keys;
 pub(crate) mod plan;
 pub mod protocol;
+pub(crate) mod registered;
 pub mod sweep;
 pub mod switches;
 pub mod tune;
