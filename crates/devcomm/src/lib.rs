@@ -31,12 +31,10 @@
 #![warn(unreachable_pub)]
 
 pub mod abi;
-// The modules below marked `allow(unreachable_pub)` still have `pub` items that are private
-// to the crate; they are being changed by other work and follow in a later commit.
-#[allow(unreachable_pub)]
-pub mod collective;
+// The two modules below marked `allow(unreachable_pub)` (`cuda`, `net`) still have `pub` items
+// that are private to the crate.
+pub(crate) mod collective;
 pub(crate) mod comm;
-#[allow(unreachable_pub)]
 pub mod config;
 #[allow(unreachable_pub)]
 pub(crate) mod cuda;
@@ -44,7 +42,6 @@ pub mod device;
 pub mod error;
 pub(crate) mod group;
 pub(crate) mod handles;
-#[allow(unreachable_pub)]
 pub mod jit;
 pub(crate) mod kernel_load;
 pub mod kernels;
@@ -53,19 +50,16 @@ pub(crate) mod mesh;
 pub mod moe;
 #[allow(unreachable_pub)]
 pub mod net;
-#[allow(unreachable_pub)]
 pub mod p2p;
-#[allow(unreachable_pub)]
 pub mod reduce;
 pub mod testing;
-#[allow(unreachable_pub)]
 pub mod topology;
 pub mod trace;
 pub(crate) mod window;
 pub(crate) mod window_net;
 
 pub use abi::{DeviceOp, DeviceWindow, RegisteredBuffer};
-pub use collective::{AllToAllVCounts, Hooks, RawHooks};
+pub use collective::{AllToAllVCounts, CollShape, Hooks, RawHooks};
 pub use comm::raw;
 pub use comm::{
     Comm, CommBuilder, DispatchBuffers, HookArgs, Moe, PoolSlice, RegisteredRange, Registration,

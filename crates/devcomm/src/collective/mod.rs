@@ -2,8 +2,6 @@
 //! peer x block kernel over the send/recv protocol, with the user's `produce`/`consume` hooks
 //! compiled into the copy steps by the JIT.
 
-pub use crate::abi::coll_launch as handle;
-
 mod aliasing;
 mod hooks;
 mod shape;
@@ -14,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
 
 use crate::abi::coll_launch::CollLaunch;
-pub use crate::abi::coll_launch::{MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
+pub(crate) use crate::abi::coll_launch::{MODE_DEVICE_COUNTS, MODE_PEER_ROWS, MODE_UNIFORM};
 use crate::abi::net::NetP2PLaunch;
 use crate::cuda::linear_launch;
 use crate::error::{CudaResultExt, Error, Result};
@@ -25,10 +23,8 @@ use crate::p2p::P2P;
 
 pub(crate) use aliasing::{first_written_overlap, overlap, Buf};
 pub use hooks::{Hooks, RawHooks};
-pub use shape::{
-    coll_shape, fit_low_latency, CollShape, LL_BLOCK_BYTES, LL_MAX_BYTES, MAX_BLOCKS_PER_PEER,
-    SELF_BLOCK_BYTES, THREADS,
-};
+pub use shape::CollShape;
+pub(crate) use shape::{coll_shape, fit_low_latency, THREADS};
 
 /// A loaded collective kernel: the function, its resident blocks per SM, its load gate.
 type LoadedKernel = (CudaFunction, u32, Arc<KernelGate>);

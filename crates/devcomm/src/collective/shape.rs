@@ -2,22 +2,17 @@
 //! the p2p window and small (LL) transfers. Pure functions, the same on every rank.
 
 /// Threads per block of the collective kernel (16 warps: 16 bulk channels per block).
-pub const THREADS: u32 = 512;
+pub(crate) const THREADS: u32 = 512;
 
 /// Most blocks per (peer, role). Each role of each peer gets at most this many; the kernel has
 /// `(2 W - 1)` roles, which must all be resident at once.
-pub const MAX_BLOCKS_PER_PEER: u32 = 32;
-
-/// Own-chunk bytes per block of the own chunk's role, by default (see [`coll_shape`]). The
-/// own chunk is a local copy, about 15 GB/s per SM on H200, while a peer's chunk moves at
-/// 3-6 GB/s per sending SM, so the own chunk needs fewer blocks than a peer.
-pub const SELF_BLOCK_BYTES: u64 = 128 << 10;
+pub(crate) const MAX_BLOCKS_PER_PEER: u32 = 32;
 
 /// Wire bytes per (peer, direction) up to which the kernel moves LL lines, one block per
 /// [`LL_BLOCK_BYTES`] (`kLlMax` and `THREADS x 16` in `collective.cuh`).
-pub const LL_MAX_BYTES: u64 = 128 << 10;
+pub(crate) const LL_MAX_BYTES: u64 = 128 << 10;
 /// Wire bytes one block moves as LL lines.
-pub const LL_BLOCK_BYTES: u64 = THREADS as u64 * 16;
+pub(crate) const LL_BLOCK_BYTES: u64 = THREADS as u64 * 16;
 
 /// `shape` with no more blocks per peer than a transfer of `peer_wire` bytes (every peer's, in
 /// each direction, equal on every rank) uses when it goes as LL lines: the kernel's plan gives
@@ -26,7 +21,7 @@ pub const LL_BLOCK_BYTES: u64 = THREADS as u64 * 16;
 /// 127. Larger transfers (LL128, bulk) keep the shape. The plan takes the smaller of its own
 /// count and the blocks per peer, so a lower value where the device constants differ stays
 /// correct, as long as every rank computes the same shape.
-pub fn fit_low_latency(shape: CollShape, peer_wire: Option<u64>) -> CollShape {
+pub(crate) fn fit_low_latency(shape: CollShape, peer_wire: Option<u64>) -> CollShape {
     match peer_wire {
         Some(w) if w <= LL_MAX_BYTES => CollShape {
             per_peer: shape.per_peer.min(w.div_ceil(LL_BLOCK_BYTES).max(1) as u32),
@@ -60,7 +55,7 @@ impl CollShape {
 /// `self_block_bytes` is not 0: then the own chunk gets one block per `self_block_bytes` (at
 /// least 1, at most the share), and when that is fewer than the share the peers split the SMs
 /// it leaves. Every rank computes the same shape from the same arguments.
-pub fn coll_shape(
+pub(crate) fn coll_shape(
     sm_count: u32,
     world: usize,
     max_blocks: u32,
@@ -92,6 +87,11 @@ pub fn coll_shape(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Own-chunk bytes per block of the own chunk's role (the setting's default): the own chunk
+    /// is a local copy, about 15 GB/s per SM on H200, while a peer's chunk moves at 3-6 GB/s per
+    /// sending SM, so the own chunk needs fewer blocks than a peer.
+    const SELF_BLOCK_BYTES: u64 = 128 << 10;
 
     #[test]
     fn low_latency_transfers_get_only_the_blocks_their_plan_uses() {

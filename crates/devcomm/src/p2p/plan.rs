@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 
 /// What a plan depends on besides the call itself.
 #[derive(Debug, Clone, Copy)]
-pub struct PlanInputs<'a> {
+pub(crate) struct PlanInputs<'a> {
     /// The window sizes.
     pub limits: &'a P2PLimits,
     /// The loaded tuning table, if any.
@@ -28,7 +28,7 @@ pub struct PlanInputs<'a> {
 impl PlanInputs<'_> {
     /// The configuration a call of `bytes` without an explicit one uses: the tuning table's
     /// bucket when a table is loaded and covers the size, the built-in defaults otherwise.
-    pub fn config_for(&self, bytes: u64) -> P2PConfig {
+    pub(crate) fn config_for(&self, bytes: u64) -> P2PConfig {
         self.tune
             .and_then(|t| t.config_for(bytes))
             .unwrap_or_else(|| default_config(bytes, self.limits, &self.switches))
@@ -37,7 +37,7 @@ impl PlanInputs<'_> {
 
 /// One role of a launch as a kernel gets it, less the counters' addresses (the launcher's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PlannedSide {
+pub(crate) struct PlannedSide {
     /// The peer rank.
     pub peer: usize,
     /// Source (send) or destination (recv).
@@ -52,7 +52,7 @@ pub struct PlannedSide {
 
 /// A kernel and its one-dimensional grid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grid {
+pub(crate) struct Grid {
     /// Which kernel.
     pub kernel: KernelKey,
     /// Blocks.
@@ -64,7 +64,7 @@ pub struct Grid {
 /// Everything a send/recv launch does, decided before anything is enqueued. Index 0 is the
 /// send role, 1 the receive role.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// The roles of the SM kernel (LL, LL128, staged; the staged side of a negotiated role).
     pub sm: [Option<PlannedSide>; 2],
     /// The copy-engine side of a negotiated role (gated, moved by SMs when chosen); it rides
@@ -84,12 +84,12 @@ pub struct Plan {
 
 impl Plan {
     /// True when the call moves nothing.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.peers() == [-1, -1]
     }
 
     /// The peer of each role (-1: none).
-    pub fn peers(&self) -> [i32; 2] {
+    pub(crate) fn peers(&self) -> [i32; 2] {
         [0, 1].map(|i| {
             self.sm[i]
                 .or(self.negotiated[i])
@@ -100,12 +100,12 @@ impl Plan {
 
     /// True when the copy streams push the send role's chunks (a copy-engine send whose
     /// pushed half is not moved by SMs).
-    pub fn pushes_by_copy_engine(&self) -> bool {
+    pub(crate) fn pushes_by_copy_engine(&self) -> bool {
         self.ce[0].is_some_and(|s| s.flags & P2P_SIDE_PULL == 0)
     }
 
     /// True when the receiver's copy stream pulls the receive role's chunks.
-    pub fn pulls_by_copy_engine(&self) -> bool {
+    pub(crate) fn pulls_by_copy_engine(&self) -> bool {
         self.ce[1].is_some_and(|s| s.flags & P2P_SIDE_PULL == 0)
     }
 }
@@ -114,7 +114,7 @@ impl Plan {
 /// dropped). `check_peer(op, peer)` vets each role's peer (in role order, before its
 /// configuration is checked). Errors: a bad peer, a configuration the window cannot hold
 /// (the guard, [`P2PConfig::check`]), a negotiated role not on [`MAX_ROLE_THREADS`] threads.
-pub fn plan(
+pub(crate) fn plan(
     send: Option<Transfer>,
     recv: Option<Transfer>,
     inputs: &PlanInputs<'_>,
