@@ -16,7 +16,7 @@
 //! | 4 | `group`, `kernel_load` | rank, store (`devcomm_bootstrap`), context, topology, error state and trace in one `Arc`; the one load path of the kernel modules |
 //! | 5 | [`net`], `memory` | the network transport (UCX proxy, descriptor queues, routes); symmetric allocations, registered user buffers and the memory pool |
 //! | 6 | `window_net`, `window` | a window's network side; [`Window<T>`](Window) and its [`DeviceWindow`] handle |
-//! | 7 | [`p2p`], [`collective`] | send/recv (`plan` decides, `launch` carries out); the hooked collectives on its protocol |
+//! | 7 | [`p2p`], `collective` | send/recv (`plan` decides, `launch` carries out); the hooked collectives on its protocol |
 //! | 8 | [`reduce`], [`moe`] | the reductions (planners, window and launch); MoE dispatch and combine, the pure part (row layout, buffer sizes, the host reference) |
 //! | 9 | [`kernels`] | every kernel module by kind and its spec |
 //! | top | `comm`, [`testing`] | [`Comm`]: builder, setup, send/recv, collectives, hooked send/recv, zero-copy, registration, reductions, MoE; helpers of the self-test on raw device memory |
