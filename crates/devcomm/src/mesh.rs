@@ -60,8 +60,8 @@ pub(crate) enum P2PRoute {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Mesh {
     rank: usize,
+    /// Each peer's link kind; its transport is [`transport_of`] it.
     kinds: Vec<LinkKind>,
-    routes: Vec<Transport>,
     network_in_job: bool,
 }
 
@@ -75,7 +75,6 @@ impl Mesh {
         Self {
             rank: topology.rank,
             kinds: topology.kinds.clone(),
-            routes: topology.kinds.iter().map(|&k| transport_of(k)).collect(),
             network_in_job,
         }
     }
@@ -90,7 +89,7 @@ impl Mesh {
 
     /// The transport to `peer` (`None`: not a rank).
     pub(crate) fn transport(&self, peer: usize) -> Option<Transport> {
-        self.routes.get(peer).copied()
+        self.kinds.get(peer).map(|&k| transport_of(k))
     }
 
     /// Whether `peer` is another rank that the network carries.
@@ -100,14 +99,16 @@ impl Mesh {
 
     /// The peers the network carries, ascending.
     pub(crate) fn network_peers(&self) -> Vec<usize> {
-        (0..self.routes.len())
+        (0..self.kinds.len())
             .filter(|&p| self.is_network(p))
             .collect()
     }
 
     /// Whether some peer of this rank is carried by the network.
     pub(crate) fn has_network_peers(&self) -> bool {
-        self.routes.contains(&Transport::Network)
+        self.kinds
+            .iter()
+            .any(|&k| transport_of(k) == Transport::Network)
     }
 
     /// Whether some link of the job, on any rank, is carried by the network (the same
@@ -121,7 +122,7 @@ impl Mesh {
     /// it); else `Error::NoPath` for `op`, naming the first peer neither reaches and its link
     /// kind.
     pub(crate) fn check_nvlink(&self, op: &'static str, network_ok: bool) -> Result<()> {
-        let unreached = self.routes.iter().position(|&t| match t {
+        let unreached = self.kinds.iter().position(|&k| match transport_of(k) {
             Transport::Local | Transport::Nvlink => false,
             Transport::Network => !network_ok,
             Transport::Unserved(_) => true,
@@ -198,7 +199,6 @@ mod tests {
         Mesh {
             rank,
             kinds: kinds.to_vec(),
-            routes: kinds.iter().map(|&k| transport_of(k)).collect(),
             network_in_job,
         }
     }

@@ -292,10 +292,9 @@ impl Comm {
         args: &HookArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let count = buf.len() as u64;
-        let (p, _r) = self.slice_ptr_mut("all_reduce_hooked_in_place", buf, stream)?;
         let c = Collective::AllReduce;
-        self.hooked(c, T::DTYPE, op, (p, p, count), (hooks.raw(), args), stream)
+        let name = "all_reduce_hooked_in_place";
+        self.hooked_in_place(name, c, hooks, buf, (op, args), stream)
     }
 
     /// [`Comm::all_reduce_hooked`] on raw device addresses; in place when `input == output`.
@@ -362,10 +361,8 @@ impl Comm {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let c = Collective::ReduceScatter;
-        let count =
-            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
-        let (p, _r) = self.slice_ptr_mut("reduce_scatter_hooked_in_place", buf, stream)?;
-        self.hooked(c, T::DTYPE, op, (p, p, count), (hooks.raw(), args), stream)
+        let name = "reduce_scatter_hooked_in_place";
+        self.hooked_in_place(name, c, hooks, buf, (op, args), stream)
     }
 
     /// [`Comm::reduce_scatter_hooked`] on raw device addresses (`input`: `world_size x
@@ -506,6 +503,23 @@ impl Comm {
     }
 
     /// The typed in-place forms whose input is this rank's shard of `buf`.
+    /// The typed hooked in-place forms: `buf` is the input and (all-reduce) the output, or
+    /// holds this rank's output shard (reduce-scatter).
+    fn hooked_in_place<T: Reducible, R: DevicePtrMut<T>>(
+        &self,
+        name: &'static str,
+        c: Collective,
+        hooks: &Hooks<T>,
+        buf: &mut R,
+        (op, args): (ReduceOp, &HookArgs),
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let count =
+            in_place_count(c, self.world_size(), buf.len()).map_err(invalid(c, self.rank()))?;
+        let (p, _r) = self.slice_ptr_mut(name, buf, stream)?;
+        self.hooked(c, T::DTYPE, op, (p, p, count), (hooks.raw(), args), stream)
+    }
+
     fn sharded_in_place<T: Reducible, R: DevicePtrMut<T>>(
         &self,
         name: &'static str,

@@ -9,6 +9,7 @@
 
 mod cases;
 mod hooked;
+mod pool_adopted;
 mod pool_cases;
 mod reference;
 mod stress;
@@ -63,7 +64,7 @@ pub(super) const CHECKS: &[Check] = &[
         name: "reduce_pool_adopted",
         ranks: Ranks::AtLeast(2),
         about: "caller's memory adopted into the pool: zero-copy bitwise, refusals, release",
-        run: |cx, _| verified(pool_cases::check_pool_adopted(cx)),
+        run: |cx, _| verified(pool_adopted::check_pool_adopted(cx)),
     },
     Check {
         name: "reduce_pool_prefixes",
