@@ -10,7 +10,7 @@ use half::{bf16, f16};
 
 use super::cases::{expect, run_case, same_everywhere, Case, GUARD};
 use super::reference::{data, first_diff, hash, reduce, HostNum};
-use crate::selftest::harness::{fresh_comm_with, Ctx};
+use crate::selftest::harness::{fresh_comm_with, verified, Checked, Ctx, Outcome, Skip};
 
 type Check = Result<String, String>;
 
@@ -225,6 +225,11 @@ fn run_pool_case<N: HostNum>(
 /// The zero-copy algorithm a case takes with its buffers placed as `at` says, or `None` when
 /// it stays staged.
 fn zero_copy_algorithm(cx: &Ctx, c: &Case, es: usize, at: Place) -> Option<Algorithm> {
+    if cx.comm.tuning().has_network_links() {
+        // A job with network links runs every reduction on the network algorithm, wherever
+        // its buffers lie (docs/NETWORK.md): pool buffers must give the same results there.
+        return Some(Algorithm::Network);
+    }
     let l = cx.comm.tuning().reduction_limits();
     let bytes = (c.count * es) as u64;
     if bytes <= l.zero_copy_min_bytes.min(l.one_shot_bytes) {
@@ -510,7 +515,18 @@ const POOL_GRAPH_REPLAYS: usize = 100;
 /// Ranks whose pool buffers lie at different offsets: every rank's call fails with the
 /// layout named, nothing is written into any output; a fresh communicator is used (the
 /// failure aborts it).
-pub(super) fn check_pool_asymmetric(cx: &Ctx) -> Check {
+pub(super) fn check_pool_asymmetric(cx: &Ctx) -> Checked {
+    if cx.comm.tuning().has_network_links() {
+        return Ok(Outcome::Skip(Skip::Links(
+            "a job with network links reduces through the network algorithm, which reads no \
+             peer's pool buffer in place: their places need not agree"
+                .into(),
+        )));
+    }
+    verified(asymmetric_refused(cx))
+}
+
+fn asymmetric_refused(cx: &Ctx) -> Check {
     let mut n = 0;
     let fresh = fresh_comm_with(cx, "reduce_pool_asymmetric", &mut n, |b| {
         b.device_timeout(std::time::Duration::from_secs(5))
