@@ -153,8 +153,12 @@ fn every_kernel_a_launch_fetches_is_in_its_kinds_spec() {
             assert!(steps.name_expressions.contains(&e), "{e}");
             let hooked = Some((op, &hooks));
             let h = kernel_spec(KernelKind::Reduce { dtype, hooked }, &config, false);
-            let e = [Algorithm::TwoShot, Algorithm::ZeroCopyOneShot]
-                .map(|a| crate::reduce::kernel_expression(a, dtype, op, Some("Scale")));
+            let e = [
+                Algorithm::OneShot,
+                Algorithm::TwoShot,
+                Algorithm::ZeroCopyOneShot,
+            ]
+            .map(|a| crate::reduce::kernel_expression(a, dtype, op, Some("Scale")));
             assert_eq!(h.name_expressions, e.to_vec());
             let h = kernel_spec(KernelKind::ReduceNetStep { dtype, hooked }, &config, true);
             let e = crate::reduce::net_step_expression(dtype, op, Some("Scale"));

@@ -58,6 +58,11 @@ pub struct BenchArgs {
     /// hook's parts (variants that leave one part out). Repeatable.
     #[arg(long = "hooks", value_name = "FILE:STRUCT")]
     pub(crate) extra_hooks: Vec<String>,
+    /// All-reduce (f32 sum): devcomm's timed calls run the fused residual add + RMSNorm
+    /// epilogue (examples/hooks/rmsnorm.cu) on rows of this many elements, against NCCL's
+    /// plain all-reduce; only sizes of whole rows are timed.
+    #[arg(long, value_name = "ELEMENTS")]
+    pub(crate) epilogue_rows: Option<usize>,
     /// Keep cudarc's per-buffer event tracking on (its default). With several streams in a
     /// context, every call that takes a buffer through the safe API then records and waits on
     /// that buffer's events, a few host driver calls per call for devcomm and NCCL alike. The

@@ -12,6 +12,7 @@
 //! below the values' spacing. Each record says which in `check`.
 
 mod data;
+mod epilogue;
 mod nccl_coll;
 mod types;
 
@@ -19,6 +20,7 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 use devcomm::{DataType, ReduceOp};
 
 use self::data::{expected, first_mismatch, Check, Codec, Run, Values};
+use self::epilogue::Epilogue;
 use self::nccl_coll::{NcclColl, WindowBuffers};
 use self::types::{busbw_gbps, nccl_dtype, nccl_op, parse_dtype, parse_redop, sizes, Size};
 pub(crate) use self::types::{Coll, Reference};
@@ -42,6 +44,8 @@ struct Setup {
     reference: Reference,
     /// The buffers are slices of devcomm's memory pool (`--zero-copy`).
     pool: bool,
+    /// devcomm's timed calls run the RMSNorm epilogue (`--epilogue-rows`).
+    epilogue: Option<Epilogue>,
 }
 
 impl Setup {
@@ -133,6 +137,22 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, coll: Coll) -> Result<Vec<Record>,
     let reference = Reference::parse(&args.reference)?;
     let codec = Codec::of(dtype)?;
     let values = Values::new(codec, coll.reduces().then_some(op), world)?;
+    let elem = codec.bytes();
+    let epilogue = match args.epilogue_rows {
+        None => None,
+        Some(_) if coll != Coll::AllReduce || op != ReduceOp::Sum => {
+            return Err("--epilogue-rows times all_reduce with --redop sum".into())
+        }
+        Some(_) if args.zero_copy => {
+            return Err("--epilogue-rows times ordinary buffers (leave out --zero-copy)".into())
+        }
+        Some(row) => Some(Epilogue::new(
+            cx,
+            dtype,
+            row,
+            args.max_bytes / elem,
+        )?),
+    };
     let s = Setup {
         coll,
         dtype,
@@ -140,8 +160,8 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, coll: Coll) -> Result<Vec<Record>,
         values,
         reference,
         pool: args.zero_copy,
+        epilogue,
     };
-    let elem = codec.bytes();
     let footprint = |z: &Size| {
         let (i, o) = coll.in_out(z.count, world);
         (i + o) * elem * (1 + usize::from(reference.window()))
@@ -154,6 +174,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, coll: Coll) -> Result<Vec<Record>,
         .iter()
         .copied()
         .filter(|z| footprint(z) <= free)
+        .filter(|z| s.epilogue.as_ref().is_none_or(|e| e.fits(z.count)))
         .collect();
     let Some(largest) = points.last().copied() else {
         return Err(format!(
@@ -280,7 +301,10 @@ fn point(
         &names,
         &mut |i| {
             match (candidates[i], nccl, &bufs.window) {
-                (Candidate::Devcomm, _, _) => devcomm_call(cx, s, bufs.ptrs, z.count),
+                (Candidate::Devcomm, _, _) => match &s.epilogue {
+                    Some(e) => epilogue_call(cx, s.dtype, e, bufs.ptrs, z.count),
+                    None => devcomm_call(cx, s, bufs.ptrs, z.count),
+                },
                 // SAFETY: the buffers hold the largest size's input and output, alive until the
                 // run's end (after a synchronisation).
                 (Candidate::Nccl, Some(n), _) => unsafe {
@@ -296,15 +320,28 @@ fn point(
     )?;
     let d_us = us[0];
     let busbw = |t: f64| Some(busbw_gbps(s.coll, world, z.bytes, t));
-    let plan = cx
-        .comm
-        .tuning()
-        .reduction_plan_at(
-            s.coll.devcomm(),
-            s.dtype,
-            (bufs.ptrs.0, bufs.ptrs.1, z.count as u64),
-        )
-        .map_err(|e| e.to_string())?;
+    let plan = match &s.epilogue {
+        // The hooked call's plan (ordinary buffers; the network path plans its own).
+        Some(e) if !cx.comm.tuning().has_network_links() => {
+            let shape = devcomm::reduce::plan::Shape {
+                collective: s.coll.devcomm(),
+                count: z.count as u64,
+                elem_bytes: elem as u64,
+                world,
+                row_len: Some(e.row as u64),
+            };
+            devcomm::reduce::plan::plan(&shape, &cx.comm.tuning().reduction_limits()).ok()
+        }
+        _ => cx
+            .comm
+            .tuning()
+            .reduction_plan_at(
+                s.coll.devcomm(),
+                s.dtype,
+                (bufs.ptrs.0, bufs.ptrs.1, z.count as u64),
+            )
+            .map_err(|e| e.to_string())?,
+    };
     let base = Record {
         check,
         devcomm_busbw_gbps: busbw(d_us),
@@ -312,10 +349,16 @@ fn point(
         ..base_record(cx, args, s, z.bytes)
     };
     // devcomm's algorithm, before what the reference's record adds.
-    let algorithm = plan.map_or_else(String::new, |p| match p.rounds {
+    let mut algorithm = plan.map_or_else(String::new, |p| match p.rounds {
         1 => p.algorithm.name().to_string(),
         r => format!("{} {r} rounds", p.algorithm.name()),
     });
+    if let Some(e) = &s.epilogue {
+        algorithm += &format!(
+            "; devcomm with the residual + RMSNorm epilogue on rows of {}, NCCL all-reduce alone",
+            e.row
+        );
+    }
     let plain_us = candidates
         .iter()
         .position(|&c| c == Candidate::Nccl)
@@ -355,6 +398,31 @@ fn point(
             ..base.clone().timed(d_us, n_us, z.bytes as f64)
         })
         .collect())
+}
+
+/// devcomm's all-reduce with the epilogue on raw addresses.
+fn epilogue_call(
+    cx: &Ctx,
+    dtype: DataType,
+    e: &Epilogue,
+    (i, o): (u64, u64),
+    count: usize,
+) -> Result<(), String> {
+    // SAFETY: as `devcomm_call`'s; the hook's arguments (residual, weight) hold the largest
+    // size's rows and live as long as `e`.
+    unsafe {
+        cx.comm.all_reduce_hooked_raw(
+            e.hooks.raw(),
+            i,
+            o,
+            count,
+            dtype,
+            ReduceOp::Sum,
+            &e.hook_args(cx),
+            &cx.stream,
+        )
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// One devcomm call of the run's collective on raw addresses.

@@ -99,6 +99,56 @@ __device__ __forceinline__ void line_words(dc_u64 i, dc_u32 l, dc_u64 payload, F
   p2p::ll128_lane_units<8>(i * p2p::Ll128<8>::kBytes, payload, l, f);
 }
 
+// Calls the hook on the n / row_len rows at `rows` (in the window), one warp per row; `dest`
+// is where the first of them will be written in this rank's output, `row0` its row index there.
+// `user`, `row_len`, `rank` and `world` as the hook's RowCtx carries them.
+template <class H, class G, class T>
+__device__ __forceinline__ void epilogue_rows_at(const G& g, dc_u64 user, dc_u64 row_len,
+                                                 int rank, int world, T* rows, T* dest,
+                                                 dc_u64 row0, dc_u64 n) {
+  const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
+  for (dc_u64 r = warp; r < n / row_len; r += warps) {
+    RowCtx c{reinterpret_cast<const void*>(user), row0 + r, row_len, rank, world,
+             g.thread_rank() & 31u, dest + r * row_len};
+    H::epilogue(c, reinterpret_cast<typename H::T*>(rows + r * row_len));
+  }
+}
+
+template <class H, class G, class T>
+__device__ __forceinline__ void epilogue_rows(const G& g, const ReduceLaunch& a, T* rows,
+                                              T* dest, dc_u64 row0, dc_u64 n) {
+  epilogue_rows_at<H>(g, a.user, a.row_len, a.w.rank, a.w.world_size, rows, dest, row0, n);
+}
+
+// Pick<c, A, B>::type: A when c, else B.
+template <bool C, class A, class B> struct Pick { using type = A; };
+template <class A, class B> struct Pick<false, A, B> { using type = B; };
+
+// Where each line's words lie in a payload (the `words(i, l, f)` of line_words):
+// PlainLines, the payload's bytes in turn (line i: bytes 120 i .. 120 i + 119); RowLines (the
+// hooked one-shot), every row of `row_bytes` starting a line of its own (`per_row` lines a
+// row: line i holds bytes 120 (i % per_row) .. of row i / per_row), so that a block owns whole
+// rows and whole lines at once.
+struct PlainLines {
+  dc_u64 payload;
+  template <class F>
+  __device__ __forceinline__ void words(dc_u64 i, dc_u32 l, F f) const {
+    line_words(i, l, payload, f);
+  }
+};
+
+struct RowLines {
+  dc_u64 row_bytes;
+  dc_u32 per_row;
+  template <class F>
+  __device__ __forceinline__ void words(dc_u64 i, dc_u32 l, F f) const {
+    const dc_u32 r = (dc_u32)i / per_row, j = (dc_u32)i - r * per_row;
+    const dc_u64 base = (dc_u64)r * row_bytes;
+    p2p::ll128_lane_units<8>((dc_u64)j * p2p::Ll128<8>::kBytes, row_bytes, l,
+                             [&](dc_u64 o, dc_u64 n, dc_u32 k) { f(base + o, n, k); });
+  }
+};
+
 // The line area of `sender` in the window of rank `owner` (as mapped here) for call seq.
 __device__ __forceinline__ dc_u64* line_area(const ReduceLaunch& a, int owner, int sender,
                                              dc_u64 seq) {
@@ -108,19 +158,19 @@ __device__ __forceinline__ dc_u64* line_area(const ReduceLaunch& a, int owner, i
                                    (seq & 1) * a.ll_sender_bytes);
 }
 
-// Group g (whole warps) writes lines [l0, l1) of the `payload` bytes at src as lines of call
-// seq at dst, 8 lanes a line. Every lane runs every pass (the bounds are the group's), so the
-// warp can converge before its stores.
-template <class G>
+// Group g (whole warps) writes lines [l0, l1) of the payload at src (its words where map `m`
+// says) as lines of call seq at dst, 8 lanes a line. Every lane runs every pass (the bounds
+// are the group's), so the warp can converge before its stores.
+template <class G, class M>
 __device__ __forceinline__ void push_lines(const G& g, dc_u64* dst, const unsigned char* src,
-                                           dc_u64 payload, dc_u64 l0, dc_u64 l1, dc_u64 seq) {
+                                           const M& m, dc_u64 l0, dc_u64 l1, dc_u64 seq) {
   const dc_u32 l = g.thread_rank() & 7u;
   for (dc_u64 base = l0; base < l1; base += g.size() / 8) {
     const dc_u64 i = base + g.thread_rank() / 8;
     const bool live = i < l1;
     dc_u64 v[2] = {0, 0};
     if (live) {
-      line_words(i, l, payload, [&](dc_u64 o, dc_u64 n, dc_u32 k) { v[k] = load8(src + o, n); });
+      m.words(i, l, [&](dc_u64 o, dc_u64 n, dc_u32 k) { v[k] = load8(src + o, n); });
       if (l == 7) v[1] = seq;  // the flag word
     }
     __syncwarp();  // the eight stores of a line leave in one instruction (LL128's guarantee)
@@ -171,9 +221,10 @@ struct LaneLine {
   dc_u64 at[2], n[2];
   typename Num<T>::Acc acc[2][kE];
 
-  __device__ __forceinline__ LaneLine(dc_u64 i, dc_u64 payload) {
+  template <class M>
+  __device__ __forceinline__ LaneLine(dc_u64 i, const M& map) {
     at[0] = at[1] = n[0] = n[1] = 0;
-    line_words(i, linear_thread_index() & 7u, payload, [&](dc_u64 o, dc_u64 m, dc_u32 k) {
+    map.words(i, linear_thread_index() & 7u, [&](dc_u64 o, dc_u64 m, dc_u32 k) {
       at[k] = o;
       n[k] = m;
     });
@@ -228,30 +279,50 @@ __device__ __forceinline__ bool each_rank_line(const ReduceLaunch& a, dc_u64 seq
   return true;
 }
 
-template <class T, int OP>
+// The epilogue (H, hooked all-reduce and reduce-scatter): every row starts a line of its own
+// (RowLines), block b pushes and reduces whole rows [r0, r1) of the payload, reduces them into
+// its own window (this rank's own line area, which no peer writes), runs the hook on them (one
+// warp per row; RowCtx::dest is the row in the output, still as it was), then copies them into
+// the output. In place, a block overwrites only rows it has pushed itself. Every rank runs the
+// hook on every row.
+template <class T, int OP, class H>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   enter_after_previous_kernel();
+  constexpr bool kHooked = HasEpilogue<H>::value;
+  using Map = typename Pick<kHooked, RowLines, PlainLines>::type;
   const Block g;
   const dc_u32 b = blockIdx.x;
   const int world = a.w.world_size, me = a.w.rank;
   const dc_u64 seq = reinterpret_cast<const dc_u64*>(a.counters)[b] + 1;
   DC_TRACE_KERNEL_BEGIN();
-  const Agree ag = agree_begin(a, b, sizeof(T), false);
+  const Agree ag = agree_begin(a, b, sizeof(T), kHooked);
   agree_announce(g, a, b, ag);
   const dc_u64 payload = a.shard * sizeof(T);  // bytes each rank sends each peer
-  dc_u64 l0, l1;
-  block_piece(lines_of(payload), a.blocks, 1, b, l0, l1);
+  dc_u64 l0, l1, r0 = 0, r1 = 0;
+  Map map;
+  if constexpr (kHooked) {
+    static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
+    map = RowLines{a.row_len * sizeof(T), (dc_u32)lines_of(a.row_len * sizeof(T))};
+    block_piece(a.shard / a.row_len, a.blocks, 1, b, r0, r1);
+    l0 = r0 * map.per_row;
+    l1 = r1 * map.per_row;
+  } else {
+    map = PlainLines{payload};
+    block_piece(lines_of(payload), a.blocks, 1, b, l0, l1);
+  }
   if (!lines_free(g, a, seq)) return;
   DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
   const unsigned char* in = reinterpret_cast<const unsigned char*>(a.in);
   for (int q = 0; q < world; ++q) {
     if (q == me) continue;
     const unsigned char* src = in + (a.mode == kReduceScatter ? (dc_u64)q * payload : 0);
-    push_lines(g, line_area(a, q, me, seq), src, payload, l0, l1, seq);
+    push_lines(g, line_area(a, q, me, seq), src, map, l0, l1, seq);
   }
   DC_TRACE_PHASE_END(kPhaseStage, -1, (world - 1) * 128 * (l1 - l0));
   DC_TRACE_PHASE_BEGIN(kPhaseReduce, -1);
   unsigned char* out = reinterpret_cast<unsigned char*>(a.out);
+  // Hooked: the reduced rows go to the own line area first.
+  unsigned char* to = kHooked ? reinterpret_cast<unsigned char*>(line_area(a, me, me, seq)) : out;
   const unsigned char* mine = in + (a.mode == kReduceScatter ? (dc_u64)me * payload : 0);
   const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
   bool ok = true;
@@ -260,7 +331,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   for (dc_u64 first = l0 + 4 * warp; ok && first < l1; first += 4 * (dc_u64)warps) {
     const dc_u64 i = first + (g.thread_rank() & 31u) / 8;
     const bool live = i < l1;
-    LaneLine<T> ln(i, payload);
+    LaneLine<T> ln(i, map);
     ok = each_rank_line(a, seq, 0, i, live, ln, mine, [&](int p, const dc_u64 (&x)[2]) {
       if (a.mode != kAllGather) {
         ln.template add<OP>(p, x);
@@ -273,12 +344,23 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
     if (!ok || !live || a.mode == kAllGather) continue;
 #pragma unroll
     for (dc_u32 k = 0; k < 2; ++k) {
-      if (ln.n[k] > 0) store8(out + ln.at[k], ln.template result<OP>(k, world), ln.n[k]);
+      if (ln.n[k] > 0) store8(to + ln.at[k], ln.template result<OP>(k, world), ln.n[k]);
     }
   }
   if (g.any(!ok)) return;  // barrier: every line of this block has been read
   DC_TRACE_PHASE_END(kPhaseReduce, -1, 120 * (l1 - l0));
   lines_release(g, a, b, seq, ag.call);
+  if constexpr (kHooked) {
+    // The block's rows are in `to` (the barrier above); nothing but this block touches them.
+    DC_TRACE_PHASE_BEGIN(kPhaseWriteOut, -1);
+    T* rows = reinterpret_cast<T*>(to) + r0 * a.row_len;
+    T* dest = reinterpret_cast<T*>(out) + r0 * a.row_len;
+    const dc_u64 n = (r1 - r0) * a.row_len;
+    epilogue_rows<H>(g, a, rows, dest, r0, n);
+    g.sync();
+    if (n > 0) copy_elems<T>(g, dest, rows, n);
+    DC_TRACE_PHASE_END(kPhaseWriteOut, -1, n * sizeof(T));
+  }
   DC_TRACE_KERNEL_END((world - 1) * 128 * (l1 - l0));
 }
 
@@ -318,7 +400,10 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
   const unsigned char* in = reinterpret_cast<const unsigned char*>(a.in);
   for (int t = 0; t < world; ++t) {
     const int q = turn(t, me, world);
-    if (q != me) push_lines(g, line_area(a, q, me, seq), in + start_of(q), bytes_of(q), l0, end_of(q), seq);
+    if (q != me) {
+      push_lines(g, line_area(a, q, me, seq), in + start_of(q), PlainLines{bytes_of(q)}, l0,
+                 end_of(q), seq);
+    }
   }
   DC_TRACE_PHASE_END(kPhaseStage, -1, (world - 1) * 128 * (l1 - l0));
   g.sync();  // in place: the block's reads of the other shards' input end before it writes them
@@ -333,7 +418,7 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
   for (dc_u64 first = l0 + 4 * warp; ok && first < l1; first += 4 * (dc_u64)warps) {
     const dc_u64 i = first + (g.thread_rank() & 31u) / 8;
     const bool live = i < mine_end;
-    LaneLine<T> ln(i, mine);
+    LaneLine<T> ln(i, PlainLines{mine});
     ok = each_rank_line(a, seq, 0, i, live, ln, in + start_of(me),
                         [&](int p, const dc_u64 (&x)[2]) { ln.template add<OP>(p, x); });
     if (!ok) continue;  // warp-uniform: every lane stays for the stores below
@@ -462,27 +547,6 @@ __device__ __forceinline__ dc_u64 clip(const ReduceLaunch& a, int q, dc_u64 k, d
   if (at + lo >= len) return 0;
   const dc_u64 end = at + hi < len ? at + hi : len;
   return end - (at + lo);
-}
-
-// Calls the hook on the n / row_len rows at `rows` (in the window), one warp per row; `dest`
-// is where the first of them will be written in this rank's output, `row0` its row index there.
-// `user`, `row_len`, `rank` and `world` as the hook's RowCtx carries them.
-template <class H, class G, class T>
-__device__ __forceinline__ void epilogue_rows_at(const G& g, dc_u64 user, dc_u64 row_len,
-                                                 int rank, int world, T* rows, T* dest,
-                                                 dc_u64 row0, dc_u64 n) {
-  const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
-  for (dc_u64 r = warp; r < n / row_len; r += warps) {
-    RowCtx c{reinterpret_cast<const void*>(user), row0 + r, row_len, rank, world,
-             g.thread_rank() & 31u, dest + r * row_len};
-    H::epilogue(c, reinterpret_cast<typename H::T*>(rows + r * row_len));
-  }
-}
-
-template <class H, class G, class T>
-__device__ __forceinline__ void epilogue_rows(const G& g, const ReduceLaunch& a, T* rows,
-                                              T* dest, dc_u64 row0, dc_u64 n) {
-  epilogue_rows_at<H>(g, a.user, a.row_len, a.w.rank, a.w.world_size, rows, dest, row0, n);
 }
 
 template <class T, int OP, class H>

@@ -100,7 +100,7 @@ pub fn kernel_expression(
     let op = op.code();
     let hook = hook.unwrap_or("devcomm::red::NoEpilogue");
     match algorithm {
-        Algorithm::OneShot => format!("devcomm::red::one_shot_kernel<{t}, {op}>"),
+        Algorithm::OneShot => format!("devcomm::red::one_shot_kernel<{t}, {op}, {hook}>"),
         Algorithm::LineTwoShot => format!("devcomm::red::line_two_shot_kernel<{t}, {op}>"),
         Algorithm::ZeroCopyOneShot | Algorithm::ZeroCopyTwoShot => {
             format!("devcomm::red::zero_copy_kernel<{t}, {op}, {hook}>")
@@ -127,15 +127,19 @@ pub(crate) fn kernel_spec(dtype: DataType) -> KernelSpec {
     spec
 }
 
-/// The module of an all-reduce of `dtype` and `op` with the epilogue of `hooks` (staged
-/// two-shot and zero-copy kernels): the kernels' source, then the user's (its own line numbers
-/// in errors), then the check of the hook's type.
+/// The module of an all-reduce of `dtype` and `op` with the epilogue of `hooks` (one-shot on
+/// lines, staged two-shot and zero-copy kernels): the kernels' source, then the user's (its
+/// own line numbers in errors), then the check of the hook's type.
 pub(crate) fn hooked_kernel_spec(dtype: DataType, op: ReduceOp, hooks: &RawHooks) -> KernelSpec {
     let mut spec = KernelSpec::new(
         format!("reduce_hooked_{}", dtype.name()),
         hooked_source(dtype, hooks),
     );
-    for a in [Algorithm::TwoShot, Algorithm::ZeroCopyTwoShot] {
+    for a in [
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+        Algorithm::ZeroCopyTwoShot,
+    ] {
         spec = spec.name_expression(kernel_expression(a, dtype, op, Some(hooks.name())));
     }
     spec

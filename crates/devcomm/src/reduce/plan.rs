@@ -322,16 +322,26 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
             ),
         ) as u32
     };
-    if s.row_len.is_none() && payload <= limits.one_shot_bytes {
-        return Ok(Plan {
-            algorithm: Algorithm::OneShot,
-            blocks: line_blocks(payload),
-            shard: s.count,
-            chunk: 0,
-            rounds: 1,
-            unit: 8 / es.min(8),
-            pushed: false,
-        });
+    if payload <= limits.one_shot_bytes {
+        // Hooked: block pieces of whole rows, each row starting a line of its own.
+        let (unit, blocks) = match s.row_len {
+            None => (Some(8 / es.min(8)), line_blocks(payload)),
+            Some(row) => (
+                hooked_line_rows(s, limits).map(|_| row),
+                line_blocks(payload).min(u32::try_from(s.count / row.max(1)).unwrap_or(u32::MAX)),
+            ),
+        };
+        if let Some(unit) = unit {
+            return Ok(Plan {
+                algorithm: Algorithm::OneShot,
+                blocks,
+                shard: s.count,
+                chunk: 0,
+                rounds: 1,
+                unit,
+                pushed: false,
+            });
+        }
     }
     let vec = 16 / es;
     if s.row_len.is_none()
@@ -403,6 +413,25 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
         pushed: s.collective == Collective::AllReduce
             && (s.world == 2 || rounds >= PUSHED_MIN_ROUNDS),
     })
+}
+
+/// The rows of a hooked all-reduce or reduce-scatter that the one-shot on lines can take, or
+/// `None`. Its lines start every row afresh (`lines_of(row bytes)` lines a row), so that a
+/// block owns whole rows and whole lines at once and runs the hook on rows it reduced itself;
+/// the rows' lines, a little more than the payload's, must fit a sender's area of the window.
+/// The payload limit (`one_shot_bytes`) is the caller's.
+pub fn hooked_line_rows(s: &Shape, limits: &ReduceLimits) -> Option<u64> {
+    let row = s.row_len.filter(|&r| r > 0)?;
+    if !matches!(
+        s.collective,
+        Collective::AllReduce | Collective::ReduceScatter
+    ) || s.count % row != 0
+    {
+        return None;
+    }
+    let rows = s.count / row;
+    let lines = rows.checked_mul(lines_of(row.checked_mul(s.elem_bytes)?))?;
+    (lines.checked_mul(LINE_BYTES)? <= ll_sender_bytes(s.world, limits)).then_some(rows)
 }
 
 /// Block `b`'s piece `[lo, hi)` of `m` elements cut into `blocks` pieces of whole `unit`s

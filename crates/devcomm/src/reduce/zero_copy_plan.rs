@@ -2,7 +2,9 @@
 //! when each is chosen"): pure functions of the call's shape, where its buffers lie and the
 //! window sizes, as the staged planner ([`super::plan`]) is; every rank computes the same plan.
 
-use super::plan::{Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, MAX_WORLD};
+use super::plan::{
+    hooked_line_rows, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, MAX_WORLD,
+};
 
 /// Where a call's buffers lie, as the zero-copy planner needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +29,10 @@ pub fn zero_copy_plan(s: &Shape, at: &Placement, limits: &ReduceLimits) -> Optio
     let w = s.world as u64;
     let vec = 16 / es;
     let bytes = s.count.checked_mul(es)?;
-    if s.row_len.is_none() && bytes <= limits.zero_copy_min_bytes.min(limits.one_shot_bytes) {
+    // Small calls take the one-shot on lines, hooked ones too where their rows fit it.
+    if bytes <= limits.zero_copy_min_bytes.min(limits.one_shot_bytes)
+        && (s.row_len.is_none() || hooked_line_rows(s, limits).is_some())
+    {
         return None;
     }
     let unit = match s.row_len {
@@ -224,10 +229,21 @@ mod tests {
             row_len: Some(row),
             ..shape(Collective::AllReduce, count, 2, 2)
         };
-        let p = zero_copy_plan(&rows(4096, 512), &pooled(true, true, false), &l).unwrap();
+        // Up to the zero-copy minimum the one-shot on lines takes the rows that fit its
+        // lines (every row a line of its own): 8 rows of 512 elements do, 65,536 rows of one
+        // element (8 MiB of lines) do not.
+        assert!(zero_copy_plan(&rows(4096, 512), &pooled(true, true, false), &l).is_none());
+        let p = zero_copy_plan(&rows(65_536, 1), &pooled(true, true, false), &l).unwrap();
+        assert_eq!((p.algorithm, p.unit), (Algorithm::ZeroCopyOneShot, 1));
+        // 512 KiB: above the minimum.
+        let big = 256 << 10;
+        let p = zero_copy_plan(&rows(big, 512), &pooled(true, true, false), &l).unwrap();
         assert_eq!((p.algorithm, p.unit), (Algorithm::ZeroCopyOneShot, 512));
-        let p = zero_copy_plan(&rows(4096, 512), &pooled(true, true, true), &l).unwrap();
-        assert_eq!((p.algorithm, p.shard), (Algorithm::ZeroCopyTwoShot, 2048));
+        let p = zero_copy_plan(&rows(big, 512), &pooled(true, true, true), &l).unwrap();
+        assert_eq!(
+            (p.algorithm, p.shard),
+            (Algorithm::ZeroCopyTwoShot, big / 2)
+        );
         // A row length that does not divide the buffer, and a part beyond the window's area.
         assert!(zero_copy_plan(&rows(4096, 500), &pooled(true, true, true), &l).is_none());
         let huge = l.chunk_bytes * 2; // elements of 2 bytes: 4 x the area in the whole buffer

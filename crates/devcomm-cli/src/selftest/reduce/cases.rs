@@ -480,10 +480,40 @@ pub(super) fn check_args(cx: &Ctx) -> Check {
 
 /// The RMSNorm example against its host reference.
 pub(super) fn check_rmsnorm(cx: &Ctx) -> Check {
-    let a = rmsnorm_example::run_rmsnorm(&cx.comm, &cx.stream, 257, 4096, cx.seed)?;
     let w = cx.comm.world_size();
-    // Fewer rows than ranks: some ranks reduce no row.
-    let b = rmsnorm_example::run_rmsnorm(&cx.comm, &cx.stream, w.max(2) - 1, 1000, cx.seed ^ 1)?;
-    Ok(format!("{a}; {b}"))
+    // (rows, hidden, the algorithm on NVLink): the two-shot; fewer rows than ranks (on the
+    // two-shot some ranks would reduce no row); a decode step's rows of 7168 (one line a 120
+    // bytes of each row, on the one-shot up to 4 ranks).
+    let one_shot = w <= 4;
+    let cases = [
+        (257, 4096, false),
+        (w.max(2) - 1, 1000, true),
+        (16, 7168, one_shot),
+    ];
+    let network = cx.comm.tuning().has_network_links();
+    let limits = cx.comm.tuning().reduction_limits();
+    let mut done = Vec::new();
+    for (k, (rows, hidden, want_one_shot)) in cases.into_iter().enumerate() {
+        let shape = devcomm::reduce::plan::Shape {
+            collective: Collective::AllReduce,
+            count: (rows * hidden) as u64,
+            elem_bytes: 4,
+            world: w,
+            row_len: Some(hidden as u64),
+        };
+        let algorithm = devcomm::reduce::plan::plan(&shape, &limits)
+            .map_err(|e| format!("{rows} x {hidden}: {e}"))?
+            .algorithm;
+        if !network && (algorithm == Algorithm::OneShot) != want_one_shot {
+            return Err(format!(
+                "{rows} rows x {hidden}: planned {algorithm:?}, the test expects the one-shot: \
+                 {want_one_shot}"
+            ));
+        }
+        let r = rmsnorm_example::run_rmsnorm(&cx.comm, &cx.stream, rows, hidden, cx.seed ^ k as u64)?;
+        let how = if network { "network" } else { algorithm.name() };
+        done.push(format!("{r} ({how})"));
+    }
+    Ok(done.join("; "))
 }
 

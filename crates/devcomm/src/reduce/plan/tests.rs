@@ -161,11 +161,12 @@ fn shards_are_aligned_and_cover_the_buffer() {
 
 #[test]
 fn hooked_plans_hold_whole_rows() {
-    let mut s = shape(Collective::AllReduce, 4096 * 7, 4, 3);
+    // Above the one-shot: the two-shot, shards of whole rows.
+    let mut s = shape(Collective::AllReduce, 4096 * 70, 4, 3);
     s.row_len = Some(4096);
     let pl = plan(&s, &L).unwrap();
-    assert_eq!(pl.algorithm, Algorithm::TwoShot); // never one-shot when hooked
-    assert_eq!((pl.unit, pl.shard), (4096, 3 * 4096));
+    assert_eq!(pl.algorithm, Algorithm::TwoShot);
+    assert_eq!((pl.unit, pl.shard), (4096, 24 * 4096));
     assert_eq!(pl.chunk % 4096, 0);
     s.row_len = Some(1000);
     assert!(plan(&s, &L).unwrap_err().contains("does not divide"));
@@ -175,16 +176,55 @@ fn hooked_plans_hold_whole_rows() {
     // Reduce-scatter: the output is whole rows.
     let mut rs = shape(Collective::ReduceScatter, 4096, 4, 2);
     rs.row_len = Some(64);
+    rs.count = 1 << 20;
     let pl = plan(&rs, &L).unwrap();
     assert_eq!(
         (pl.algorithm, pl.unit, pl.shard),
-        (Algorithm::TwoShot, 64, 4096)
+        (Algorithm::TwoShot, 64, 1 << 20)
     );
     rs.row_len = Some(100);
     assert!(plan(&rs, &L).unwrap_err().contains("does not divide"));
     let mut ag = shape(Collective::AllGather, 4096, 4, 2);
     ag.row_len = Some(64);
     assert!(plan(&ag, &L).is_err());
+}
+
+#[test]
+fn hooked_one_shot_takes_rows_that_fit_its_lines() {
+    let l = lw(4);
+    let hooked = |coll, count, es, row| Shape {
+        row_len: Some(row),
+        ..shape(coll, count, es, 4)
+    };
+    // 18 rows of 7168 bf16 (252 KiB; 120 lines a row): one block a row.
+    let p = plan(&hooked(Collective::AllReduce, 18 * 7168, 2, 7168), &l).unwrap();
+    assert_eq!(
+        (p.algorithm, p.unit, p.shard, p.blocks),
+        (Algorithm::OneShot, 7168, 18 * 7168, 18)
+    );
+    // 36 rows (504 KiB): 36 x 120 lines fit a sender's area; 32 blocks at most.
+    let p = plan(&hooked(Collective::AllReduce, 36 * 7168, 2, 7168), &l).unwrap();
+    assert_eq!((p.algorithm, p.blocks), (Algorithm::OneShot, 32));
+    assert!(36 * lines_of(7168 * 2) * LINE_BYTES <= ll_sender_bytes(4, &l));
+    // Reduce-scatter: the output's rows.
+    let p = plan(&hooked(Collective::ReduceScatter, 3 * 1000, 4, 1000), &l).unwrap();
+    assert_eq!(
+        (p.algorithm, p.unit, p.blocks),
+        (Algorithm::OneShot, 1000, 2)
+    );
+    // Rows of 8 bytes take a line each (16x the payload): past the area, the two-shot.
+    let tiny = hooked(Collective::AllReduce, 60_000, 2, 4);
+    assert!(60_000 * 2 <= l.one_shot_bytes);
+    assert_eq!(hooked_line_rows(&tiny, &l), None);
+    assert_eq!(plan(&tiny, &l).unwrap().algorithm, Algorithm::TwoShot);
+    // A row length that does not divide the buffer, and all-gather, are refused as before.
+    let bad = hooked(Collective::AllReduce, 1001, 2, 10);
+    assert_eq!(hooked_line_rows(&bad, &l), None);
+    assert!(plan(&bad, &l).unwrap_err().contains("does not divide"));
+    assert!(plan(&hooked(Collective::AllGather, 64, 2, 16), &l).is_err());
+    // Past the payload limit: the two-shot.
+    let p = plan(&hooked(Collective::AllReduce, 40 * 7168, 2, 7168), &l).unwrap();
+    assert_eq!(p.algorithm, Algorithm::TwoShot);
 }
 
 #[test]
