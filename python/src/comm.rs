@@ -267,6 +267,7 @@ impl PyComm {
             dtype: crate::moe::row_type(d).unwrap_or(devcomm::DataType::BF16),
             max_tokens,
             align,
+            wire: devcomm::moe::Wire::Native,
         };
         crate::moe::new(slf.py(), slf.clone().unbind(), config, d)
     }

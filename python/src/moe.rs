@@ -122,6 +122,7 @@ impl PyMoe {
             topk_weights: wd.ptr,
             tokens,
             out_x: od.ptr,
+            out_scales: 0,
             out_weights: owd.ptr,
             out_rows,
             expert_counts: cd.ptr,

@@ -11,6 +11,7 @@
 
 use cudarc::driver::CudaSlice;
 use devcomm::moe::reference::{self, Routing};
+use devcomm::moe::Wire;
 use devcomm::{DataType, MoeConfig, MoePlan};
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -40,6 +41,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         dtype: DataType::BF16,
         max_tokens,
         align: ALIGN,
+        wire: Wire::Native,
     };
     let moe = cx.comm.moe(config).map_err(|e| e.to_string())?;
     let nccl = NcclPair::new(cx)?;

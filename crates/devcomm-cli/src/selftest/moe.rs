@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use devcomm::moe::reference::{self, Routing};
+use devcomm::moe::Wire;
 use devcomm::{Comm, DataType, DispatchBuffers, Moe, MoeConfig, MoePlan};
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -57,6 +58,7 @@ fn config(world: usize) -> MoeConfig {
         dtype: DataType::BF16,
         max_tokens: MAX_TOKENS,
         align: ALIGN,
+        wire: Wire::Native,
     }
 }
 
@@ -383,6 +385,7 @@ fn check_graph(cx: &Ctx, replays: usize) -> Detail {
         topk_weights: ptr(step.w.device_ptr(s)),
         tokens,
         out_x: ptr(step.out_x.device_ptr(s)),
+        out_scales: 0,
         out_weights: ptr(step.out_w.device_ptr(s)),
         out_rows,
         expert_counts: ptr(step.counts.device_ptr(s)),
