@@ -37,6 +37,13 @@ impl MoePlan {
         let c = &self.config;
         let (es, fp8) = (c.dtype.size_bytes(), c.wire.outputs_fp8());
         let out_elem = if fp8 { 1 } else { es };
+        if b.out_scales.is_some() != fp8 {
+            return Err(bad(if fp8 {
+                "this layer's wire returns FP8 and scales: dispatch_fp8".into()
+            } else {
+                "this layer does not return FP8: dispatch, without scales".into()
+            }));
+        }
         if b.x_elem != es || b.out_elem != out_elem {
             return Err(bad(format!(
                 "x has elements of {} bytes and out_x of {}; this layer takes {} and gives {} ({})",
@@ -44,19 +51,8 @@ impl MoePlan {
                 b.out_elem,
                 c.dtype.name(),
                 if fp8 { "e4m3" } else { c.dtype.name() },
-                if fp8 {
-                    "its wire returns FP8: dispatch_fp8"
-                } else {
-                    "dispatch"
-                }
+                if fp8 { "dispatch_fp8" } else { "dispatch" }
             )));
-        }
-        if b.out_scales.is_some() != fp8 {
-            return Err(bad(if fp8 {
-                "this layer's wire returns FP8 and scales: dispatch_fp8".into()
-            } else {
-                "this layer does not return FP8: dispatch, without scales".into()
-            }));
         }
         let (row, out_row) = (self.hidden_bytes, self.out_row_bytes);
         if b.x % row != 0 || b.out_x % out_row != 0 {
