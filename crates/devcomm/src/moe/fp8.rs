@@ -15,7 +15,7 @@
 //! the block's largest finite magnitude. Dequantising: `code as f32 x scale` (rounded once),
 //! then rounded to the output type.
 
-use super::reference::Elem;
+use super::elem::Elem;
 
 /// The largest finite e4m3 magnitude.
 pub const E4M3_MAX: f32 = 448.0;

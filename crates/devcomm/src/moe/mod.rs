@@ -6,6 +6,7 @@
 //! The calls themselves are [`crate::Moe`]'s (`comm/moe.rs`).
 
 mod buffers;
+mod elem;
 pub mod fp8;
 pub mod reference;
 pub mod wire;
