@@ -262,10 +262,15 @@ def register_moe(buffer):
     return mid
 
 
-def _moe(mid):
+def _moe(mid, fp8_out=None):
+    """The Buffer of id `mid`; with `fp8_out` given, one whose dispatch returns FP8 (True) or
+    not (False), as the op asked for its output types."""
     b = _MOES.get(mid)
     if b is None:
         raise _native.InvalidArgument(f"moe: invalid argument: no MoE buffer {mid} (released?)")
+    if fp8_out is not None and b.fp8_out != fp8_out:
+        op = "moe_dispatch_fp8" if b.fp8_out else "moe_dispatch"
+        raise _native.InvalidArgument(f"moe: invalid argument: MoE buffer {mid} is dispatched with {op}")
     return b
 
 
@@ -305,11 +310,11 @@ def moe_dispatch(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(recv_x [out_rows, hidden], recv_weights float32 [out_rows], tokens_per_expert int64
     [local_experts])` on `x`'s device."""
-    return moe_dispatch_run(_moe(buffer), x, topk_idx, topk_weights, out_rows)[:3]
+    return moe_dispatch_run(_moe(buffer, False), x, topk_idx, topk_weights, out_rows)[:3]
 
 
 def _fake_moe_dispatch(buffer, token, x, topk_idx, topk_weights, out_rows):
-    b = _moe(buffer)
+    b = _moe(buffer, False)
     return (
         x.new_empty((out_rows, b.hidden), dtype=b.dtype),
         x.new_empty((out_rows,), dtype=torch.float32),
@@ -328,12 +333,12 @@ def moe_dispatch_fp8(
     """A Buffer that returns FP8: `(recv_x float8_e4m3fn [out_rows, hidden], recv_scales
     float32 [out_rows, scales_per_row], recv_weights float32 [out_rows], tokens_per_expert
     int64 [local_experts])` on `x`'s device."""
-    recv_x, recv_w, counts, recv_s = moe_dispatch_run(_moe(buffer), x, topk_idx, topk_weights, out_rows)
+    recv_x, recv_w, counts, recv_s = moe_dispatch_run(_moe(buffer, True), x, topk_idx, topk_weights, out_rows)
     return recv_x, recv_s, recv_w, counts
 
 
 def _fake_moe_dispatch_fp8(buffer, token, x, topk_idx, topk_weights, out_rows):
-    b = _moe(buffer)
+    b = _moe(buffer, True)
     return (
         x.new_empty((out_rows, b.hidden), dtype=torch.float8_e4m3fn),
         x.new_empty((out_rows, b.scales_per_row), dtype=torch.float32),

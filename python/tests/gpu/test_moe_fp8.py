@@ -189,6 +189,8 @@ def test_fp8_torch_compile_and_fake(comm, seed):
     assert (tuple(s.shape), s.dtype) == ((123, HIDDEN // 128), torch.float32)
     assert (tuple(rw.shape), tuple(counts.shape)) == ((123,), (local,))
     opcheck(ops.moe_dispatch_fp8.default, (buf._id, token, x, idx, w, rows))
+    with pytest.raises(devcomm.InvalidArgument, match="moe_dispatch_fp8"):
+        ops.moe_dispatch(buf._id, token, x, idx, w, rows)  # the other op's output types
     comm.synchronize()
 
 
