@@ -262,24 +262,37 @@ def register_moe(buffer):
     return mid
 
 
-def _moe(mid):
+def _moe(mid, fp8_out=None):
+    """The Buffer of id `mid`; with `fp8_out` given, one whose dispatch returns FP8 (True) or
+    not (False), as the op asked for its output types."""
     b = _MOES.get(mid)
     if b is None:
         raise _native.InvalidArgument(f"moe: invalid argument: no MoE buffer {mid} (released?)")
+    if fp8_out is not None and b.fp8_out != fp8_out:
+        op = "moe_dispatch_fp8" if b.fp8_out else "moe_dispatch"
+        raise _native.InvalidArgument(f"moe: invalid argument: MoE buffer {mid} is dispatched with {op}")
     return b
 
 
 def moe_dispatch_run(b, x, topk_idx, topk_weights, rows):
     """`Buffer.dispatch`'s work, eager or as the op: new `(recv_x, recv_weights,
-    tokens_per_expert)` with `rows` expert-major rows."""
+    tokens_per_expert, recv_scales)` with `rows` expert-major rows; `recv_x` float8_e4m3fn and
+    `recv_scales` float32 `[rows, scales_per_row]` when the Buffer returns FP8, else `recv_x`
+    of its dtype and `recv_scales` None."""
     dev = x.device
-    recv_x = torch.empty((rows, b.hidden), dtype=b.dtype, device=dev)
+    if b.fp8_out:
+        recv_x = torch.empty((rows, b.hidden), dtype=torch.float8_e4m3fn, device=dev)
+        recv_s = torch.empty((rows, b.scales_per_row), dtype=torch.float32, device=dev)
+    else:
+        recv_x = torch.empty((rows, b.hidden), dtype=b.dtype, device=dev)
+        recv_s = None
     recv_w = torch.empty((rows,), dtype=torch.float32, device=dev)
     counts = torch.empty((b.local_experts,), dtype=torch.int64, device=dev)
     x, topk_idx, topk_weights = x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
     s = _raw_stream(b._comm._ordinal)
-    b._native.dispatch(desc(x), desc(topk_idx), desc(topk_weights), desc(recv_x), desc(recv_w), desc(counts), s)
-    return recv_x, recv_w, counts
+    scales = None if recv_s is None else desc(recv_s)
+    b._native.dispatch(desc(x), desc(topk_idx), desc(topk_weights), desc(recv_x), desc(recv_w), desc(counts), s, scales)
+    return recv_x, recv_w, counts, recv_s
 
 
 def moe_combine_run(b, y, out):
@@ -297,13 +310,38 @@ def moe_dispatch(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(recv_x [out_rows, hidden], recv_weights float32 [out_rows], tokens_per_expert int64
     [local_experts])` on `x`'s device."""
-    return moe_dispatch_run(_moe(buffer), x, topk_idx, topk_weights, out_rows)
+    return moe_dispatch_run(_moe(buffer, False), x, topk_idx, topk_weights, out_rows)[:3]
 
 
 def _fake_moe_dispatch(buffer, token, x, topk_idx, topk_weights, out_rows):
-    b = _moe(buffer)
+    b = _moe(buffer, False)
     return (
         x.new_empty((out_rows, b.hidden), dtype=b.dtype),
+        x.new_empty((out_rows,), dtype=torch.float32),
+        x.new_empty((b.local_experts,), dtype=torch.int64),
+    )
+
+
+def moe_dispatch_fp8(
+    buffer: int,
+    token: torch.Tensor,
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+    out_rows: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Buffer that returns FP8: `(recv_x float8_e4m3fn [out_rows, hidden], recv_scales
+    float32 [out_rows, scales_per_row], recv_weights float32 [out_rows], tokens_per_expert
+    int64 [local_experts])` on `x`'s device."""
+    recv_x, recv_w, counts, recv_s = moe_dispatch_run(_moe(buffer, True), x, topk_idx, topk_weights, out_rows)
+    return recv_x, recv_s, recv_w, counts
+
+
+def _fake_moe_dispatch_fp8(buffer, token, x, topk_idx, topk_weights, out_rows):
+    b = _moe(buffer, True)
+    return (
+        x.new_empty((out_rows, b.hidden), dtype=torch.float8_e4m3fn),
+        x.new_empty((out_rows, b.scales_per_row), dtype=torch.float32),
         x.new_empty((out_rows,), dtype=torch.float32),
         x.new_empty((b.local_experts,), dtype=torch.int64),
     )
@@ -356,5 +394,6 @@ torch.library.custom_op("devcomm::recv_registered", recv_registered, mutates_arg
 torch.library.custom_op("devcomm::sendrecv_registered", sendrecv_registered, mutates_args=("token", "recv")).register_fake(_fake_sendrecv_registered)
 
 torch.library.custom_op("devcomm::moe_dispatch", moe_dispatch, mutates_args=("token",)).register_fake(_fake_moe_dispatch)
+torch.library.custom_op("devcomm::moe_dispatch_fp8", moe_dispatch_fp8, mutates_args=("token",)).register_fake(_fake_moe_dispatch_fp8)
 torch.library.custom_op("devcomm::moe_combine", moe_combine, mutates_args=("token",)).register_fake(_fake_moe_combine)
 torch.library.custom_op("devcomm::moe_combine_out", moe_combine_out, mutates_args=("token", "out")).register_fake(_fake_moe_combine_out)

@@ -15,8 +15,16 @@ result depends only on the token's own routing and its experts' outputs. Nothing
 the host; both calls run on torch's current stream and can be captured in CUDA graphs
 (`out_rows` then fixed).
 
+FP8 on the wire (`Buffer(..., fp8="per_row" | "per_128")`): each row is quantised to e4m3
+(float8_e4m3fn) where it is packed for sending, with a float32 scale `amax / 448` per row or
+per 128 elements; `recv_x` is then the pair `(recv_x float8_e4m3fn [out_rows, hidden],
+recv_scales float32 [out_rows, scales_per_row])` (element i of a row = `recv_x[i] x
+recv_scales[i // block]`), or, with `dequantise=True`, the rows dequantised to `dtype`. The
+combine takes and returns `dtype` either way.
+
 Under `torch.compile` (fullgraph too) the calls become the custom ops
-`torch.ops.devcomm.moe_dispatch`, `moe_combine` and `moe_combine_out` (python/devcomm/_ops.py),
+`torch.ops.devcomm.moe_dispatch` (`moe_dispatch_fp8` for a Buffer that returns FP8),
+`moe_combine` and `moe_combine_out` (python/devcomm/_ops.py),
 ordered with the communicator's other ops; in eager mode they call the native layer directly,
 as before. No output shape depends on the routing: `recv_x [out_rows, hidden]`, `recv_weights
 [out_rows]` and `tokens_per_expert [local_experts]`, where `out_rows` is a host int
@@ -57,15 +65,21 @@ class Buffer:
     scratch (about four times `max_tokens x world_size x hidden` elements). Every rank makes it
     with the same arguments."""
 
-    def __init__(self, comm, num_experts, top_k, hidden, *, dtype=torch.bfloat16, max_tokens=4096, align=1):
+    def __init__(self, comm, num_experts, top_k, hidden, *, dtype=torch.bfloat16, max_tokens=4096, align=1, fp8=None, dequantise=False):
+        """`fp8`: None (rows cross as they are), "per_row" or "per_128" (e4m3 on the wire with
+        a scale per row or per 128 elements; `hidden` a multiple of 16, or of 128); the
+        dispatch then returns FP8 + scales, or rows of `dtype` with `dequantise=True`."""
         if dtype not in _ROW_DTYPES:
             raise _native.InvalidArgument(f"moe: invalid argument: rows of {dtype} (bfloat16, float16 or float32)")
         self._comm = comm
-        self._native = comm._native.moe(num_experts, top_k, hidden, _ROW_DTYPES[dtype], max_tokens, align)
+        self._native = comm._native.moe(num_experts, top_k, hidden, _ROW_DTYPES[dtype], max_tokens, align, fp8, dequantise)
         self.num_experts, self.top_k, self.hidden = num_experts, top_k, hidden
         self.dtype, self.max_tokens, self.align = dtype, max_tokens, align
+        self.fp8, self.dequantise = fp8, dequantise
         # Plain attributes (not the native object's) so that torch.compile reads them while
         # tracing; the id names this Buffer to the custom ops.
+        self.fp8_out = self._native.outputs_fp8
+        self.scales_per_row = self._native.scales_per_row
         self.local_experts = self._native.local_experts
         self._worst_rows = self._native.worst_case_out_rows()
         self._id = _ops.register_moe(self)
@@ -85,14 +99,18 @@ class Buffer:
     def dispatch(self, x, topk_idx, topk_weights, out_rows=None):
         """`x [tokens, hidden]`, `topk_idx` int64 `[tokens, top_k]` (-1: none),
         `topk_weights` float32 `[tokens, top_k]` -> `(recv_x [out_rows, hidden] expert-major,
-        recv_weights float32 [out_rows], tokens_per_expert int64 [local_experts], handle)`.
+        recv_weights float32 [out_rows], tokens_per_expert int64 [local_experts], handle)`;
+        for a Buffer that returns FP8, `recv_x` is `(recv_x float8_e4m3fn, recv_scales float32
+        [out_rows, scales_per_row])`.
         `out_rows` (a host int) defaults to `worst_case_rows()`. Ids outside [-1, num_experts)
         and repeats within a token are dropped; `check()` reports them and an `out_rows` too
         small."""
         if _compiling():
             return self._dispatch_op(x, topk_idx, topk_weights, out_rows)
         rows = self._worst_rows if out_rows is None else int(out_rows)
-        recv_x, recv_w, counts = _ops.moe_dispatch_run(self, x, topk_idx, topk_weights, rows)
+        recv_x, recv_w, counts, recv_s = _ops.moe_dispatch_run(self, x, topk_idx, topk_weights, rows)
+        if self.fp8_out:
+            recv_x = (recv_x, recv_s)
         return recv_x, recv_w, counts, Handle(x.shape[0], rows, counts, self.align)
 
     def _dispatch_op(self, x, topk_idx, topk_weights, out_rows):
@@ -105,11 +123,15 @@ class Buffer:
             )
         rows = self._worst_rows if out_rows is None else out_rows if isinstance(out_rows, int) else int(out_rows)
         x, topk_idx, topk_weights = x.contiguous(), topk_idx.contiguous(), topk_weights.contiguous()
-        recv_x, recv_w, counts = torch.ops.devcomm.moe_dispatch(self._id, self._comm._token, x, topk_idx, topk_weights, rows)
+        if self.fp8_out:
+            recv_q, recv_s, recv_w, counts = torch.ops.devcomm.moe_dispatch_fp8(self._id, self._comm._token, x, topk_idx, topk_weights, rows)
+            recv_x = (recv_q, recv_s)
+        else:
+            recv_x, recv_w, counts = torch.ops.devcomm.moe_dispatch(self._id, self._comm._token, x, topk_idx, topk_weights, rows)
         return recv_x, recv_w, counts, Handle(x.shape[0], rows, counts, self.align)
 
     def combine(self, y, handle, out=None):
-        """The experts' outputs `y` (`recv_x`'s shape and order) back to their tokens:
+        """The experts' outputs `y` (`recv_x`'s shape and order, of `dtype`) back to their tokens:
         `[tokens, hidden]`, each token's weighted sum (module docstring). Combines the last
         dispatch; `handle` gives its token count (and, under torch.compile, keeps its
         `tokens_per_expert`, which the combine reads, alive until then)."""

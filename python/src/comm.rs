@@ -241,8 +241,11 @@ impl PyComm {
     /// A MoE layer's dispatch and combine (`devcomm.moe.Buffer` wraps it): `experts` over the
     /// ranks, `top_k` per token, rows of `hidden` elements of `dtype` (`bfloat16`, `float16`,
     /// `float32`), at most `max_tokens` tokens per rank and call, expert groups padded to
-    /// `align` rows.
-    #[pyo3(signature = (experts, top_k, hidden, dtype, max_tokens, align = 1))]
+    /// `align` rows. `fp8`: `None` (rows cross as they are), `"per_row"` or `"per_128"` (e4m3
+    /// on the wire with a scale per row or per 128 elements), returned dequantised to `dtype`
+    /// when `dequantise`, else as e4m3 codes and scales.
+    #[pyo3(signature = (experts, top_k, hidden, dtype, max_tokens, align = 1, fp8 = None, dequantise = false))]
+    #[allow(clippy::too_many_arguments)]
     fn moe(
         slf: &Bound<'_, Self>,
         experts: usize,
@@ -251,6 +254,8 @@ impl PyComm {
         dtype: &str,
         max_tokens: usize,
         align: usize,
+        fp8: Option<&str>,
+        dequantise: bool,
     ) -> PyResult<crate::moe::PyMoe> {
         let d = DType::from_name(dtype)
             .filter(|d| crate::moe::row_type(*d).is_some())
@@ -267,6 +272,7 @@ impl PyComm {
             dtype: crate::moe::row_type(d).unwrap_or(devcomm::DataType::BF16),
             max_tokens,
             align,
+            wire: crate::moe::wire(fp8, dequantise)?,
         };
         crate::moe::new(slf.py(), slf.clone().unbind(), config, d)
     }

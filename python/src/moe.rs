@@ -1,6 +1,7 @@
 //! `devcomm._native.Moe`: a MoE layer's dispatch and combine ([`devcomm::Moe`]) on tensors
 //! (docs/MOE.md; the Python side is `devcomm.moe.Buffer`).
 
+use devcomm::moe::{Fp8Output, Fp8Scales, Wire};
 use devcomm::{DataType, DispatchBuffers, MoeConfig};
 use pyo3::prelude::*;
 
@@ -32,6 +33,33 @@ pub fn row_type(d: DType) -> Option<DataType> {
     }
 }
 
+/// The wire of `fp8` (`None`, `"per_row"`, `"per_128"`) and `dequantise`.
+pub fn wire(fp8: Option<&str>, dequantise: bool) -> PyResult<Wire> {
+    let scales = match fp8 {
+        None if dequantise => {
+            return Err(invalid(
+                "moe",
+                "dequantise=True without fp8 (rows cross as they are)",
+            ))
+        }
+        None => return Ok(Wire::Native),
+        Some("per_row") => Fp8Scales::PerRow,
+        Some("per_128") => Fp8Scales::Per128,
+        Some(other) => {
+            return Err(invalid(
+                "moe",
+                format!("fp8={other:?} (None, \"per_row\" or \"per_128\")"),
+            ))
+        }
+    };
+    let output = if dequantise {
+        Fp8Output::Dequantised
+    } else {
+        Fp8Output::Fp8
+    };
+    Ok(Wire::Fp8 { scales, output })
+}
+
 impl PyMoe {
     fn tensor(
         &self,
@@ -44,6 +72,16 @@ impl PyMoe {
         let d = self.comm.get().tensor(op, what, obj, stream)?;
         d.check_dtype(op, what, &[dtype])?;
         Ok(d)
+    }
+
+    /// The element types `out_x` may have: the rows' dtype, or e4m3 (`float8_e4m3fn`, or
+    /// `uint8` for frameworks without it) when the layer returns FP8.
+    fn out_dtypes(&self) -> Vec<DType> {
+        if self.moe.plan().config.wire.outputs_fp8() {
+            vec![DType::F8E4M3, DType::U8]
+        } else {
+            vec![self.dtype]
+        }
     }
 
     /// Rows of `hidden` elements in `d`, or why not.
@@ -78,9 +116,29 @@ impl PyMoe {
         self.moe.plan().local_experts
     }
 
+    /// Scales per output row when the layer returns FP8 (0 otherwise).
+    #[getter]
+    fn scales_per_row(&self) -> usize {
+        let plan = self.moe.plan();
+        if plan.config.wire.outputs_fp8() {
+            plan.scales
+        } else {
+            0
+        }
+    }
+
+    /// Whether `out_x` holds e4m3 codes (with `out_scales`) rather than rows of the dtype.
+    #[getter]
+    fn outputs_fp8(&self) -> bool {
+        self.moe.plan().config.wire.outputs_fp8()
+    }
+
     /// Dispatch (`Moe::dispatch`): `x [tokens, hidden]`, `topk_idx` int64 and `topk_weights`
     /// float32 `[tokens, top_k]`; writes `out_x [out_rows, hidden]`, `out_weights` float32
-    /// `[out_rows]` and `expert_counts` int64 `[local_experts]`.
+    /// `[out_rows]` and `expert_counts` int64 `[local_experts]`. A layer that returns FP8
+    /// (`Moe::dispatch_fp8`) takes `out_x` of `float8_e4m3fn` (or `uint8`) and `out_scales`
+    /// float32 `[out_rows, scales_per_row]`; any other layer refuses `out_scales`.
+    #[pyo3(signature = (x, topk_idx, topk_weights, out_x, out_weights, expert_counts, stream, out_scales = None))]
     #[allow(clippy::too_many_arguments)]
     fn dispatch(
         &self,
@@ -92,12 +150,25 @@ impl PyMoe {
         out_weights: &Bound<'_, PyAny>,
         expert_counts: &Bound<'_, PyAny>,
         stream: u64,
+        out_scales: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         const OP: &str = "moe dispatch";
         let plan = *self.moe.plan();
         let k = plan.config.top_k as u64;
+        let fp8 = plan.config.wire.outputs_fp8();
         let xd = self.tensor(OP, "x", x, self.dtype, stream)?;
-        let od = self.tensor(OP, "out_x", out_x, self.dtype, stream)?;
+        let od = self.comm.get().tensor(OP, "out_x", out_x, stream)?;
+        od.check_dtype(OP, "out_x", &self.out_dtypes())?;
+        let sd = match (out_scales, fp8) {
+            (Some(t), true) => Some(self.tensor(OP, "out_scales", t, DType::F32, stream)?),
+            (None, false) => None,
+            (None, true) => {
+                return Err(invalid(OP, "this layer returns FP8: out_scales is needed"))
+            }
+            (Some(_), false) => {
+                return Err(invalid(OP, "this layer does not return FP8: no out_scales"))
+            }
+        };
         let id = self.tensor(OP, "topk_idx", topk_idx, DType::I64, stream)?;
         let wd = self.tensor(OP, "topk_weights", topk_weights, DType::F32, stream)?;
         let owd = self.tensor(OP, "out_weights", out_weights, DType::F32, stream)?;
@@ -109,6 +180,15 @@ impl PyMoe {
             ("topk_weights", wd.numel(), t * k),
             ("out_weights", owd.numel(), out_rows as u64),
             ("expert_counts", cd.numel(), plan.local_experts as u64),
+            (
+                "out_scales",
+                sd.as_ref().map_or(0, |d| d.numel()),
+                if fp8 {
+                    (out_rows * plan.scales) as u64
+                } else {
+                    0
+                },
+            ),
         ];
         if let Some((what, got, want)) = checks.into_iter().find(|(_, g, w)| g != w) {
             return Err(invalid(
@@ -122,6 +202,7 @@ impl PyMoe {
             topk_weights: wd.ptr,
             tokens,
             out_x: od.ptr,
+            out_scales: sd.as_ref().map_or(0, |d| d.ptr),
             out_weights: owd.ptr,
             out_rows,
             expert_counts: cd.ptr,

@@ -10,8 +10,9 @@
 //! inputs rounded once to bf16 (devcomm's fixed order), then the hook's steps in the hook's
 //! order (`reference_row`): the hook uses only correctly rounded operations (`__fadd_rn`,
 //! `__fmaf_rn`, `__fdiv_rn`, `__fsqrt_rn`, no `rsqrtf`) and a sum of squares of a fixed shape,
-//! which the host replays. The e4m3 encoder (`e4m3_from_f32`) rounds to nearest even and
-//! saturates at +-448, like `cvt.rn.satfinite.e4m3x2.f32`.
+//! which the host replays. The e4m3 encoder (`devcomm/fp8.cuh` on the device,
+//! `devcomm::moe::fp8::e4m3_from_f32` on the host) rounds to nearest even and saturates at
+//! +-448, like `cvt.rn.satfinite.e4m3x2.f32`.
 //!
 //! Where the side outputs land: the residual, fp8 and scales of a row are written on the rank
 //! whose hook ran on the row. Hooked calls on ordinary buffers take the two-shot, so that is
@@ -30,12 +31,14 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use devcomm::{Comm, DataType, HookArgs, Hooks, ReduceOp};
 use half::bf16;
 
+/// The e4m3 encoder, bit for bit as the hook's (`devcomm/fp8.cuh`, the device header the hook
+/// includes): the library's host model, tested there.
+pub use devcomm::moe::fp8::{e4m3_from_f32, E4M3_MAX};
+
 /// The user's hook (CUDA C++).
 pub const RMSNORM_FP8_HOOKS: &str = include_str!("hooks/rmsnorm_fp8.cu");
 
 const EPS: f32 = 1e-6;
-/// The largest finite e4m3 (OCP e4m3fn) magnitude.
-pub const E4M3_MAX: f32 = 448.0;
 /// What the scales hold before the call: the hook never writes a negative scale, so a row
 /// still holding it was not seen by this rank's hook.
 const UNSET_SCALE: f32 = -1.0;
@@ -43,41 +46,6 @@ const UNSET_SCALE: f32 = -1.0;
 const FP8_FILL: u8 = 0xa5;
 /// Guard elements past the end of the fp8 buffer and the scales (must stay untouched).
 const GUARD: usize = 64;
-
-/// f32 -> e4m3 (OCP e4m3fn: bias 7, no infinities, 0x7f / 0xff NaN): round to nearest, ties
-/// to even; finite values past 448 and infinities saturate to +-448 (`.satfinite`); NaN ->
-/// 0x7f. e4m3 codes grow with the magnitude across the subnormal/normal boundary, so the code
-/// is the magnitude in units of its binade's step (2^(e-3), 2^-9 below 2^-6), rounded.
-pub fn e4m3_from_f32(x: f32) -> u8 {
-    let sign = ((x.to_bits() >> 24) & 0x80) as u8;
-    let a = x.abs();
-    if a.is_nan() {
-        return 0x7f;
-    }
-    // 464 lies halfway between 448 (even code 0x7e) and 480 (past the range): ties to 448.
-    if a >= 464.0 {
-        return sign | 0x7e;
-    }
-    let e = ((a.to_bits() >> 23) as i32 - 127).max(-6);
-    // A power of two: the product is exact.
-    let n = (a * f32::from_bits(((127 + 3 - e) as u32) << 23)).round_ties_even();
-    sign | (((e + 6) << 3) + n as i32) as u8
-}
-
-/// e4m3 -> f32 (exact); 0x7f and 0xff are NaN.
-pub fn e4m3_to_f32(c: u8) -> f32 {
-    let sign = if c & 0x80 != 0 { -1.0 } else { 1.0 };
-    let (e, m) = (i32::from((c >> 3) & 0xf), f32::from(c & 7));
-    if e == 15 && m == 7.0 {
-        return f32::NAN;
-    }
-    let v = if e == 0 {
-        m * 2f32.powi(-9)
-    } else {
-        (1.0 + m / 8.0) * 2f32.powi(e - 7)
-    };
-    sign * v
-}
 
 /// One row as the hook leaves it.
 #[derive(Debug, Clone, PartialEq)]
@@ -371,94 +339,7 @@ fn main() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn e4m3_known_values() {
-        for (x, code) in [
-            (0.0, 0x00),
-            (-0.0, 0x80),
-            (1.0, 0x38),
-            (-2.0, 0xc0),
-            (448.0, 0x7e),
-            (-448.0, 0xfe),
-            (449.0, 0x7e), // rounds down to 448
-            (464.0, 0x7e), // the tie 448 / 480 goes to even 448
-            (500.0, 0x7e), // saturates
-            (1e30, 0x7e),  // saturates
-            (f32::INFINITY, 0x7e),
-            (f32::NEG_INFINITY, 0xfe),
-            (0.015625, 0x08),    // 2^-6: the smallest normal
-            (0.001953125, 0x01), // 2^-9: the smallest subnormal
-            (-0.001953125, 0x81),
-            (0.0009765625, 0x00), // 2^-10: tie between 0 and 2^-9, to even 0
-            (0.0009765626, 0x01), // just past the tie
-            (0.0029296875, 0x02), // 1.5 x 2^-9: tie between 1 and 2, to even 2
-            (0.013671875, 0x07),  // 7 x 2^-9: the largest subnormal
-            (0.0146484375, 0x08), // 7.5 x 2^-9: tie between 7 and 8 (2^-6), to even 8
-            (1.0625, 0x38),       // tie between 1 and 1.125: to even 1
-            (1.1875, 0x3a),       // tie between 1.125 and 1.25: to even 1.25
-            (1.07, 0x39),
-            (240.0, 0x77),
-            (1e-30, 0x00),
-            (f32::from_bits(1), 0x00), // an f32 subnormal
-        ] {
-            assert_eq!(e4m3_from_f32(x), code, "{x:e}");
-        }
-    }
-
-    #[test]
-    fn e4m3_nan_is_0x7f() {
-        assert_eq!(e4m3_from_f32(f32::NAN), 0x7f);
-        assert_eq!(e4m3_from_f32(-f32::NAN), 0x7f);
-        assert!(e4m3_to_f32(0x7f).is_nan() && e4m3_to_f32(0xff).is_nan());
-    }
-
-    #[test]
-    fn every_finite_code_round_trips_and_midpoints_go_to_even() {
-        let finite: Vec<u8> = (0..=0x7eu8).collect();
-        for &c in &finite {
-            let v = e4m3_to_f32(c);
-            assert_eq!(e4m3_from_f32(v), c, "{v:e}");
-            assert_eq!(e4m3_from_f32(-v), c | 0x80, "{v:e}");
-            if c < 0x7e {
-                let next = e4m3_to_f32(c + 1);
-                let mid = (v + next) / 2.0; // exact in f32
-                let even = if c % 2 == 0 { c } else { c + 1 };
-                assert_eq!(e4m3_from_f32(mid), even, "midpoint {mid:e}");
-                let below = f32::from_bits(mid.to_bits() - 1);
-                let above = f32::from_bits(mid.to_bits() + 1);
-                assert_eq!(e4m3_from_f32(below), c, "{below:e}");
-                assert_eq!(e4m3_from_f32(above), c + 1, "{above:e}");
-            }
-        }
-    }
-
-    /// The nearest finite code by search over all of them (ties: the even code), saturating:
-    /// an encoder written another way.
-    fn nearest_code(x: f32) -> u8 {
-        let a = f64::from(x.abs()).min(448.0);
-        let mut best = 0u8;
-        for c in 1..=0x7eu8 {
-            let (d, b) = (
-                (f64::from(e4m3_to_f32(c)) - a).abs(),
-                (f64::from(e4m3_to_f32(best)) - a).abs(),
-            );
-            if d < b || (d == b && c % 2 == 0) {
-                best = c;
-            }
-        }
-        best | if x.is_sign_negative() { 0x80 } else { 0 }
-    }
-
-    #[test]
-    fn the_encoder_agrees_with_a_search_for_the_nearest_code() {
-        // Every 8191st f32 from 0 to past 512, both signs.
-        for b in (0..0x4410_0000u32).step_by(8191) {
-            let x = f32::from_bits(b);
-            assert_eq!(e4m3_from_f32(x), nearest_code(x), "{x:e}");
-            assert_eq!(e4m3_from_f32(-x), nearest_code(-x), "{:e}", -x);
-        }
-    }
+    use devcomm::moe::fp8::e4m3_to_f32;
 
     #[test]
     fn the_reference_row_normalises_and_quantises() {

@@ -47,6 +47,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     embed!("net_p2p.cuh"),
     embed!("window_net.cuh"),
     embed!("reduce.cuh"),
+    embed!("fp8.cuh"),
     embed!("devcomm.cuh"),
 ];
 

@@ -7,10 +7,14 @@
 //! and after), because the NCCL path waits on the GPU from the host. Two records per batch
 //! size: `moe` (dispatch + combine) and `moe_dispatch` (dispatch alone against the count
 //! exchange + rows out); `bytes` is the dispatch's bytes leaving this GPU for other ranks, and
-//! the bandwidths are those bytes over each side's time.
+//! the bandwidths are those bytes over each side's time. FP8 dispatch (e4m3 with per-128
+//! scales on the wire, returned as FP8 + scales, DeepEP's form) has its own records,
+//! `moe_fp8` and `moe_fp8_dispatch` (`moe_fp8.rs`), against the same NCCL path moving each
+//! pair's e4m3 row and scales.
 
 use cudarc::driver::CudaSlice;
 use devcomm::moe::reference::{self, Routing};
+use devcomm::moe::Wire;
 use devcomm::{DataType, MoeConfig, MoePlan};
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -21,6 +25,9 @@ use super::nccl::NcclPair;
 use super::record::Record;
 use super::timing::time_wall_each;
 use crate::selftest::Ctx;
+
+#[path = "moe_fp8.rs"]
+mod fp8;
 
 const HIDDEN: usize = 7168;
 const EXPERTS: usize = 256;
@@ -40,6 +47,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         dtype: DataType::BF16,
         max_tokens,
         align: ALIGN,
+        wire: Wire::Native,
     };
     let moe = cx.comm.moe(config).map_err(|e| e.to_string())?;
     let nccl = NcclPair::new(cx)?;
@@ -47,6 +55,14 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
     let mut out = Vec::new();
     for &tokens in TOKENS {
         out.extend(point(cx, args, &moe, &nccl, &plan, tokens)?);
+    }
+    // FP8 dispatch: a layer of its own (its rows are e4m3 + scales), the same routings.
+    let fp8_moe = cx
+        .comm
+        .moe(fp8::config(config))
+        .map_err(|e| e.to_string())?;
+    for &tokens in TOKENS {
+        out.extend(fp8::point(cx, args, &fp8_moe, &nccl, tokens)?);
     }
     Ok(out)
 }
@@ -106,22 +122,7 @@ fn point(
     let mut out_w = alloc::<f32>(cx, out_rows)?;
     let mut counts = alloc::<i64>(cx, plan.local_experts)?;
     let mut out = alloc::<bf16>(cx, tokens * HIDDEN)?;
-    // The NCCL path's: one row per (token, expert) pair, grouped by the expert's rank.
-    let pairs_to = |r: &Routing, dest: usize| -> u64 {
-        r.idx
-            .iter()
-            .filter(|&&e| e >= 0 && e as usize / plan.local_experts == dest)
-            .count() as u64
-    };
-    let send_pairs: Vec<u64> = (0..world).map(|d| pairs_to(mine, d)).collect();
-    let recv_pairs: Vec<u64> = (0..world)
-        .map(|src| pairs_to(&routings[src], rank))
-        .collect();
-    let pair_send = alloc::<u8>(cx, send_pairs.iter().sum::<u64>() as usize * row)?;
-    let mut pair_recv = alloc::<u8>(cx, recv_pairs.iter().sum::<u64>() as usize * row)?;
-    let mut pair_back = alloc::<u8>(cx, send_pairs.iter().sum::<u64>() as usize * row)?;
-    let nccl_counts = s.clone_htod(&send_pairs).map_err(|e| e.to_string())?;
-    let mut nccl_recv_counts = alloc::<u64>(cx, world)?;
+    let mut pairs = NcclPairs::new(cx, plan, &routings, row)?;
     cx.sync()?;
     // One checked dispatch first: the counts per expert against the reference.
     cx.host_barrier()?;
@@ -145,35 +146,6 @@ fn point(
         ));
     }
     cx.host_barrier()?;
-    let one = packed(&vec![1; world], 1);
-    let mut nccl_dispatch = |back: bool| -> Result<(), String> {
-        nccl.all_to_all(
-            &nccl_counts.as_view(),
-            &mut nccl_recv_counts.as_view_mut(),
-            &one,
-            &one,
-        )?;
-        let mut host = vec![0u64; world];
-        s.memcpy_dtoh(&nccl_recv_counts, &mut host)
-            .map_err(|e| e.to_string())?;
-        s.synchronize().map_err(|e| e.to_string())?;
-        let (sends, recvs) = (packed(&send_pairs, row), packed(&host, row));
-        nccl.all_to_all(
-            &pair_send.as_view(),
-            &mut pair_recv.as_view_mut(),
-            &sends,
-            &recvs,
-        )?;
-        if back {
-            nccl.all_to_all(
-                &pair_recv.as_view(),
-                &mut pair_back.as_view_mut(),
-                &recvs,
-                &sends,
-            )?;
-        }
-        Ok(())
-    };
     // The same dispatch + combine captured once in a CUDA graph and replayed (decode's way:
     // no launch cost on the host per kernel).
     let dispatch = |out_x: &mut CudaSlice<bf16>,
@@ -206,8 +178,8 @@ fn point(
             }
             Ok(())
         }
-        1 => nccl_dispatch(true),
-        3 => nccl_dispatch(false),
+        1 => pairs.run(cx, nccl, true),
+        3 => pairs.run(cx, nccl, false),
         // The last dispatch's combine again (its state stays until the next dispatch).
         4 => moe
             .combine(&cx.comm, &out_x, &mut out, s)
@@ -215,16 +187,7 @@ fn point(
         _ => graph.launch().map_err(|e| e.to_string()),
     })?;
     moe.check(s).map_err(|e| e.to_string())?;
-    // Bytes of the dispatch leaving this GPU: a token once per other rank it goes to.
-    let rows_out: usize = (0..tokens)
-        .map(|t| {
-            reference::destinations(plan, mine, t)
-                .iter()
-                .filter(|&&r| r != rank)
-                .count()
-        })
-        .sum();
-    let bytes = (rows_out * plan.row_bytes) as u64;
+    let bytes = bytes_out(plan, mine, rank);
     let there = "NCCL: count exchange, counts to host, a row per (token, expert) pair there";
     let rec = |op: &str, d: f64, n: f64| Record {
         reference: match op {
@@ -248,4 +211,91 @@ fn point(
         ],
         _ => Vec::new(),
     })
+}
+
+/// Bytes of rank `rank`'s dispatch leaving its GPU: a token's packed row once per other rank
+/// it goes to.
+fn bytes_out(plan: &MoePlan, mine: &Routing, rank: usize) -> u64 {
+    let rows: usize = (0..mine.tokens(plan.config.top_k))
+        .map(|t| {
+            reference::destinations(plan, mine, t)
+                .iter()
+                .filter(|&&r| r != rank)
+                .count()
+        })
+        .sum();
+    (rows * plan.row_bytes) as u64
+}
+
+/// The NCCL path a PyTorch user writes: the per-rank pair counts exchanged, copied to the
+/// host and waited for, then one row of `row` bytes per (token, expert) pair to the expert's
+/// rank with grouped send/recv (and back, for dispatch + combine).
+struct NcclPairs {
+    send_pairs: Vec<u64>,
+    row: usize,
+    send: CudaSlice<u8>,
+    recv: CudaSlice<u8>,
+    back: CudaSlice<u8>,
+    counts: CudaSlice<u64>,
+    recv_counts: CudaSlice<u64>,
+}
+
+impl NcclPairs {
+    fn new(cx: &Ctx, plan: &MoePlan, routings: &[Routing], row: usize) -> Result<Self, String> {
+        let (world, rank) = (cx.comm.world_size(), cx.comm.rank());
+        let pairs_to = |r: &Routing, dest: usize| -> u64 {
+            r.idx
+                .iter()
+                .filter(|&&e| e >= 0 && e as usize / plan.local_experts == dest)
+                .count() as u64
+        };
+        let send_pairs: Vec<u64> = (0..world).map(|d| pairs_to(&routings[rank], d)).collect();
+        let recv_pairs: u64 = (0..world).map(|src| pairs_to(&routings[src], rank)).sum();
+        let sent = send_pairs.iter().sum::<u64>() as usize;
+        Ok(Self {
+            row,
+            send: alloc::<u8>(cx, sent * row)?,
+            recv: alloc::<u8>(cx, recv_pairs as usize * row)?,
+            back: alloc::<u8>(cx, sent * row)?,
+            counts: cx
+                .stream
+                .clone_htod(&send_pairs)
+                .map_err(|e| e.to_string())?,
+            recv_counts: alloc::<u64>(cx, world)?,
+            send_pairs,
+        })
+    }
+
+    /// One dispatch (and, with `back`, the rows back), timed by the caller on the host.
+    fn run(&mut self, cx: &Ctx, nccl: &NcclPair, back: bool) -> Result<(), String> {
+        let world = cx.comm.world_size();
+        let s = &cx.stream;
+        let one = packed(&vec![1; world], 1);
+        nccl.all_to_all(
+            &self.counts.as_view(),
+            &mut self.recv_counts.as_view_mut(),
+            &one,
+            &one,
+        )?;
+        let mut host = vec![0u64; world];
+        s.memcpy_dtoh(&self.recv_counts, &mut host)
+            .map_err(|e| e.to_string())?;
+        s.synchronize().map_err(|e| e.to_string())?;
+        let (sends, recvs) = (packed(&self.send_pairs, self.row), packed(&host, self.row));
+        nccl.all_to_all(
+            &self.send.as_view(),
+            &mut self.recv.as_view_mut(),
+            &sends,
+            &recvs,
+        )?;
+        if back {
+            nccl.all_to_all(
+                &self.recv.as_view(),
+                &mut self.back.as_view_mut(),
+                &recvs,
+                &sends,
+            )?;
+        }
+        Ok(())
+    }
 }

@@ -9,12 +9,17 @@
 //   pack          a warp per token: its row into the slot of each rank it goes to (read once)
 //                 and, after it, its expert ids local to that rank (0xFFFF: another rank's or
 //                 dropped) and its k weights
+//   pack_fp8      the same with the row quantised to e4m3 (scale amax / 448 per row or per
+//                 128 elements, after the codes)
 //   [all-to-all-v of the packed rows]
 //   positions     a block per local expert: each received row's place in that expert's group
 //                 (rows in received order: source rank, then the source's token order)
 //   unpack        a warp per received row (read once): its copy per local expert into the expert-major
 //                 output (groups padded to `align` rows) with the weight; the place of each
 //                 copy is kept for the combine
+//   unpack_dequant  the same for FP8 rows, each element e4m3 x scale in f32, rounded to T
+//   unpack_fp8    the same for FP8 rows kept as FP8: the codes into out_x, the scales into
+//                 out_scales
 //   combine_pack  a warp per received row: sum of weight x expert output over its local experts
 //                 in ascending expert order, in f32, rounded once to T
 //   [all-to-all-v back, in the same row order]
@@ -22,8 +27,11 @@
 //
 // Additions are explicit (__fmul_rn, __fadd_rn: no contraction into FMA), so a host reference
 // in the same order gives the same bits, and a token's result depends only on its own routing
-// and its experts' outputs, never on the other tokens of the batch.
+// and its experts' outputs, never on the other tokens of the batch. Quantising and
+// dequantising are per-element functions of the row (and its block's amax), with correctly
+// rounded operations only: src/moe/fp8.rs is their host twin.
 #include "devcomm/reduce.cuh"
+#include "devcomm/fp8.cuh"
 
 namespace devcomm {
 namespace moe {
@@ -44,6 +52,7 @@ struct MoeArgs {
   dc_u64 expert_count;  // i64 [local_experts]: rows of each local expert (unpadded)
   dc_u64 out_x;         // [out_rows, hidden] T, expert-major
   dc_u64 out_w;         // f32 [out_rows]: the weight of each output row
+  dc_u64 out_scales;    // f32 [out_rows, scales]: each FP8 output row's scales (unpack_fp8 only)
   dc_u64 y;             // [out_rows, hidden] T: the experts' outputs, expert-major
   dc_u64 cback;         // [recv_rows, hidden] T: each received row's weighted sum
   dc_u64 back;          // [send_rows, hidden] T: the sums that came back
@@ -61,6 +70,10 @@ struct MoeArgs {
   dc_u32 row_bytes;     // bytes per packed row: hidden elements, ids, weights, padding to 16
   dc_u32 ids_off;       // byte offset of the u16 ids in a packed row
   dc_u32 w_off;         // byte offset of the f32 weights in a packed row
+  dc_u32 scales_off;    // byte offset of the f32 scales in a packed FP8 row (after the codes)
+  dc_u32 scales;        // scales per FP8 row (0: rows travel as T)
+  dc_u32 scale_block;   // elements per scale: hidden (per row) or 128
+  dc_u32 out_row_bytes; // bytes of an out_x row: hidden x sizeof(T), or hidden as FP8
 };
 
 enum : dc_u32 { kNone = 0xFFFFu, kBadIds = 0, kDupIds = 1, kOverflow = 2 };
@@ -87,6 +100,17 @@ __device__ __forceinline__ long long entry(const MoeArgs& a, dc_u64 t, dc_u32 j,
 }
 
 __device__ __forceinline__ dc_u32 lane_id() { return threadIdx.x & 31u; }
+
+// Elements per lane step: 16 bytes.
+template <class T>
+struct Vec {
+  static constexpr int kN = 16 / (int)sizeof(T);
+  union {
+    uint4 u;
+    T v[kN];
+  };
+};
+
 
 // Counts `bit` over the threads of a block of kLayoutThreads, in thread order: returns how many
 // threads before this one set it and adds the block's total to *run after every thread has
@@ -179,33 +203,171 @@ __device__ __forceinline__ void warp_copy_to(char* const* dst, dc_u32 n, const c
 __device__ __forceinline__ dc_u64 global_warp() { return ((dc_u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; }
 __device__ __forceinline__ dc_u64 warp_count() { return ((dc_u64)gridDim.x * blockDim.x) / 32; }
 
-template <class T>
-__global__ void moe_pack(MoeArgs a) {
+// Token t's packed rows, one per rank it goes to (at most world), into rows; returns how many.
+__device__ __forceinline__ dc_u32 token_rows(const MoeArgs& a, dc_u64 t, char** rows) {
+  const int* slot = reinterpret_cast<const int*>(a.slot);
+  const dc_u64* offsets = reinterpret_cast<const dc_u64*>(a.send_offsets);
+  dc_u32 n = 0;
+  for (dc_u32 r = 0; r < a.world; ++r) {
+    const int s = slot[t * a.world + r];
+    if (s >= 0) rows[n++] = reinterpret_cast<char*>(a.send) + (offsets[r] + (dc_u64)s) * a.row_bytes;
+  }
+  return n;
+}
+
+// Into each packed row of token t (the lanes of a warp): its expert ids local to that row's
+// rank (0xFFFF: another rank's or dropped) and its k weights.
+__device__ __forceinline__ void pack_routing(const MoeArgs& a, dc_u64 t) {
   const int* slot = reinterpret_cast<const int*>(a.slot);
   const dc_u64* offsets = reinterpret_cast<const dc_u64*>(a.send_offsets);
   const float* w = reinterpret_cast<const float*>(a.topk_w);
+  for (dc_u32 p = lane_id(); p < a.world * a.k; p += 32) {
+    const dc_u32 r = p / a.k, j = p % a.k;
+    const int s = slot[t * a.world + r];
+    if (s < 0) continue;
+    char* row = reinterpret_cast<char*>(a.send) + (offsets[r] + (dc_u64)s) * a.row_bytes;
+    const long long e = entry(a, t, j, false);
+    const bool here = e >= 0 && (dc_u32)(e / a.local_experts) == r;
+    reinterpret_cast<unsigned short*>(row + a.ids_off)[j] =
+        here ? (unsigned short)(e - (long long)r * a.local_experts) : (unsigned short)kNone;
+    reinterpret_cast<float*>(row + a.w_off)[j] = w[t * a.k + j];
+  }
+}
+
+template <class T>
+__global__ void moe_pack(MoeArgs a) {
   const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T);
   for (dc_u64 t = global_warp(); t < a.tokens; t += warp_count()) {
     // The token's row goes to each rank of its experts, read once.
     char* rows[64];
-    dc_u32 n = 0;
-    for (dc_u32 r = 0; r < a.world; ++r) {
-      const int s = slot[t * a.world + r];
-      if (s >= 0) rows[n++] = reinterpret_cast<char*>(a.send) + (offsets[r] + (dc_u64)s) * a.row_bytes;
-    }
+    const dc_u32 n = token_rows(a, t, rows);
     warp_copy_to(rows, n, reinterpret_cast<const char*>(a.x) + t * hidden_bytes, hidden_bytes);
-    // After it, per destination: the token's ids local to that rank and its k weights.
-    for (dc_u32 p = lane_id(); p < a.world * a.k; p += 32) {
-      const dc_u32 r = p / a.k, j = p % a.k;
-      const int s = slot[t * a.world + r];
-      if (s < 0) continue;
-      char* row = reinterpret_cast<char*>(a.send) + (offsets[r] + (dc_u64)s) * a.row_bytes;
-      const long long e = entry(a, t, j, false);
-      const bool here = e >= 0 && (dc_u32)(e / a.local_experts) == r;
-      reinterpret_cast<unsigned short*>(row + a.ids_off)[j] =
-          here ? (unsigned short)(e - (long long)r * a.local_experts) : (unsigned short)kNone;
-      reinterpret_cast<float*>(row + a.w_off)[j] = w[t * a.k + j];
+    pack_routing(a, t);
+  }
+}
+
+// ---- FP8 on the wire --------------------------------------------------------------------
+// A lane quantises kChunk consecutive elements at a time (16 or 32 bytes of T in, 8 bytes of
+// e4m3 out); a 128-element block is 16 chunks, half a warp.
+enum : dc_u32 { kChunk = 8, kBlockChunks = 128 / kChunk };
+
+// Chunk c of a row of T (16-byte aligned) as floats (exact).
+template <class T>
+__device__ __forceinline__ void load_chunk(const char* row, dc_u32 c, float (&v)[kChunk]) {
+  constexpr int kN = Vec<T>::kN, kU = (int)kChunk / kN;
+  const uint4* p = reinterpret_cast<const uint4*>(row) + (dc_u64)c * kU;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    Vec<T> x;
+    x.u = p[u];
+#pragma unroll
+    for (int e = 0; e < kN; ++e) v[u * kN + e] = (float)Num<T>::load(x.v[e]);
+  }
+}
+
+// v rounded to T (to nearest even) as chunk c of a row of T.
+template <class T>
+__device__ __forceinline__ void store_chunk(char* row, dc_u32 c, const float (&v)[kChunk]) {
+  constexpr int kN = Vec<T>::kN, kU = (int)kChunk / kN;
+  uint4* p = reinterpret_cast<uint4*>(row) + (dc_u64)c * kU;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    Vec<T> x;
+#pragma unroll
+    for (int e = 0; e < kN; ++e) x.v[e] = Num<T>::store(v[u * kN + e]);
+    p[u] = x.u;
+  }
+}
+
+// The larger of m and the largest |v| over v's finite elements (NaN and infinities left out:
+// NaN quantises to NaN, an infinity saturates to 448).
+__device__ __forceinline__ float finite_amax(const float (&v)[kChunk], float m) {
+#pragma unroll
+  for (int e = 0; e < (int)kChunk; ++e) {
+    const float x = fabsf(v[e]);
+    if (x <= 3.40282347e38f) m = fmaxf(m, x);
+  }
+  return m;
+}
+
+// The max of v over groups of `width` lanes (a power of two up to 32; every lane calls).
+__device__ __forceinline__ float group_max(float v, int width) {
+  for (int o = width / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+// A block's scale (amax / 448; 1 for a block of zeros, never 0) and the factor its elements
+// are multiplied by before encoding (448 / amax, at most FLT_MAX so that a tiny amax keeps
+// 0 x inv = 0).
+__device__ __forceinline__ void block_scale(float amax, float* scale, float* inv) {
+  *scale = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  *inv = amax > 0.0f ? fminf(__fdiv_rn(448.0f, amax), 3.40282347e38f) : 1.0f;
+}
+
+// e4m3(v[e] x inv) for each element, element 0 in the lowest byte.
+__device__ __forceinline__ uint2 quantise_chunk(const float (&v)[kChunk], float inv) {
+  unsigned w[2] = {0u, 0u};
+#pragma unroll
+  for (int e = 0; e < (int)kChunk; ++e) {
+    w[e / 4] |= (unsigned)devcomm::fp8::e4m3_from_f32(__fmul_rn(v[e], inv)) << (8 * (e % 4));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// Stores chunk c's codes q into each of rows[0..n).
+__device__ __forceinline__ void store_codes(char* const* rows, dc_u32 n, dc_u32 c, uint2 q) {
+  for (dc_u32 d = 0; d < n; ++d) reinterpret_cast<uint2*>(rows[d])[c] = q;
+}
+
+// Stores scale number b into each of rows[0..n) (after the codes).
+__device__ __forceinline__ void store_scale(const MoeArgs& a, char* const* rows, dc_u32 n, dc_u32 b, float s) {
+  for (dc_u32 d = 0; d < n; ++d) reinterpret_cast<float*>(rows[d] + a.scales_off)[b] = s;
+}
+
+// moe_pack with the row quantised: per row, a pass for the amax (a warp max) and one to
+// encode; per 128 elements, one pass, each half warp a block (its max over 16 lanes).
+template <class T>
+__global__ void moe_pack_fp8(MoeArgs a) {
+  const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T);
+  const dc_u32 chunks = a.hidden / kChunk;
+  const bool per_row = a.scale_block == a.hidden;
+  const dc_u32 lane = lane_id();
+  for (dc_u64 t = global_warp(); t < a.tokens; t += warp_count()) {
+    char* rows[64];
+    const dc_u32 n = token_rows(a, t, rows);
+    const char* x = reinterpret_cast<const char*>(a.x) + t * hidden_bytes;
+    float v[kChunk];
+    if (per_row) {
+      float m = 0.0f;
+      for (dc_u32 c = lane; c < chunks; c += 32) {
+        load_chunk<T>(x, c, v);
+        m = finite_amax(v, m);
+      }
+      float scale, inv;
+      block_scale(group_max(m, 32), &scale, &inv);
+      for (dc_u32 c = lane; c < chunks; c += 32) {
+        load_chunk<T>(x, c, v);
+        store_codes(rows, n, c, quantise_chunk(v, inv));
+      }
+      if (lane == 0) store_scale(a, rows, n, 0, scale);
+    } else {
+      // chunks is a multiple of 16 (hidden of 128s): a half warp is wholly in or out.
+      for (dc_u32 base = 0; base < chunks; base += 32) {
+        const dc_u32 c = base + lane;
+        const bool in = c < chunks;
+        float m = 0.0f;
+        if (in) {
+          load_chunk<T>(x, c, v);
+          m = finite_amax(v, 0.0f);
+        }
+        float scale, inv;
+        block_scale(group_max(m, (int)kBlockChunks), &scale, &inv);
+        if (!in) continue;
+        store_codes(rows, n, c, quantise_chunk(v, inv));
+        if (c % kBlockChunks == 0) store_scale(a, rows, n, c / kBlockChunks, scale);
+      }
     }
+    pack_routing(a, t);
   }
 }
 
@@ -264,53 +426,124 @@ __device__ __forceinline__ void group_bases(const MoeArgs& a, dc_u64* base) {
 
 enum : int { kMaxLocalExperts = 1024 };
 
-template <class T>
-__global__ void moe_unpack(MoeArgs a) {
-  __shared__ dc_u64 base[kMaxLocalExperts + 1];
+// The unpack kernels' start: the groups' first rows into `base` (shared, local_experts + 1),
+// and whether they fit the output; when not, nothing is written and status says how many
+// rows the output needs.
+__device__ __forceinline__ bool unpack_fits(const MoeArgs& a, dc_u64* base) {
   group_bases(a, base);
   const dc_u64 needed = base[a.local_experts];
-  if (needed > a.out_rows) {
-    // Nothing written: the caller's output is too small (status says how many rows it needs).
-    if (blockIdx.x == 0 && threadIdx.x == 0) atomicMax(reinterpret_cast<dc_u64*>(a.status) + kOverflow, needed);
-    return;
+  if (needed <= a.out_rows) return true;
+  if (blockIdx.x == 0 && threadIdx.x == 0) atomicMax(reinterpret_cast<dc_u64*>(a.status) + kOverflow, needed);
+  return false;
+}
+
+// Received row i's output rows, one per local expert it chose (at most k), into out; returns
+// how many (every lane of the warp gets all of them).
+__device__ __forceinline__ dc_u32 row_outputs(const MoeArgs& a, dc_u64 i, const dc_u64* base, dc_u64* out) {
+  const unsigned short* ids = row_ids(a, i);
+  const dc_u32* pos = reinterpret_cast<const dc_u32*>(a.pos);
+  dc_u32 n = 0;
+  for (dc_u32 j = 0; j < a.k; ++j) {
+    const dc_u32 le = ids[j];
+    if (le == kNone) continue;
+    out[n++] = base[le] + pos[i * a.k + j];
   }
-  const dc_u64 rows = received(a);
-  const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T);
+  return n;
+}
+
+// After received row i's copies are written (the lanes of a warp): each copy's weight, and
+// its output row kept in pos for the combine (pos was read by every lane before: synced).
+__device__ __forceinline__ void unpack_finish(const MoeArgs& a, dc_u64 i, const dc_u64* base) {
+  __syncwarp();
+  const char* row = reinterpret_cast<const char*>(a.recv) + i * a.row_bytes;
+  const unsigned short* ids = reinterpret_cast<const unsigned short*>(row + a.ids_off);
+  const float* w = reinterpret_cast<const float*>(row + a.w_off);
   dc_u32* pos = reinterpret_cast<dc_u32*>(a.pos);
-  for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
-    const char* row = reinterpret_cast<const char*>(a.recv) + i * a.row_bytes;
-    const unsigned short* ids = reinterpret_cast<const unsigned short*>(row + a.ids_off);
-    const float* w = reinterpret_cast<const float*>(row + a.w_off);
-    // The row's copy per local expert, read once.
-    char* dsts[32];
-    dc_u32 n = 0;
-    for (dc_u32 j = 0; j < a.k; ++j) {
-      const dc_u32 le = ids[j];
-      if (le == kNone) continue;
-      const dc_u64 dst = base[le] + pos[i * a.k + j];
-      dsts[n++] = reinterpret_cast<char*>(a.out_x) + dst * hidden_bytes;
-    }
-    warp_copy_to(dsts, n, row, hidden_bytes);
-    __syncwarp();
-    for (dc_u32 j = lane_id(); j < a.k; j += 32) {
-      const dc_u32 le = ids[j];
-      if (le == kNone) continue;
-      const dc_u64 dst = base[le] + pos[i * a.k + j];
-      reinterpret_cast<float*>(a.out_w)[dst] = w[j];
-      pos[i * a.k + j] = (dc_u32)dst;
-    }
+  for (dc_u32 j = lane_id(); j < a.k; j += 32) {
+    const dc_u32 le = ids[j];
+    if (le == kNone) continue;
+    const dc_u64 dst = base[le] + pos[i * a.k + j];
+    reinterpret_cast<float*>(a.out_w)[dst] = w[j];
+    pos[i * a.k + j] = (dc_u32)dst;
   }
 }
 
-// Elements per lane step: 16 bytes.
+// Received row i's copies as addresses in out_x (rows of out_row_bytes) into dsts; returns
+// how many, and their output rows in out.
+__device__ __forceinline__ dc_u32 row_destinations(const MoeArgs& a, dc_u64 i, const dc_u64* base,
+                                                   dc_u64* out, char** dsts) {
+  const dc_u32 n = row_outputs(a, i, base, out);
+  for (dc_u32 d = 0; d < n; ++d) dsts[d] = reinterpret_cast<char*>(a.out_x) + out[d] * a.out_row_bytes;
+  return n;
+}
+
 template <class T>
-struct Vec {
-  static constexpr int kN = 16 / (int)sizeof(T);
-  union {
-    uint4 u;
-    T v[kN];
-  };
-};
+__global__ void moe_unpack(MoeArgs a) {
+  __shared__ dc_u64 base[kMaxLocalExperts + 1];
+  if (!unpack_fits(a, base)) return;
+  const dc_u64 rows = received(a);
+  const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T);
+  for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
+    // The row's copy per local expert, read once.
+    dc_u64 out[32];
+    char* dsts[32];
+    const dc_u32 n = row_destinations(a, i, base, out, dsts);
+    warp_copy_to(dsts, n, reinterpret_cast<const char*>(a.recv) + i * a.row_bytes, hidden_bytes);
+    unpack_finish(a, i, base);
+  }
+}
+
+// FP8 rows dequantised: element = e4m3 x its block's scale in f32, rounded to T, into each
+// copy (the row read once).
+template <class T>
+__global__ void moe_unpack_dequant(MoeArgs a) {
+  __shared__ dc_u64 base[kMaxLocalExperts + 1];
+  if (!unpack_fits(a, base)) return;
+  const dc_u64 rows = received(a);
+  const dc_u32 chunks = a.hidden / kChunk, per_scale = a.scale_block / kChunk;
+  for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
+    dc_u64 out[32];
+    char* dsts[32];
+    const dc_u32 n = row_destinations(a, i, base, out, dsts);
+    const char* row = reinterpret_cast<const char*>(a.recv) + i * a.row_bytes;
+    const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
+    for (dc_u32 c = lane_id(); c < chunks; c += 32) {
+      const uint2 q = reinterpret_cast<const uint2*>(row)[c];
+      const float s = scales[c / per_scale];
+      float v[kChunk];
+#pragma unroll
+      for (int e = 0; e < (int)kChunk; ++e) {
+        const unsigned word = e < 4 ? q.x : q.y;
+        v[e] = __fmul_rn(devcomm::fp8::e4m3_to_f32((unsigned char)(word >> (8 * (e % 4)))), s);
+      }
+      for (dc_u32 d = 0; d < n; ++d) store_chunk<T>(dsts[d], c, v);
+    }
+    unpack_finish(a, i, base);
+  }
+}
+
+// FP8 rows kept as FP8: the codes into out_x (hidden bytes a row), the scales into out_scales
+// (scales a row), for each copy (the row read once).
+template <class T>
+__global__ void moe_unpack_fp8(MoeArgs a) {
+  __shared__ dc_u64 base[kMaxLocalExperts + 1];
+  if (!unpack_fits(a, base)) return;
+  const dc_u64 rows = received(a);
+  for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
+    dc_u64 out[32];
+    char* dsts[32];
+    const dc_u32 n = row_destinations(a, i, base, out, dsts);
+    const char* row = reinterpret_cast<const char*>(a.recv) + i * a.row_bytes;
+    warp_copy_to(dsts, n, row, a.hidden);
+    const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
+    float* out_scales = reinterpret_cast<float*>(a.out_scales);
+    for (dc_u32 p = lane_id(); p < n * a.scales; p += 32) {
+      const dc_u32 d = p / a.scales, b = p % a.scales;
+      out_scales[out[d] * a.scales + b] = scales[b];
+    }
+    unpack_finish(a, i, base);
+  }
+}
 
 // Whether this rank's dispatch output overflowed: it wrote nothing, and its experts'
 // contributions come back as zeros (Moe::check reports it).

@@ -21,24 +21,9 @@ struct RmsNormFp8Args {
 };
 
 // f32 -> e4m3 (OCP e4m3fn): round to nearest even, |x| past 448 and infinities saturate to
-// +-448, NaN -> 0x7f. The same steps as the host encoder (e4m3_from_f32 in the example).
-__device__ __forceinline__ unsigned char rmsnorm_fp8_e4m3(float x) {
-#if __CUDA_ARCH__ >= 890
-  unsigned short pair;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));
-  return (unsigned char)(pair & 0xff);
-#else
-  const unsigned sign = (__float_as_uint(x) >> 24) & 0x80u;
-  const float a = fabsf(x);
-  if (a != a) return 0x7f;
-  if (a >= 464.0f) return (unsigned char)(sign | 0x7eu);  // 464 ties to 448, more saturates
-  int e = (int)(__float_as_uint(a) >> 23) - 127;           // a's binade (a < 2^-6: subnormal step)
-  if (e < -6) e = -6;
-  // a in units of the e4m3 step 2^(e-3) (a power of two: exact), rounded to nearest even.
-  const float n = rintf(__fmul_rn(a, __uint_as_float((unsigned)(127 + 3 - e) << 23)));
-  return (unsigned char)(sign | (unsigned)(((e + 6) << 3) + (int)n));
-#endif
-}
+// +-448, NaN -> 0x7f: devcomm's encoder (the hardware's cvt on sm_89+, the same rounding in
+// software before), whose host model is devcomm::moe::fp8::e4m3_from_f32.
+#include "devcomm/fp8.cuh"
 
 struct RmsNormFp8 {
   using T = devcomm::red::BF16;
@@ -71,7 +56,7 @@ struct RmsNormFp8 {
     const float inv = amax > 0.0f ? fminf(__fdiv_rn(448.0f, amax), 3.40282347e38f) : 1.0f;
     unsigned char* q = a.fp8 + c.row * c.cols;
     for (unsigned long long j = c.lane; j < c.cols; j += 32) {
-      q[j] = rmsnorm_fp8_e4m3(__fmul_rn(to_float(row[j]), inv));
+      q[j] = devcomm::fp8::e4m3_from_f32(__fmul_rn(to_float(row[j]), inv));
     }
     if (c.lane == 0) a.scales[c.row] = scale;
   }

@@ -1,7 +1,8 @@
 //! MoE dispatch and combine on the communicator (docs/MOE.md): [`Moe`] holds one layer's
 //! scratch and what a dispatch leaves for its combine. A dispatch is four kernels around one
-//! all-to-all-v of packed rows, a combine two kernels around one all-to-all-v back; nothing
-//! goes through the host, so both are capturable in CUDA graphs.
+//! all-to-all-v of packed rows (as they are or FP8, `MoeConfig::wire`), a combine two kernels
+//! around one all-to-all-v back; nothing goes through the host, so both are capturable in CUDA
+//! graphs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,7 @@ use crate::collective::RawHooks;
 use crate::cuda::DeviceBuffer;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::kernels::KernelKind;
-use crate::moe::{kernel_expression, MoeArgs, MoeConfig, MoePlan, KERNELS};
+use crate::moe::{kernel_expression, DispatchBytes, MoeArgs, MoeConfig, MoePlan, KERNELS};
 
 /// The status words the kernels count into (`moe.cu`).
 const STATUS_WORDS: usize = 4;
@@ -34,8 +35,12 @@ pub struct DispatchBuffers {
     pub topk_weights: u64,
     /// Tokens (at most `max_tokens`).
     pub tokens: usize,
-    /// Written: `[out_rows, hidden]` expert-major rows.
+    /// Written: `[out_rows, hidden]` expert-major rows: of the input type, or `u8` e4m3 codes
+    /// when the layer's wire returns FP8.
     pub out_x: u64,
+    /// Written when the layer's wire returns FP8 (else unused, may be 0): `f32 [out_rows,
+    /// MoePlan::scales]`, each output row's scales.
+    pub out_scales: u64,
     /// Written: `f32 [out_rows]`, the weight of each output row.
     pub out_weights: u64,
     /// Rows of `out_x` and `out_weights`.
@@ -258,20 +263,18 @@ impl Moe {
                 b.tokens, c.max_tokens
             )));
         }
-        let null = [
-            ("x", b.x),
-            ("topk_idx", b.topk_idx),
-            ("topk_weights", b.topk_weights),
-        ]
-        .into_iter()
-        .find(|(_, p)| *p == 0 && b.tokens > 0)
-        .or_else(|| {
-            [("out_x", b.out_x), ("out_weights", b.out_weights)]
-                .into_iter()
-                .find(|(_, p)| *p == 0 && b.out_rows > 0)
-        })
-        .or((b.expert_counts == 0).then_some(("expert_counts", 0)));
-        if let Some((name, _)) = null {
+        // The buffers a call with these tokens and output rows writes or reads.
+        let fp8_out = self.plan.config.wire.outputs_fp8();
+        let needed = [
+            ("x", b.x, b.tokens > 0),
+            ("topk_idx", b.topk_idx, b.tokens > 0),
+            ("topk_weights", b.topk_weights, b.tokens > 0),
+            ("out_x", b.out_x, b.out_rows > 0),
+            ("out_weights", b.out_weights, b.out_rows > 0),
+            ("out_scales", b.out_scales, b.out_rows > 0 && fp8_out),
+            ("expert_counts", b.expert_counts, true),
+        ];
+        if let Some((name, _, _)) = needed.into_iter().find(|&(_, p, used)| used && p == 0) {
             return Err(bad(format!("{name} is a null address")));
         }
         let mut a = self.args();
@@ -281,21 +284,23 @@ impl Moe {
         a.tokens = b.tokens as u64;
         a.out_x = b.out_x;
         a.out_w = b.out_weights;
+        a.out_scales = b.out_scales;
         a.out_rows = b.out_rows as u64;
         a.expert_count = b.expert_counts;
         // SAFETY: the status words are this layer's; stream-ordered before the kernels.
         unsafe {
             crate::cuda::graph::memset_d8_async(self.status.ptr(), 0, STATUS_WORDS * 8, stream)?
         };
+        let (pack, unpack) = c.wire.kernels();
         self.launch("moe_layout", 1, SCAN_THREADS, &a, stream)?;
-        self.launch("moe_pack", self.blocks_for(b.tokens), THREADS, &a, stream)?;
+        self.launch(pack, self.blocks_for(b.tokens), THREADS, &a, stream)?;
         let (send, recv) = (self.send.ptr(), self.recv.ptr());
         let rows = (self.plan.send_rows, self.plan.recv_rows);
         self.exchange(comm, (send, recv), rows, self.plan.row_bytes, 0, stream)?;
         let le = self.plan.local_experts as u32;
         self.launch("moe_positions", le, SCAN_THREADS, &a, stream)?;
         let rows = self.blocks_for(self.plan.recv_rows);
-        self.launch("moe_unpack", rows, THREADS, &a, stream)?;
+        self.launch(unpack, rows, THREADS, &a, stream)?;
         let mut last = self.last.lock().map_err(|_| poisoned())?;
         *last = Some(Dispatched {
             tokens: b.tokens,
@@ -365,6 +370,8 @@ impl Moe {
     /// expert. A token crosses to each rank once, however many of its experts live there.
     /// Ids outside `[-1, experts)` and repeats within a token are dropped and counted; an
     /// `out_x` too small for the routing is left untouched: [`Moe::check`] reports both.
+    /// With an FP8 wire that dequantises, `out_x` holds the dequantised rows; a wire that
+    /// returns FP8 takes [`Moe::dispatch_fp8`] instead.
     #[allow(clippy::too_many_arguments)] // the dispatch's three inputs and three outputs
     pub fn dispatch<T, X, I, W, O, OW, C>(
         &self,
@@ -385,34 +392,18 @@ impl Moe {
         OW: DevicePtrMut<f32>,
         C: DevicePtrMut<i64>,
     {
-        let c = &self.plan.config;
-        let row = self.plan.hidden_bytes;
-        let es = c.dtype.size_bytes();
-        let (xb, ob) = (x.num_bytes(), out_x.num_bytes());
-        if std::mem::size_of::<T>() != es || xb % row != 0 || ob % row != 0 {
-            return Err(bad(format!(
-                "x ({xb} bytes) and out_x ({ob} bytes) must be whole rows of {} x {} bytes",
-                c.hidden, es
-            )));
-        }
-        let (tokens, out_rows) = (xb / row, ob / row);
-        let want = [
-            ("topk_idx", topk_idx.num_bytes(), tokens * c.top_k * 8),
-            (
-                "topk_weights",
-                topk_weights.num_bytes(),
-                tokens * c.top_k * 4,
-            ),
-            ("out_weights", out_weights.num_bytes(), out_rows * 4),
-            (
-                "expert_counts",
-                expert_counts.num_bytes(),
-                self.plan.local_experts * 8,
-            ),
-        ];
-        if let Some((name, got, need)) = want.into_iter().find(|(_, g, n)| g < n) {
-            return Err(bad(format!("{name} holds {got} bytes; {need} are needed")));
-        }
+        let size = std::mem::size_of::<T>();
+        let (tokens, out_rows) = self.plan.dispatch_rows(DispatchBytes {
+            x_elem: size,
+            x: x.num_bytes(),
+            topk_idx: topk_idx.num_bytes(),
+            topk_weights: topk_weights.num_bytes(),
+            out_elem: size,
+            out_x: out_x.num_bytes(),
+            out_weights: out_weights.num_bytes(),
+            out_scales: None,
+            expert_counts: expert_counts.num_bytes(),
+        })?;
         let (xp, _a) = comm.slice_ptr("moe dispatch", x, stream)?;
         let (ip, _b) = comm.slice_ptr("moe dispatch", topk_idx, stream)?;
         let (wp, _c) = comm.slice_ptr("moe dispatch", topk_weights, stream)?;
@@ -425,6 +416,66 @@ impl Moe {
             topk_weights: wp,
             tokens,
             out_x: op,
+            out_scales: 0,
+            out_weights: owp,
+            out_rows,
+            expert_counts: cp,
+        };
+        // SAFETY: sizes checked above; the slices stay borrowed (and cudarc orders them on the
+        // stream) for the call.
+        unsafe { self.dispatch_raw(comm, b, stream) }
+    }
+
+    /// [`Moe::dispatch`] for a layer whose wire returns FP8 (`Wire::Fp8` with
+    /// `Fp8Output::Fp8`): `out_x` (`u8 [out_rows, hidden]`) receives the rows' e4m3 codes
+    /// (OCP e4m3fn) as they crossed, `out_scales` (`f32 [out_rows, plan().scales]`) their
+    /// scales: element `i` of a row is `e4m3(code[i]) x scales[i / plan().scale_block]`.
+    #[allow(clippy::too_many_arguments)] // the dispatch's three inputs and four outputs
+    pub fn dispatch_fp8<T, X, I, W, O, S, OW, C>(
+        &self,
+        comm: &Comm,
+        x: &X,
+        topk_idx: &I,
+        topk_weights: &W,
+        (out_x, out_scales): (&mut O, &mut S),
+        out_weights: &mut OW,
+        expert_counts: &mut C,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()>
+    where
+        X: DevicePtr<T>,
+        I: DevicePtr<i64>,
+        W: DevicePtr<f32>,
+        O: DevicePtrMut<u8>,
+        S: DevicePtrMut<f32>,
+        OW: DevicePtrMut<f32>,
+        C: DevicePtrMut<i64>,
+    {
+        let (tokens, out_rows) = self.plan.dispatch_rows(DispatchBytes {
+            x_elem: std::mem::size_of::<T>(),
+            x: x.num_bytes(),
+            topk_idx: topk_idx.num_bytes(),
+            topk_weights: topk_weights.num_bytes(),
+            out_elem: 1,
+            out_x: out_x.num_bytes(),
+            out_weights: out_weights.num_bytes(),
+            out_scales: Some(out_scales.num_bytes()),
+            expert_counts: expert_counts.num_bytes(),
+        })?;
+        let (xp, _a) = comm.slice_ptr("moe dispatch", x, stream)?;
+        let (ip, _b) = comm.slice_ptr("moe dispatch", topk_idx, stream)?;
+        let (wp, _c) = comm.slice_ptr("moe dispatch", topk_weights, stream)?;
+        let (op, _d) = comm.slice_ptr_mut("moe dispatch", out_x, stream)?;
+        let (sp, _e) = comm.slice_ptr_mut("moe dispatch", out_scales, stream)?;
+        let (owp, _f) = comm.slice_ptr_mut("moe dispatch", out_weights, stream)?;
+        let (cp, _g) = comm.slice_ptr_mut("moe dispatch", expert_counts, stream)?;
+        let b = DispatchBuffers {
+            x: xp,
+            topk_idx: ip,
+            topk_weights: wp,
+            tokens,
+            out_x: op,
+            out_scales: sp,
             out_weights: owp,
             out_rows,
             expert_counts: cp,

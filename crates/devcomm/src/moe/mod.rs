@@ -1,10 +1,18 @@
 //! Mixture-of-experts dispatch and combine (docs/MOE.md): the pure part. [`MoeConfig`] is what
 //! a user chooses, [`MoePlan`] everything derived from it (the packed row's layout, the
 //! buffers' rows), checked once; [`MoeArgs`] is the kernels' argument; [`module_spec`] their
-//! module; [`reference`] the same computation on the host, in the same order, for the tests.
+//! module; [`reference`] the same computation on the host, in the same order, for the tests;
+//! [`wire`] how rows cross (as they are, or FP8 with scales) and [`fp8`] the host's e4m3.
 //! The calls themselves are [`crate::Moe`]'s (`comm/moe.rs`).
 
+mod buffers;
+mod elem;
+pub mod fp8;
 pub mod reference;
+pub mod wire;
+
+pub use buffers::DispatchBytes;
+pub use wire::{Fp8Output, Fp8Scales, Wire};
 
 use cudarc::driver::DeviceRepr;
 
@@ -38,6 +46,9 @@ pub struct MoeConfig {
     /// Each local expert's group of output rows starts at a multiple of this (grouped GEMMs
     /// want 64 or 128); 1: no padding.
     pub align: usize,
+    /// How the dispatch's rows cross: as they are ([`Wire::Native`], the default) or FP8 with
+    /// scales, dequantised on arrival or given back as FP8. The combine always sends `dtype`.
+    pub wire: Wire,
 }
 
 /// Everything derived from a [`MoeConfig`] and the world size.
@@ -49,13 +60,24 @@ pub struct MoePlan {
     pub world: usize,
     /// Experts per rank.
     pub local_experts: usize,
-    /// Bytes of one token row.
+    /// Bytes of one token row of `dtype` (the input's, the combine's).
     pub hidden_bytes: usize,
+    /// Bytes of a row's values in a packed row: `hidden_bytes`, or `hidden` as FP8.
+    pub wire_bytes: usize,
+    /// Elements per scale (0: no scales, native rows).
+    pub scale_block: usize,
+    /// `f32` scales per packed row (0 for native rows).
+    pub scales: usize,
+    /// Byte offset of the scales in a packed row (right after the values).
+    pub scales_off: usize,
+    /// Bytes of one row of the expert-major output (`out_x`): `hidden_bytes`, or `hidden`
+    /// when it holds FP8.
+    pub out_row_bytes: usize,
     /// Byte offset of the `u16` local expert ids in a packed row.
     pub ids_off: usize,
     /// Byte offset of the `f32` weights in a packed row.
     pub w_off: usize,
-    /// Bytes of a packed row (token, ids, weights, padding to 16).
+    /// Bytes of a packed row (values, scales, ids, weights, padding to 16).
     pub row_bytes: usize,
     /// Rows a rank may send: each token at most once per rank.
     pub send_rows: usize,
@@ -65,6 +87,37 @@ pub struct MoePlan {
 
 const fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to) * to
+}
+
+/// Where each part of a packed row sits: the values (as they are or e4m3), their `f32`
+/// scales, the `u16` local expert ids, the `f32` weights, padding to 16 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RowLayout {
+    wire_bytes: usize,
+    scales: usize,
+    scales_off: usize,
+    ids_off: usize,
+    w_off: usize,
+    row_bytes: usize,
+}
+
+impl RowLayout {
+    /// The layout of `c`'s rows (`c` checked: the values are whole 16-byte units).
+    fn of(c: &MoeConfig) -> Self {
+        let wire_bytes = c.wire.value_bytes(c.hidden, c.dtype);
+        let scales = c.wire.scales_per_row(c.hidden);
+        let scales_off = wire_bytes;
+        let ids_off = scales_off + 4 * scales;
+        let w_off = round_up(ids_off + 2 * c.top_k, 4);
+        Self {
+            wire_bytes,
+            scales,
+            scales_off,
+            ids_off,
+            w_off,
+            row_bytes: round_up(w_off + 4 * c.top_k, 16),
+        }
+    }
 }
 
 impl MoePlan {
@@ -110,20 +163,26 @@ impl MoePlan {
         if c.align == 0 {
             return Err(bad("align 0 (1: no padding)".into()));
         }
-        let ids_off = hidden_bytes;
-        let w_off = round_up(ids_off + 2 * c.top_k, 4);
-        let row_bytes = round_up(w_off + 4 * c.top_k, 16);
-        if row_bytes > u32::MAX as usize {
-            return Err(bad(format!("a row of {row_bytes} bytes")));
+        if let Some(reason) = c.wire.refusal(c.hidden, c.dtype) {
+            return Err(bad(reason));
+        }
+        let layout = RowLayout::of(&c);
+        if layout.row_bytes > u32::MAX as usize {
+            return Err(bad(format!("a row of {} bytes", layout.row_bytes)));
         }
         Ok(Self {
             config,
             world,
             local_experts,
             hidden_bytes,
-            ids_off,
-            w_off,
-            row_bytes,
+            wire_bytes: layout.wire_bytes,
+            scale_block: c.wire.scale_block(c.hidden).unwrap_or(0),
+            scales: layout.scales,
+            scales_off: layout.scales_off,
+            out_row_bytes: c.wire.out_row_bytes(c.hidden, c.dtype),
+            ids_off: layout.ids_off,
+            w_off: layout.w_off,
+            row_bytes: layout.row_bytes,
             send_rows: c.max_tokens * world.min(c.top_k),
             recv_rows: c.max_tokens * world,
         })
@@ -164,6 +223,7 @@ pub struct MoeArgs {
     pub(crate) expert_count: u64,
     pub(crate) out_x: u64,
     pub(crate) out_w: u64,
+    pub(crate) out_scales: u64,
     pub(crate) y: u64,
     pub(crate) cback: u64,
     pub(crate) back: u64,
@@ -181,6 +241,10 @@ pub struct MoeArgs {
     pub(crate) row_bytes: u32,
     pub(crate) ids_off: u32,
     pub(crate) w_off: u32,
+    pub(crate) scales_off: u32,
+    pub(crate) scales: u32,
+    pub(crate) scale_block: u32,
+    pub(crate) out_row_bytes: u32,
 }
 
 // SAFETY: plain integers, laid out as the kernels' struct (checked against the C++ in the
@@ -202,19 +266,27 @@ impl MoeArgs {
             row_bytes: plan.row_bytes as u32,
             ids_off: plan.ids_off as u32,
             w_off: plan.w_off as u32,
+            scales_off: plan.scales_off as u32,
+            scales: plan.scales as u32,
+            scale_block: plan.scale_block as u32,
+            out_row_bytes: plan.out_row_bytes as u32,
             ..Self::default()
         }
     }
 }
 
-/// The kernels of one element type, in launch order.
-pub const KERNELS: [&str; 6] = [
+/// The kernels of one element type's module: those of a native dispatch and its combine in
+/// launch order, then the FP8 wire's pack and unpacks ([`Wire::kernels`] picks a dispatch's).
+pub const KERNELS: [&str; 9] = [
     "moe_layout",
     "moe_pack",
     "moe_positions",
     "moe_unpack",
     "moe_combine_pack",
     "moe_combine_final",
+    "moe_pack_fp8",
+    "moe_unpack_dequant",
+    "moe_unpack_fp8",
 ];
 
 /// The name expression of kernel `name` (one of [`KERNELS`]) for `dtype`.

@@ -2,42 +2,9 @@
 //! what the GPU results must equal bit for bit. Each rank can compute its own expected results
 //! from every rank's routing (the tests draw them from shared seeds).
 
+pub use super::elem::Elem;
+use super::fp8::{dequantise_row, quantise_row};
 use super::MoePlan;
-
-/// A row element: converted to `f32` to compute, rounded to nearest even back.
-pub trait Elem: Copy + PartialEq + std::fmt::Debug + Default {
-    /// The value in `f32` (exact for bf16, f16 and f32).
-    fn to_f32(self) -> f32;
-    /// `x` rounded to nearest even.
-    fn from_f32(x: f32) -> Self;
-}
-
-impl Elem for f32 {
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn from_f32(x: f32) -> Self {
-        x
-    }
-}
-
-impl Elem for half::bf16 {
-    fn to_f32(self) -> f32 {
-        half::bf16::to_f32(self)
-    }
-    fn from_f32(x: f32) -> Self {
-        half::bf16::from_f32(x)
-    }
-}
-
-impl Elem for half::f16 {
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
-    }
-    fn from_f32(x: f32) -> Self {
-        half::f16::from_f32(x)
-    }
-}
 
 /// One rank's routing: `topk_idx` and `topk_weights`, `[tokens, top_k]` row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,6 +107,33 @@ pub fn received(plan: &MoePlan, routings: &[Routing], me: usize) -> Received {
     Received { groups, bases }
 }
 
+/// A token row as it arrives on an expert's rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arrived<E> {
+    /// The row of the input type: the row itself when it crosses as it is, its dequantised
+    /// form when it crosses as FP8 (what a dequantising dispatch writes, and what an expert
+    /// of an FP8 dispatch works on when it dequantises the same way).
+    pub values: Vec<E>,
+    /// The e4m3 codes and the scales, in order, when the row crosses as FP8.
+    pub fp8: Option<(Vec<u8>, Vec<f32>)>,
+}
+
+/// Row `x` as the plan's wire delivers it (the pack kernel's quantisation, the unpack
+/// kernel's dequantisation; `moe::fp8`).
+pub fn arrived<E: Elem>(plan: &MoePlan, x: &[E]) -> Arrived<E> {
+    if plan.scale_block == 0 {
+        return Arrived {
+            values: x.to_vec(),
+            fp8: None,
+        };
+    }
+    let (codes, scales) = quantise_row(x, plan.scale_block);
+    Arrived {
+        values: dequantise_row(&codes, &scales, plan.scale_block),
+        fp8: Some((codes, scales)),
+    }
+}
+
 /// Sum in the kernels' order: the first term as is, then `__fadd_rn` each next one.
 fn ordered_sum(terms: impl IntoIterator<Item = f32>) -> Option<f32> {
     terms.into_iter().reduce(|acc, x| acc + x)
@@ -197,6 +191,7 @@ mod tests {
             dtype: DataType::F32,
             max_tokens: 16,
             align,
+            wire: crate::moe::Wire::Native,
         };
         MoePlan::new(config, world).unwrap()
     }
@@ -256,6 +251,50 @@ mod tests {
     }
 
     #[test]
+    fn rows_arrive_as_they_are_or_quantised_as_the_wire_says() {
+        use crate::moe::{Fp8Output, Fp8Scales, Wire};
+        let row: Vec<half::bf16> = (0..256)
+            .map(|i| half::bf16::from_f32((i as f32 - 100.0) / 7.0))
+            .collect();
+        let with = |wire: Wire| {
+            let config = MoeConfig {
+                experts: 4,
+                top_k: 2,
+                hidden: 256,
+                dtype: DataType::BF16,
+                max_tokens: 4,
+                align: 1,
+                wire,
+            };
+            arrived(&MoePlan::new(config, 2).unwrap(), &row)
+        };
+        let native = with(Wire::Native);
+        assert_eq!(
+            (native.values.as_slice(), native.fp8),
+            (row.as_slice(), None)
+        );
+        let blocks = with(Wire::Fp8 {
+            scales: Fp8Scales::Per128,
+            output: Fp8Output::Fp8,
+        });
+        let (codes, scales) = blocks.fp8.clone().unwrap();
+        // Block 0 holds -100/7 .. 27/7 (amax 100/7 in bf16), block 1 28/7 .. 155/7.
+        assert_eq!(codes.len(), 256);
+        assert_eq!(scales.len(), 2);
+        assert_eq!(scales[0], row[0].to_f32().abs() / 448.0);
+        assert_eq!(scales[1], row[255].to_f32() / 448.0);
+        assert_eq!((codes[0], codes[255]), (0xfe, 0x7e));
+        assert_ne!(blocks.values, row, "quantisation changes values");
+        let per_row = with(Wire::Fp8 {
+            scales: Fp8Scales::PerRow,
+            output: Fp8Output::Dequantised,
+        });
+        assert_eq!(per_row.fp8.as_ref().unwrap().1, [row[255].to_f32() / 448.0]);
+        // The two scale kinds quantise block 0 differently (its own amax against the row's).
+        assert_ne!(per_row.values[..128], blocks.values[..128]);
+    }
+
+    #[test]
     fn combine_rounds_each_rank_s_sum_to_the_row_type() {
         let p = MoePlan::new(
             MoeConfig {
@@ -265,6 +304,7 @@ mod tests {
                 dtype: DataType::BF16,
                 max_tokens: 4,
                 align: 1,
+                wire: crate::moe::Wire::Native,
             },
             2,
         )

@@ -8,6 +8,14 @@ fn deepseek() -> MoeConfig {
         dtype: DataType::BF16,
         max_tokens: 8192,
         align: 128,
+        wire: Wire::Native,
+    }
+}
+
+fn fp8(scales: Fp8Scales, output: Fp8Output) -> MoeConfig {
+    MoeConfig {
+        wire: Wire::Fp8 { scales, output },
+        ..deepseek()
     }
 }
 
@@ -34,6 +42,69 @@ fn a_packed_row_holds_the_token_its_ids_and_weights_in_16_byte_units() {
     )
     .unwrap();
     assert_eq!((odd.w_off, odd.row_bytes), (14336 + 8, 14336 + 32));
+    // Native rows carry no scales; the output rows are the input's.
+    assert_eq!((p.wire_bytes, p.scales, p.scale_block), (14336, 0, 0));
+    assert_eq!((p.scales_off, p.out_row_bytes), (14336, 14336));
+}
+
+#[test]
+fn an_fp8_row_holds_e4m3_values_then_scales_ids_and_weights() {
+    // Per 128: 7168 bytes of e4m3, 56 f32 scales, 8 u16 ids, 8 f32 weights: 7168 + 224 + 16
+    // + 32 = 7440, a multiple of 16.
+    let p = MoePlan::new(fp8(Fp8Scales::Per128, Fp8Output::Fp8), 4).unwrap();
+    assert_eq!((p.wire_bytes, p.scale_block, p.scales), (7168, 128, 56));
+    assert_eq!(p.scales_off, 7168);
+    assert_eq!(p.ids_off, 7168 + 224);
+    assert_eq!(p.w_off, 7168 + 224 + 16);
+    assert_eq!(p.row_bytes, 7440);
+    // The output holds FP8: a byte per element; the combine's rows stay bf16.
+    assert_eq!((p.out_row_bytes, p.hidden_bytes), (7168, 14336));
+    // Per row: one scale; 7168 + 4 + 16 + 32 = 7220, padded to 7232.
+    let r = MoePlan::new(fp8(Fp8Scales::PerRow, Fp8Output::Dequantised), 4).unwrap();
+    assert_eq!((r.scale_block, r.scales, r.ids_off), (7168, 1, 7172));
+    assert_eq!((r.w_off, r.row_bytes), (7188, 7232));
+    assert_eq!(r.out_row_bytes, 14336);
+    // Half the bytes of the bf16 row (14384) cross, give or take the scales.
+    let native = MoePlan::new(deepseek(), 4).unwrap();
+    assert!(r.row_bytes * 2 < native.row_bytes + 128);
+    // Three ids after one scale: 4 + 6 = 10 bytes, weights at 12.
+    let odd = MoePlan::new(
+        MoeConfig {
+            top_k: 3,
+            hidden: 16,
+            ..fp8(Fp8Scales::PerRow, Fp8Output::Fp8)
+        },
+        4,
+    )
+    .unwrap();
+    assert_eq!((odd.ids_off, odd.w_off, odd.row_bytes), (20, 28, 48));
+    for p in [p, r, odd] {
+        assert_eq!(p.row_bytes % 16, 0);
+        assert_eq!(p.ids_off, p.scales_off + 4 * p.scales);
+        assert!(p.w_off + 4 * p.config.top_k <= p.row_bytes);
+    }
+}
+
+#[test]
+fn fp8_rows_refuse_hidden_sizes_they_cannot_carry() {
+    let err = |c: MoeConfig| MoePlan::new(c, 4).unwrap_err();
+    let e = err(MoeConfig {
+        hidden: 200,
+        ..fp8(Fp8Scales::Per128, Fp8Output::Dequantised)
+    });
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert!(e.to_string().contains("multiple of 128"), "{e}");
+    // Per row, 200 is not whole 16-byte units of e4m3; 208 is.
+    let e = err(MoeConfig {
+        hidden: 200,
+        ..fp8(Fp8Scales::PerRow, Fp8Output::Fp8)
+    });
+    assert!(e.to_string().contains("multiple of 16"), "{e}");
+    let ok = MoeConfig {
+        hidden: 208,
+        ..fp8(Fp8Scales::PerRow, Fp8Output::Fp8)
+    };
+    assert_eq!(MoePlan::new(ok, 4).unwrap().scales, 1);
 }
 
 #[test]
@@ -120,13 +191,17 @@ fn the_module_names_each_kernel_for_its_type() {
     assert!(spec
         .name_expressions
         .contains(&"devcomm::moe::moe_layout".to_string()));
-    assert!(spec.source.contains("sizeof(devcomm::moe::MoeArgs) == 200"));
+    assert!(spec
+        .name_expressions
+        .contains(&"devcomm::moe::moe_unpack_dequant<devcomm::red::BF16>".to_string()));
+    assert_eq!(spec.name_expressions.len(), KERNELS.len());
+    assert!(spec.source.contains("sizeof(devcomm::moe::MoeArgs) == 224"));
 }
 
 #[test]
 fn the_kernel_argument_matches_the_struct_in_moe_cu() {
-    // 20 u64 and 10 u32 fields.
-    assert_eq!(std::mem::size_of::<MoeArgs>(), 20 * 8 + 10 * 4);
+    // 21 u64 and 14 u32 fields.
+    assert_eq!(std::mem::size_of::<MoeArgs>(), 21 * 8 + 14 * 4);
     // The C++ struct lists the same fields in the same order (moe.cu).
     let fields: Vec<&str> = KERNEL_SOURCE
         .split("struct MoeArgs {")

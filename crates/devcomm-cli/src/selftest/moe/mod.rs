@@ -2,12 +2,15 @@
 //! (`devcomm::moe::reference`), bit for bit: random, skewed, single-rank and partly dropped
 //! routings, a rank with no tokens; a token's combined row the same whatever the rest of the
 //! batch; graph replays with a new routing each time; out-of-range ids and an output too small
-//! reported by `Moe::check`, nothing written past the output.
+//! reported by `Moe::check`, nothing written past the output. FP8 on the wire: `fp8.rs`.
+
+mod fp8;
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use devcomm::moe::reference::{self, Routing};
+use devcomm::moe::Wire;
 use devcomm::{Comm, DataType, DispatchBuffers, Moe, MoeConfig, MoePlan};
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -42,6 +45,24 @@ pub(super) const CHECKS: &[Check] = &[
         about: "bad ids and a too small output reported; nothing written past the output",
         run: |cx, _| verified(check_errors(cx)),
     },
+    Check {
+        name: "moe_fp8",
+        ranks: Ranks::AtLeast(2),
+        about: "FP8 dispatch (per-row and per-128 scales, dequantised and FP8 + scales) and its combine bit for bit against the host reference, within e4m3's error of the rows",
+        run: |cx, _| verified(fp8::check_fp8(cx)),
+    },
+    Check {
+        name: "moe_fp8_graph",
+        ranks: Ranks::AtLeast(2),
+        about: "--replays replays of a captured FP8 dispatch + combine, a new routing each time",
+        run: |cx, p| verified(fp8::check_fp8_graph(cx, p.replays.min(50))),
+    },
+    Check {
+        name: "moe_fp8_refused",
+        ranks: Ranks::AtLeast(2),
+        about: "FP8 layers refuse a hidden size they cannot carry and the other form's call",
+        run: |cx, _| verified(fp8::check_fp8_refused(cx)),
+    },
 ];
 
 const HIDDEN: usize = 256;
@@ -57,6 +78,7 @@ fn config(world: usize) -> MoeConfig {
         dtype: DataType::BF16,
         max_tokens: MAX_TOKENS,
         align: ALIGN,
+        wire: Wire::Native,
     }
 }
 
@@ -383,6 +405,7 @@ fn check_graph(cx: &Ctx, replays: usize) -> Detail {
         topk_weights: ptr(step.w.device_ptr(s)),
         tokens,
         out_x: ptr(step.out_x.device_ptr(s)),
+        out_scales: 0,
         out_weights: ptr(step.out_w.device_ptr(s)),
         out_rows,
         expert_counts: ptr(step.counts.device_ptr(s)),
