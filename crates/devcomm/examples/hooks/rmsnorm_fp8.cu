@@ -10,8 +10,8 @@
 // reference reproduces every bit.
 //
 // The residual, fp8 and scales are written on the rank whose hook runs on the row: with the
-// staged two-shot that is the rank that reduced the row (its shard of rows), on the zero-copy
-// one-shot every rank. Rows a rank's hook did not see keep what these buffers held.
+// staged two-shot that is the rank that reduced the row (its shard of rows), on the one-shots
+// (on lines or zero-copy) every rank. Rows a rank's hook did not see keep what these buffers held.
 struct RmsNormFp8Args {
   devcomm::red::BF16* residual;     // rows x cols: read, then overwritten with h
   const devcomm::red::BF16* weight; // cols
@@ -27,6 +27,12 @@ struct RmsNormFp8Args {
 
 struct RmsNormFp8 {
   using T = devcomm::red::BF16;
+  // A warp runs a row: each lane loads kBatch columns (32 apart) of every array it reads
+  // before it stores any, so that its loads are in flight together (a store to `row` or
+  // `residual` may alias the next load, so a plain loop's loads stay one after another). The
+  // lane still visits its columns in order, so every result is the plain loop's.
+  static constexpr unsigned kBatch = 16;
+
   static __device__ void epilogue(const devcomm::red::RowCtx& c, T* row) {
     using devcomm::red::from_float;
     using devcomm::red::to_float;
@@ -34,20 +40,45 @@ struct RmsNormFp8 {
     T* res = a.residual + c.row * c.cols;
     // Each lane reads back only its own columns, so no synchronisation between the passes.
     float ss = 0.0f;
-    for (unsigned long long j = c.lane; j < c.cols; j += 32) {
-      const T h = from_float<T>(__fadd_rn(to_float(row[j]), to_float(res[j])));
-      res[j] = h;
-      row[j] = h;
-      const float hf = to_float(h);
-      ss = __fmaf_rn(hf, hf, ss);
+    for (unsigned long long base = c.lane; base < c.cols; base += 32 * kBatch) {
+      T h[kBatch];
+#pragma unroll
+      for (unsigned k = 0; k < kBatch; ++k) {
+        const unsigned long long j = base + 32ull * k;
+        h[k] = j < c.cols ? from_float<T>(__fadd_rn(to_float(row[j]), to_float(res[j])))
+                          : from_float<T>(0.0f);
+      }
+#pragma unroll
+      for (unsigned k = 0; k < kBatch; ++k) {
+        const unsigned long long j = base + 32ull * k;
+        if (j < c.cols) {
+          res[j] = h[k];
+          row[j] = h[k];
+          const float hf = to_float(h[k]);
+          ss = __fmaf_rn(hf, hf, ss);
+        }
+      }
     }
     const float mean = __fdiv_rn(devcomm::red::warp_sum(ss), (float)c.cols);
     const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, a.eps)));
     float amax = 0.0f;
-    for (unsigned long long j = c.lane; j < c.cols; j += 32) {
-      const T y = from_float<T>(__fmul_rn(__fmul_rn(to_float(row[j]), r), to_float(a.weight[j])));
-      row[j] = y;
-      amax = fmaxf(amax, fabsf(to_float(y)));
+    for (unsigned long long base = c.lane; base < c.cols; base += 32 * kBatch) {
+      T y[kBatch];
+#pragma unroll
+      for (unsigned k = 0; k < kBatch; ++k) {
+        const unsigned long long j = base + 32ull * k;
+        y[k] = j < c.cols
+                   ? from_float<T>(__fmul_rn(__fmul_rn(to_float(row[j]), r), to_float(a.weight[j])))
+                   : from_float<T>(0.0f);
+      }
+#pragma unroll
+      for (unsigned k = 0; k < kBatch; ++k) {
+        const unsigned long long j = base + 32ull * k;
+        if (j < c.cols) {
+          row[j] = y[k];
+          amax = fmaxf(amax, fabsf(to_float(y[k])));
+        }
+      }
     }
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     // A row of zeros: scale 1 (never 0, so dequantising needs no special case), codes +-0.
@@ -55,8 +86,18 @@ struct RmsNormFp8 {
     // 448 / amax overflows for a bf16 subnormal amax; FLT_MAX keeps 0 * inv = 0.
     const float inv = amax > 0.0f ? fminf(__fdiv_rn(448.0f, amax), 3.40282347e38f) : 1.0f;
     unsigned char* q = a.fp8 + c.row * c.cols;
-    for (unsigned long long j = c.lane; j < c.cols; j += 32) {
-      q[j] = devcomm::fp8::e4m3_from_f32(__fmul_rn(to_float(row[j]), inv));
+    for (unsigned long long base = c.lane; base < c.cols; base += 32 * kBatch) {
+      unsigned char b[kBatch];
+#pragma unroll
+      for (unsigned k = 0; k < kBatch; ++k) {
+        const unsigned long long j = base + 32ull * k;
+        b[k] = j < c.cols ? devcomm::fp8::e4m3_from_f32(__fmul_rn(to_float(row[j]), inv)) : 0;
+      }
+#pragma unroll
+      for (unsigned k = 0; k < kBatch; ++k) {
+        const unsigned long long j = base + 32ull * k;
+        if (j < c.cols) q[j] = b[k];
+      }
     }
     if (c.lane == 0) a.scales[c.row] = scale;
   }
