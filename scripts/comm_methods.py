@@ -17,8 +17,8 @@ import sys
 SRC = "crates/devcomm/src/comm"
 BEGIN, END = "<!-- comm-methods:begin -->", "<!-- comm-methods:end -->"
 # Operations (rows) and variants (columns, suffix order as in "API naming").
-OPS = ["send", "recv", "sendrecv", "all_to_all", "all_to_all_v", "all_gather_ring",
-       "all_reduce", "reduce_scatter", "all_gather"]
+OPS = ["send", "recv", "sendrecv", "all_to_all", "all_to_all_v", "all_reduce",
+       "reduce_scatter", "all_gather"]
 VARIANTS = ["", "_hooked", "_in_place", "_hooked_in_place", "_registered", "_raw",
             "_hooked_raw", "_registered_raw"]
 

@@ -33,7 +33,8 @@
 #          net-moe@N, net-moe-mixed@N      the `moe` group over the links of net-coll@N and
 #                                          net-coll-mixed@N
 #          net-red@N                       the `reduce` group, `reduce_mismatch`, `comm_barrier` and
-#                                          `all_gather_ring` with every link forced to the network
+#                                          `sendrecv_ring_gather` with every link forced to the
+#                                          network
 #          net-red-mixed@N                 the same with the links of net-mixed@N
 #          net-kill@N                      kill@N with every link forced to the network
 #          net-gpu-mem                     the probe of GPU memory registered with UCX and put over
@@ -147,9 +148,9 @@ for w in "$@"; do
     net-moe-mixed@*) n=${w#net-moe-mixed@}
       net_selftest "net-moe-mixed-$n-ranks" "$(net_mixed "$n")" moe ;;
     net-red@*) n=${w#net-red@}
-      net_selftest "net-red-$n-ranks" "$(net_all "$n")" reduce,comm_barrier,all_gather_ring ;;
+      net_selftest "net-red-$n-ranks" "$(net_all "$n")" reduce,comm_barrier,sendrecv_ring_gather ;;
     net-red-mixed@*) n=${w#net-red-mixed@}
-      net_selftest "net-red-mixed-$n-ranks" "$(net_mixed "$n")" reduce,comm_barrier,all_gather_ring ;;
+      net_selftest "net-red-mixed-$n-ranks" "$(net_mixed "$n")" reduce,comm_barrier,sendrecv_ring_gather ;;
     net-gpu-mem)
       step "net-gpu-memory-probe" env DEVCOMM_UCX_LIB="$PWD/dist/ucx/lib" \
         UCX_MODULE_DIR="$PWD/dist/ucx-cuda/lib/ucx" UCX_WARN_UNUSED_ENV_VARS=n DEVCOMM_REQUIRE_UCX=1 \

@@ -69,3 +69,25 @@ pub unsafe fn stream_write(stream: &CudaStream, addr: u64, value: u64) -> Result
 pub fn as_if_loading<T>(comm: &crate::Comm, work: impl FnOnce() -> T) -> crate::Result<T> {
     comm.group.loading(|| Ok(work()))
 }
+
+/// The network transport (`net/`, docs/NETWORK.md) as the network tests drive it: a host
+/// thread stands in for the device, writing descriptors into a transport's queues and waiting
+/// on signal words, over real UCX. The transport is crate-private; these are the pieces those
+/// tests (and the host twin of the send/recv route) need, nothing a communicator's user calls.
+/// The structs the queues carry are public in [`crate::abi::net`], the transport's error in
+/// [`crate::error::net`].
+pub mod net {
+    pub use crate::net::host;
+    pub use crate::net::queue::{QueueMemory, QueueRef};
+    pub use crate::net::record::ErrorSink;
+    pub use crate::net::{probe_library, NetConfig, NetTransport, UCX_LIB_ENV};
+
+    /// Send/recv's network route (`net/route.rs`): the staging layout, chunk headers, credits
+    /// and refusal words the kernel (`cuda/devcomm/net_p2p.cuh`) shares with the host.
+    pub mod route {
+        pub use crate::net::route::{
+            chunks, refusal, refused, ChunkHeader, StagingLayout, CHANNELS, CHANNEL_CREDIT,
+            CHANNEL_DATA, HEADER_BYTES, KIND_COLLECTIVE, KIND_SENDRECV, LAYOUT,
+        };
+    }
+}

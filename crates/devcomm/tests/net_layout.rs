@@ -1,6 +1,6 @@
 //! Checks that `cuda/devcomm/net.cuh`, `net_p2p.cuh` and `window_net.cuh`, compiled by the host
 //! C++ compiler, lay out the network structs exactly as Rust does
-//! (`devcomm::net::descriptor::LAYOUT`, `route::LAYOUT`). Needs `c++` (or `$CXX`).
+//! (`devcomm::abi::net::LAYOUT`, `devcomm::testing::net::route::LAYOUT`). Needs `c++` (or `$CXX`).
 
 #[path = "common/cxx.rs"]
 #[allow(dead_code)] // run_ok: this test reads the probes' output itself
@@ -10,8 +10,8 @@ use cxx::{assert_layout, compile_cpp, scratch_dir};
 use std::fmt::Write as _;
 use std::process::Command;
 
-use devcomm::net::descriptor::LAYOUT as QUEUE_LAYOUT;
-use devcomm::net::route::LAYOUT as ROUTE_LAYOUT;
+use devcomm::abi::net::LAYOUT as QUEUE_LAYOUT;
+use devcomm::testing::net::route::LAYOUT as ROUTE_LAYOUT;
 
 #[test]
 fn net_cuh_layout_equals_rust_layout() {
@@ -45,7 +45,7 @@ fn net_cuh_layout_equals_rust_layout() {
 /// compute them on different sides of the FFI.
 #[test]
 fn net_p2p_offsets_equal_rust_staging_layout() {
-    use devcomm::net::route::StagingLayout;
+    use devcomm::testing::net::route::StagingLayout;
     let shapes = [
         (2usize, 4u32, 1u64 << 20),
         (3, 2, 4096),

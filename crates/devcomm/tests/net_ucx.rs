@@ -39,8 +39,8 @@ fn child_entry() {
 
 /// True when UCX loads; otherwise prints SKIPPED (or fails under `DEVCOMM_REQUIRE_UCX`).
 fn ucx_available(test: &str) -> bool {
-    let lib = std::env::var(devcomm::net::UCX_LIB_ENV).ok();
-    match devcomm::net::probe_library(lib.as_deref()) {
+    let lib = std::env::var(devcomm::testing::net::UCX_LIB_ENV).ok();
+    match devcomm::testing::net::probe_library(lib.as_deref()) {
         Ok((path, v)) => {
             eprintln!(
                 "{test}: UCX {}.{}.{} from {}",

@@ -14,6 +14,7 @@ mod context;
 mod data;
 mod fresh;
 mod outcome;
+mod ring;
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,7 @@ pub(crate) use data::{
 };
 pub(crate) use fresh::{fresh_comm, fresh_comm_with, Fresh};
 pub(crate) use outcome::{verified, Checked, Outcome, Ranks, Skip};
+pub(crate) use ring::ring_gather;
 
 /// The run's counts and limits, from the command line.
 #[derive(Debug, Clone)]

@@ -1,5 +1,5 @@
 //! Collectives of [`Comm`] on the send/recv protocol, with hooks (docs/COLLECTIVES.md):
-//! all-to-all(-v) and the all-gather ring.
+//! all-to-all(-v).
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -12,60 +12,6 @@ use crate::collective::{
     MODE_UNIFORM,
 };
 use crate::error::{Error, Result};
-use crate::p2p::Transfer;
-
-/// The all-gather ring of [`Comm`].
-impl Comm {
-    /// Ring all-gather composed from `sendrecv`: `recv` (world_size x `send`'s length) gets
-    /// every rank's `send`, in rank order. `world_size - 1` steps; step s forwards the block
-    /// received at step s - 1 to the next rank, over NVLink or the network as the link to it
-    /// is (`Comm::sendrecv`'s routes).
-    pub fn all_gather_ring<T: DeviceRepr, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self,
-        send: &S,
-        recv: &mut R,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        let world = self.world_size();
-        let rank = self.rank();
-        let bytes = send.num_bytes() as u64;
-        if recv.num_bytes() as u64 != bytes * world as u64 {
-            return Err(Error::InvalidArgument {
-                op: "all_gather_ring",
-                reason: format!(
-                    "recv holds {} bytes; world size {world} x {bytes} bytes = {} are needed",
-                    recv.num_bytes(),
-                    bytes * world as u64
-                ),
-            });
-        }
-        let (sp, _s) = self.slice_ptr("all_gather_ring", send, stream)?;
-        let (rp, _r) = self.slice_ptr_mut("all_gather_ring", recv, stream)?;
-        let block = |i: usize| rp + (i as u64) * bytes;
-        crate::cuda::memcpy_dtod_async(block(rank), sp, bytes as usize, stream)
-            .map_err(|e| crate::cuda::with_rank(e, rank))?;
-        let next = (rank + 1) % world;
-        let prev = (rank + world - 1) % world;
-        for step in 0..world.saturating_sub(1) {
-            let send_block = (rank + world - step) % world;
-            let recv_block = (rank + world - step - 1) % world;
-            let s = Transfer {
-                ptr: block(send_block),
-                bytes,
-                peer: next,
-                config: None,
-            };
-            let r = Transfer {
-                ptr: block(recv_block),
-                bytes,
-                peer: prev,
-                config: None,
-            };
-            self.sendrecv_routed(Some(s), Some(r), stream)?;
-        }
-        Ok(())
-    }
-}
 
 /// Extra arguments of a hooked collective.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -8,9 +8,9 @@ use super::Comm;
 use crate::error::Result;
 use crate::p2p::Transfer;
 
-/// Send/recv and the collectives composed from them. A call whose peers are network peers
-/// (link kind `Net`) goes through the network route (docs/NETWORK.md, "Send/recv over the
-/// network"); one launch may not mix an NVLink and a network peer.
+/// Send/recv. A call whose peers are network peers (link kind `Net`) goes through the network
+/// route (docs/NETWORK.md, "Send/recv over the network"); one launch may not mix an NVLink and
+/// a network peer.
 impl Comm {
     /// Sends `buf` to `peer` on `stream`. The peer must post a [`Comm::recv`] (or a
     /// [`Comm::sendrecv`] receiving from this rank) of the same size. A send and a recv between

@@ -39,7 +39,7 @@ impl DeviceBuffer {
     }
 
     /// Allocates device memory holding a copy of `values`.
-    pub fn from_slice<T: DeviceRepr>(ctx: &Arc<CudaContext>, values: &[T]) -> Result<Self> {
+    pub(crate) fn from_slice<T: DeviceRepr>(ctx: &Arc<CudaContext>, values: &[T]) -> Result<Self> {
         let buf = Self::alloc(ctx, size_of_val(values))?;
         if !values.is_empty() {
             // SAFETY: the destination holds `size_of_val(values)` bytes; `T: DeviceRepr` is
@@ -72,7 +72,7 @@ impl DeviceBuffer {
     }
 
     /// Size in bytes.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
 
@@ -122,7 +122,7 @@ impl DeviceBuffer {
 ///
 /// `[ptr, ptr + bytes)` must be device memory accessible from `ctx` that the caller may
 /// overwrite, and no kernel may use it concurrently.
-pub unsafe fn memset_zero(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Result<()> {
+pub(crate) unsafe fn memset_zero(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Result<()> {
     bind(ctx)?;
     // SAFETY: the caller guarantees the range is writable device memory.
     let status = unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) };

@@ -27,7 +27,7 @@ pub struct DeviceInfo {
 
 impl DeviceInfo {
     /// Queries `ctx`'s device.
-    pub fn query(ctx: &Arc<CudaContext>) -> Result<Self> {
+    pub(crate) fn query(ctx: &Arc<CudaContext>) -> Result<Self> {
         bind(ctx)?;
         let name = ctx.name().cuda(NO_RANK, "cuDeviceGetName")?;
         let uuid = ctx.uuid().cuda(NO_RANK, "cuDeviceGetUuid")?;
@@ -67,7 +67,7 @@ fn pci_bus_id(device: sys::CUdevice) -> Result<String> {
 
 /// Normalises a PCI bus id (`[domain:]bus:device.function`, hex, any case, any domain width)
 /// to lowercase `dddd:bb:dd.f`, so ids from the driver, `nvidia-smi` and sysfs compare equal.
-pub fn normalise_pci_bus_id(id: &str) -> Option<String> {
+pub(crate) fn normalise_pci_bus_id(id: &str) -> Option<String> {
     let id = id.trim();
     let (rest, function) = id.rsplit_once('.')?;
     let parts: Vec<&str> = rest.split(':').collect();
@@ -91,7 +91,7 @@ pub fn normalise_pci_bus_id(id: &str) -> Option<String> {
 }
 
 /// Formats the 16 UUID bytes as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn format_uuid(bytes: &[u8; 16]) -> String {
+pub(crate) fn format_uuid(bytes: &[u8; 16]) -> String {
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     format!(
         "GPU-{}-{}-{}-{}-{}",
@@ -105,7 +105,7 @@ pub fn format_uuid(bytes: &[u8; 16]) -> String {
 
 /// The device with this PCI bus id, or `None` if it is not visible to this process (e.g.
 /// hidden by `CUDA_VISIBLE_DEVICES`).
-pub fn device_by_pci_bus_id(pci_bus_id: &str) -> Result<Option<sys::CUdevice>> {
+pub(crate) fn device_by_pci_bus_id(pci_bus_id: &str) -> Result<Option<sys::CUdevice>> {
     let id = CString::new(pci_bus_id).map_err(|_| Error::InvalidArgument {
         op: "cuDeviceGetByPCIBusId",
         reason: format!("PCI bus id {pci_bus_id:?} contains a NUL byte"),
@@ -127,7 +127,7 @@ pub fn device_by_pci_bus_id(pci_bus_id: &str) -> Result<Option<sys::CUdevice>> {
 /// Whether kernels on `ctx`'s device can load and store to the device with this PCI bus id
 /// (`cuDeviceCanAccessPeer`). `false` when that device is not visible here; `true` for the
 /// device itself.
-pub fn can_access_peer(ctx: &Arc<CudaContext>, peer_pci_bus_id: &str) -> Result<bool> {
+pub(crate) fn can_access_peer(ctx: &Arc<CudaContext>, peer_pci_bus_id: &str) -> Result<bool> {
     bind(ctx)?;
     let Some(peer) = device_by_pci_bus_id(peer_pci_bus_id)? else {
         return Ok(false);

@@ -8,11 +8,11 @@ use super::{bind, check, log_drop_error};
 use crate::error::{Error, Result};
 
 /// Size of a `CUipcMemHandle`.
-pub const IPC_HANDLE_BYTES: usize = 64;
+pub(crate) const IPC_HANDLE_BYTES: usize = 64;
 
 /// An opaque 64-byte handle that lets another process on this host open an allocation.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct IpcHandle([u8; IPC_HANDLE_BYTES]);
+pub(crate) struct IpcHandle([u8; IPC_HANDLE_BYTES]);
 
 impl std::fmt::Debug for IpcHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -27,7 +27,7 @@ impl std::fmt::Debug for IpcHandle {
 impl IpcHandle {
     /// The handle of the allocation that contains `ptr` (pass the allocation's base: the
     /// importer's address corresponds to the base, see [`super::pointer::allocation_range`]).
-    pub fn get(ctx: &Arc<CudaContext>, ptr: u64) -> Result<Self> {
+    pub(crate) fn get(ctx: &Arc<CudaContext>, ptr: u64) -> Result<Self> {
         bind(ctx)?;
         // SAFETY: all-zero bits are a valid `CUipcMemHandle` (a byte array).
         let mut handle: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
@@ -38,12 +38,12 @@ impl IpcHandle {
     }
 
     /// The handle's bytes, to send to other processes.
-    pub fn as_bytes(&self) -> &[u8; IPC_HANDLE_BYTES] {
+    pub(crate) fn as_bytes(&self) -> &[u8; IPC_HANDLE_BYTES] {
         &self.0
     }
 
     /// A handle received from another process; `bytes` must be exactly 64 bytes.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let array: [u8; IPC_HANDLE_BYTES] =
             bytes.try_into().map_err(|_| Error::InvalidArgument {
                 op: "IpcHandle::from_bytes",
@@ -53,7 +53,7 @@ impl IpcHandle {
     }
 
     /// Opens the handle in `ctx` with lazy peer access (no `cuCtxEnablePeerAccess` needed).
-    pub fn open(ctx: &Arc<CudaContext>, handle: &IpcHandle) -> Result<IpcMapping> {
+    pub(crate) fn open(ctx: &Arc<CudaContext>, handle: &IpcHandle) -> Result<IpcMapping> {
         bind(ctx)?;
         let raw = sys::CUipcMemHandle {
             reserved: handle.0.map(|b| b as std::ffi::c_char),
@@ -74,7 +74,7 @@ impl IpcHandle {
 ///
 /// The driver reference-counts opens of one handle in one context: opening the same
 /// allocation twice returns the same address, and each mapping closes its own reference.
-pub struct IpcMapping {
+pub(crate) struct IpcMapping {
     ctx: Arc<CudaContext>,
     ptr: u64,
 }
@@ -89,7 +89,7 @@ impl std::fmt::Debug for IpcMapping {
 
 impl IpcMapping {
     /// Address of the allocation's base in this process.
-    pub fn ptr(&self) -> u64 {
+    pub(crate) fn ptr(&self) -> u64 {
         self.ptr
     }
 }

@@ -17,13 +17,13 @@ mod error_record;
 mod error_state;
 #[cfg(test)]
 mod gpu_tests;
-pub mod graph;
+pub(crate) mod graph;
 mod host_mapped;
-pub mod info;
-pub mod ipc;
+pub(crate) mod info;
+pub(crate) mod ipc;
 pub(crate) mod nvrtc;
-pub mod pointer;
-pub mod vmm;
+pub(crate) mod pointer;
+pub(crate) mod vmm;
 
 use std::sync::Arc;
 
@@ -32,9 +32,10 @@ use cudarc::driver::{sys, CudaContext};
 
 use crate::error::{CudaResultExt, Error, Result};
 
-pub use buffer::{memset_zero, DeviceBuffer};
+pub(crate) use buffer::memset_zero;
+pub use buffer::DeviceBuffer;
 pub use driver::ensure_driver;
-pub use error_state::ErrorState;
+pub(crate) use error_state::ErrorState;
 pub(crate) use host_mapped::HostMapped;
 
 /// Loads the code of kernel `f` now rather than at its first launch (the driver's lazy
@@ -216,7 +217,7 @@ impl Drop for InternalStream {
 
 /// Fills in the rank of an [`Error::Cuda`] raised by this layer (which does not know it);
 /// other errors pass through unchanged.
-pub fn with_rank(err: Error, rank: usize) -> Error {
+pub(crate) fn with_rank(err: Error, rank: usize) -> Error {
     match err {
         Error::Cuda {
             rank: NO_RANK,

@@ -25,7 +25,7 @@ fn attribute_word(ctx: &CudaContext, attr: Attr, ptr: u64, call: &'static str) -
 }
 
 /// `(base, bytes)` of the allocation containing `ptr` (`cuMemGetAddressRange`).
-pub fn allocation_range(ctx: &Arc<CudaContext>, ptr: u64) -> Result<(u64, usize)> {
+pub(crate) fn allocation_range(ctx: &Arc<CudaContext>, ptr: u64) -> Result<(u64, usize)> {
     bind(ctx)?;
     let (mut base, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
     // SAFETY: valid out-pointers.
@@ -36,7 +36,7 @@ pub fn allocation_range(ctx: &Arc<CudaContext>, ptr: u64) -> Result<(u64, usize)
 
 /// `(base, bytes)` of the VMM mapping (one `cuMemMap` call) containing `ptr`; offset 0 of
 /// the backing physical allocation is at `base`.
-pub fn mapping_range(ctx: &Arc<CudaContext>, ptr: u64) -> Result<(u64, usize)> {
+pub(crate) fn mapping_range(ctx: &Arc<CudaContext>, ptr: u64) -> Result<(u64, usize)> {
     let base = attribute_word(
         ctx,
         Attr::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
@@ -54,14 +54,14 @@ pub fn mapping_range(ctx: &Arc<CudaContext>, ptr: u64) -> Result<(u64, usize)> {
 
 /// Whether `ptr` lies in memory mapped through the VMM API (`cuMemMap`), i.e. whether
 /// `cuMemRetainAllocationHandle` accepts it.
-pub fn is_vmm(ctx: &Arc<CudaContext>, ptr: u64) -> Result<bool> {
+pub(crate) fn is_vmm(ctx: &Arc<CudaContext>, ptr: u64) -> Result<bool> {
     // The retained reference is released at once when the value drops.
     Ok(PhysicalMemory::retain(ctx, ptr, 0)?.is_some())
 }
 
 /// Whether `ptr` can be shared with `cuIpcGetMemHandle`
 /// (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`).
-pub fn is_legacy_ipc_capable(ctx: &Arc<CudaContext>, ptr: u64) -> Result<bool> {
+pub(crate) fn is_legacy_ipc_capable(ctx: &Arc<CudaContext>, ptr: u64) -> Result<bool> {
     let word = attribute_word(
         ctx,
         Attr::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
@@ -72,7 +72,7 @@ pub fn is_legacy_ipc_capable(ctx: &Arc<CudaContext>, ptr: u64) -> Result<bool> {
 }
 
 /// Ordinal of the device whose memory `ptr` points to (`CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`).
-pub fn device_ordinal(ctx: &Arc<CudaContext>, ptr: u64) -> Result<i32> {
+pub(crate) fn device_ordinal(ctx: &Arc<CudaContext>, ptr: u64) -> Result<i32> {
     let word = attribute_word(
         ctx,
         Attr::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,

@@ -59,7 +59,7 @@ fn query_granularity(
 
 /// The recommended allocation granularity of `ctx`'s device (2 MiB on Hopper): sizes of
 /// symmetric allocations are rounded up to it.
-pub fn granularity(ctx: &CudaContext) -> Result<usize> {
+pub(crate) fn granularity(ctx: &CudaContext) -> Result<usize> {
     query_granularity(
         ctx,
         sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
@@ -67,7 +67,7 @@ pub fn granularity(ctx: &CudaContext) -> Result<usize> {
 }
 
 /// The minimum granularity: every mapping size must be a multiple of it.
-pub fn min_granularity(ctx: &CudaContext) -> Result<usize> {
+pub(crate) fn min_granularity(ctx: &CudaContext) -> Result<usize> {
     query_granularity(
         ctx,
         sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
@@ -76,7 +76,7 @@ pub fn min_granularity(ctx: &CudaContext) -> Result<usize> {
 
 /// `bytes` rounded up to a multiple of `granularity` (a power of two), at least one granule;
 /// `None` on overflow.
-pub fn round_up(bytes: usize, granularity: usize) -> Option<usize> {
+pub(crate) fn round_up(bytes: usize, granularity: usize) -> Option<usize> {
     debug_assert!(granularity.is_power_of_two());
     let bytes = bytes.max(1);
     bytes
@@ -127,7 +127,7 @@ impl PhysicalMemory {
 
     /// Imports memory another process exported with [`export_fd`](Self::export_fd).
     /// `bytes` is the exporter's (rounded) size. The fd stays open; the caller closes it.
-    pub fn import(ctx: &Arc<CudaContext>, fd: BorrowedFd<'_>, bytes: usize) -> Result<Self> {
+    pub(crate) fn import(ctx: &Arc<CudaContext>, fd: BorrowedFd<'_>, bytes: usize) -> Result<Self> {
         bind(ctx)?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // The POSIX-fd handle type takes the fd itself, cast to a pointer-sized value.
@@ -147,7 +147,7 @@ impl PhysicalMemory {
     /// or `None` when `ptr` is not VMM memory (e.g. `cuMemAlloc`). `bytes` is the size of the
     /// mapping containing `ptr` (see `pointer::mapping_range`). Releasing the value
     /// drops the reference it took; the owner's mapping is not affected.
-    pub fn retain(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Result<Option<Self>> {
+    pub(crate) fn retain(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Result<Option<Self>> {
         bind(ctx)?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer; the driver only looks the address up.
@@ -167,7 +167,7 @@ impl PhysicalMemory {
     }
 
     /// Exports the allocation as a POSIX file descriptor (for `Store::exchange_fds`).
-    pub fn export_fd(&self) -> Result<OwnedFd> {
+    pub(crate) fn export_fd(&self) -> Result<OwnedFd> {
         bind(&self.ctx)?;
         let mut fd: c_int = -1;
         // SAFETY: for the POSIX-fd type the driver writes an `int` to the out-pointer.
@@ -276,11 +276,6 @@ impl Mapping {
     /// Device address of the start of the mapping.
     pub fn ptr(&self) -> u64 {
         self.ptr
-    }
-
-    /// Size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.bytes
     }
 }
 

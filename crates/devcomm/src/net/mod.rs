@@ -1,7 +1,7 @@
 //! Network peers: a proxy transport on UCX (docs/NETWORK.md).
 //!
 //! A producer (a kernel, through `cuda/devcomm/net.cuh`; in the CPU tests a host thread
-//! through [`QueueRef::enqueue`]) writes fixed-size descriptors into a queue per (peer,
+//! through [`queue::QueueRef::enqueue`]) writes fixed-size descriptors into a queue per (peer,
 //! channel) in host memory; one proxy thread per transport drains the queues in order and
 //! performs each operation through UCX: puts from registered memory into the peer's
 //! registered memory, and signals ordered after the data. Failures become the abort record
@@ -11,18 +11,19 @@
 //! `cuda/kernels/sendrecv_net.cu`, the send/recv family's `p2p/net.rs`); the collectives do
 //! not yet (docs/NETWORK.md, "Not built yet").
 //!
-//! Files: `ucx_ffi` (the dlopen'd libucp table), `ucx` (safe owners of UCX objects),
-//! `descriptor` (structs shared with `net.cuh`), `queue` (descriptor rings and credits),
-//! `proxy` (the progress thread), `record` (the abort record), `host` (host-side waits),
-//! `route` (send/recv's route and staging layout, pure).
-
-pub use crate::abi::net as descriptor;
+//! Files: `ucx_ffi` (the dlopen'd libucp table), `ucx` (safe owners of UCX objects), `queue`
+//! (descriptor rings and credits), `proxy` (the progress thread), `record` (the abort record),
+//! `host` (host-side waits), `route` (send/recv's route and staging layout, pure); the structs
+//! shared with `net.cuh` are in `abi::net`.
+//!
+//! The module is crate-private; the network tests reach the transport through
+//! `devcomm::testing::net`, which re-exports what they drive (the items marked `pub` here).
 
 pub mod host;
 mod proxy;
-pub mod queue;
-pub mod record;
-pub mod route;
+pub(crate) mod queue;
+pub(crate) mod record;
+pub(crate) mod route;
 mod ucx;
 #[cfg(test)]
 mod ucx_abi_test;
@@ -36,12 +37,10 @@ use std::time::Duration;
 
 use devcomm_bootstrap::Store;
 
-pub use crate::abi::net::{
-    NetDescriptor, NetOp, NetQueueHeader, NetQueuesHandle, SignalOp, WindowNetHandle,
-};
-pub use crate::error::net::{NetError, Result};
-pub use queue::{QueueMemory, QueueRef};
-pub use record::ErrorSink;
+pub(crate) use crate::abi::net::{NetQueuesHandle, WindowNetHandle};
+pub(crate) use crate::error::net::{NetError, Result};
+pub(crate) use queue::QueueMemory;
+pub(crate) use record::ErrorSink;
 use ucx::{Endpoint, MemRegion, RemoteKey, Ucx, Worker};
 
 /// The variable naming libucp (a file, or the directory holding it).
@@ -182,7 +181,7 @@ impl NetTransport {
     ///
     /// # Safety
     /// As for [`new`](Self::new).
-    pub unsafe fn with_queues(
+    pub(crate) unsafe fn with_queues(
         store: &Store,
         peers: &[usize],
         sink: ErrorSink,
@@ -285,23 +284,13 @@ impl NetTransport {
         })
     }
 
-    /// This rank.
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-
     /// The queues (for producers).
     pub fn queues(&self) -> &QueueMemory {
         &self.queues
     }
 
-    /// The abort record this transport writes.
-    pub fn sink(&self) -> &ErrorSink {
-        &self.shared.sink
-    }
-
     /// Where libucp was loaded from, and its version.
-    pub fn library(&self) -> (std::path::PathBuf, (u32, u32, u32)) {
+    pub(crate) fn library(&self) -> (std::path::PathBuf, (u32, u32, u32)) {
         (self.ucx.api().path.clone(), self.ucx.api().version())
     }
 
@@ -415,7 +404,7 @@ impl NetTransport {
     /// [`shutdown`](Self::shutdown) with the caller's barrier (given each barrier's tag): a
     /// communicator passes its tear-down barrier, which stops waiting for a failed peer.
     /// A failed barrier leaves the endpoints to be closed by force (drop).
-    pub fn shutdown_by(mut self, mut barrier: impl FnMut(&str) -> Result<()>) -> Result<()> {
+    pub(crate) fn shutdown_by(mut self, mut barrier: impl FnMut(&str) -> Result<()>) -> Result<()> {
         barrier(&format!("{}/fini/1", self.config.tag))?;
         self.stop_proxy();
         barrier(&format!("{}/fini/2", self.config.tag))?;

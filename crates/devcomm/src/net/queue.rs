@@ -23,7 +23,7 @@ use crate::error::net::{NetError, Result};
 use crate::handles::ErrorRecord;
 
 /// Bytes of one queue with `capacity` entries.
-pub fn queue_stride(capacity: u32) -> u64 {
+pub(crate) fn queue_stride(capacity: u32) -> u64 {
     (std::mem::size_of::<NetQueueHeader>() + capacity as usize * 64) as u64
 }
 
@@ -49,7 +49,7 @@ unsafe impl Sync for QueueMemory {}
 
 /// Bytes needed for `world_size * channels` queues of `capacity` entries; refuses shapes
 /// outside capacity 1..=65536, channels 1..=64, world size 1..=65536 (pure).
-pub fn queue_bytes(world_size: u32, channels: u32, capacity: u32) -> Result<usize> {
+pub(crate) fn queue_bytes(world_size: u32, channels: u32, capacity: u32) -> Result<usize> {
     if !(1..=1 << 16).contains(&capacity)
         || !(1..=64).contains(&channels)
         || !(1..=1 << 16).contains(&world_size)
@@ -69,7 +69,7 @@ impl QueueMemory {
     /// Allocates `world_size * channels` queues of `capacity` entries in ordinary host memory
     /// (for host producers; a GPU producer needs host-mapped pinned memory: see
     /// [`borrowed`](Self::borrowed)).
-    pub fn new(world_size: u32, channels: u32, capacity: u32) -> Result<Self> {
+    pub(crate) fn new(world_size: u32, channels: u32, capacity: u32) -> Result<Self> {
         let bytes = queue_bytes(world_size, channels, capacity)?;
         let layout =
             Layout::from_size_align(bytes, 4096).map_err(|e| NetError::InvalidArgument {
@@ -98,7 +98,7 @@ impl QueueMemory {
     /// # Safety
     /// `ptr` must be valid for writes of `bytes` bytes, 128-byte aligned, and stay allocated
     /// (and untouched by anything but producers and this transport) until the value is dropped.
-    pub unsafe fn borrowed(
+    pub(crate) unsafe fn borrowed(
         ptr: *mut u8,
         bytes: usize,
         producer_base: u64,
@@ -128,7 +128,7 @@ impl QueueMemory {
     }
 
     /// The handle for producers (addresses as producers use them).
-    pub fn handle(&self, rank: u32, error_state: u64, timeout: Duration) -> NetQueuesHandle {
+    pub(crate) fn handle(&self, rank: u32, error_state: u64, timeout: Duration) -> NetQueuesHandle {
         NetQueuesHandle {
             base: self.producer_base,
             stride: queue_stride(self.capacity),
@@ -142,17 +142,17 @@ impl QueueMemory {
     }
 
     /// Ranks the queues are laid out for.
-    pub fn world_size(&self) -> u32 {
+    pub(crate) fn world_size(&self) -> u32 {
         self.world_size
     }
 
     /// Queues per peer.
-    pub fn channels(&self) -> u32 {
+    pub(crate) fn channels(&self) -> u32 {
         self.channels
     }
 
     /// Entries per queue.
-    pub fn capacity(&self) -> u32 {
+    pub(crate) fn capacity(&self) -> u32 {
         self.capacity
     }
 
@@ -194,9 +194,9 @@ pub struct QueueRef {
     header: *mut u8,
     capacity: u64,
     /// The peer the queue's operations go to.
-    pub peer: usize,
+    pub(crate) peer: usize,
     /// The channel.
-    pub channel: usize,
+    pub(crate) channel: usize,
 }
 
 // SAFETY: see QueueMemory; the owner keeps the memory alive while the proxy runs.
@@ -216,18 +216,18 @@ impl QueueRef {
     }
 
     /// Descriptors consumed by the proxy.
-    pub fn tail(&self) -> u64 {
+    pub(crate) fn tail(&self) -> u64 {
         self.word(64).load(Ordering::Acquire)
     }
 
     /// The last completed flush.
-    pub fn done(&self) -> u64 {
+    fn done(&self) -> u64 {
         self.word(72).load(Ordering::Acquire)
     }
 
     /// Proxy: the next descriptor, if the producer has published it (copied out; the entry
     /// stays owned until [`consume`](Self::consume)).
-    pub fn peek(&self) -> Option<NetDescriptor> {
+    pub(crate) fn peek(&self) -> Option<NetDescriptor> {
         let tail = self.word(64).load(Ordering::Relaxed);
         let entry = self.entry(tail);
         // SAFETY: `seq` is the entry's last u64; the producer stores it atomically.
@@ -241,13 +241,13 @@ impl QueueRef {
     }
 
     /// Proxy: frees the entry returned by the last `peek` (a credit for the producer).
-    pub fn consume(&self) {
+    pub(crate) fn consume(&self) {
         let tail = self.word(64).load(Ordering::Relaxed);
         self.word(64).store(tail + 1, Ordering::Release);
     }
 
     /// Proxy: publishes that the flush `seq` completed.
-    pub fn complete_flush(&self, seq: u64) {
+    pub(crate) fn complete_flush(&self, seq: u64) {
         self.word(72).store(seq, Ordering::Release);
     }
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use crate::error::net::NetError;
 use crate::handles::{DeviceErrorState, ErrorRecord};
 
-pub use crate::error::net::{from_record as to_error, op, status_text, STATUS_TIMED_OUT};
+pub(crate) use crate::error::net::{from_record as to_error, op, STATUS_TIMED_OUT};
 
 /// A writer and reader of one `DeviceErrorState` that lives elsewhere (host-mapped pinned
 /// memory owned by the communicator's `ErrorState`, or host memory in tests).
@@ -43,12 +43,12 @@ impl ErrorSink {
     }
 
     /// True once anything raised the abort flag.
-    pub fn aborted(&self) -> bool {
+    pub(crate) fn aborted(&self) -> bool {
         self.abort_word().load(Ordering::Acquire) != 0
     }
 
     /// Records a failure (the first one of the process wins) and raises abort.
-    pub fn record(&self, record: ErrorRecord) {
+    pub(crate) fn record(&self, record: ErrorRecord) {
         // SAFETY: as in `abort_word`; `flag` is the record's first u32.
         let flag =
             unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.state).record.flag)) };
@@ -67,7 +67,7 @@ impl ErrorSink {
     }
 
     /// A snapshot of the state.
-    pub fn read(&self) -> DeviceErrorState {
+    pub(crate) fn read(&self) -> DeviceErrorState {
         let abort = self.abort_word().load(Ordering::Acquire);
         // SAFETY: valid and aligned (contract of `new`); any bit pattern is a valid record.
         let record = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.state).record)) };
@@ -82,7 +82,7 @@ impl ErrorSink {
     }
 
     /// `Ok(())` while nothing failed; else the recorded failure as an error.
-    pub fn check(&self, rank: usize) -> Result<(), NetError> {
+    pub(crate) fn check(&self, rank: usize) -> Result<(), NetError> {
         let state = self.read();
         if state.abort == 0 {
             return Ok(());

@@ -28,7 +28,7 @@ pub const CHANNEL_CREDIT: u32 = 1;
 pub const CHANNELS: u32 = 2;
 /// Set in a `FREE` word by a receiver that refused a call: bits 56..63 carry the field
 /// (`call_mismatch_field`), bits 0..56 the receiver's value.
-pub const REFUSED: u64 = 1 << 63;
+pub(crate) const REFUSED: u64 = 1 << 63;
 
 /// The header in front of each chunk's payload in a slot (`NetChunkHeader` in `net_p2p.cuh`):
 /// the call's agreement, checked by the receiver before it writes the destination.
@@ -52,7 +52,7 @@ pub struct ChunkHeader {
 }
 
 /// The network send/recv kernel's argument, defined with the other twins in `abi`.
-pub use crate::abi::net::NetP2PLaunch;
+pub(crate) use crate::abi::net::NetP2PLaunch;
 
 const _: () = {
     use std::mem::{offset_of, size_of};
@@ -103,7 +103,7 @@ impl StagingLayout {
     }
 
     /// Bytes from one slot to the next (header and payload).
-    pub fn slot_stride(&self) -> u64 {
+    pub(crate) fn slot_stride(&self) -> u64 {
         HEADER_BYTES + self.slot_bytes
     }
 

@@ -15,7 +15,7 @@ use crate::error::net::{NetError, Result};
 
 /// A loaded libucp and an initialised UCP context (RMA).
 #[derive(Debug)]
-pub struct Ucx {
+pub(crate) struct Ucx {
     api: UcpApi,
     context: UcpContext,
     rank: i32,
@@ -29,7 +29,7 @@ unsafe impl Sync for Ucx {}
 
 impl Ucx {
     /// Loads libucp (see `ucx_ffi::candidates`) and initialises a context.
-    pub fn new(lib: Option<&str>, rank: usize) -> Result<Arc<Self>> {
+    pub(crate) fn new(lib: Option<&str>, rank: usize) -> Result<Arc<Self>> {
         let api = UcpApi::load(lib)?;
         let rank = i32::try_from(rank).unwrap_or(i32::MAX);
         let mut config: UcpConfig = std::ptr::null_mut();
@@ -55,7 +55,7 @@ impl Ucx {
     }
 
     /// The function table.
-    pub fn api(&self) -> &UcpApi {
+    pub(crate) fn api(&self) -> &UcpApi {
         &self.api
     }
 
@@ -63,7 +63,12 @@ impl Ucx {
     ///
     /// # Safety
     /// The memory must stay allocated until the returned region is dropped.
-    pub unsafe fn map(self: &Arc<Self>, base: u64, len: u64, cuda: bool) -> Result<MemRegion> {
+    pub(crate) unsafe fn map(
+        self: &Arc<Self>,
+        base: u64,
+        len: u64,
+        cuda: bool,
+    ) -> Result<MemRegion> {
         let params = UcpMemMapParams {
             field_mask: UCP_MEM_MAP_PARAM_FIELD_ADDRESS
                 | UCP_MEM_MAP_PARAM_FIELD_LENGTH
@@ -124,13 +129,13 @@ fn check_status(
 
 /// A registered memory range (`ucp_mem_map`); unmapped on drop.
 #[derive(Debug)]
-pub struct MemRegion {
+pub(crate) struct MemRegion {
     ucx: Arc<Ucx>,
     memh: UcpMem,
     /// Local address.
-    pub base: u64,
+    pub(crate) base: u64,
     /// Bytes.
-    pub len: u64,
+    pub(crate) len: u64,
 }
 
 // SAFETY: the handle is only passed to context-level calls (rkey_pack, mem_unmap).
@@ -138,7 +143,7 @@ unsafe impl Send for MemRegion {}
 
 impl MemRegion {
     /// The packed remote key for peers.
-    pub fn pack_rkey(&self) -> Result<Vec<u8>> {
+    pub(crate) fn pack_rkey(&self) -> Result<Vec<u8>> {
         let api = self.ucx.api();
         let mut buf: *mut c_void = std::ptr::null_mut();
         let mut size = 0usize;
@@ -172,7 +177,7 @@ impl Drop for MemRegion {
 
 /// The UCP worker of one transport.
 #[derive(Debug)]
-pub struct Worker {
+pub(crate) struct Worker {
     ucx: Arc<Ucx>,
     worker: UcpWorker,
 }
@@ -190,7 +195,7 @@ unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: UcpEp, status: UcsStatus
 
 impl Worker {
     /// Creates the worker.
-    pub fn new(ucx: &Arc<Ucx>) -> Result<Self> {
+    pub(crate) fn new(ucx: &Arc<Ucx>) -> Result<Self> {
         let params = UcpWorkerParams {
             field_mask: UCP_WORKER_PARAM_FIELD_THREAD_MODE,
             thread_mode: UCS_THREAD_MODE_SERIALIZED,
@@ -207,7 +212,7 @@ impl Worker {
     }
 
     /// The worker's address, for peers to connect to.
-    pub fn address(&self) -> Result<Vec<u8>> {
+    pub(crate) fn address(&self) -> Result<Vec<u8>> {
         let api = self.ucx.api();
         let mut addr: UcpAddress = std::ptr::null_mut();
         let mut len = 0usize;
@@ -222,14 +227,19 @@ impl Worker {
     }
 
     /// Makes progress; returns the number of events processed.
-    pub fn progress(&self) -> u32 {
+    pub(crate) fn progress(&self) -> u32 {
         // SAFETY: live worker; the owner serialises calls.
         unsafe { (self.ucx.api().worker_progress)(self.worker) }
     }
 
     /// Connects to the peer whose worker address is `address`. Failures of the endpoint are
     /// stored (first one wins) into `failed`, which must outlive the endpoint.
-    pub fn connect(&self, peer: usize, address: &[u8], failed: &AtomicI32) -> Result<Endpoint> {
+    pub(crate) fn connect(
+        &self,
+        peer: usize,
+        address: &[u8],
+        failed: &AtomicI32,
+    ) -> Result<Endpoint> {
         let params = UcpEpParams {
             field_mask: UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
                 | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
@@ -257,7 +267,7 @@ impl Worker {
     }
 
     /// Unpacks a peer's remote key on its endpoint.
-    pub fn unpack_rkey(&self, ep: &Endpoint, packed: &[u8]) -> Result<RemoteKey> {
+    pub(crate) fn unpack_rkey(&self, ep: &Endpoint, packed: &[u8]) -> Result<RemoteKey> {
         let mut rkey: UcpRkey = std::ptr::null_mut();
         // SAFETY: live endpoint of this worker; the buffer is a packed key from a peer.
         let status =
@@ -276,7 +286,7 @@ impl Worker {
     }
 
     /// Starts a put of `bytes` from local `src` to the peer's `remote` address.
-    pub fn put(
+    pub(crate) fn put(
         &self,
         ep: &Endpoint,
         src: u64,
@@ -303,7 +313,7 @@ impl Worker {
 
     /// Starts an 8-byte put of `value` to the peer's word at `remote` (the operand is kept
     /// by the request).
-    pub fn put_word(
+    pub(crate) fn put_word(
         &self,
         ep: &Endpoint,
         value: u64,
@@ -322,7 +332,7 @@ impl Worker {
 
     /// Starts a flush of the endpoint: completes once every earlier put and atomic on it
     /// completed at the target.
-    pub fn flush(&self, ep: &Endpoint) -> Result<Request> {
+    pub(crate) fn flush(&self, ep: &Endpoint) -> Result<Request> {
         let param = UcpRequestParam::default();
         // SAFETY: live endpoint.
         let p = unsafe { (self.ucx.api().ep_flush_nbx)(ep.ep, &param) };
@@ -359,7 +369,7 @@ impl Worker {
     }
 
     /// Polls a request: `None` while in progress, else its final status (freeing it).
-    pub fn poll(&self, req: &mut Request) -> Option<Result<()>> {
+    pub(crate) fn poll(&self, req: &mut Request) -> Option<Result<()>> {
         if req.ptr.is_null() {
             return Some(Ok(()));
         }
@@ -382,7 +392,7 @@ impl Worker {
     }
 
     /// Closes endpoints, progressing until done or `timeout` (then forcing the rest).
-    pub fn close(&self, eps: Vec<Endpoint>, force: bool, timeout: Duration) {
+    pub(crate) fn close(&self, eps: Vec<Endpoint>, force: bool, timeout: Duration) {
         let api = self.ucx.api();
         let mut pending = Vec::new();
         for ep in eps {
@@ -428,10 +438,10 @@ impl Drop for Worker {
 
 /// An endpoint to one peer. Closed through [`Worker::close`].
 #[derive(Debug)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     ep: UcpEp,
     /// The peer's rank.
-    pub peer: usize,
+    pub(crate) peer: usize,
 }
 
 // SAFETY: used only under the transport's mutex, with its worker.
@@ -439,7 +449,7 @@ unsafe impl Send for Endpoint {}
 
 /// A peer's unpacked remote key; destroyed on drop (before its endpoint is closed).
 #[derive(Debug)]
-pub struct RemoteKey {
+pub(crate) struct RemoteKey {
     ucx: Arc<Ucx>,
     rkey: UcpRkey,
 }
@@ -456,7 +466,7 @@ impl Drop for RemoteKey {
 
 /// An operation in flight (or one that completed at once: null pointer).
 #[derive(Debug)]
-pub struct Request {
+pub(crate) struct Request {
     ptr: *mut c_void,
     peer: usize,
     call: &'static str,
@@ -469,7 +479,7 @@ unsafe impl Send for Request {}
 
 impl Request {
     /// True once UCX is done with it (completed at once, or polled to completion).
-    pub fn finished(&self) -> bool {
+    pub(crate) fn finished(&self) -> bool {
         self.ptr.is_null()
     }
 }

@@ -16,184 +16,185 @@ use libloading::Library;
 use crate::error::net::{NetError, Result};
 
 /// `ucs_status_t` (`ucs/type/status.h`): 0 is OK, 1 in progress, negative values are errors.
-pub type UcsStatus = i8;
+pub(crate) type UcsStatus = i8;
 /// `UCS_OK`.
-pub const UCS_OK: UcsStatus = 0;
+pub(crate) const UCS_OK: UcsStatus = 0;
 /// `UCS_INPROGRESS`.
-pub const UCS_INPROGRESS: UcsStatus = 1;
+pub(crate) const UCS_INPROGRESS: UcsStatus = 1;
 /// `UCS_ERR_CONNECTION_RESET`.
 #[cfg(test)]
-pub const UCS_ERR_CONNECTION_RESET: UcsStatus = -25;
+pub(crate) const UCS_ERR_CONNECTION_RESET: UcsStatus = -25;
 /// `UCS_ERR_LAST` (`UCS_PTR_IS_ERR` treats addresses in `[UCS_ERR_LAST, 0)` as errors).
-pub const UCS_ERR_LAST: isize = -100;
+pub(crate) const UCS_ERR_LAST: isize = -100;
 
 /// Opaque handles (`ucp_def.h`).
-pub type UcpContext = *mut c_void;
+pub(crate) type UcpContext = *mut c_void;
 /// `ucp_worker_h`.
-pub type UcpWorker = *mut c_void;
+pub(crate) type UcpWorker = *mut c_void;
 /// `ucp_ep_h`.
-pub type UcpEp = *mut c_void;
+pub(crate) type UcpEp = *mut c_void;
 /// `ucp_mem_h`.
-pub type UcpMem = *mut c_void;
+pub(crate) type UcpMem = *mut c_void;
 /// `ucp_rkey_h`.
-pub type UcpRkey = *mut c_void;
+pub(crate) type UcpRkey = *mut c_void;
 /// `ucp_config_t *`.
-pub type UcpConfig = *mut c_void;
+pub(crate) type UcpConfig = *mut c_void;
 /// `ucp_address_t *` (an opaque byte blob of `address_length` bytes).
-pub type UcpAddress = *mut c_void;
+pub(crate) type UcpAddress = *mut c_void;
 /// `ucs_status_ptr_t`: NULL (done), an error code cast to a pointer, or a request.
-pub type UcsStatusPtr = *mut c_void;
+pub(crate) type UcsStatusPtr = *mut c_void;
 
 /// `UCP_API_MAJOR` / `UCP_API_MINOR` of the headers transcribed here (`ucp_version.h`).
-pub const UCP_API_MAJOR: c_uint = 1;
+pub(crate) const UCP_API_MAJOR: c_uint = 1;
 /// See [`UCP_API_MAJOR`].
-pub const UCP_API_MINOR: c_uint = 22;
+pub(crate) const UCP_API_MINOR: c_uint = 22;
 
 /// `ucp_params_field`.
-pub const UCP_PARAM_FIELD_FEATURES: u64 = 1 << 0;
+pub(crate) const UCP_PARAM_FIELD_FEATURES: u64 = 1 << 0;
 /// `ucp_params_field`.
-pub const UCP_PARAM_FIELD_NAME: u64 = 1 << 8;
+pub(crate) const UCP_PARAM_FIELD_NAME: u64 = 1 << 8;
 /// `ucp_feature`.
-pub const UCP_FEATURE_RMA: u64 = 1 << 1;
+pub(crate) const UCP_FEATURE_RMA: u64 = 1 << 1;
 
 /// `ucp_worker_params_field`.
-pub const UCP_WORKER_PARAM_FIELD_THREAD_MODE: u64 = 1 << 0;
+pub(crate) const UCP_WORKER_PARAM_FIELD_THREAD_MODE: u64 = 1 << 0;
 /// `ucs_thread_mode_t`: the caller serialises every call on the worker.
-pub const UCS_THREAD_MODE_SERIALIZED: c_int = 1;
+pub(crate) const UCS_THREAD_MODE_SERIALIZED: c_int = 1;
 
 /// `ucp_ep_params_field`.
-pub const UCP_EP_PARAM_FIELD_REMOTE_ADDRESS: u64 = 1 << 0;
+pub(crate) const UCP_EP_PARAM_FIELD_REMOTE_ADDRESS: u64 = 1 << 0;
 /// `ucp_ep_params_field`.
-pub const UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE: u64 = 1 << 1;
+pub(crate) const UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE: u64 = 1 << 1;
 /// `ucp_ep_params_field`.
-pub const UCP_EP_PARAM_FIELD_ERR_HANDLER: u64 = 1 << 2;
+pub(crate) const UCP_EP_PARAM_FIELD_ERR_HANDLER: u64 = 1 << 2;
 /// `ucp_err_handling_mode_t`: report a failed peer instead of hanging or aborting.
-pub const UCP_ERR_HANDLING_MODE_PEER: c_int = 1;
+pub(crate) const UCP_ERR_HANDLING_MODE_PEER: c_int = 1;
 /// `ucp_ep_close_flags_t`: close without waiting for the peer.
-pub const UCP_EP_CLOSE_FLAG_FORCE: u32 = 1 << 0;
+pub(crate) const UCP_EP_CLOSE_FLAG_FORCE: u32 = 1 << 0;
 
 /// `ucp_mem_map_params_field`.
-pub const UCP_MEM_MAP_PARAM_FIELD_ADDRESS: u64 = 1 << 0;
+pub(crate) const UCP_MEM_MAP_PARAM_FIELD_ADDRESS: u64 = 1 << 0;
 /// `ucp_mem_map_params_field`.
-pub const UCP_MEM_MAP_PARAM_FIELD_LENGTH: u64 = 1 << 1;
+pub(crate) const UCP_MEM_MAP_PARAM_FIELD_LENGTH: u64 = 1 << 1;
 /// `ucp_mem_map_params_field`.
-pub const UCP_MEM_MAP_PARAM_FIELD_PROT: u64 = 1 << 3;
+pub(crate) const UCP_MEM_MAP_PARAM_FIELD_PROT: u64 = 1 << 3;
 /// `ucp_mem_map_params_field`.
-pub const UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE: u64 = 1 << 4;
+pub(crate) const UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE: u64 = 1 << 4;
 /// `UCP_MEM_MAP_PROT_LOCAL_READ`.
-pub const UCP_MEM_MAP_PROT_LOCAL_READ: c_uint = 1 << 0;
+pub(crate) const UCP_MEM_MAP_PROT_LOCAL_READ: c_uint = 1 << 0;
 /// `UCP_MEM_MAP_PROT_LOCAL_WRITE`.
-pub const UCP_MEM_MAP_PROT_LOCAL_WRITE: c_uint = 1 << 1;
+pub(crate) const UCP_MEM_MAP_PROT_LOCAL_WRITE: c_uint = 1 << 1;
 /// `UCP_MEM_MAP_PROT_REMOTE_READ`.
-pub const UCP_MEM_MAP_PROT_REMOTE_READ: c_uint = 1 << 8;
+pub(crate) const UCP_MEM_MAP_PROT_REMOTE_READ: c_uint = 1 << 8;
 /// `UCP_MEM_MAP_PROT_REMOTE_WRITE`.
-pub const UCP_MEM_MAP_PROT_REMOTE_WRITE: c_uint = 1 << 9;
+pub(crate) const UCP_MEM_MAP_PROT_REMOTE_WRITE: c_uint = 1 << 9;
 /// `ucs_memory_type_t`.
-pub const UCS_MEMORY_TYPE_HOST: c_int = 0;
+pub(crate) const UCS_MEMORY_TYPE_HOST: c_int = 0;
 /// `ucs_memory_type_t`.
-pub const UCS_MEMORY_TYPE_CUDA: c_int = 1;
+pub(crate) const UCS_MEMORY_TYPE_CUDA: c_int = 1;
 
 /// `ucp_op_attr_t`.
-pub const UCP_OP_ATTR_FIELD_FLAGS: u32 = 1 << 4;
+pub(crate) const UCP_OP_ATTR_FIELD_FLAGS: u32 = 1 << 4;
 
 /// `ucp_params_t`.
 #[repr(C)]
 #[derive(Debug)]
-pub struct UcpParams {
-    pub field_mask: u64,
-    pub features: u64,
-    pub request_size: usize,
-    pub request_init: *mut c_void,
-    pub request_cleanup: *mut c_void,
-    pub tag_sender_mask: u64,
-    pub mt_workers_shared: c_int,
-    pub estimated_num_eps: usize,
-    pub estimated_num_ppn: usize,
-    pub name: *const c_char,
-    pub node_local_id: usize,
+pub(crate) struct UcpParams {
+    pub(crate) field_mask: u64,
+    pub(crate) features: u64,
+    pub(crate) request_size: usize,
+    pub(crate) request_init: *mut c_void,
+    pub(crate) request_cleanup: *mut c_void,
+    pub(crate) tag_sender_mask: u64,
+    pub(crate) mt_workers_shared: c_int,
+    pub(crate) estimated_num_eps: usize,
+    pub(crate) estimated_num_ppn: usize,
+    pub(crate) name: *const c_char,
+    pub(crate) node_local_id: usize,
 }
 
 /// `ucp_worker_params_t` (`cpu_mask` is `ucs_cpu_set_t`: 1024 bits).
 #[repr(C)]
 #[derive(Debug)]
-pub struct UcpWorkerParams {
-    pub field_mask: u64,
-    pub thread_mode: c_int,
-    pub cpu_mask: [u64; 16],
-    pub events: c_uint,
-    pub user_data: *mut c_void,
-    pub event_fd: c_int,
-    pub flags: u64,
-    pub name: *const c_char,
-    pub am_alignment: usize,
-    pub client_id: u64,
+pub(crate) struct UcpWorkerParams {
+    pub(crate) field_mask: u64,
+    pub(crate) thread_mode: c_int,
+    pub(crate) cpu_mask: [u64; 16],
+    pub(crate) events: c_uint,
+    pub(crate) user_data: *mut c_void,
+    pub(crate) event_fd: c_int,
+    pub(crate) flags: u64,
+    pub(crate) name: *const c_char,
+    pub(crate) am_alignment: usize,
+    pub(crate) client_id: u64,
 }
 
 /// `ucp_err_handler_cb_t`.
-pub type UcpErrHandlerCb = unsafe extern "C" fn(arg: *mut c_void, ep: UcpEp, status: UcsStatus);
+pub(crate) type UcpErrHandlerCb =
+    unsafe extern "C" fn(arg: *mut c_void, ep: UcpEp, status: UcsStatus);
 
 /// `ucp_err_handler_t`.
 #[repr(C)]
 #[derive(Debug)]
-pub struct UcpErrHandler {
-    pub cb: Option<UcpErrHandlerCb>,
-    pub arg: *mut c_void,
+pub(crate) struct UcpErrHandler {
+    pub(crate) cb: Option<UcpErrHandlerCb>,
+    pub(crate) arg: *mut c_void,
 }
 
 /// `ucs_sock_addr_t`.
 #[repr(C)]
 #[derive(Debug)]
-pub struct UcsSockAddr {
-    pub addr: *const c_void,
-    pub addrlen: u32,
+pub(crate) struct UcsSockAddr {
+    pub(crate) addr: *const c_void,
+    pub(crate) addrlen: u32,
 }
 
 /// `ucp_ep_params_t`.
 #[repr(C)]
 #[derive(Debug)]
-pub struct UcpEpParams {
-    pub field_mask: u64,
-    pub address: *const c_void,
-    pub err_mode: c_int,
-    pub err_handler: UcpErrHandler,
-    pub user_data: *mut c_void,
-    pub flags: c_uint,
-    pub sockaddr: UcsSockAddr,
-    pub conn_request: *mut c_void,
-    pub name: *const c_char,
-    pub local_sockaddr: UcsSockAddr,
+pub(crate) struct UcpEpParams {
+    pub(crate) field_mask: u64,
+    pub(crate) address: *const c_void,
+    pub(crate) err_mode: c_int,
+    pub(crate) err_handler: UcpErrHandler,
+    pub(crate) user_data: *mut c_void,
+    pub(crate) flags: c_uint,
+    pub(crate) sockaddr: UcsSockAddr,
+    pub(crate) conn_request: *mut c_void,
+    pub(crate) name: *const c_char,
+    pub(crate) local_sockaddr: UcsSockAddr,
 }
 
 /// `ucp_mem_map_params_t`.
 #[repr(C)]
 #[derive(Debug)]
-pub struct UcpMemMapParams {
-    pub field_mask: u64,
-    pub address: *mut c_void,
-    pub length: usize,
-    pub flags: c_uint,
-    pub prot: c_uint,
-    pub memory_type: c_int,
-    pub exported_memh_buffer: *const c_void,
+pub(crate) struct UcpMemMapParams {
+    pub(crate) field_mask: u64,
+    pub(crate) address: *mut c_void,
+    pub(crate) length: usize,
+    pub(crate) flags: c_uint,
+    pub(crate) prot: c_uint,
+    pub(crate) memory_type: c_int,
+    pub(crate) exported_memh_buffer: *const c_void,
 }
 
 /// `ucp_request_param_t` (the `cb` and `recv_info` unions are one pointer each).
 #[repr(C)]
 #[derive(Debug)]
-pub struct UcpRequestParam {
-    pub op_attr_mask: u32,
-    pub flags: u32,
-    pub request: *mut c_void,
-    pub cb: *mut c_void,
-    pub datatype: u64,
-    pub user_data: *mut c_void,
-    pub reply_buffer: *mut c_void,
-    pub memory_type: c_int,
-    pub recv_info: *mut c_void,
-    pub memh: UcpMem,
-    pub remote_datatype: u64,
-    pub remote: *const c_void,
-    pub remote_count: usize,
+pub(crate) struct UcpRequestParam {
+    pub(crate) op_attr_mask: u32,
+    pub(crate) flags: u32,
+    pub(crate) request: *mut c_void,
+    pub(crate) cb: *mut c_void,
+    pub(crate) datatype: u64,
+    pub(crate) user_data: *mut c_void,
+    pub(crate) reply_buffer: *mut c_void,
+    pub(crate) memory_type: c_int,
+    pub(crate) recv_info: *mut c_void,
+    pub(crate) memh: UcpMem,
+    pub(crate) remote_datatype: u64,
+    pub(crate) remote: *const c_void,
+    pub(crate) remote_count: usize,
 }
 
 macro_rules! zeroed_default {
@@ -218,37 +219,40 @@ zeroed_default!(
 
 /// The libucp entry points devcomm uses, resolved once per process.
 #[derive(Debug)]
-pub struct UcpApi {
-    pub config_read:
+pub(crate) struct UcpApi {
+    pub(crate) config_read:
         unsafe extern "C" fn(*const c_char, *const c_char, *mut UcpConfig) -> UcsStatus,
-    pub config_release: unsafe extern "C" fn(UcpConfig),
-    pub init_version: unsafe extern "C" fn(
+    pub(crate) config_release: unsafe extern "C" fn(UcpConfig),
+    pub(crate) init_version: unsafe extern "C" fn(
         c_uint,
         c_uint,
         *const UcpParams,
         UcpConfig,
         *mut UcpContext,
     ) -> UcsStatus,
-    pub cleanup: unsafe extern "C" fn(UcpContext),
-    pub get_version: unsafe extern "C" fn(*mut c_uint, *mut c_uint, *mut c_uint),
-    pub worker_create:
+    pub(crate) cleanup: unsafe extern "C" fn(UcpContext),
+    pub(crate) get_version: unsafe extern "C" fn(*mut c_uint, *mut c_uint, *mut c_uint),
+    pub(crate) worker_create:
         unsafe extern "C" fn(UcpContext, *const UcpWorkerParams, *mut UcpWorker) -> UcsStatus,
-    pub worker_destroy: unsafe extern "C" fn(UcpWorker),
-    pub worker_get_address:
+    pub(crate) worker_destroy: unsafe extern "C" fn(UcpWorker),
+    pub(crate) worker_get_address:
         unsafe extern "C" fn(UcpWorker, *mut UcpAddress, *mut usize) -> UcsStatus,
-    pub worker_release_address: unsafe extern "C" fn(UcpWorker, UcpAddress),
-    pub worker_progress: unsafe extern "C" fn(UcpWorker) -> c_uint,
-    pub ep_create: unsafe extern "C" fn(UcpWorker, *const UcpEpParams, *mut UcpEp) -> UcsStatus,
-    pub ep_close_nbx: unsafe extern "C" fn(UcpEp, *const UcpRequestParam) -> UcsStatusPtr,
-    pub ep_flush_nbx: unsafe extern "C" fn(UcpEp, *const UcpRequestParam) -> UcsStatusPtr,
-    pub mem_map: unsafe extern "C" fn(UcpContext, *const UcpMemMapParams, *mut UcpMem) -> UcsStatus,
-    pub mem_unmap: unsafe extern "C" fn(UcpContext, UcpMem) -> UcsStatus,
-    pub rkey_pack:
+    pub(crate) worker_release_address: unsafe extern "C" fn(UcpWorker, UcpAddress),
+    pub(crate) worker_progress: unsafe extern "C" fn(UcpWorker) -> c_uint,
+    pub(crate) ep_create:
+        unsafe extern "C" fn(UcpWorker, *const UcpEpParams, *mut UcpEp) -> UcsStatus,
+    pub(crate) ep_close_nbx: unsafe extern "C" fn(UcpEp, *const UcpRequestParam) -> UcsStatusPtr,
+    pub(crate) ep_flush_nbx: unsafe extern "C" fn(UcpEp, *const UcpRequestParam) -> UcsStatusPtr,
+    pub(crate) mem_map:
+        unsafe extern "C" fn(UcpContext, *const UcpMemMapParams, *mut UcpMem) -> UcsStatus,
+    pub(crate) mem_unmap: unsafe extern "C" fn(UcpContext, UcpMem) -> UcsStatus,
+    pub(crate) rkey_pack:
         unsafe extern "C" fn(UcpContext, UcpMem, *mut *mut c_void, *mut usize) -> UcsStatus,
-    pub rkey_buffer_release: unsafe extern "C" fn(*mut c_void),
-    pub ep_rkey_unpack: unsafe extern "C" fn(UcpEp, *const c_void, *mut UcpRkey) -> UcsStatus,
-    pub rkey_destroy: unsafe extern "C" fn(UcpRkey),
-    pub put_nbx: unsafe extern "C" fn(
+    pub(crate) rkey_buffer_release: unsafe extern "C" fn(*mut c_void),
+    pub(crate) ep_rkey_unpack:
+        unsafe extern "C" fn(UcpEp, *const c_void, *mut UcpRkey) -> UcsStatus,
+    pub(crate) rkey_destroy: unsafe extern "C" fn(UcpRkey),
+    pub(crate) put_nbx: unsafe extern "C" fn(
         UcpEp,
         *const c_void,
         usize,
@@ -256,22 +260,22 @@ pub struct UcpApi {
         UcpRkey,
         *const UcpRequestParam,
     ) -> UcsStatusPtr,
-    pub request_check_status: unsafe extern "C" fn(*mut c_void) -> UcsStatus,
-    pub request_free: unsafe extern "C" fn(*mut c_void),
-    pub status_string: unsafe extern "C" fn(UcsStatus) -> *const c_char,
+    pub(crate) request_check_status: unsafe extern "C" fn(*mut c_void) -> UcsStatus,
+    pub(crate) request_free: unsafe extern "C" fn(*mut c_void),
+    pub(crate) status_string: unsafe extern "C" fn(UcsStatus) -> *const c_char,
     /// Where the library was loaded from.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     _lib: Library,
 }
 
 /// The library file looked for (the SONAME of UCX 1.x).
-pub const UCP_SONAME: &str = "libucp.so.0";
+pub(crate) const UCP_SONAME: &str = "libucp.so.0";
 
 /// Candidate paths for libucp: from `DEVCOMM_UCX_LIB` when it is set (a file, or a directory
 /// that holds the library; nothing else is tried, so a wrong setting is an error, not a silent
 /// fallback), else the bare soname (the loader's own search: `LD_LIBRARY_PATH`, the system
 /// cache). Pure, for unit tests.
-pub fn candidates(env_lib: Option<&str>) -> Vec<PathBuf> {
+pub(crate) fn candidates(env_lib: Option<&str>) -> Vec<PathBuf> {
     match env_lib.filter(|v| !v.is_empty()) {
         Some(v) if v.ends_with(".so") || v.contains(".so.") => vec![PathBuf::from(v)],
         Some(v) => {
@@ -284,12 +288,12 @@ pub fn candidates(env_lib: Option<&str>) -> Vec<PathBuf> {
 
 impl UcpApi {
     /// Loads libucp from the first candidate that opens (see [`candidates`]).
-    pub fn load(env_lib: Option<&str>) -> Result<Self> {
+    pub(crate) fn load(env_lib: Option<&str>) -> Result<Self> {
         Self::load_paths(&candidates(env_lib))
     }
 
     /// Loads libucp from the first of `paths` that opens.
-    pub fn load_paths(paths: &[PathBuf]) -> Result<Self> {
+    pub(crate) fn load_paths(paths: &[PathBuf]) -> Result<Self> {
         let mut tried = Vec::new();
         for path in paths.iter().cloned() {
             // SAFETY: loading UCX runs its constructors (ucs global init), which are
@@ -354,7 +358,7 @@ impl UcpApi {
     }
 
     /// UCX's text for a status code.
-    pub fn describe(&self, status: UcsStatus) -> String {
+    pub(crate) fn describe(&self, status: UcsStatus) -> String {
         // SAFETY: ucs_status_string accepts any value and returns a static C string.
         let p = unsafe { (self.status_string)(status) };
         if p.is_null() {
@@ -365,7 +369,7 @@ impl UcpApi {
     }
 
     /// The version of the loaded library as (major, minor, release).
-    pub fn version(&self) -> (u32, u32, u32) {
+    pub(crate) fn version(&self) -> (u32, u32, u32) {
         let (mut a, mut b, mut c) = (0, 0, 0);
         // SAFETY: three valid out-pointers.
         unsafe { (self.get_version)(&mut a, &mut b, &mut c) };
@@ -383,7 +387,7 @@ fn with_source(e: &dyn std::error::Error) -> String {
 
 /// Splits a `ucs_status_ptr_t` the way `UCS_PTR_IS_ERR` / `UCS_PTR_STATUS` do: `Ok(None)`
 /// for NULL (completed at once), `Ok(Some(request))`, or `Err(status)`.
-pub fn status_ptr(p: UcsStatusPtr) -> std::result::Result<Option<*mut c_void>, UcsStatus> {
+pub(crate) fn status_ptr(p: UcsStatusPtr) -> std::result::Result<Option<*mut c_void>, UcsStatus> {
     let v = p as isize;
     if p.is_null() {
         Ok(None)

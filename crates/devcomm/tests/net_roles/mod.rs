@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use devcomm::abi::net::{NetDescriptor, NetOp, SignalOp};
 use devcomm::abi::DeviceErrorState;
-use devcomm::net::{
-    host, ErrorSink, NetConfig, NetDescriptor, NetError, NetOp, NetTransport, SignalOp,
-};
+use devcomm::error::net::NetError;
+use devcomm::testing::net::{host, ErrorSink, NetConfig, NetTransport};
 use devcomm_bootstrap::{RankInfo, Store};
 
 mod route;

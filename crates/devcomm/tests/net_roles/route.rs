@@ -1,18 +1,19 @@
 //! Host twin of the network send/recv route (`cuda/kernels/sendrecv_net.cu`,
 //! `cuda/devcomm/net_p2p.cuh`, docs/NETWORK.md "Send/recv over the network"): the same staging
-//! layout (`devcomm::net::route::StagingLayout`), chunk headers, READY/FREE words, credits and
+//! layout (`devcomm::testing::net::route::StagingLayout`), chunk headers, READY/FREE words, credits and
 //! refusal, with host threads standing in for the kernel's two roles, over real UCX. What the
 //! CPU can check: that the route's offsets, words and descriptors work with the proxy.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use devcomm::abi::net::{NetDescriptor, NetOp, SignalOp};
 use devcomm::abi::DeviceErrorState;
-use devcomm::net::route::{
+use devcomm::testing::net::route::{
     chunks, refusal, refused, ChunkHeader, StagingLayout, CHANNELS, CHANNEL_CREDIT, CHANNEL_DATA,
     HEADER_BYTES, KIND_SENDRECV,
 };
-use devcomm::net::{host, ErrorSink, NetConfig, NetDescriptor, NetOp, NetTransport, SignalOp};
+use devcomm::testing::net::{host, ErrorSink, NetConfig, NetTransport};
 use devcomm_bootstrap::{RankInfo, Store};
 
 use super::{s, R, T};

@@ -7,7 +7,7 @@
 //!
 //! In a job with network links (`DEVCOMM_TOPOLOGY_OVERRIDE`, docs/NETWORK.md) the same cases
 //! run: network peers' chunks carry the call's agreement in their headers, the barrier is an
-//! all-to-all there and the ring all-gather's steps take the send/recv routes.
+//! all-to-all there and the ring gather's sendrecv calls take the send/recv routes.
 
 use std::time::{Duration, Instant};
 
@@ -15,12 +15,14 @@ use cudarc::driver::CudaSlice;
 use devcomm::{AllToAllVCounts, Error};
 
 use super::{run_cases, Fresh, GUARD};
-use crate::selftest::harness::{compare, Ctx, POISON};
+use crate::selftest::harness::{compare, ring_gather, Ctx, POISON};
 
 /// What a rank calls in one case: the operation and its bytes per peer.
 #[derive(Clone, Copy, Debug)]
 enum Call {
-    AllGatherRing(usize),
+    /// A ring all-gather of `Comm::sendrecv` calls (`harness::ring_gather`): send/recv
+    /// against a collective, and steps after a refused receive that must forward nothing.
+    RingGather(usize),
     AllToAll(usize),
     AllToAllV(usize),
     Barrier,
@@ -28,8 +30,8 @@ enum Call {
 
 /// (rank 0's call, everyone else's call).
 const CASES: &[(Call, Call)] = &[
-    (Call::AllGatherRing(4096), Call::AllToAll(4096)),
-    (Call::AllToAll(4096), Call::AllGatherRing(4096)),
+    (Call::RingGather(4096), Call::AllToAll(4096)),
+    (Call::AllToAll(4096), Call::RingGather(4096)),
     (Call::AllToAll(65_536), Call::AllToAllV(65_536)),
     (Call::AllToAllV(65_536), Call::AllToAll(65_536)),
     (Call::AllToAll(4096), Call::AllToAll(8192)),
@@ -59,12 +61,12 @@ fn one_case(cx: &Ctx, f: &Fresh, call: Call, timeout: Duration) -> Result<String
     let (comm, stream) = (&f.comm, &f.stream);
     let (rank, world) = (comm.rank(), comm.world_size());
     let per_peer = match call {
-        Call::AllGatherRing(n) | Call::AllToAll(n) | Call::AllToAllV(n) => n,
+        Call::RingGather(n) | Call::AllToAll(n) | Call::AllToAllV(n) => n,
         Call::Barrier => 8,
     };
     let elems = per_peer / 8;
     let send_elems = match call {
-        Call::AllGatherRing(_) => elems,
+        Call::RingGather(_) => elems,
         _ => elems * world,
     };
     let send = stream
@@ -88,7 +90,7 @@ fn one_case(cx: &Ctx, f: &Fresh, call: Call, timeout: Duration) -> Result<String
             .map_err(|e| e.to_string())?;
         let mut all = stream.alloc_zeros::<u64>(world).map_err(|e| e.to_string())?;
         comm.all_to_all(&one, &mut all, stream)
-            .and_then(|()| comm.all_gather_ring(&one.slice(..1), &mut all, stream))
+            .and_then(|()| ring_gather(comm, &one.slice(..1), &mut all.slice_mut(..), stream))
             .and_then(|()| comm.barrier(stream))
             .and_then(|()| comm.synchronize(stream))
             .map_err(|e| format!("the warm-up calls: {e}"))?;
@@ -101,7 +103,7 @@ fn one_case(cx: &Ctx, f: &Fresh, call: Call, timeout: Duration) -> Result<String
         let mut view64 = unsafe { view.transmute_mut::<u64>(out_bytes / 8) }
             .ok_or("output view of u64")?;
         match call {
-            Call::AllGatherRing(_) => comm.all_gather_ring(&send, &mut view64, stream),
+            Call::RingGather(_) => ring_gather(comm, &send, &mut view64, stream),
             Call::AllToAll(_) => comm.all_to_all(&send, &mut view64, stream),
             Call::AllToAllV(_) => comm.all_to_all_v(&send, &mut view64, &mut counts, 1, stream),
             Call::Barrier => comm.barrier(stream),

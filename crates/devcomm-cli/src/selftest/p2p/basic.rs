@@ -1,5 +1,5 @@
 //! Send/recv at every size and type, rings, the negotiated large messages, back-to-back
-//! calls, graph replays, the ring all-gather, and refusals of bad calls.
+//! calls, graph replays, a ring all-gather of sendrecv calls, and refusals of bad calls.
 
 use cudarc::driver::{DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use devcomm::p2p::{default_config, P2PConfig, Protocol, Transfer, CE_DEFAULT_MIN};
@@ -8,7 +8,7 @@ use devcomm::Error;
 use super::exchange::{
     asymmetric, back_to_back, check_received, exchange, fresh_pair, ll128, replay_graph,
 };
-use crate::selftest::harness::{compare, partner, poisoned, Ctx, POISON, SIZES};
+use crate::selftest::harness::{compare, partner, poisoned, ring_gather, Ctx, POISON, SIZES};
 
 type Check = Result<String, String>;
 
@@ -146,13 +146,14 @@ pub(super) fn check_graph(cx: &Ctx, replays: usize) -> Check {
     Ok(format!("{replays} replays of a captured sendrecv (1000 B low-latency + 1 MiB bulk), every one verified"))
 }
 
-pub(super) fn check_all_gather(cx: &Ctx) -> Check {
+/// A ring all-gather composed from `Comm::sendrecv` (each call sends to the next rank and
+/// receives from the previous one, over whatever route each link takes).
+pub(super) fn check_ring_gather(cx: &Ctx) -> Check {
     let world = cx.comm.world_size();
     for (i, n) in [1usize, 333, (1 << 20) + 3].into_iter().enumerate() {
         let tag = 600 + i as u64;
         let (src, mut dst) = fresh_pair(cx, tag, n, n * world)?;
-        cx.comm
-            .all_gather_ring(&src, &mut dst, &cx.stream)
+        ring_gather(&cx.comm, &src, &mut dst.slice_mut(..), &cx.stream)
             .map_err(|e| e.to_string())?;
         cx.sync()?;
         let got = cx.stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
@@ -166,7 +167,7 @@ pub(super) fn check_all_gather(cx: &Ctx) -> Check {
         cx.host_barrier()?;
     }
     Ok(format!(
-        "ring all-gather over {world} ranks: 1 B, 333 B, 1 MiB + 3 per rank"
+        "ring all-gather of sendrecv calls over {world} ranks: 1 B, 333 B, 1 MiB + 3 per rank"
     ))
 }
 

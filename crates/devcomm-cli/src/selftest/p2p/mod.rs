@@ -1,5 +1,5 @@
-//! Checks of send/recv and the ring all-gather: fresh random data, poisoned outputs, every
-//! byte compared with the sender's data regenerated on the host.
+//! Checks of send/recv, a ring all-gather of sendrecv calls among them: fresh random data,
+//! poisoned outputs, every byte compared with the sender's data regenerated on the host.
 //!
 //! `exchange` holds the exchanges the checks are made of; `basic` and `protocols` the checks
 //! (both import `exchange`, nothing imports them but this list).
@@ -74,9 +74,9 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, p| verified(basic::check_graph(cx, p.replays)),
     },
     Check {
-        name: "all_gather_ring",
+        name: "sendrecv_ring_gather",
         ranks: Ranks::AtLeast(2),
-        about: "the ring all-gather at three sizes",
-        run: |cx, _| verified(basic::check_all_gather(cx)),
+        about: "a ring all-gather of sendrecv calls at three sizes",
+        run: |cx, _| verified(basic::check_ring_gather(cx)),
     },
 ];

@@ -20,7 +20,7 @@ use crate::handles::{DeviceErrorState, DeviceOp, ErrorRecord};
 /// Kernels write the first failed wait into the record and raise `abort`; the host reads it
 /// with [`check`](Self::check) without synchronising any stream. A communicator whose state has
 /// fired stays unusable: there is deliberately no reset, it must be rebuilt.
-pub struct ErrorState {
+pub(crate) struct ErrorState {
     ctx: Arc<CudaContext>,
     rank: usize,
     /// Host address of the pinned `DeviceErrorState`; valid until drop.
@@ -57,7 +57,7 @@ impl std::fmt::Debug for ErrorState {
 
 impl ErrorState {
     /// Allocates a zeroed state in host-mapped pinned memory for the kernels of `ctx`.
-    pub fn new(ctx: &Arc<CudaContext>, rank: usize) -> Result<Self> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, rank: usize) -> Result<Self> {
         Self::alloc(ctx, rank).map_err(|e| with_rank(e, rank))
     }
 
@@ -96,23 +96,23 @@ impl ErrorState {
     }
 
     /// Device address of the `DeviceErrorState` (for `DeviceWindow::error_state`).
-    pub fn device_ptr(&self) -> u64 {
+    pub(crate) fn device_ptr(&self) -> u64 {
         self.device
     }
 
     /// Device address of the abort mirror (`DeviceErrorState::mirror`; 0 if none).
-    pub fn mirror_ptr(&self) -> u64 {
+    pub(crate) fn mirror_ptr(&self) -> u64 {
         self.mirror.as_ref().map_or(0, DeviceBuffer::ptr)
     }
 
     /// Host address of the `DeviceErrorState`, for a host writer of the record (the network
     /// proxy's `ErrorSink`); valid as long as `self`.
-    pub fn host_ptr(&self) -> *mut DeviceErrorState {
+    pub(crate) fn host_ptr(&self) -> *mut DeviceErrorState {
         self.host
     }
 
     /// A snapshot of the state as it is now.
-    pub fn read(&self) -> DeviceErrorState {
+    pub(crate) fn read(&self) -> DeviceErrorState {
         // SAFETY: `host` is valid, aligned and lives as long as `self`; `abort` is a u32 at
         // offset 0 that nothing accesses non-atomically on the host.
         let abort = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.host).abort)) };
@@ -132,7 +132,7 @@ impl ErrorState {
     /// `Ok(())` while no kernel has failed. The first time it sees a completed record it
     /// returns that failure as [`Error::PeerTimeout`]; from then on (and after
     /// [`raise_abort`](Self::raise_abort)) it returns [`Error::Aborted`].
-    pub fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         let mut fired = self.fired.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(reason) = fired.as_ref() {
             return Err(Error::Aborted {
@@ -172,7 +172,7 @@ impl ErrorState {
     /// left the communicator consistent, is left for that call's `synchronize` or `check`:
     /// this call launches as its peers do, instead of returning the other call's error and
     /// leaving them to time out.
-    pub fn check_before_launch(&self) -> Result<()> {
+    pub(crate) fn check_before_launch(&self) -> Result<()> {
         let unreported = self
             .fired
             .lock()
@@ -199,7 +199,7 @@ impl ErrorState {
 
     /// Whether this communicator has failed: a device error was reported or recorded, or the
     /// host raised abort. Tear-down then skips the barriers with its peers (one may be dead).
-    pub fn is_aborted(&self) -> bool {
+    pub(crate) fn is_aborted(&self) -> bool {
         let reported = self
             .fired
             .lock()
@@ -210,7 +210,7 @@ impl ErrorState {
 
     /// Raises the abort flag: every device wait of this communicator returns at once, and
     /// later [`check`](Self::check)s fail with [`Error::Aborted`].
-    pub fn raise_abort(&self) {
+    pub(crate) fn raise_abort(&self) {
         self.host_raised.store(true, Ordering::Release);
         // SAFETY: as in `read`.
         let abort = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.host).abort)) };
