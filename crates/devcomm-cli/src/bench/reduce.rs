@@ -146,12 +146,7 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, coll: Coll) -> Result<Vec<Record>,
         Some(_) if args.zero_copy => {
             return Err("--epilogue-rows times ordinary buffers (leave out --zero-copy)".into())
         }
-        Some(row) => Some(Epilogue::new(
-            cx,
-            dtype,
-            row,
-            args.max_bytes / elem,
-        )?),
+        Some(row) => Some(Epilogue::new(cx, dtype, row, args.max_bytes / elem)?),
     };
     let s = Setup {
         coll,
