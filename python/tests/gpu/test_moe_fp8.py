@@ -41,8 +41,11 @@ def quantise(x, block):
     f = x.float().reshape(x.shape[0], -1, block)
     amax = torch.where(torch.isfinite(f), f.abs(), 0.0).amax(2, keepdim=True)
     pos = amax > 0
-    scale = torch.where(pos, amax / 448.0, 1.0)
-    inv = torch.where(pos, torch.clamp(448.0 / amax, max=FLT_MAX), 1.0)
+    # Tensor by tensor: torch computes `448.0 / amax` as amax.reciprocal() * 448 (two
+    # roundings), where the kernel divides once (correctly rounded, as `/` of two tensors).
+    c448 = torch.full_like(amax, 448.0)
+    scale = torch.where(pos, amax / c448, 1.0)
+    inv = torch.where(pos, torch.clamp(c448 / amax, max=FLT_MAX), 1.0)
     q = (f * inv).to(torch.float8_e4m3fn).reshape(x.shape[0], -1)
     return q.view(torch.uint8), scale.reshape(x.shape[0], -1)
 
