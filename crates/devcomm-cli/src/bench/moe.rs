@@ -10,7 +10,7 @@
 //! the bandwidths are those bytes over each side's time. FP8 dispatch (e4m3 with per-128
 //! scales on the wire, returned as FP8 + scales, DeepEP's form) has its own records,
 //! `moe_fp8` and `moe_fp8_dispatch` (`moe_fp8.rs`), against the same NCCL path moving each
-//! pair's e4m3 row and scales.
+//! pair's e4m3 row and scales there and a bf16 row back.
 
 use cudarc::driver::CudaSlice;
 use devcomm::moe::reference::{self, Routing};
@@ -122,7 +122,7 @@ fn point(
     let mut out_w = alloc::<f32>(cx, out_rows)?;
     let mut counts = alloc::<i64>(cx, plan.local_experts)?;
     let mut out = alloc::<bf16>(cx, tokens * HIDDEN)?;
-    let mut pairs = NcclPairs::new(cx, plan, &routings, row)?;
+    let mut pairs = NcclPairs::new(cx, plan, &routings, (row, row))?;
     cx.sync()?;
     // One checked dispatch first: the counts per expert against the reference.
     cx.host_barrier()?;
@@ -229,19 +229,28 @@ fn bytes_out(plan: &MoePlan, mine: &Routing, rank: usize) -> u64 {
 
 /// The NCCL path a PyTorch user writes: the per-rank pair counts exchanged, copied to the
 /// host and waited for, then one row of `row` bytes per (token, expert) pair to the expert's
-/// rank with grouped send/recv (and back, for dispatch + combine).
+/// rank with grouped send/recv (and, for dispatch + combine, one of `back_row` bytes back: the
+/// experts' outputs, which an FP8 dispatch returns in bf16).
 struct NcclPairs {
     send_pairs: Vec<u64>,
     row: usize,
+    back_row: usize,
     send: CudaSlice<u8>,
     recv: CudaSlice<u8>,
+    /// The experts' outputs (a `back_row` per received pair) and where they come back.
+    ret: CudaSlice<u8>,
     back: CudaSlice<u8>,
     counts: CudaSlice<u64>,
     recv_counts: CudaSlice<u64>,
 }
 
 impl NcclPairs {
-    fn new(cx: &Ctx, plan: &MoePlan, routings: &[Routing], row: usize) -> Result<Self, String> {
+    fn new(
+        cx: &Ctx,
+        plan: &MoePlan,
+        routings: &[Routing],
+        (row, back_row): (usize, usize),
+    ) -> Result<Self, String> {
         let (world, rank) = (cx.comm.world_size(), cx.comm.rank());
         let pairs_to = |r: &Routing, dest: usize| -> u64 {
             r.idx
@@ -254,9 +263,11 @@ impl NcclPairs {
         let sent = send_pairs.iter().sum::<u64>() as usize;
         Ok(Self {
             row,
+            back_row,
             send: alloc::<u8>(cx, sent * row)?,
             recv: alloc::<u8>(cx, recv_pairs as usize * row)?,
-            back: alloc::<u8>(cx, sent * row)?,
+            ret: alloc::<u8>(cx, recv_pairs as usize * back_row)?,
+            back: alloc::<u8>(cx, sent * back_row)?,
             counts: cx
                 .stream
                 .clone_htod(&send_pairs)
@@ -289,8 +300,12 @@ impl NcclPairs {
             &recvs,
         )?;
         if back {
+            let (sends, recvs) = (
+                packed(&self.send_pairs, self.back_row),
+                packed(&host, self.back_row),
+            );
             nccl.all_to_all(
-                &self.recv.as_view(),
+                &self.ret.as_view(),
                 &mut self.back.as_view_mut(),
                 &recvs,
                 &sends,

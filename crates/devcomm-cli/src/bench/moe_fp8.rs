@@ -1,8 +1,8 @@
 //! `devcomm bench --op moe`'s FP8 points: the same shape and routings as the bf16 points, the
 //! rows quantised to e4m3 with per-128 scales where they are packed and returned as FP8 +
 //! scales (DeepEP's FP8 dispatch), against the NCCL path moving each (token, expert) pair's
-//! e4m3 row and scales (a PyTorch user who quantised first; the quantisation kernel is not
-//! part of the reference). Records `moe_fp8` (dispatch + combine, the combine in bf16) and
+//! e4m3 row and scales there and its bf16 output back (a PyTorch user who quantised first; the
+//! quantisation kernel is not part of the reference). Records `moe_fp8` (dispatch + combine, the combine in bf16) and
 //! `moe_fp8_dispatch`.
 
 use devcomm::moe::reference;
@@ -56,7 +56,8 @@ pub(super) fn point(
     // The experts' outputs (bf16, what the combine sends back) and the combined rows.
     let y = alloc::<bf16>(cx, out_rows * HIDDEN)?;
     let mut out = alloc::<bf16>(cx, tokens * HIDDEN)?;
-    let mut pairs = NcclPairs::new(cx, &plan, &routings, HIDDEN + 4 * plan.scales)?;
+    // e4m3 rows and scales there, the experts' bf16 outputs back (as devcomm's combine).
+    let mut pairs = NcclPairs::new(cx, &plan, &routings, (HIDDEN + 4 * plan.scales, 2 * HIDDEN))?;
     cx.sync()?;
     let dispatch = |out_q: &mut _, out_s: &mut _, out_w: &mut _, counts: &mut _| {
         moe.dispatch_fp8(&cx.comm, &x, &idx, &w, (out_q, out_s), out_w, counts, s)
@@ -111,7 +112,7 @@ pub(super) fn point(
     };
     Ok(match rank {
         0 => vec![
-            rec("moe_fp8", us[0], us[1], " and back"),
+            rec("moe_fp8", us[0], us[1], ", a bf16 row back"),
             rec("moe_fp8_dispatch", us[2], us[3], ""),
         ],
         _ => Vec::new(),
