@@ -413,7 +413,7 @@ fn epilogue_call(
             count,
             dtype,
             ReduceOp::Sum,
-            &e.hook_args(cx),
+            e.hook_args(),
             &cx.stream,
         )
     }

@@ -19,7 +19,9 @@ const RMSNORM: &str = include_str!("../../../../devcomm/examples/hooks/rmsnorm.c
 pub(super) struct Epilogue {
     pub(super) hooks: Hooks<f32, f32>,
     pub(super) row: usize,
-    args: CudaSlice<u64>,
+    /// What every timed call passes: the rows and the argument struct's address.
+    hook_args: HookArgs,
+    _args: CudaSlice<u64>,
     _residual: CudaSlice<f32>,
     _weight: CudaSlice<f32>,
 }
@@ -53,18 +55,20 @@ impl Epilogue {
                 .clone_htod(&[r, w, u64::from(1e-6f32.to_bits())])
                 .map_err(c)?
         };
+        let hook_args = HookArgs::rows(row).with_user(args.device_ptr(&cx.stream).0);
         Ok(Self {
             hooks: Hooks::new("RmsNorm", RMSNORM),
             row,
-            args,
+            hook_args,
+            _args: args,
             _residual: residual,
             _weight: weight,
         })
     }
 
     /// The hook's arguments (rows of `row`, the argument struct's address).
-    pub(super) fn hook_args(&self, cx: &Ctx) -> HookArgs {
-        HookArgs::rows(self.row).with_user(self.args.device_ptr(&cx.stream).0)
+    pub(super) fn hook_args(&self) -> &HookArgs {
+        &self.hook_args
     }
 
     /// Whether a call of `count` elements is whole rows.

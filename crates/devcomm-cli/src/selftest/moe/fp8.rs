@@ -13,7 +13,7 @@ use devcomm::moe::{Fp8Output, Fp8Scales, Wire};
 use devcomm::{Comm, DispatchBuffers, Moe, MoeConfig, MoePlan};
 use half::bf16;
 
-use super::{config, err, expert, poison, routing, upload, Detail, Kind, HIDDEN, TOP_K};
+use super::{config, err, expert, fixed_routings, poison, routing, upload, Detail, Kind, HIDDEN, TOP_K};
 use crate::selftest::Ctx;
 
 /// Every FP8 wire: both scale kinds, both output forms.
@@ -267,19 +267,7 @@ pub(super) fn check_fp8_graph(cx: &Ctx, replays: usize) -> Detail {
     let tokens = super::MAX_TOKENS / 2;
     // Fixed token count, new routings and rows each replay (same buffers).
     let case_of = |i: usize| -> (Vec<Routing>, Vec<Vec<bf16>>) {
-        let rs: Vec<Routing> = (0..world)
-            .map(|r| {
-                let (_, mut full) = routing(cx, &plan, Kind::Uniform, 300 + i as u64, r);
-                while full.tokens(TOP_K) < tokens {
-                    let more = full.clone();
-                    full.idx.extend(more.idx);
-                    full.weights.extend(more.weights);
-                }
-                full.idx.truncate(tokens * TOP_K);
-                full.weights.truncate(tokens * TOP_K);
-                full
-            })
-            .collect();
+        let rs = fixed_routings(cx, &plan, 300 + i as u64, tokens);
         let xs = (0..world).map(|r| rows(cx, 300 + i as u64, r, tokens)).collect();
         (rs, xs)
     };

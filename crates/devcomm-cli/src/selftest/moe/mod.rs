@@ -142,6 +142,24 @@ fn routing(cx: &Ctx, plan: &MoePlan, kind: Kind, case: u64, rank: usize) -> (usi
     (tokens, Routing { idx, weights })
 }
 
+/// Every rank's uniform routing of `case` with exactly `tokens` tokens (the routing repeated,
+/// then cut): the graph checks replay a fixed token count with a new routing each time.
+fn fixed_routings(cx: &Ctx, plan: &MoePlan, case: u64, tokens: usize) -> Vec<Routing> {
+    (0..cx.comm.world_size())
+        .map(|r| {
+            let (_, mut full) = routing(cx, plan, Kind::Uniform, case, r);
+            while full.tokens(TOP_K) < tokens {
+                let more = full.clone();
+                full.idx.extend(more.idx);
+                full.weights.extend(more.weights);
+            }
+            full.idx.truncate(tokens * TOP_K);
+            full.weights.truncate(tokens * TOP_K);
+            full
+        })
+        .collect()
+}
+
 /// Rank `rank`'s rows: small values exact in bf16.
 fn rows(cx: &Ctx, case: u64, rank: usize, tokens: usize) -> Vec<bf16> {
     cx.data_of(rank, 0x4d0e ^ case, tokens * HIDDEN)
@@ -373,19 +391,7 @@ fn check_graph(cx: &Ctx, replays: usize) -> Detail {
     let tokens = MAX_TOKENS / 2;
     // Fixed token count, new routings and rows each replay (same buffers).
     let case_of = |i: usize| -> (Vec<Routing>, Vec<Vec<bf16>>) {
-        let rs: Vec<Routing> = (0..world)
-            .map(|r| {
-                let (_, mut full) = routing(cx, &plan, Kind::Uniform, 100 + i as u64, r);
-                while full.tokens(TOP_K) < tokens {
-                    let more = full.clone();
-                    full.idx.extend(more.idx);
-                    full.weights.extend(more.weights);
-                }
-                full.idx.truncate(tokens * TOP_K);
-                full.weights.truncate(tokens * TOP_K);
-                full
-            })
-            .collect();
+        let rs = fixed_routings(cx, &plan, 100 + i as u64, tokens);
         let xs = (0..world).map(|r| rows(cx, 100 + i as u64, r, tokens)).collect();
         (rs, xs)
     };
