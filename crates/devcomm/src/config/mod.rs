@@ -200,15 +200,16 @@ knobs! {
     /// by this step (up to the most blocks).
     reduce_block_kib: u32 = 16, "16",
         env "DEVCOMM_REDUCE_BLOCK_KIB", group "reductions", range range(1, 1 << 20), Must, experimental;
-    /// Most blocks of a one-shot reduction (one per 8 KiB of payload up to this).
-    reduce_one_shot_blocks: u32 = 32, "32",
+    /// Most blocks of a reduction on lines, the one-shot and the two-shot on lines (one per
+    /// 8 KiB of a sender's payload up to this; at most half the smallest GPU's SMs).
+    reduce_one_shot_blocks: u32 = 64, "64",
         env "DEVCOMM_REDUCE_ONE_SHOT_BLOCKS", group "reductions", range range(1, 64), Must, experimental;
     /// Largest one-shot reduction payload in KiB (`0`: never); unset: 1024 on 2 ranks, 512 on
     /// 3-4, else 32.
     reduce_one_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_ONE_SHOT_KIB", group "reductions", range range(0, 4096), Must, experimental;
     /// Largest all-reduce in KiB above the one-shot that takes the two-shot on LL128 lines
-    /// (`0`: never); unset: 2048 on 3 ranks or more, 0 on 2.
+    /// (`0`: never); unset: 4096 on 3 ranks or more, 0 on 2.
     reduce_line_two_shot_kib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_LINE_TWO_SHOT_KIB", group "reductions", range range(0, 1 << 20), Must, experimental;
     /// Largest all-reduce in KiB that takes the zero-copy one-shot on pool buffers; unset:

@@ -259,7 +259,10 @@ impl Reduce {
         );
         let limits = ReduceLimits {
             block_bytes: u64::from(c.reduce_block_kib.max(1)) << 10,
-            one_shot_blocks: c.reduce_one_shot_blocks.clamp(1, MAX_BLOCKS),
+            one_shot_blocks: c
+                .reduce_one_shot_blocks
+                .clamp(1, MAX_BLOCKS)
+                .min(limits.staged_max_blocks),
             line_two_shot_bytes: c
                 .reduce_line_two_shot_kib
                 .map_or(limits.line_two_shot_bytes, |k| u64::from(k) << 10),

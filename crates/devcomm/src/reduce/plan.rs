@@ -116,9 +116,13 @@ pub const STAGED_MAX_BLOCKS: u32 = 64;
 /// 4368 pulled on 32 blocks.
 pub const PUSHED_MIN_ROUNDS: u64 = 8;
 
-/// Most blocks of a one-shot call by default ([`ReduceLimits::one_shot_blocks`]): 32. On 4
-/// H200s a 256 KiB all-reduce took 15.8 us on 32 blocks against 18.6 on 16.
-pub const ONE_SHOT_BLOCKS: u32 = 32;
+/// Most blocks of a call on lines (the one-shot and the two-shot on lines) by default
+/// ([`ReduceLimits::one_shot_blocks`]): 64. On 4 H200s (bf16 all-reduce, 2026-11-28) 512 KiB
+/// took 15.0-15.3 us on 64 blocks against 16.8-17.0 on 32, the two-shot on lines 2 MiB
+/// 22.7-23.3 against 26.1-26.9 and 4 MiB 35.6-36.8 against 39.6-40.2 (staged); on 2 H200s the
+/// one-shot of 1 MiB 11.7 against 13.3 (docs/PERFORMANCE.md, "Calls on lines: 64 blocks").
+/// Earlier, with 16-byte lines: 256 KiB 15.8 us on 32 blocks against 18.6 on 16.
+pub const ONE_SHOT_BLOCKS: u32 = 64;
 
 /// Bytes of an LL128 line of the one-shot: 15 payload words of 8 bytes and the flag word.
 pub const LINE_BYTES: u64 = 128;
@@ -148,7 +152,8 @@ pub struct ReduceLimits {
     pub staged_max_blocks: u32,
     /// Bytes of a two-shot round per block: the block count grows with the size by this step.
     pub block_bytes: u64,
-    /// Most blocks of a one-shot call (at most `max_blocks`).
+    /// Most blocks of a call on lines, the one-shot and the two-shot on lines (1 to
+    /// [`MAX_BLOCKS`]; the settings cap it as they cap `staged_max_blocks`).
     pub one_shot_blocks: u32,
     /// Largest all-reduce (bytes of the buffer) that takes the zero-copy one-shot when its
     /// buffers are in the memory pool; larger ones take the zero-copy two-shot (or, with only
@@ -219,11 +224,13 @@ pub const fn one_shot_max_bytes(world: usize) -> u64 {
 }
 
 /// The default largest all-reduce (bytes) of the two-shot on lines on `world` ranks (0: never).
-/// On 2 ranks it would send each peer as much as the one-shot does, in two steps: never.
+/// On 2 ranks it would send each peer as much as the one-shot does, in two steps: never. On 3
+/// ranks or more, 4 MiB: on 4 H200s (bf16, 64 blocks, 2026-11-28) 4 MiB took 35.6-36.8 us on
+/// lines against 39.6-40.2 staged, 8 MiB 67.7-68.0 against 61.5-62.3.
 pub const fn line_two_shot_max_bytes(world: usize) -> u64 {
     match world {
         0..=2 => 0,
-        _ => 2 << 20,
+        _ => 4 << 20,
     }
 }
 
@@ -312,15 +319,10 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
     let payload = s.count.checked_mul(es).ok_or("the size overflows")?;
     // Line calls: one block per 8 KiB of a sender's payload, up to one_shot_blocks.
     let line_blocks = |bytes: u64| {
-        bytes.div_ceil(8).div_ceil(2 * THREADS as u64).clamp(
-            1,
-            u64::from(
-                limits
-                    .one_shot_blocks
-                    .min(limits.max_blocks)
-                    .clamp(1, MAX_BLOCKS),
-            ),
-        ) as u32
+        bytes
+            .div_ceil(8)
+            .div_ceil(2 * THREADS as u64)
+            .clamp(1, u64::from(limits.one_shot_blocks.clamp(1, MAX_BLOCKS))) as u32
     };
     if payload <= limits.one_shot_bytes {
         // Hooked: block pieces of whole rows, each row starting a line of its own.
@@ -418,8 +420,9 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
 /// The rows of a hooked all-reduce or reduce-scatter that the one-shot on lines can take, or
 /// `None`. Its lines start every row afresh (`lines_of(row bytes)` lines a row), so that a
 /// block owns whole rows and whole lines at once and runs the hook on rows it reduced itself;
-/// the rows' lines, a little more than the payload's, must fit a sender's area of the window.
-/// The payload limit (`one_shot_bytes`) is the caller's.
+/// the rows' lines must fit a sender's area of the window and be at most twice the payload's
+/// own lines (rows of a few elements, a line each, would multiply the bytes on the wire: they
+/// take the two-shot). The payload limit (`one_shot_bytes`) is the caller's.
 pub fn hooked_line_rows(s: &Shape, limits: &ReduceLimits) -> Option<u64> {
     let row = s.row_len.filter(|&r| r > 0)?;
     if !matches!(
@@ -431,7 +434,10 @@ pub fn hooked_line_rows(s: &Shape, limits: &ReduceLimits) -> Option<u64> {
     }
     let rows = s.count / row;
     let lines = rows.checked_mul(lines_of(row.checked_mul(s.elem_bytes)?))?;
-    (lines.checked_mul(LINE_BYTES)? <= ll_sender_bytes(s.world, limits)).then_some(rows)
+    let payload_lines = lines_of(s.count.checked_mul(s.elem_bytes)?);
+    (lines <= payload_lines.saturating_mul(2)
+        && lines.checked_mul(LINE_BYTES)? <= ll_sender_bytes(s.world, limits))
+    .then_some(rows)
 }
 
 /// Block `b`'s piece `[lo, hi)` of `m` elements cut into `blocks` pieces of whole `unit`s

@@ -202,9 +202,9 @@ fn hooked_one_shot_takes_rows_that_fit_its_lines() {
         (p.algorithm, p.unit, p.shard, p.blocks),
         (Algorithm::OneShot, 7168, 18 * 7168, 18)
     );
-    // 36 rows (504 KiB): 36 x 120 lines fit a sender's area; 32 blocks at most.
+    // 36 rows (504 KiB): 36 x 120 lines fit a sender's area; a block a row (64 at most).
     let p = plan(&hooked(Collective::AllReduce, 36 * 7168, 2, 7168), &l).unwrap();
-    assert_eq!((p.algorithm, p.blocks), (Algorithm::OneShot, 32));
+    assert_eq!((p.algorithm, p.blocks), (Algorithm::OneShot, 36));
     assert!(36 * lines_of(7168 * 2) * LINE_BYTES <= ll_sender_bytes(4, &l));
     // Reduce-scatter: the output's rows.
     let p = plan(&hooked(Collective::ReduceScatter, 3 * 1000, 4, 1000), &l).unwrap();
@@ -212,7 +212,7 @@ fn hooked_one_shot_takes_rows_that_fit_its_lines() {
         (p.algorithm, p.unit, p.blocks),
         (Algorithm::OneShot, 1000, 2)
     );
-    // Rows of 8 bytes take a line each (16x the payload): past the area, the two-shot.
+    // Rows of 8 bytes take a line each (15x the payload's lines): the two-shot.
     let tiny = hooked(Collective::AllReduce, 60_000, 2, 4);
     assert!(60_000 * 2 <= l.one_shot_bytes);
     assert_eq!(hooked_line_rows(&tiny, &l), None);
@@ -260,10 +260,10 @@ fn line_two_shot_between_the_one_shot_and_its_limit() {
     let l = lw(4);
     let ar = |n: u64| plan(&shape(Collective::AllReduce, n, 2, 4), &l).unwrap();
     let at = ar(l.line_two_shot_bytes / 2);
-    // 2 MiB of bf16 on 4 ranks: shards of 262,144 elements (512 KiB, 32 blocks).
+    // 4 MiB of bf16 on 4 ranks: shards of 524,288 elements (1 MiB, 64 blocks).
     assert_eq!(
         (at.algorithm, at.shard, at.blocks),
-        (Algorithm::LineTwoShot, 262_144, 32)
+        (Algorithm::LineTwoShot, 524_288, 64)
     );
     assert_eq!(
         ar(l.line_two_shot_bytes / 2 + 1).algorithm,
@@ -294,9 +294,9 @@ fn window_holds_both_areas() {
     // 1 MiB in lines of 120 bytes: 8739 lines of 128 bytes.
     assert_eq!(ll_sender_bytes(2, &L), 8739 * 128);
     assert_eq!(window_bytes(2, &L), 2 * 2 * 8739 * 128 + (64 << 20));
-    // 8 ranks: the two-shot on lines' two shards of 2 MiB / 8 (+ 16 bytes) take more than
-    // the one-shot's 32 KiB: 2 x 2185 lines.
-    assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * 4370 * 128 + (64 << 20));
+    // 8 ranks: the two-shot on lines' two shards of 4 MiB / 8 (+ 16 bytes) take more than
+    // the one-shot's 32 KiB: 2 x 4370 lines.
+    assert_eq!(window_bytes(8, &lw(8)), 8 * 2 * 8740 * 128 + (64 << 20));
     let no_lines = ReduceLimits {
         line_two_shot_bytes: 0,
         ..lw(8)
