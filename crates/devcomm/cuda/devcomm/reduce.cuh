@@ -102,7 +102,7 @@ enum ZcAlgo : dc_u32 { kStaged = 0, kZcOneShot = 1, kZcTwoShot = 2 };
 enum TwoShotFlags : dc_u32 { kTwoShotPushed = 1 };
 enum Op : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
 
-constexpr dc_u32 kMaxBlocks = 64;
+constexpr dc_u32 kMaxBlocks = 128;
 constexpr dc_u32 kThreads = 512;
 
 // Signal slots of the reduce window (user slots), kMaxBlocks per (kind, rank):

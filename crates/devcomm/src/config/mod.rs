@@ -192,10 +192,12 @@ knobs! {
     coll_fit_grid: bool = true, "1",
         env "DEVCOMM_COLL_FIT_GRID", group "collectives", range None, Must, experimental;
 
-    /// Most blocks of a reduction; unset: 32, 64 for the staged two-shot, at most half the
-    /// smallest GPU's SMs.
-    reduce_max_blocks: Option<u32> = None, "32/64 (fitted)",
-        env "DEVCOMM_REDUCE_MAX_BLOCKS", group "reductions", range range(1, 64), Must;
+    /// Most blocks of a reduction; unset: 32, 64 for the staged two-shot and calls on lines,
+    /// at most half the smallest GPU's SMs; 128 for pipelined calls of 4 rounds or more (128
+    /// MiB on 4 ranks), at most all but 4 SMs. Set it lower to leave SMs to compute kernels
+    /// that overlap large reductions.
+    reduce_max_blocks: Option<u32> = None, "32/64/128 (fitted)",
+        env "DEVCOMM_REDUCE_MAX_BLOCKS", group "reductions", range range(1, 128), Must;
     /// KiB of a two-shot round that one block reduces: the block count grows with the size
     /// by this step (up to the most blocks).
     reduce_block_kib: u32 = 16, "16",

@@ -5,9 +5,11 @@
 use super::plan::ReduceLimits;
 
 /// The limits on `world` ranks from the settings (`None`: the default; an explicit
-/// `max_blocks` bounds every algorithm, the staged two-shot's 64 included) and the smallest SM
-/// count of the group: at most half its SMs in blocks, so that ranks sharing a GPU for tests
-/// and the next kernel's early blocks still find room.
+/// `max_blocks` bounds every algorithm, the staged two-shot's 64 and the long pipelined
+/// calls' 128 included) and the smallest SM count of the group (a GPU's, or a rank's share
+/// where ranks share one): at most half its SMs in blocks, so that ranks sharing a GPU for
+/// tests and the next kernel's early blocks still find room; long pipelined calls, which
+/// gain from every SM, all but 4 of them.
 pub(crate) fn limits(
     world: usize,
     max_blocks: Option<u32>,
@@ -28,6 +30,9 @@ pub(crate) fn limits(
         staged_max_blocks: max_blocks
             .unwrap_or(d.staged_max_blocks)
             .min((fewest_sms / 2).max(1)),
+        wide_max_blocks: max_blocks
+            .unwrap_or(d.wide_max_blocks)
+            .min(fewest_sms.saturating_sub(4).max(1)),
         one_shot_bytes: one_shot_kib.map_or(d.one_shot_bytes, |k| u64::from(k) << 10),
         zero_copy_one_shot_bytes: zero_copy_one_shot_kib
             .map_or(d.zero_copy_one_shot_bytes, |k| u64::from(k) << 10),
@@ -80,6 +85,11 @@ mod tests {
         assert_eq!(limits(4, None, None, None, 8, 132).staged_max_blocks, 64);
         assert_eq!(limits(4, Some(8), None, None, 8, 132).staged_max_blocks, 8);
         assert_eq!(limits(4, None, None, None, 8, 1).max_blocks, 1);
+        // Long pipelined calls: all but 4 SMs, or an explicit limit.
+        assert_eq!(limits(4, None, None, None, 8, 132).wide_max_blocks, 128);
+        assert_eq!(limits(4, None, None, None, 8, 66).wide_max_blocks, 62);
+        assert_eq!(limits(4, Some(32), None, None, 8, 132).wide_max_blocks, 32);
+        assert_eq!(limits(4, None, None, None, 8, 3).wide_max_blocks, 1);
         assert_eq!(
             limits(4, None, None, None, 8, 132).one_shot_bytes,
             512 << 10

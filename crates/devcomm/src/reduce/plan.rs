@@ -89,7 +89,7 @@ impl Algorithm {
 
 /// Most blocks of a reduction kernel; also the signal slots per (rank, kind) and the
 /// per-block sequence counters (`kMaxBlocks` in `reduce.cuh`).
-pub const MAX_BLOCKS: u32 = 64;
+pub const MAX_BLOCKS: u32 = 128;
 
 /// Threads per block of the reduction kernels (`kThreads` in `reduce.cuh`).
 pub const THREADS: u32 = 512;
@@ -108,6 +108,17 @@ pub const DEFAULT_MAX_BLOCKS: u32 = 32;
 /// 32, 32 MiB 202 against 213, 4 MiB 40 against 41 (docs/PERFORMANCE.md, "The staged
 /// two-shot: 64 blocks, pushed results").
 pub const STAGED_MAX_BLOCKS: u32 = 64;
+
+/// Most blocks of a pipelined call of [`WIDE_MIN_ROUNDS`] rounds or more by default
+/// ([`ReduceLimits::wide_max_blocks`]): 128. On 4 H200s (bf16 all-reduce, 2026-11-28) 1 GiB
+/// took 5112-5150 us on 128 blocks against 5486-5491 on 64, 256 MiB 1372-1377 against
+/// 1462-1475, 128 MiB 731-737 against 752-774; 32-64 MiB did not gain (docs/PERFORMANCE.md,
+/// "The pipelined two-shot on 128 blocks").
+pub const WIDE_MAX_BLOCKS: u32 = 128;
+
+/// Rounds from which a pipelined call takes up to [`ReduceLimits::wide_max_blocks`] blocks
+/// (128 MiB on 4 ranks with the default rounds of 32 MiB).
+pub const WIDE_MIN_ROUNDS: u64 = 4;
 
 /// Rounds from which an all-reduce on 3 ranks or more pushes its reduced pieces
 /// ([`Plan::pushed`]); on 2 ranks every staged all-reduce does. On 4 H200s with 64 blocks:
@@ -150,6 +161,9 @@ pub struct ReduceLimits {
     pub max_blocks: u32,
     /// Most blocks of the staged two-shot (1 to [`MAX_BLOCKS`]).
     pub staged_max_blocks: u32,
+    /// Most blocks of a pipelined call of [`WIDE_MIN_ROUNDS`] rounds or more (1 to
+    /// [`MAX_BLOCKS`]).
+    pub wide_max_blocks: u32,
     /// Bytes of a two-shot round per block: the block count grows with the size by this step.
     pub block_bytes: u64,
     /// Most blocks of a call on lines, the one-shot and the two-shot on lines (1 to
@@ -178,6 +192,7 @@ impl ReduceLimits {
             chunk_bytes: 32 << 20,
             max_blocks: DEFAULT_MAX_BLOCKS,
             staged_max_blocks: STAGED_MAX_BLOCKS,
+            wide_max_blocks: WIDE_MAX_BLOCKS,
             block_bytes: BLOCK_BYTES,
             one_shot_blocks: ONE_SHOT_BLOCKS,
             zero_copy_one_shot_bytes: zero_copy_one_shot_max_bytes(world),
@@ -399,6 +414,11 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
     let chunk = chunk.min(shard.div_ceil(unit) * unit);
     let rounds = shard.div_ceil(chunk);
     let round_bytes = chunk * w * es;
+    let most_blocks = if rounds >= WIDE_MIN_ROUNDS {
+        limits.wide_max_blocks
+    } else {
+        limits.staged_max_blocks
+    };
     Ok(Plan {
         algorithm: if rounds == 1 {
             Algorithm::TwoShot
@@ -407,7 +427,7 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
         },
         blocks: round_bytes
             .div_ceil(limits.block_bytes.max(1))
-            .clamp(1, limits.staged_max_blocks.clamp(1, MAX_BLOCKS) as u64) as u32,
+            .clamp(1, most_blocks.clamp(1, MAX_BLOCKS) as u64) as u32,
         shard,
         chunk,
         rounds,

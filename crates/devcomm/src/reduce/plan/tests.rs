@@ -74,12 +74,15 @@ fn two_shot_while_one_round_fits_then_pipelined() {
     )
     .unwrap();
     assert_eq!(rs.algorithm, Algorithm::Pipelined);
-    // 1 GiB all-reduce on 3 ranks: bounded rounds, at most 64 blocks.
+    // 1 GiB all-reduce on 3 ranks: bounded rounds, at most 128 blocks (32 rounds).
     let big = plan(&shape(Collective::AllReduce, 1 << 28, 4, 3), &L).unwrap();
     assert_eq!(big.algorithm, Algorithm::Pipelined);
     assert!(big.chunk * 3 * 4 <= L.chunk_bytes);
     assert!(big.rounds * big.chunk >= big.shard);
-    assert_eq!(big.blocks, STAGED_MAX_BLOCKS);
+    assert_eq!(big.blocks, WIDE_MAX_BLOCKS);
+    // 3 rounds: the staged two-shot's 64.
+    let three = plan(&shape(Collective::AllReduce, 2 * (8 << 20), 4, 3), &L).unwrap();
+    assert_eq!((three.rounds, three.blocks), (3, STAGED_MAX_BLOCKS));
 }
 
 #[test]
@@ -127,13 +130,16 @@ fn blocks_grow_with_the_round_and_stay_bounded() {
     let mid = plan(&shape(Collective::AllReduce, 75_000, 4, 4), &small).unwrap();
     assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 19));
     assert_eq!(p(1 << 20).blocks, 64); // 4 MiB: capped
-    assert_eq!(p(64 << 20).blocks, 64); // 256 MiB: 64 blocks, at most 64 SMs
+    assert_eq!(p(16 << 20).blocks, 64); // 64 MiB: 2 rounds, 64 blocks
+    assert_eq!(p(32 << 20).blocks, 128); // 128 MiB: 4 rounds, the long calls' 128 blocks
+    assert_eq!(p(64 << 20).blocks, 128); // 256 MiB
     let one = plan(&shape(Collective::AllReduce, 1, 4, 2), &L).unwrap();
     assert_eq!((one.algorithm, one.blocks), (Algorithm::OneShot, 1));
     let full = plan(&shape(Collective::AllReduce, 32 << 10, 4, 2), &L).unwrap();
     assert_eq!(full.blocks, 16);
     let narrow = ReduceLimits {
         staged_max_blocks: 8,
+        wide_max_blocks: 8,
         ..L
     };
     let pl = plan(&shape(Collective::AllReduce, 64 << 20, 4, 2), &narrow).unwrap();
