@@ -103,6 +103,9 @@ enum TwoShotFlags : dc_u32 { kTwoShotPushed = 1 };
 enum Op : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
 
 constexpr dc_u32 kMaxBlocks = 128;
+// Most blocks of a call on lines (one-shot, two-shot on lines; plan::LINE_MAX_BLOCKS): their
+// kFree slots beyond it are never used, so line calls neither wait on nor release them.
+constexpr dc_u32 kLineMaxBlocks = 64;
 constexpr dc_u32 kThreads = 512;
 
 // Signal slots of the reduce window (user slots), kMaxBlocks per (kind, rank):

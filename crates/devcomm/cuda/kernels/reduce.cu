@@ -178,23 +178,28 @@ __device__ __forceinline__ void push_lines(const G& g, dc_u64* dst, const unsign
   }
 }
 
-// Before writing the lines of call seq (parity seq & 1): every receiver's every block has
-// released call seq - 2 (kFree). False on a timeout or abort.
+// Before writing the lines of call seq (parity seq & 1): every receiver's every block (of the
+// kLineMaxBlocks a line call may have) has released call seq - 2 (kFree). False on a timeout
+// or abort.
 template <class G>
 __device__ __forceinline__ bool lines_free(const G& g, const ReduceLaunch& a, dc_u64 seq) {
   const int world = a.w.world_size, me = a.w.rank;
   bool ok = true;
   if (seq > 2) {
-    for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
-      const int q = (int)(k / kMaxBlocks);
-      if (q != me) ok = ok && wait_slot(a.w, slot_of(kFree, world, q, k % kMaxBlocks), seq - 2, q);
+    for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kLineMaxBlocks; k += g.size()) {
+      const int q = (int)(k / kLineMaxBlocks);
+      if (q != me) {
+        ok = ok && wait_slot(a.w, slot_of(kFree, world, q, k % kLineMaxBlocks), seq - 2, q);
+      }
     }
   }
   return !g.any(!ok);
 }
 
 // The end of a line call: block b releases the lines of call seq in every sender and takes the
-// call's sequence and number (block 0 also for the blocks not in the launch).
+// call's sequence and number (block 0 also for the blocks not in the launch: their kFree slots
+// with relaxed stores, as they read nothing; every line a later call writes was read by a block
+// of this launch, which released it, and a writer waits on every slot).
 template <class G>
 __device__ __forceinline__ void lines_release(const G& g, const ReduceLaunch& a, dc_u32 b,
                                               dc_u64 seq, dc_u64 call) {
@@ -204,7 +209,14 @@ __device__ __forceinline__ void lines_release(const G& g, const ReduceLaunch& a,
     const int p = (int)(k / kMaxBlocks);
     const dc_u32 i = k % kMaxBlocks;
     if (i == b || (b == 0 && i >= a.blocks)) {
-      if (p != me) st_release_sys(peer_user_slot(a.w, p, slot_of(kFree, world, me, i)), seq);
+      if (p != me && i < kLineMaxBlocks) {
+        dc_u64* slot = peer_user_slot(a.w, p, slot_of(kFree, world, me, i));
+        if (i == b) {
+          st_release_sys(slot, seq);
+        } else {
+          st_relaxed_sys(slot, seq);
+        }
+      }
       if (p == 0) {
         counters[i] = seq;
         counters[2 * kMaxBlocks + i] = call;
@@ -699,7 +711,9 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
       if (p == 0) counters[i] = last;
       if (p == 0) counters[kMaxBlocks + i] = ag.call;
     } else if (b == 0 && i >= a.blocks) {
-      st_release_sys(peer_user_slot(a.w, p, slot_of(kDone, world, me, i)), last);
+      // A block not in the launch read nothing: a relaxed store (a later call's first rounds
+      // also wait on the kDone of the blocks that did read, released by them).
+      st_relaxed_sys(peer_user_slot(a.w, p, slot_of(kDone, world, me, i)), last);
       if (p == 0) counters[i] = last;
       if (p == 0) counters[kMaxBlocks + i] = ag.call;
     }
@@ -918,13 +932,13 @@ __global__ void __launch_bounds__(kThreads) zero_copy_kernel(ReduceLaunch a) {
   if (round) publish(g, a, kDone, b, s);
   // Every thread read the counters before the barriers above; blocks not in this launch take
   // this call's number and round too (the agreement numbers calls per block; a round's kDone
-  // of a block that read nothing may jump, as in two_shot_kernel).
+  // of a block that read nothing may jump, by a relaxed store, as in two_shot_kernel).
   g.sync();
   for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
     const int p = (int)(k / kMaxBlocks);
     const dc_u32 i = k % kMaxBlocks;
     if (i != b && !(b == 0 && i >= a.blocks)) continue;
-    if (round && i != b) st_release_sys(peer_user_slot(a.w, p, slot_of(kDone, world, me, i)), s);
+    if (round && i != b) st_relaxed_sys(peer_user_slot(a.w, p, slot_of(kDone, world, me, i)), s);
     if (p == 0) {
       if (round) seq[i] = s;
       counters[2 * kMaxBlocks + i] = ag.call;

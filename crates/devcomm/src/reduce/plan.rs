@@ -91,6 +91,10 @@ impl Algorithm {
 /// per-block sequence counters (`kMaxBlocks` in `reduce.cuh`).
 pub const MAX_BLOCKS: u32 = 128;
 
+/// Most blocks of a call on lines, the one-shot and the two-shot on lines (`kLineMaxBlocks`
+/// in `reduce.cuh`: the line calls' release slots).
+pub const LINE_MAX_BLOCKS: u32 = 64;
+
 /// Threads per block of the reduction kernels (`kThreads` in `reduce.cuh`).
 pub const THREADS: u32 = 512;
 
@@ -167,7 +171,7 @@ pub struct ReduceLimits {
     /// Bytes of a two-shot round per block: the block count grows with the size by this step.
     pub block_bytes: u64,
     /// Most blocks of a call on lines, the one-shot and the two-shot on lines (1 to
-    /// [`MAX_BLOCKS`]; the settings cap it as they cap `staged_max_blocks`).
+    /// [`LINE_MAX_BLOCKS`]; the settings cap it as they cap `staged_max_blocks`).
     pub one_shot_blocks: u32,
     /// Largest all-reduce (bytes of the buffer) that takes the zero-copy one-shot when its
     /// buffers are in the memory pool; larger ones take the zero-copy two-shot (or, with only
@@ -334,10 +338,10 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
     let payload = s.count.checked_mul(es).ok_or("the size overflows")?;
     // Line calls: one block per 8 KiB of a sender's payload, up to one_shot_blocks.
     let line_blocks = |bytes: u64| {
-        bytes
-            .div_ceil(8)
-            .div_ceil(2 * THREADS as u64)
-            .clamp(1, u64::from(limits.one_shot_blocks.clamp(1, MAX_BLOCKS))) as u32
+        bytes.div_ceil(8).div_ceil(2 * THREADS as u64).clamp(
+            1,
+            u64::from(limits.one_shot_blocks.clamp(1, LINE_MAX_BLOCKS)),
+        ) as u32
     };
     if payload <= limits.one_shot_bytes {
         // Hooked: block pieces of whole rows, each row starting a line of its own.
