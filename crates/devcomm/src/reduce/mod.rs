@@ -17,6 +17,7 @@ pub(crate) mod launch;
 pub(crate) mod net;
 pub mod net_plan;
 pub mod plan;
+pub mod tune;
 pub mod tuned_plan;
 pub mod types;
 pub mod zero_copy_plan;
