@@ -1,7 +1,7 @@
 //! Tuning tables of the reductions (docs/TUNING.md, "Reductions"): what `devcomm tune --op
 //! all_reduce,reduce_scatter,all_gather` measures on the real GPUs and writes, and what a
 //! communicator loads (`DEVCOMM_REDUCE_TUNE_FILE`, or a table built into the library for its
-//! GPU model and world size: [`super::tune_builtin`]) so that calls take the measured best
+//! GPU model and world size: `reduce/tune_builtin.rs`) so that calls take the measured best
 //! algorithm and block count instead of the fixed limits of [`super::plan`].
 //!
 //! A table holds size buckets per (collective, buffers): entry `i` of a key serves calls of
@@ -65,6 +65,24 @@ impl TunedWindow {
             line_two_shot_bytes: limits.line_two_shot_bytes,
             chunk_bytes: limits.chunk_bytes,
         }
+    }
+
+    /// Checks the sizes against what the settings allow (`DEVCOMM_REDUCE_ONE_SHOT_KIB`,
+    /// `DEVCOMM_REDUCE_LINE_TWO_SHOT_KIB`, `DEVCOMM_REDUCE_CHUNK_MIB`).
+    pub fn check(&self) -> Result<()> {
+        let w = self;
+        if w.one_shot_bytes > 4 << 20 || w.line_two_shot_bytes > 1 << 30 {
+            return Err(invalid(format!(
+                "window {w:?}: the one-shot holds at most 4 MiB, the two-shot on lines 1 GiB \
+                 (DEVCOMM_REDUCE_ONE_SHOT_KIB, DEVCOMM_REDUCE_LINE_TWO_SHOT_KIB)"
+            )));
+        }
+        if w.chunk_bytes == 0 || w.chunk_bytes % (1 << 20) != 0 || w.chunk_bytes > 256 << 20 {
+            return Err(invalid(format!(
+                "window {w:?}: a round is 1 to 256 MiB in whole MiB (DEVCOMM_REDUCE_CHUNK_MIB)"
+            )));
+        }
+        Ok(())
     }
 
     /// `limits` with a window that also holds these sizes: the larger line sizes of the two
@@ -219,18 +237,8 @@ impl ReduceTuneTable {
                 self.world_size
             )));
         }
+        self.window.check()?;
         let w = &self.window;
-        if w.one_shot_bytes > 4 << 20 || w.line_two_shot_bytes > 1 << 30 {
-            return Err(invalid(format!(
-                "window {w:?}: the one-shot holds at most 4 MiB, the two-shot on lines 1 GiB \
-                 (DEVCOMM_REDUCE_ONE_SHOT_KIB, DEVCOMM_REDUCE_LINE_TWO_SHOT_KIB)"
-            )));
-        }
-        if w.chunk_bytes == 0 || w.chunk_bytes % (1 << 20) != 0 || w.chunk_bytes > 256 << 20 {
-            return Err(invalid(format!(
-                "window {w:?}: a round is 1 to 256 MiB in whole MiB (DEVCOMM_REDUCE_CHUNK_MIB)"
-            )));
-        }
         if self.entries.is_empty() {
             return Err(invalid("no entries".into()));
         }
