@@ -76,6 +76,11 @@ pub struct TuneArgs {
     /// default: twice the built-in limit of the world size.
     #[arg(long)]
     line_two_shot_kib: Option<u32>,
+    /// Reductions: keep the entries of the table already at --out (same GPU, world size,
+    /// window and type) for the collectives and buffers this run does not tune, so that
+    /// several shorter runs make one table.
+    #[arg(long)]
+    append: bool,
 }
 
 /// The reduction tuning `args` ask for, checked; `None` for send/recv (whose run rejects the
@@ -92,6 +97,7 @@ fn reduce_request(args: &TuneArgs) -> Result<Option<Request>, String> {
             (args.blocks != [8, 16, 32, 64], "--blocks"),
             (args.one_shot_kib.is_some(), "--one-shot-kib"),
             (args.line_two_shot_kib.is_some(), "--line-two-shot-kib"),
+            (args.append, "--append"),
         ];
         if let Some((_, flag)) = reduction_only.iter().find(|(set, _)| *set) {
             return Err(format!(
@@ -159,6 +165,7 @@ fn reduce_request(args: &TuneArgs) -> Result<Option<Request>, String> {
         warmup: args.warmup,
         iters: args.iters,
         out: args.out.clone(),
+        append: args.append,
     }))
 }
 
@@ -405,6 +412,7 @@ mod tests {
             "--blocks 8",
             "--one-shot-kib 1024",
             "--line-two-shot-kib 0",
+            "--append",
         ] {
             let e = request(line).unwrap_err();
             assert!(e.contains("--op all_reduce"), "{line}: {e}");

@@ -48,6 +48,8 @@ pub(crate) struct Request {
     pub(crate) warmup: usize,
     pub(crate) iters: usize,
     pub(crate) out: PathBuf,
+    /// Keep the entries of the table already at `out` for what this run does not tune.
+    pub(crate) append: bool,
 }
 
 /// The run's window on `world` ranks with staged rounds of `chunk_bytes`: the sizes asked
@@ -124,6 +126,43 @@ pub(crate) fn merge(entries: Vec<ReduceTuneEntry>) -> Vec<ReduceTuneEntry> {
         }
     }
     out
+}
+
+/// `new` with the entries of `old` (the table already at `--out`, `--append`) for every
+/// (collective, buffers) that `new` has none of: both measured on the same GPU model, world
+/// size, window and element type, else an error.
+pub(crate) fn append(
+    old: ReduceTuneTable,
+    mut new: ReduceTuneTable,
+) -> Result<ReduceTuneTable, String> {
+    let same = [
+        ("GPU model", old.device == new.device),
+        ("world size", old.world_size == new.world_size),
+        ("window", old.window == new.window),
+        ("element type", old.dtype == new.dtype),
+    ];
+    if let Some((what, _)) = same.iter().find(|(_, same)| !same) {
+        return Err(format!(
+            "--append: the table there was measured with another {what} ({}, {} ranks, {:?}, \
+             {}; this run: {}, {} ranks, {:?}, {})",
+            old.device,
+            old.world_size,
+            old.window,
+            old.dtype,
+            new.device,
+            new.world_size,
+            new.window,
+            new.dtype
+        ));
+    }
+    let tuned = |e: &ReduceTuneEntry| {
+        new.entries
+            .iter()
+            .any(|n| n.collective == e.collective && n.buffers == e.buffers)
+    };
+    let kept: Vec<ReduceTuneEntry> = old.entries.into_iter().filter(|e| !tuned(e)).collect();
+    new.entries.splice(0..0, kept);
+    Ok(new)
 }
 
 /// How a candidate is named in progress lines.
@@ -221,6 +260,14 @@ pub(crate) fn run(req: &Request) -> Result<i32, String> {
         dtype: req.dtype.name().into(),
         window: cx.comm.tuning().reduction_window(),
         entries,
+    };
+    // Rank 0 writes the file, so it alone reads the one it appends to.
+    let table = match req.append && rank == 0 && req.out.exists() {
+        true => append(
+            ReduceTuneTable::load(&req.out).map_err(|e| format!("--append: {e}"))?,
+            table,
+        )?,
+        false => table,
     };
     // What the table will be checked against when it is loaded.
     table
@@ -512,6 +559,59 @@ mod tests {
         assert_eq!(fastest(d, 10.0, &[(a, 10.0), (b, 11.0)]), (d, 10.0));
         assert_eq!(fastest(d, 10.0, &[]), (d, 10.0));
         assert_eq!(fastest(d, 10.0, &[(a, 9.0), (b, 9.0)]), (a, 9.0));
+    }
+
+    #[test]
+    fn appending_keeps_what_this_run_did_not_tune() {
+        use devcomm::reduce::Collective;
+        let table = |entries: Vec<(Collective, Buffers, u64)>| ReduceTuneTable {
+            version: REDUCE_TUNE_VERSION,
+            device: "NVIDIA H200".into(),
+            world_size: 4,
+            date: "2026-12-01".into(),
+            dtype: "bf16".into(),
+            window: run_window(4, (None, None), 32 << 20),
+            entries: entries
+                .into_iter()
+                .map(|(collective, buffers, max_bytes)| ReduceTuneEntry {
+                    collective,
+                    buffers,
+                    max_bytes,
+                    algorithm: TunedAlgorithm::Staged,
+                    blocks: 8,
+                    pushed: false,
+                    us: 1.0,
+                    default_us: 1.0,
+                    nccl_us: 1.0,
+                })
+                .collect(),
+        };
+        let (ar, ag) = (Collective::AllReduce, Collective::AllGather);
+        let (o, p) = (Buffers::Ordinary, Buffers::Pool);
+        let old = table(vec![(ar, o, 8), (ar, o, 1024), (ag, o, 64), (ar, p, 32)]);
+        let new = table(vec![(ar, o, 16), (ar, p, 8), (ar, p, 4096)]);
+        let both = append(old.clone(), new).unwrap();
+        let keys: Vec<(Collective, Buffers, u64)> = both
+            .entries
+            .iter()
+            .map(|e| (e.collective, e.buffers, e.max_bytes))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![(ag, o, 64), (ar, o, 16), (ar, p, 8), (ar, p, 4096)]
+        );
+        both.check().unwrap();
+        // Only a table of the same GPU, world size, window and element type.
+        for f in [
+            (|t: &mut ReduceTuneTable| t.device = "NVIDIA H100 80GB HBM3".into()) as fn(&mut _),
+            |t| t.world_size = 8,
+            |t| t.window.one_shot_bytes = 0,
+            |t| t.dtype = "f32".into(),
+        ] {
+            let mut other = table(vec![(ar, o, 16)]);
+            f(&mut other);
+            assert!(append(old.clone(), other).unwrap_err().contains("--append"));
+        }
     }
 
     #[test]
