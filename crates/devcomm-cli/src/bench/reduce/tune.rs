@@ -244,15 +244,7 @@ pub(crate) fn run(req: &Request) -> Result<i32, String> {
             req.blocks
         );
     }
-    let mut entries = Vec::new();
-    for &buffers in &req.buffers {
-        for &coll in &req.colls {
-            entries.extend(merge(tune(&cx, req, &nccl, coll, buffers)?));
-            cx.host_barrier()?;
-        }
-    }
-    drop(nccl);
-    let table = ReduceTuneTable {
+    let table = |entries| ReduceTuneTable {
         version: REDUCE_TUNE_VERSION,
         device: device.clone(),
         world_size: world,
@@ -261,13 +253,27 @@ pub(crate) fn run(req: &Request) -> Result<i32, String> {
         window: cx.comm.tuning().reduction_window(),
         entries,
     };
-    // Rank 0 writes the file, so it alone reads the one it appends to.
-    let table = match req.append && rank == 0 && req.out.exists() {
-        true => append(
-            ReduceTuneTable::load(&req.out).map_err(|e| format!("--append: {e}"))?,
-            table,
-        )?,
-        false => table,
+    // Rank 0 writes the file, so it alone reads the one it appends to: first, whether this
+    // run can append to it at all (the launcher stops every rank when one fails).
+    let appended = match req.append && rank == 0 && req.out.exists() {
+        true => {
+            let old = ReduceTuneTable::load(&req.out).map_err(|e| format!("--append: {e}"))?;
+            append(old.clone(), table(Vec::new()))?;
+            Some(old)
+        }
+        false => None,
+    };
+    let mut entries = Vec::new();
+    for &buffers in &req.buffers {
+        for &coll in &req.colls {
+            entries.extend(merge(tune(&cx, req, &nccl, coll, buffers)?));
+            cx.host_barrier()?;
+        }
+    }
+    drop(nccl);
+    let table = match appended {
+        Some(old) => append(old, table(entries))?,
+        None => table(entries),
     };
     // What the table will be checked against when it is loaded.
     table
