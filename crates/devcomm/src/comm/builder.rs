@@ -9,7 +9,7 @@ use devcomm_bootstrap::{RankInfo, Store};
 use super::reduce_tuning::{reduce_tuning, TuningAsked};
 use super::setup::{
     agree_on_config, agree_on_store, default_ordinal, same_table_everywhere, REDUCTION_TABLE,
-    SEND_RECV_TABLE,
+    REDUCTION_WINDOW, SEND_RECV_TABLE,
 };
 use super::Comm;
 use crate::collective::Collective;
@@ -291,6 +291,13 @@ impl CommBuilder {
                 .table
                 .as_ref()
                 .map(ReduceTuneTable::fingerprint),
+            setup_timeout,
+        )?;
+        same_table_everywhere(
+            &store,
+            rank,
+            &REDUCTION_WINDOW,
+            reduce_tuning.window.as_ref().map(TunedWindow::fingerprint),
             setup_timeout,
         )?;
         let topology = Topology::discover(

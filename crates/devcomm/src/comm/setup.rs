@@ -60,6 +60,14 @@ pub(super) const REDUCTION_TABLE: TableKind = TableKind {
     setting: "DEVCOMM_REDUCE_TUNE_FILE (the built-in tables go by the GPU model)",
 };
 
+/// The reductions' window asked for in code (`CommBuilder::reduce_window`): the kernels lay
+/// out their line areas by it.
+pub(super) const REDUCTION_WINDOW: TableKind = TableKind {
+    key: "__devcomm/reduce_window/fingerprint",
+    what: "reduction window",
+    setting: "CommBuilder::reduce_window",
+};
+
 /// Fails on every rank unless every rank loaded the same table of `kind` (or none), as its
 /// `fingerprint` says: both ends of a message, every rank of a reduction, must pick the same
 /// configuration from it.
@@ -277,6 +285,31 @@ mod tests {
             assert!(
                 e.contains("another reduction tuning table than rank 0")
                     && e.contains("DEVCOMM_REDUCE_TUNE_FILE"),
+                "{e}"
+            );
+        }
+        // The window a tuning run asks for, likewise.
+        let w = t.window;
+        let wider = crate::reduce::TunedWindow {
+            one_shot_bytes: 2 << 20,
+            ..w
+        };
+        assert_ne!(w.fingerprint(), wider.fingerprint());
+        for r in compare_kind(
+            &REDUCTION_WINDOW,
+            Some(w.fingerprint()),
+            Some(w.fingerprint()),
+        ) {
+            r.unwrap();
+        }
+        for r in compare_kind(
+            &REDUCTION_WINDOW,
+            Some(w.fingerprint()),
+            Some(wider.fingerprint()),
+        ) {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("another reduction window") && e.contains("reduce_window"),
                 "{e}"
             );
         }

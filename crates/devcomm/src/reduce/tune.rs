@@ -85,6 +85,12 @@ impl TunedWindow {
         Ok(())
     }
 
+    /// SHA-256 of the sizes: equal on every rank that asks for the same window.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        let canonical = serde_json::to_vec(self).expect("a window always serialises");
+        Sha256::digest(&canonical).into()
+    }
+
     /// `limits` with a window that also holds these sizes: the larger line sizes of the two
     /// (the default plans keep choosing by `limits`' own). The round must be the same (the
     /// caller checks: [`ReduceTuneTable::validate`]).
