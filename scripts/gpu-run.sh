@@ -5,7 +5,7 @@
 #   usage: dist/gpu-run.sh [device-kind] [what...]
 #   what: info selftest selftest2 reduce-var p2p traced coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
 #         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2av sweep graph
-#         all_reduce reduce_scatter all_gather reduce-smoke ...
+#         all_reduce reduce_scatter all_gather reduce-tune reduce-smoke ...
 #   The reductions take REDUCE_ARGS (e.g. "--dtype f32 --redop max" or "--max-bytes 67108864";
 #   reduce-smoke sets its own --max-bytes: SMOKE_MAX, 16 MiB).
 set -uo pipefail
@@ -134,6 +134,21 @@ for w in $what; do
       # devcomm against NCCL on the same buffers and on NCCL's symmetric window buffers, every
       # GPU, bf16 sum unless REDUCE_ARGS says otherwise.
       step "$w" $bin launch -n "$n" -- $bin bench --op "$w" --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/$w.json" --plot "$out/$w.svg" ;;
+    reduce-tune)
+      # The reductions' tuning table (docs/TUNING.md, "Reductions") on every GPU, ordinary and
+      # pool buffers, one collective a step (--append makes one table), then each collective
+      # benchmarked with it loaded. RTUNE_ARGS adds to each tune step (e.g. "--iters 10");
+      # RTUNE_LIMIT bounds each (default 900 s).
+      saved_limit=$step_limit; step_limit=${RTUNE_LIMIT:-900}
+      rm -f "$out/reduce-tune.json"
+      for op in all_reduce reduce_scatter all_gather; do
+        step "reduce-tune-$op" $bin launch -n "$n" -- $bin tune --op "$op" --buffers ordinary,pool --append --out "$out/reduce-tune.json" ${RTUNE_ARGS:-}
+      done
+      step_limit=$saved_limit
+      for op in all_reduce reduce_scatter all_gather; do
+        step "$op-tuned" env DEVCOMM_REDUCE_TUNE_FILE="$out/reduce-tune.json" $bin launch -n "$n" -- $bin bench --op "$op" --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/$op-tuned.json"
+        step "$op-tuned-pool" env DEVCOMM_REDUCE_TUNE_FILE="$out/reduce-tune.json" $bin launch -n "$n" -- $bin bench --op "$op" --zero-copy --device-kind "$kind" ${REDUCE_ARGS:-} --json "$out/$op-tuned-pool.json"
+      done ;;
     reduce-smoke)
       # SMOKE_RANKS ranks sharing one GPU under MPS (scripts/shared-gpu.sh): devcomm alone,
       # checked against the host reference, up to SMOKE_MAX bytes; the timings are marked

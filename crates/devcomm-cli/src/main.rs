@@ -52,8 +52,9 @@ enum Command {
     Selftest(selftest::SelftestArgs),
     /// Times devcomm against NCCL in the same processes on the same buffers.
     Bench(bench::BenchArgs),
-    /// Sweeps send/recv configurations on the local GPUs (checked byte for byte, NCCL timed
-    /// alongside) and writes a tuning table for DEVCOMM_TUNE_FILE.
+    /// Sweeps send/recv configurations (or with --op all_reduce,... the reductions' algorithms
+    /// and blocks) on the local GPUs, checked byte for byte, NCCL timed alongside, and writes a
+    /// tuning table for DEVCOMM_TUNE_FILE (DEVCOMM_REDUCE_TUNE_FILE).
     Tune(bench::tune::TuneArgs),
     /// A rank dies in a loop of collectives: the others must fail within the device timeout
     /// plus 2 s and exit within 10 s (run under the launcher; prints PASS or FAIL per rank).
@@ -91,7 +92,8 @@ fn main() -> ExitCode {
         Command::Selftest(args) => selftest::check_args(&args)
             .and_then(|()| autolaunch::or_run("selftest", || selftest::run(&args))),
         Command::Bench(args) => bench::command(&args),
-        Command::Tune(args) => autolaunch::or_run("tune", || bench::tune::run(&args)),
+        Command::Tune(args) => bench::tune::check_args(&args)
+            .and_then(|()| autolaunch::or_run("tune", || bench::tune::run(&args))),
         Command::Precompile(args) => precompile::run(&args),
         Command::Trace(args) => trace::command(&args),
         Command::KillTest(args) => autolaunch::or_run("kill-test", || kill::run(&args)),

@@ -14,6 +14,7 @@
 mod data;
 mod epilogue;
 mod nccl_coll;
+pub(crate) mod tune;
 mod types;
 
 use cudarc::driver::{CudaSlice, DevicePtr};
@@ -22,8 +23,8 @@ use devcomm::{DataType, ReduceOp};
 use self::data::{expected, first_mismatch, Check, Codec, Run, Values};
 use self::epilogue::Epilogue;
 use self::nccl_coll::{NcclColl, WindowBuffers};
-use self::types::{busbw_gbps, nccl_dtype, nccl_op, parse_dtype, parse_redop, sizes, Size};
-pub(crate) use self::types::{Coll, Reference};
+use self::types::{busbw_gbps, nccl_dtype, nccl_op, parse_redop, sizes, Size};
+pub(crate) use self::types::{parse_dtype, Coll, Reference};
 use crate::bench::nccl::max_over_ranks;
 use crate::bench::{calls_per_sample, min_free_bytes, time_ranks_each, BenchArgs, Record};
 use crate::selftest::Ctx;

@@ -1,7 +1,8 @@
 //! `devcomm tune`: sweeps every send/recv configuration candidate on the local GPUs, one way
 //! and both ways, checks each result byte for byte, times NCCL in the same processes, and
 //! writes a tuning table (`devcomm::p2p::TuneTable`) that a communicator loads through
-//! `DEVCOMM_TUNE_FILE`.
+//! `DEVCOMM_TUNE_FILE`. With `--op all_reduce,reduce_scatter,all_gather` it tunes the
+//! reductions instead (`bench/reduce/tune.rs`), into a table for `DEVCOMM_REDUCE_TUNE_FILE`.
 //!
 //! A configuration must be a function of the message size alone (sender and receiver derive
 //! it independently), so one entry serves both one-way and both-ways calls: per size the table
@@ -16,7 +17,10 @@ use cudarc::driver::CudaSlice;
 use devcomm::p2p::tune::{TunedLimits, OP_SENDRECV, TUNE_VERSION};
 use devcomm::p2p::{sweep_configs, P2PConfig, Protocol, TuneEntry, TuneTable};
 
+use devcomm::reduce::Buffers;
+
 use crate::bench::nccl::NcclPair;
+use crate::bench::reduce::{self, tune::Request, Coll};
 use crate::bench::sendrecv::{describe, devcomm_call, nccl_call, verify_call, SIZES};
 use crate::bench::{calls_per_sample, time_pair, today};
 use crate::selftest::Ctx;
@@ -24,7 +28,18 @@ use crate::selftest::Ctx;
 /// Arguments of `devcomm tune`.
 #[derive(Debug, clap::Args)]
 pub struct TuneArgs {
-    /// Where rank 0 writes the table (JSON). Load it with DEVCOMM_TUNE_FILE=FILE on every rank.
+    /// What to tune: `sendrecv` (a send/recv table for DEVCOMM_TUNE_FILE), or one or more of
+    /// all_reduce, reduce_scatter, all_gather, comma-separated (one reduction table for
+    /// DEVCOMM_REDUCE_TUNE_FILE).
+    #[arg(
+        long = "op",
+        visible_alias = "ops",
+        value_delimiter = ',',
+        default_value = "sendrecv"
+    )]
+    ops: Vec<String>,
+    /// Where rank 0 writes the table (JSON). Load it with DEVCOMM_TUNE_FILE=FILE (send/recv)
+    /// or DEVCOMM_REDUCE_TUNE_FILE=FILE (reductions) on every rank.
     #[arg(long)]
     out: PathBuf,
     /// Smallest message size to tune.
@@ -39,6 +54,132 @@ pub struct TuneArgs {
     /// Timed samples per candidate (the median is kept).
     #[arg(long, default_value_t = 20)]
     iters: usize,
+    /// Reductions: where the buffers lie, comma-separated: ordinary, pool (devcomm's memory
+    /// pool, where the zero-copy paths are candidates too).
+    #[arg(long, value_delimiter = ',', default_value = "ordinary")]
+    buffers: Vec<String>,
+    /// Reductions: the same as `--buffers pool`.
+    #[arg(long, conflicts_with = "buffers")]
+    pool: bool,
+    /// Reductions: the element type timed (the table serves every type by bytes).
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// Reductions: block counts tried for every algorithm, comma-separated, beside the default
+    /// plan's (those above the SM cap are left out).
+    #[arg(long, value_delimiter = ',', default_value = "8,16,32,64")]
+    blocks: Vec<u32>,
+    /// Reductions: the largest line one-shot payload, in KiB, that the run's window holds;
+    /// default: twice the built-in limit of the world size (at most 4096).
+    #[arg(long)]
+    one_shot_kib: Option<u32>,
+    /// Reductions: the largest two-shot on lines, in KiB, that the run's window holds;
+    /// default: twice the built-in limit of the world size.
+    #[arg(long)]
+    line_two_shot_kib: Option<u32>,
+    /// Reductions: keep the entries of the table already at --out (same GPU, world size,
+    /// window and type) for the collectives and buffers this run does not tune, so that
+    /// several shorter runs make one table.
+    #[arg(long)]
+    append: bool,
+}
+
+/// The reduction tuning `args` ask for, checked; `None` for send/recv (whose run rejects the
+/// reductions' options).
+fn reduce_request(args: &TuneArgs) -> Result<Option<Request>, String> {
+    let reductions: Vec<Coll> = args.ops.iter().filter_map(|o| Coll::parse(o)).collect();
+    if args.ops.iter().any(|o| o == "sendrecv") && args.ops.len() == 1 {
+        let reduction_only = [
+            (
+                args.pool || args.buffers != ["ordinary"],
+                "--buffers/--pool",
+            ),
+            (args.dtype != "bf16", "--dtype"),
+            (args.blocks != [8, 16, 32, 64], "--blocks"),
+            (args.one_shot_kib.is_some(), "--one-shot-kib"),
+            (args.line_two_shot_kib.is_some(), "--line-two-shot-kib"),
+            (args.append, "--append"),
+        ];
+        if let Some((_, flag)) = reduction_only.iter().find(|(set, _)| *set) {
+            return Err(format!(
+                "{flag} tunes the reductions: add --op all_reduce,reduce_scatter,all_gather"
+            ));
+        }
+        return Ok(None);
+    }
+    if let Some(other) = args.ops.iter().find(|o| Coll::parse(o).is_none()) {
+        return Err(format!(
+            "--op {other:?}: tune either sendrecv alone or reductions (all_reduce, \
+             reduce_scatter, all_gather, comma-separated), which write different tables"
+        ));
+    }
+    let mut colls = Vec::new();
+    for c in reductions {
+        if colls.contains(&c) {
+            return Err(format!("--op names {} twice", c.name()));
+        }
+        colls.push(c);
+    }
+    let mut buffers = Vec::new();
+    let names: &[String] = if args.pool { &[] } else { &args.buffers };
+    if args.pool {
+        buffers.push(Buffers::Pool);
+    }
+    for b in names {
+        let kind = match b.as_str() {
+            "ordinary" => Buffers::Ordinary,
+            "pool" => Buffers::Pool,
+            other => {
+                return Err(format!("--buffers {other:?}: ordinary or pool"));
+            }
+        };
+        if buffers.contains(&kind) {
+            return Err(format!("--buffers names {b} twice"));
+        }
+        buffers.push(kind);
+    }
+    if args.blocks.is_empty() || args.blocks.iter().any(|&b| !(1..=64).contains(&b)) {
+        return Err(format!("--blocks {:?}: each 1 to 64", args.blocks));
+    }
+    if args.one_shot_kib.is_some_and(|k| k > 4096) {
+        return Err("--one-shot-kib: at most 4096 (the line one-shot's setting)".into());
+    }
+    if args.line_two_shot_kib.is_some_and(|k| k > 1 << 20) {
+        return Err("--line-two-shot-kib: at most 1048576".into());
+    }
+    if args.max_bytes < args.min_bytes {
+        return Err("--max-bytes is below --min-bytes".into());
+    }
+    let dtype = reduce::parse_dtype(&args.dtype)?;
+    let mut blocks = args.blocks.clone();
+    blocks.sort_unstable();
+    blocks.dedup();
+    Ok(Some(Request {
+        colls,
+        buffers,
+        dtype,
+        blocks,
+        one_shot_kib: args.one_shot_kib,
+        line_two_shot_kib: args.line_two_shot_kib,
+        min_bytes: args.min_bytes,
+        max_bytes: args.max_bytes,
+        warmup: args.warmup,
+        iters: args.iters,
+        out: args.out.clone(),
+        append: args.append,
+    }))
+}
+
+/// Checks the arguments without a GPU (before ranks are launched).
+pub fn check_args(args: &TuneArgs) -> Result<(), String> {
+    reduce_request(args).map(|_| ())
+}
+
+/// `devcomm tune`: the send/recv sweep, or the reductions' (`--op all_reduce,...`).
+pub fn run(args: &TuneArgs) -> Result<i32, String> {
+    match reduce_request(args)? {
+        Some(req) => reduce::tune::run(&req),
+        None => run_sendrecv(args),
+    }
 }
 
 /// Every candidate is checked byte for byte up to this size; above it only the chosen one (a
@@ -111,9 +252,9 @@ fn with_bulk(mut scored: Vec<Scored>) -> Vec<Scored> {
     scored
 }
 
-/// Runs the sweep on every rank (ranks 0 and 1 move data, the others keep step); rank 0
-/// writes the table.
-pub fn run(args: &TuneArgs) -> Result<i32, String> {
+/// Runs the send/recv sweep on every rank (ranks 0 and 1 move data, the others keep step);
+/// rank 0 writes the table.
+fn run_sendrecv(args: &TuneArgs) -> Result<i32, String> {
     super::refuse_shared_gpu("tuning runs")?;
     let cx = Ctx::new()?;
     let comm = &cx.comm;
@@ -243,6 +384,112 @@ pub fn run(args: &TuneArgs) -> Result<i32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TuneArgs,
+    }
+
+    /// `devcomm tune` with `line` (and `--out t.json`): the reduction request, or why not.
+    fn request(line: &str) -> Result<Option<Request>, String> {
+        let words = ["tune", "--out", "t.json"]
+            .into_iter()
+            .chain(line.split_whitespace());
+        let cli = Cli::try_parse_from(words).map_err(|e| e.to_string())?;
+        reduce_request(&cli.args)
+    }
+
+    #[test]
+    fn sendrecv_is_the_default_and_takes_no_reduction_options() {
+        assert_eq!(request(""), Ok(None));
+        assert_eq!(request("--op sendrecv --iters 5"), Ok(None));
+        for line in [
+            "--pool",
+            "--buffers pool",
+            "--dtype f32",
+            "--blocks 8",
+            "--one-shot-kib 1024",
+            "--line-two-shot-kib 0",
+            "--append",
+        ] {
+            let e = request(line).unwrap_err();
+            assert!(e.contains("--op all_reduce"), "{line}: {e}");
+        }
+        // Send/recv and reductions write different tables.
+        let e = request("--op sendrecv,all_reduce").unwrap_err();
+        assert!(e.contains("different tables"), "{e}");
+        assert!(request("--op all_to_all").is_err());
+    }
+
+    #[test]
+    fn reductions_parse_into_one_request() {
+        let r = request("--op all_reduce,reduce_scatter,all_gather")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            r.colls,
+            vec![Coll::AllReduce, Coll::ReduceScatter, Coll::AllGather]
+        );
+        assert_eq!(r.buffers, vec![Buffers::Ordinary]);
+        assert_eq!(r.dtype, devcomm::DataType::BF16);
+        assert_eq!(r.blocks, vec![8, 16, 32, 64]);
+        assert_eq!((r.one_shot_kib, r.line_two_shot_kib), (None, None));
+        assert_eq!(
+            (r.min_bytes, r.max_bytes, r.warmup, r.iters),
+            (0, 1 << 30, 3, 20)
+        );
+        assert_eq!(r.out, PathBuf::from("t.json"));
+        // --ops spells it too; --pool is --buffers pool; both kinds in one run.
+        let r = request("--ops all_gather --pool").unwrap().unwrap();
+        assert_eq!(
+            (r.colls, r.buffers),
+            (vec![Coll::AllGather], vec![Buffers::Pool])
+        );
+        let r = request("--op all_reduce --buffers ordinary,pool --dtype f32 --blocks 64,4,4")
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.buffers, vec![Buffers::Ordinary, Buffers::Pool]);
+        assert_eq!(r.dtype, devcomm::DataType::F32);
+        assert_eq!(r.blocks, vec![4, 64]);
+        let r = request(
+            "--op all_reduce --one-shot-kib 2048 --line-two-shot-kib 8192 --min-bytes 1024 \
+             --max-bytes 1048576 --warmup 1 --iters 5",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (r.one_shot_kib, r.line_two_shot_kib),
+            (Some(2048), Some(8192))
+        );
+        assert_eq!(
+            (r.min_bytes, r.max_bytes, r.warmup, r.iters),
+            (1024, 1 << 20, 1, 5)
+        );
+    }
+
+    #[test]
+    fn bad_reduction_options_are_refused_before_anything_runs() {
+        for (line, says) in [
+            ("--op all_reduce,all_reduce", "twice"),
+            ("--op all_reduce --buffers registered", "ordinary or pool"),
+            ("--op all_reduce --buffers pool,pool", "twice"),
+            (
+                "--op all_reduce --pool --buffers ordinary",
+                "cannot be used",
+            ),
+            ("--op all_reduce --blocks 0", "1 to 64"),
+            ("--op all_reduce --blocks 65", "1 to 64"),
+            ("--op all_reduce --dtype f8", "bf16"),
+            ("--op all_reduce --one-shot-kib 8192", "4096"),
+            ("--op all_reduce --line-two-shot-kib 2000000", "1048576"),
+            ("--op all_reduce --min-bytes 100 --max-bytes 10", "below"),
+        ] {
+            let e = request(line).unwrap_err();
+            assert!(e.contains(says), "{line}: {e}");
+        }
+    }
 
     fn s(protocol: Protocol, blocks: u32, one: f64, both: f64) -> Scored {
         Scored {

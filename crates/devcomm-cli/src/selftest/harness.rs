@@ -128,7 +128,9 @@ pub(crate) fn run(
     allow_skip: bool,
 ) -> Result<i32, String> {
     let checks = select(groups, only)?;
-    let cx = Ctx::new()?;
+    // The checks assert the default plans' algorithms at every switch: no reduction tuning
+    // table, whatever the settings or the built-in tables say.
+    let cx = Ctx::built(|b| b.reduce_tune_table(None))?;
     let (rank, world) = (cx.comm.rank(), cx.comm.world_size());
     let mut records = Vec::with_capacity(checks.len());
     for check in &checks {

@@ -6,7 +6,11 @@ use std::time::Duration;
 use cudarc::driver::{CudaContext, CudaStream};
 use devcomm_bootstrap::{RankInfo, Store};
 
-use super::setup::{agree_on_config, agree_on_store, default_ordinal, same_table_everywhere};
+use super::reduce_tuning::{reduce_tuning, TuningAsked};
+use super::setup::{
+    agree_on_config, agree_on_store, default_ordinal, same_table_everywhere, REDUCTION_TABLE,
+    REDUCTION_WINDOW, SEND_RECV_TABLE,
+};
 use super::Comm;
 use crate::collective::Collective;
 use crate::config::Config;
@@ -18,6 +22,7 @@ use crate::jit::Jit;
 use crate::kernels::KernelKind;
 use crate::memory::{Pool, Registry};
 use crate::p2p::{P2PLimits, TuneTable, P2P};
+use crate::reduce::tune::{ReduceTuneTable, TunedWindow};
 use crate::topology::Topology;
 
 /// Builds a [`Comm`] with explicit settings. [`Comm::from_env`] is the usual way in.
@@ -34,6 +39,9 @@ pub struct CommBuilder {
     p2p_limits: Option<P2PLimits>,
     /// A table given in code ([`CommBuilder::tune_table`]); otherwise the configuration's file.
     tune: Option<Option<TuneTable>>,
+    /// The reductions' table and window asked for in code ([`CommBuilder::reduce_tune_table`],
+    /// [`CommBuilder::reduce_window`]).
+    reduce_tuning: TuningAsked,
     stream: Option<Arc<CudaStream>>,
 }
 
@@ -54,6 +62,7 @@ impl CommBuilder {
             config,
             p2p_limits: None,
             tune: None,
+            reduce_tuning: TuningAsked::default(),
             stream: None,
         }
     }
@@ -123,6 +132,25 @@ impl CommBuilder {
     /// against the GPU and the window, and compares it across ranks.
     pub fn tune_table(mut self, table: Option<TuneTable>) -> Self {
         self.tune = Some(table);
+        self
+    }
+
+    /// The reductions' tuning table (as `devcomm tune --op all_reduce,...` writes it; default:
+    /// the file named by `DEVCOMM_REDUCE_TUNE_FILE`, else the table built into the library for
+    /// this GPU model and world size, if any). `None`: no table, whatever the settings. Every
+    /// rank must pass the same table: `build` checks it against the GPU model, the world size
+    /// and the staged rounds, and compares it across ranks.
+    pub fn reduce_tune_table(mut self, table: Option<ReduceTuneTable>) -> Self {
+        self.reduce_tuning.table = Some(table);
+        self
+    }
+
+    /// Sizes the reductions' window holds beyond the settings' (the line one-shot's payload,
+    /// the two-shot on lines' size; `chunk_bytes` must be the configuration's round), as a
+    /// tuning run asks so that its candidates beyond the default limits fit. The default plans
+    /// keep choosing by the settings. Every rank must pass the same.
+    pub fn reduce_window(mut self, window: TunedWindow) -> Self {
+        self.reduce_tuning.window = Some(window);
         self
     }
 
@@ -235,7 +263,43 @@ impl CommBuilder {
             }),
             setup_timeout,
         )?;
-        same_table_everywhere(&store, rank, tune.as_ref(), setup_timeout)?;
+        same_table_everywhere(
+            &store,
+            rank,
+            &SEND_RECV_TABLE,
+            tune.as_ref().map(TuneTable::fingerprint),
+            setup_timeout,
+        )?;
+        let reduce_tuning = agree_on_store(
+            &store,
+            "reduction tuning table",
+            rank,
+            reduce_tuning(
+                &self.reduce_tuning,
+                &self.config,
+                crate::reduce::tune_builtin::BUILTIN,
+                &device.name,
+                self.info.world_size,
+            ),
+            setup_timeout,
+        )?;
+        same_table_everywhere(
+            &store,
+            rank,
+            &REDUCTION_TABLE,
+            reduce_tuning
+                .table
+                .as_ref()
+                .map(ReduceTuneTable::fingerprint),
+            setup_timeout,
+        )?;
+        same_table_everywhere(
+            &store,
+            rank,
+            &REDUCTION_WINDOW,
+            reduce_tuning.window.as_ref().map(TunedWindow::fingerprint),
+            setup_timeout,
+        )?;
         let topology = Topology::discover(
             rank,
             self.info.world_size,
@@ -269,7 +333,8 @@ impl CommBuilder {
         ));
         let p2p = P2P::new(&group, p2p_limits, tune)?;
         let coll = Collective::new(&group, device.sm_count)?;
-        let reduce = crate::reduce::family::Reductions::new(&group, device.sm_count)?;
+        let reduce =
+            crate::reduce::family::Reductions::new(&group, device.sm_count, reduce_tuning)?;
         let registry = Arc::new(Registry::new());
         let comm = Comm {
             pool: Pool::new(&group, registry.clone()),

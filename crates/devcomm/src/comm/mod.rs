@@ -10,6 +10,7 @@ pub mod raw;
 mod raw_registered;
 mod reduce_ops;
 mod reduce_plans;
+mod reduce_tuning;
 mod registration;
 mod setup;
 mod tiles;

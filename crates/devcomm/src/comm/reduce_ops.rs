@@ -12,6 +12,7 @@ use crate::collective::{Hooks, RawHooks};
 use crate::error::{Error, Result};
 use crate::reduce::args::{count_of, in_place_count};
 use crate::reduce::launch::ReduceCall;
+use crate::reduce::tuned_plan::Choice;
 use crate::reduce::{Collective, DataType, ReduceOp, Reducible};
 
 /// The type an all-gather of `T` moves, and how many of it make one `T`.
@@ -423,8 +424,24 @@ impl Comm {
         collective: Collective,
         dtype: DataType,
         op: Option<ReduceOp>,
+        buffers: (u64, u64, u64),
+        hooks: Option<(&RawHooks, u64, u64)>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.reduction_with(collective, dtype, op, buffers, hooks, None, stream)
+    }
+
+    /// [`Comm::reduction`] with `choice` in place of the tuning table's and the default plan
+    /// (the tuner's candidate: an error when it cannot serve the call), or without (`None`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reduction_with(
+        &self,
+        collective: Collective,
+        dtype: DataType,
+        op: Option<ReduceOp>,
         (input, output, count): (u64, u64, u64),
         hooks: Option<(&RawHooks, u64, u64)>,
+        choice: Option<Choice>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         // Not `check`: a soft error of an earlier call belongs to that call's synchronise;
@@ -451,6 +468,7 @@ impl Comm {
                         hooks,
                         refused: true,
                         pool: None,
+                        choice: None,
                     };
                     self.reduce
                         .launch(&self.group, &self.jit, refused, stream)?;
@@ -479,6 +497,7 @@ impl Comm {
             hooks,
             refused: false,
             pool: pool.as_ref(),
+            choice,
         };
         self.reduce.run(&self.families(), call, stream)
     }

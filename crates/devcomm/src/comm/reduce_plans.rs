@@ -8,7 +8,12 @@ use crate::error::Result;
 use crate::memory::PoolLocation;
 use crate::reduce::args::{resolve, Refusal, Resolved};
 use crate::reduce::launch::{PoolBuffers, ReduceCall};
+use crate::reduce::tuned_plan::Choice;
 use crate::reduce::{Collective, DataType, Plan};
+
+/// Why a reduction in a job with network links takes no choice of its own.
+pub(super) const NO_CHOICE_BY_NETWORK: &str =
+    "a job with network links reduces by the network algorithm, which takes no tuned choice";
 
 impl Comm {
     /// The plan a reduction of `count` elements of `dtype` takes on this communicator (as the
@@ -35,6 +40,7 @@ impl Comm {
             hooks: None,
             refused: false,
             pool: None,
+            choice: None,
         };
         let plan = self
             .reduce
@@ -50,9 +56,26 @@ impl Comm {
         &self,
         collective: Collective,
         dtype: DataType,
-        (input, output, count): (u64, u64, u64),
+        at: (u64, u64, u64),
     ) -> Result<Option<Plan>> {
-        if self.reduce.by_network() || !self.group.config.reduce_zero_copy {
+        self.reduction_plan_with(collective, dtype, at, None)
+    }
+
+    /// [`Comm::reduction_plan_at`] with `choice` in place of the tuning table's and the
+    /// default plan: an error when the choice cannot serve the call (as the call would fail).
+    pub(crate) fn reduction_plan_with(
+        &self,
+        collective: Collective,
+        dtype: DataType,
+        (input, output, count): (u64, u64, u64),
+        choice: Option<Choice>,
+    ) -> Result<Option<Plan>> {
+        if choice.is_some() && self.reduce.by_network() {
+            return Err(invalid(collective, self.rank())(
+                NO_CHOICE_BY_NETWORK.into(),
+            ));
+        }
+        if choice.is_none() && (self.reduce.by_network() || !self.group.config.reduce_zero_copy) {
             return self.reduction_plan(collective, dtype, count);
         }
         let es = dtype.size_bytes() as u64;
@@ -62,7 +85,10 @@ impl Comm {
         if r.count == 0 {
             return Ok(None);
         }
-        let pool = self.pool_buffers(collective, (r.input, r.output, r.count), es);
+        let pool = match self.group.config.reduce_zero_copy {
+            true => self.pool_buffers(collective, (r.input, r.output, r.count), es),
+            false => None,
+        };
         let call = ReduceCall {
             collective,
             dtype,
@@ -73,6 +99,7 @@ impl Comm {
             hooks: None,
             refused: false,
             pool: pool.as_ref(),
+            choice,
         };
         let plan = self
             .reduce

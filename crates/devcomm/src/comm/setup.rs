@@ -1,5 +1,5 @@
 //! Pure and collective steps of a communicator's setup: the default device, the agreement on
-//! the tuning table, and agreement before the group exists.
+//! the tuning tables, and agreement before the group exists.
 
 use std::time::Duration;
 
@@ -7,7 +7,7 @@ use devcomm_bootstrap::Store;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::p2p::{TuneTable, TUNE_FILE_ENV};
+use crate::p2p::TUNE_FILE_ENV;
 
 /// The device a rank opens when the builder names none, where `count` GPUs are visible: its
 /// local rank, or with [`crate::topology::SHARE_GPU_ENV`] the local rank modulo `count`.
@@ -36,38 +36,71 @@ pub(super) fn default_ordinal(local_rank: usize, count: i32, share: bool) -> Res
     Ok(local_rank)
 }
 
-/// Fails on every rank unless every rank loaded the same tuning table (or none): sender and
-/// receiver of a message must pick the same configuration from it.
+/// A kind of tuning table the ranks compare: the store key, and the words of its errors.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TableKind {
+    key: &'static str,
+    /// What the table is called (the setup step of its errors).
+    what: &'static str,
+    /// What the user sets alike on every rank.
+    setting: &'static str,
+}
+
+/// Send/recv's table (`DEVCOMM_TUNE_FILE`).
+pub(super) const SEND_RECV_TABLE: TableKind = TableKind {
+    key: "__devcomm/tune/fingerprint",
+    what: "tuning table",
+    setting: TUNE_FILE_ENV,
+};
+
+/// The reductions' table (`DEVCOMM_REDUCE_TUNE_FILE`, or built in).
+pub(super) const REDUCTION_TABLE: TableKind = TableKind {
+    key: "__devcomm/reduce_tune/fingerprint",
+    what: "reduction tuning table",
+    setting: "DEVCOMM_REDUCE_TUNE_FILE (the built-in tables go by the GPU model)",
+};
+
+/// The reductions' window asked for in code (`CommBuilder::reduce_window`): the kernels lay
+/// out their line areas by it.
+pub(super) const REDUCTION_WINDOW: TableKind = TableKind {
+    key: "__devcomm/reduce_window/fingerprint",
+    what: "reduction window",
+    setting: "CommBuilder::reduce_window",
+};
+
+/// Fails on every rank unless every rank loaded the same table of `kind` (or none), as its
+/// `fingerprint` says: both ends of a message, every rank of a reduction, must pick the same
+/// configuration from it.
 pub(super) fn same_table_everywhere(
     store: &Store,
     rank: usize,
-    table: Option<&TuneTable>,
+    kind: &TableKind,
+    fingerprint: Option<[u8; 32]>,
     timeout: Duration,
 ) -> Result<()> {
-    let mine = table.map_or_else(Vec::new, |t| t.fingerprint().to_vec());
-    let all = store.all_gather("__devcomm/tune/fingerprint", &mine, timeout)?;
+    let mine = fingerprint.map_or_else(Vec::new, |f| f.to_vec());
+    let all = store.all_gather(kind.key, &mine, timeout)?;
     let failures: Vec<(usize, String)> = all
         .iter()
         .enumerate()
         .filter(|(_, f)| **f != all[0])
         .map(|(r, f)| {
-            let what = if f.is_empty() {
-                "no tuning table"
-            } else {
-                "another tuning table"
-            };
+            let what = if f.is_empty() { "no" } else { "another" };
             (
                 r,
-                format!("{what} than rank 0 (set {TUNE_FILE_ENV} alike on every rank)"),
+                format!(
+                    "{what} {} than rank 0 (set {} alike on every rank)",
+                    kind.what, kind.setting
+                ),
             )
         })
         .collect();
     if failures.is_empty() {
         Ok(())
     } else {
-        log::debug!("rank {rank}: tuning tables differ: {failures:?}");
+        log::debug!("rank {rank}: {}s differ: {failures:?}", kind.what);
         Err(Error::Setup {
-            step: "tuning table".into(),
+            step: kind.what.into(),
             failures,
         })
     }
@@ -123,7 +156,7 @@ pub(super) fn agree_on_store<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::p2p::P2PLimits;
+    use crate::p2p::{P2PLimits, TuneTable};
     use devcomm_bootstrap::RankInfo;
 
     const T: Duration = Duration::from_secs(20);
@@ -145,18 +178,28 @@ mod tests {
         t
     }
 
-    /// Two ranks in this process (rank 1 on a thread) compare their tables; returns each
-    /// rank's outcome.
-    fn compare(mine: Option<TuneTable>, theirs: Option<TuneTable>) -> [Result<()>; 2] {
+    /// Two ranks in this process (rank 1 on a thread) compare their tables' fingerprints;
+    /// returns each rank's outcome.
+    fn compare_kind(
+        kind: &'static TableKind,
+        mine: Option<[u8; 32]>,
+        theirs: Option<[u8; 32]>,
+    ) -> [Result<()>; 2] {
         let info0 = RankInfo::new(0, 2).with_master("127.0.0.1", 0);
         let s0 = Store::connect(&info0, T).expect("rank 0 store");
         let info1 = RankInfo::new(1, 2).with_master("127.0.0.1", s0.master_port());
         let rank1 = std::thread::spawn(move || {
             let s1 = Store::connect(&info1, T).expect("rank 1 store");
-            same_table_everywhere(&s1, 1, theirs.as_ref(), T)
+            same_table_everywhere(&s1, 1, kind, theirs, T)
         });
-        let r0 = same_table_everywhere(&s0, 0, mine.as_ref(), T);
+        let r0 = same_table_everywhere(&s0, 0, kind, mine, T);
         [r0, rank1.join().expect("rank 1 thread")]
+    }
+
+    /// [`compare_kind`] of send/recv tables.
+    fn compare(mine: Option<TuneTable>, theirs: Option<TuneTable>) -> [Result<()>; 2] {
+        let f = |t: Option<TuneTable>| t.map(|t| t.fingerprint());
+        compare_kind(&SEND_RECV_TABLE, f(mine), f(theirs))
     }
 
     /// Two ranks in this process compare their settings; returns each rank's outcome.
@@ -216,6 +259,57 @@ mod tests {
             let e = r.unwrap_err().to_string();
             assert!(
                 e.contains("no tuning table") && e.contains(TUNE_FILE_ENV),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_rank_must_load_the_same_reduction_table() {
+        let t = crate::reduce::tune::tests::table();
+        let mut other = t.clone();
+        other.entries[0].blocks = 16;
+        let f = |t: &crate::reduce::ReduceTuneTable| Some(t.fingerprint());
+        for r in compare_kind(&REDUCTION_TABLE, f(&t), f(&t)) {
+            r.unwrap();
+        }
+        for r in compare_kind(&REDUCTION_TABLE, f(&t), f(&other)) {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("rank(s) 1") && e.contains("another reduction tuning table"),
+                "{e}"
+            );
+        }
+        for r in compare_kind(&REDUCTION_TABLE, None, f(&t)) {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("another reduction tuning table than rank 0")
+                    && e.contains("DEVCOMM_REDUCE_TUNE_FILE"),
+                "{e}"
+            );
+        }
+        // The window a tuning run asks for, likewise.
+        let w = t.window;
+        let wider = crate::reduce::TunedWindow {
+            one_shot_bytes: 2 << 20,
+            ..w
+        };
+        assert_ne!(w.fingerprint(), wider.fingerprint());
+        for r in compare_kind(
+            &REDUCTION_WINDOW,
+            Some(w.fingerprint()),
+            Some(w.fingerprint()),
+        ) {
+            r.unwrap();
+        }
+        for r in compare_kind(
+            &REDUCTION_WINDOW,
+            Some(w.fingerprint()),
+            Some(wider.fingerprint()),
+        ) {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("another reduction window") && e.contains("reduce_window"),
                 "{e}"
             );
         }

@@ -1,12 +1,21 @@
 //! [`Tuning`]: what a communicator decided or would decide (limits, switches, routes, plans)
-//! for benchmarks, the self-test and tuning work. Nothing here moves data; a program that only
+//! for benchmarks, the self-test and tuning work. Nothing here moves data but
+//! [`Tuning::reduction_raw_with`], the tuner's way to time one choice; a program that only
 //! communicates does not need it, so it stays off [`Comm`]'s own methods.
 
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+use super::reduce_ops::invalid;
+use super::reduce_plans::NO_CHOICE_BY_NETWORK;
 use super::Comm;
 use crate::collective::CollShape;
 use crate::error::Result;
 use crate::p2p::{P2PConfig, P2PLimits, Switches, TuneTable, ZcRoute};
-use crate::reduce::{Collective, DataType, Plan, ReduceLimits};
+use crate::reduce::tune::{ReduceTuneTable, TunedWindow};
+use crate::reduce::tuned_plan::Choice;
+use crate::reduce::{Collective, DataType, Plan, ReduceLimits, ReduceOp};
 
 /// A view of a communicator's decisions ([`Comm::tuning`]).
 #[derive(Debug, Clone, Copy)]
@@ -86,9 +95,69 @@ impl<'c> Tuning<'c> {
         self.comm.reduction_plan_at(collective, dtype, at)
     }
 
-    /// The reductions' window sizes that plans are made for.
+    /// The reductions' sizes and blocks that the default plans are made with (the settings'
+    /// and the defaults', fitted to the smallest GPU).
     pub fn reduction_limits(&self) -> ReduceLimits {
         *self.comm.reduce.limits()
+    }
+
+    /// The sizes the reductions' window holds: [`reduction_limits`](Self::reduction_limits)'
+    /// and, where larger, the tuning table's or the builder's
+    /// ([`CommBuilder::reduce_window`](super::CommBuilder::reduce_window)). Tuned choices fit
+    /// these; a tuning table records them.
+    pub fn reduction_window(&self) -> TunedWindow {
+        TunedWindow::of(self.comm.reduce.window_limits())
+    }
+
+    /// The reductions' tuning table the communicator loaded, if any (a file, a table given to
+    /// the builder or the built-in one of this GPU model and world size).
+    pub fn reduce_tune_table(&self) -> Option<&'c ReduceTuneTable> {
+        self.comm.reduce.tune_table()
+    }
+
+    /// The plan of a reduction at device addresses `(input, output, count)` with `choice` in
+    /// place of the tuning table's and the default plan, or an error when the choice cannot
+    /// serve the call (its algorithm has no kernel for the collective or the buffers, its
+    /// sizes do not fit the window, its blocks are out of range: `reduce::tuned_plan`); `None`
+    /// for 0 elements.
+    pub fn reduction_plan_with(
+        &self,
+        collective: Collective,
+        dtype: DataType,
+        at: (u64, u64, u64),
+        choice: Choice,
+    ) -> Result<Option<Plan>> {
+        self.comm
+            .reduction_plan_with(collective, dtype, at, Some(choice))
+    }
+
+    /// Runs one reduction on raw device addresses `(input, output, count)` (as
+    /// [`Comm::all_reduce_raw`], [`Comm::reduce_scatter_raw`] and [`Comm::all_gather_raw`]
+    /// take them; `op` is ignored for the all-gather) with `choice` in place of the tuning
+    /// table's and the default plan: what `devcomm tune` times for each candidate. Every rank
+    /// must pass the same choice. An error, nothing launched, when the choice cannot serve
+    /// the call ([`reduction_plan_with`](Self::reduction_plan_with)) or the job has network
+    /// links. The result is bitwise the default plan's: every algorithm reduces in rank order.
+    ///
+    /// # Safety
+    ///
+    /// As the raw form of the collective.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduction_raw_with(
+        &self,
+        collective: Collective,
+        dtype: DataType,
+        op: ReduceOp,
+        at: (u64, u64, u64),
+        choice: Choice,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let c = self.comm;
+        if c.reduce.by_network() {
+            return Err(invalid(collective, c.rank())(NO_CHOICE_BY_NETWORK.into()));
+        }
+        let op = (collective != Collective::AllGather).then_some(op);
+        c.reduction_with(collective, dtype, op, at, None, Some(choice), stream)
     }
 
     /// Whether some link of the job, on any rank, is reached over the network (the same answer

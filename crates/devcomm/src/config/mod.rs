@@ -248,6 +248,13 @@ knobs! {
     /// A send/recv tuning table from `devcomm tune` (its content is compared across ranks).
     tune_file: Option<PathBuf> = None, "",
         env "DEVCOMM_TUNE_FILE", group "tuning", range None, Local;
+    /// A reduction tuning table from `devcomm tune --op all_reduce,...` (its content is
+    /// compared across ranks); unset: the built-in table of the GPU model and world size.
+    reduce_tune_file: Option<PathBuf> = None, "",
+        env "DEVCOMM_REDUCE_TUNE_FILE", group "tuning", range None, Local;
+    /// `0` leaves out the reduction tables built into the library (docs/TUNING.md).
+    reduce_tune_builtin: bool = true, "1",
+        env "DEVCOMM_REDUCE_TUNE_BUILTIN", group "tuning", range None, Must;
 
     /// Kernel cache directory; unset: `$HOME/.cache/devcomm/kernels`.
     cache_dir: Option<PathBuf> = None, "",

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::launch::{Reduce, ReduceCall};
+use super::launch::{Reduce, ReduceCall, ReduceTuning};
 use super::net::{NetCtx, NetReduce};
 use super::plan::{Plan, ReduceLimits, Shape};
+use super::tune::ReduceTuneTable;
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::jit::Jit;
@@ -23,10 +24,10 @@ pub(crate) struct Reductions {
 }
 
 impl Reductions {
-    /// Collective: the NVLink kernels' window and counters, and the network scratch when the
-    /// job has network links.
-    pub(crate) fn new(group: &Arc<Group>, sm_count: i32) -> Result<Self> {
-        let kernels = Reduce::new(group, sm_count)?;
+    /// Collective: the NVLink kernels' window and counters (tuned as `tuning` says), and the
+    /// network scratch when the job has network links.
+    pub(crate) fn new(group: &Arc<Group>, sm_count: i32, tuning: ReduceTuning) -> Result<Self> {
+        let kernels = Reduce::new(group, sm_count, tuning)?;
         let net = match group.mesh.network_in_job() {
             true => Some(NetReduce::new(group)?),
             false => None,
@@ -34,9 +35,20 @@ impl Reductions {
         Ok(Self { kernels, net })
     }
 
-    /// The window sizes plans are made for.
+    /// The sizes and blocks the default plans are made with.
     pub(crate) fn limits(&self) -> &ReduceLimits {
         self.kernels.limits()
+    }
+
+    /// The limits with the window's sizes, which tuned choices fit.
+    pub(crate) fn window_limits(&self) -> &ReduceLimits {
+        self.kernels.window_limits()
+    }
+
+    /// The NVLink kernels' tuning table, if the communicator loaded one (the network
+    /// algorithm takes none).
+    pub(crate) fn tune_table(&self) -> Option<&ReduceTuneTable> {
+        self.kernels.tune_table()
     }
 
     /// Launches `call` on the NVLink kernels (a refused call's part, which the network

@@ -9,6 +9,8 @@ use cudarc::driver::{CudaFunction, CudaStream};
 use super::config;
 use super::net_plan;
 use super::plan::{self, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS, THREADS};
+use super::tune::{table_bytes, Buffers, ReduceTuneTable, TunedWindow};
+use super::tuned_plan::{plan_tuned, Choice};
 use super::types::{DataType, ReduceOp};
 use super::zero_copy_plan::{layout_word, zero_copy_plan, Placement};
 use crate::abi::reduce_launch::{NetStepLaunch, ReduceLaunch, TWO_SHOT_PUSHED};
@@ -41,6 +43,20 @@ pub(crate) struct ReduceCall<'h> {
     /// The buffers' places in the memory pool, when either lies there: the zero-copy paths'
     /// candidates ([`zero_copy_plan`]).
     pub pool: Option<&'h PoolBuffers>,
+    /// A choice made for this call in place of the tuning table's and the default plan (the
+    /// tuner's candidate): the call fails when the choice cannot serve it. Every rank must
+    /// pass the same.
+    pub choice: Option<Choice>,
+}
+
+/// What a communicator's reductions are tuned with (`comm/reduce_tuning.rs` decides it at
+/// build, alike on every rank).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ReduceTuning {
+    /// The tuning table, checked against this communicator.
+    pub table: Option<ReduceTuneTable>,
+    /// Sizes the window must hold beyond the settings' (a tuning run's wider window).
+    pub window: Option<TunedWindow>,
 }
 
 /// Where a call's buffers lie in the memory pool (each `None` outside it, or without an
@@ -219,7 +235,14 @@ type ModuleKey = (DataType, Option<ReduceOp>, u64, bool);
 /// Per-communicator state of the reductions.
 #[derive(Debug)]
 pub(crate) struct Reduce {
+    /// What the default plans are made with: the settings' sizes and blocks.
     limits: ReduceLimits,
+    /// `limits` with the window's sizes: the settings' and, when larger, the tuning table's
+    /// or a tuning run's (tuned choices fit these; the kernels' line areas are laid out by
+    /// them).
+    window_limits: ReduceLimits,
+    /// The tuning table (its choices, by size, where they can serve a call).
+    table: Option<ReduceTuneTable>,
     /// One-shot lines (`world` senders x 2 parities), then the two halves of the two-shot area;
     /// `SLOT_KINDS x world x MAX_BLOCKS` signal slots.
     window: Window<u8>,
@@ -234,8 +257,9 @@ pub(crate) struct Reduce {
 
 impl Reduce {
     /// Collective: the reduce window and zeroed counters on every rank, sized by the limits
-    /// every rank derives alike from the settings (compared at setup) and the smallest GPU.
-    pub(crate) fn new(group: &Arc<Group>, sm_count: i32) -> Result<Self> {
+    /// every rank derives alike from the settings (compared at setup), the smallest GPU and
+    /// the tuning (its table's fingerprint compared at setup).
+    pub(crate) fn new(group: &Arc<Group>, sm_count: i32, tuning: ReduceTuning) -> Result<Self> {
         let tag = group.next_tag("__devcomm/reduce/sm_count");
         let all =
             group
@@ -271,24 +295,31 @@ impl Reduce {
                 .map_or(limits.zero_copy_min_bytes, |k| u64::from(k) << 10),
             ..limits
         };
-        let limits = if c.trace {
-            let set = (
+        // The window holds the table's and a tuning run's sizes too.
+        let window_limits = [tuning.window, tuning.table.as_ref().map(|t| t.window)]
+            .iter()
+            .flatten()
+            .fold(limits, |l, w| w.widen(&l));
+        let traced = |l: ReduceLimits| match c.trace {
+            true => config::without_lines(
+                l,
                 c.reduce_one_shot_kib.is_some(),
                 c.reduce_line_two_shot_kib.is_some(),
-            );
-            config::without_lines(limits, set.0, set.1)
-        } else {
-            limits
+            ),
+            false => l,
         };
+        let (limits, window_limits) = (traced(limits), traced(window_limits));
         let world = group.world_size;
         let slots = plan::SLOT_KINDS * world.min(plan::MAX_WORLD) * MAX_BLOCKS as usize;
-        let bytes = plan::window_bytes(world, &limits) as usize;
+        let bytes = plan::window_bytes(world, &window_limits) as usize;
         let counters = DeviceBuffer::zeroed(&group.ctx, 3 * MAX_BLOCKS as usize * 8)
             .map_err(|e| crate::cuda::with_rank(e, group.rank));
         let counters = group.agree("reductions: counters", counters)?;
         let window = Window::<u8>::new(group, bytes, slots)?;
         Ok(Self {
             limits,
+            window_limits,
+            table: tuning.table,
             window,
             counters,
             sm_count: sms.max(1),
@@ -296,9 +327,33 @@ impl Reduce {
         })
     }
 
-    /// The window sizes plans are made for.
+    /// The sizes and blocks the default plans are made with.
     pub(crate) fn limits(&self) -> &ReduceLimits {
         &self.limits
+    }
+
+    /// [`Reduce::limits`] with the window's sizes, which tuned choices fit.
+    pub(crate) fn window_limits(&self) -> &ReduceLimits {
+        &self.window_limits
+    }
+
+    /// The tuning table, if the communicator loaded one.
+    pub(crate) fn tune_table(&self) -> Option<&ReduceTuneTable> {
+        self.table.as_ref()
+    }
+
+    /// The tuning table's choice for `call` on `world` ranks, by its size and where its
+    /// buffers lie.
+    fn table_choice(&self, call: &ReduceCall<'_>, world: usize) -> Option<Choice> {
+        let buffers = match call.pool {
+            Some(_) => Buffers::Pool,
+            None => Buffers::Ordinary,
+        };
+        let es = call.dtype.size_bytes() as u64;
+        let bytes = table_bytes(call.collective, call.count, es, world);
+        self.table
+            .as_ref()?
+            .choice_for(call.collective, buffers, bytes)
     }
 
     fn module(
@@ -350,9 +405,10 @@ impl Reduce {
         Ok(loaded)
     }
 
-    /// The plan of a call (the buffers already resolved): zero-copy when its buffers lie in
-    /// the pool as [`zero_copy_plan`] needs them (with those buffers), else the staged one
-    /// ([`plan::plan`], which also refuses what no path can run).
+    /// The plan of a call (the buffers already resolved): the call's own choice or the tuning
+    /// table's where it can serve the call ([`plan_tuned`]); else zero-copy when its buffers
+    /// lie in the pool as [`zero_copy_plan`] needs them (with those buffers), else the staged
+    /// one ([`plan::plan`], which also refuses what no path can run).
     pub(crate) fn choose<'h>(
         &self,
         call: &ReduceCall<'h>,
@@ -363,14 +419,44 @@ impl Reduce {
             op: call.collective.name(),
             reason: format!("rank {rank}: {reason}"),
         })?;
-        let zero_copy = call.pool.and_then(|pool| {
-            let at = Placement {
-                input_pooled: pool.input.is_some(),
-                output_pooled: pool.output.is_some(),
-                in_place: call.input == call.output,
-            };
-            zero_copy_plan(&shape, &at, &self.limits).map(|p| (p, pool))
+        let at = call.pool.map(|pool| Placement {
+            input_pooled: pool.input.is_some(),
+            output_pooled: pool.output.is_some(),
+            in_place: call.input == call.output,
         });
+        let choice = match call.choice {
+            Some(c) => Some((c, true)),
+            None => self.table_choice(call, world).map(|c| (c, false)),
+        };
+        if let Some((choice, own)) = choice {
+            match plan_tuned(&shape, at.as_ref(), &self.window_limits, &choice) {
+                Some(p) => {
+                    let pool = call.pool.filter(|_| p.algorithm.zero_copy_code() != 0);
+                    return Ok((p, pool));
+                }
+                None if own => {
+                    return Err(Error::InvalidArgument {
+                        op: call.collective.name(),
+                        reason: format!(
+                            "rank {rank}: {choice} cannot serve this call ({} elements of {} \
+                             bytes on {world} ranks, {} buffers)",
+                            call.count,
+                            shape.elem_bytes,
+                            if call.pool.is_some() {
+                                "pool"
+                            } else {
+                                "ordinary"
+                            }
+                        ),
+                    })
+                }
+                None => {}
+            }
+        }
+        let zero_copy = call
+            .pool
+            .zip(at)
+            .and_then(|(pool, at)| zero_copy_plan(&shape, &at, &self.limits).map(|p| (p, pool)));
         Ok(match zero_copy {
             Some((p, pool)) => (p, Some(pool)),
             None => (staged, None),
@@ -441,7 +527,7 @@ impl Reduce {
             Collective::AllReduce => call.count,
             _ => call.count * world as u64,
         };
-        let ll_sender_bytes = plan::ll_sender_bytes(world, &self.limits);
+        let ll_sender_bytes = plan::ll_sender_bytes(world, &self.window_limits);
         let (user, row) = call.hooks.map_or((0, 0), |(_, user, row)| (user, row));
         let args = ReduceLaunch {
             w: self.window.device_handle(),
@@ -459,7 +545,7 @@ impl Reduce {
             ll_offset: 0,
             ll_sender_bytes,
             pipe_offset: world as u64 * 2 * ll_sender_bytes,
-            half_bytes: self.limits.chunk_bytes,
+            half_bytes: self.window_limits.chunk_bytes,
             blocks: pl.blocks,
             mode: call.collective.code(),
             op: op.code(),
@@ -476,7 +562,7 @@ impl Reduce {
             zc: pl.algorithm.zero_copy_code(),
             flags: if pl.pushed { TWO_SHOT_PUSHED } else { 0 },
         };
-        debug_assert!(pl.chunk * world as u64 * es <= self.limits.chunk_bytes);
+        debug_assert!(pl.chunk * world as u64 * es <= self.window_limits.chunk_bytes);
         let cfg = linear_launch(pl.blocks, THREADS);
         let _scope = group.call_scope(stream, || crate::trace::CallInfo {
             op: op_name,

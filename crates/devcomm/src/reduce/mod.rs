@@ -7,7 +7,8 @@
 //! prefix. The methods are on [`crate::Comm`] (`all_reduce`, `reduce_scatter`, `all_gather`,
 //! their `_in_place` and `_raw` forms, `all_reduce_hooked`); this module holds the types
 //! ([`types`]), the pure planners ([`plan`] for the line one-shot and staged two-shot,
-//! [`zero_copy_plan`] for pool buffers), the host argument checks and the launch.
+//! [`zero_copy_plan`] for pool buffers, [`tuned_plan`] for a tuning table's choice), the host
+//! argument checks and the launch.
 
 pub(crate) mod args;
 pub(crate) mod config;
@@ -16,9 +17,14 @@ pub(crate) mod launch;
 pub(crate) mod net;
 pub mod net_plan;
 pub mod plan;
+pub mod tune;
+pub(crate) mod tune_builtin;
+pub mod tuned_plan;
 pub mod types;
 pub mod zero_copy_plan;
 
 pub use launch::{kernel_expression, net_step_expression, KERNEL_SOURCE};
 pub use plan::{Algorithm, Collective, Plan, ReduceLimits};
+pub use tune::{Buffers, ReduceTuneEntry, ReduceTuneTable, TunedWindow};
+pub use tuned_plan::{Choice, TunedAlgorithm};
 pub use types::{DataType, ReduceOp, Reducible};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use devcomm::Comm;
+use devcomm::{Comm, CommBuilder};
 use rand::{RngCore, SeedableRng};
 
 /// Context shared by the checks.
@@ -26,8 +26,25 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// A context on the communicator of the environment (`Comm::from_env`).
     pub(crate) fn new() -> Result<Self, String> {
-        let comm = Comm::from_env().map_err(|e| e.to_string())?;
+        Self::with_comm(Comm::from_env().map_err(|e| e.to_string())?)
+    }
+
+    /// A context on a communicator of the environment's rank and settings, built with what
+    /// `configure` adds (alike on every rank).
+    pub(crate) fn built(
+        configure: impl FnOnce(CommBuilder) -> CommBuilder,
+    ) -> Result<Self, String> {
+        let info = devcomm_bootstrap::RankInfo::from_env().map_err(|e| e.to_string())?;
+        let comm = Comm::builder(info)
+            .and_then(|b| configure(b).build())
+            .map_err(|e| e.to_string())?;
+        Self::with_comm(comm)
+    }
+
+    /// A context on `comm`.
+    fn with_comm(comm: Comm) -> Result<Self, String> {
         let multi_stream_after_init = comm.context().is_in_multi_stream_mode();
         let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
         // Every check runs on this stream: bound now rather than by the first call.

@@ -27,7 +27,8 @@ pub(crate) fn fresh_comm(
     fresh_comm_with(cx, tag, n, |b| b.device_timeout(timeout))
 }
 
-/// [`fresh_comm`] with the builder's settings made by `configure` (alike on every rank).
+/// [`fresh_comm`] with the builder's settings made by `configure` (alike on every rank); like
+/// the harness's own communicator, it takes no reduction tuning table.
 pub(crate) fn fresh_comm_with(
     cx: &Ctx,
     tag: &str,
@@ -55,7 +56,7 @@ pub(crate) fn fresh_comm_with(
     info.master_port = port;
     info.master_addr = "127.0.0.1".into();
     let comm = Comm::builder(info)
-        .and_then(|b| configure(b).build())
+        .and_then(|b| configure(b.reduce_tune_table(None)).build())
         .map_err(|e| format!("building communicator {n}: {e}"))?;
     let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
     Ok(Fresh { stream, comm })
