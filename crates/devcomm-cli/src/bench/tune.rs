@@ -66,7 +66,7 @@ pub struct TuneArgs {
     dtype: String,
     /// Reductions: block counts tried for every algorithm, comma-separated, beside the default
     /// plan's (those above the SM cap are left out).
-    #[arg(long, value_delimiter = ',', default_value = "8,16,32,64")]
+    #[arg(long, value_delimiter = ',', default_value = "8,16,32,64,128")]
     blocks: Vec<u32>,
     /// Reductions: the largest line one-shot payload, in KiB, that the run's window holds;
     /// default: twice the built-in limit of the world size (at most 4096).
@@ -94,7 +94,7 @@ fn reduce_request(args: &TuneArgs) -> Result<Option<Request>, String> {
                 "--buffers/--pool",
             ),
             (args.dtype != "bf16", "--dtype"),
-            (args.blocks != [8, 16, 32, 64], "--blocks"),
+            (args.blocks != [8, 16, 32, 64, 128], "--blocks"),
             (args.one_shot_kib.is_some(), "--one-shot-kib"),
             (args.line_two_shot_kib.is_some(), "--line-two-shot-kib"),
             (args.append, "--append"),
@@ -137,8 +137,8 @@ fn reduce_request(args: &TuneArgs) -> Result<Option<Request>, String> {
         }
         buffers.push(kind);
     }
-    if args.blocks.is_empty() || args.blocks.iter().any(|&b| !(1..=64).contains(&b)) {
-        return Err(format!("--blocks {:?}: each 1 to 64", args.blocks));
+    if args.blocks.is_empty() || args.blocks.iter().any(|&b| !(1..=128).contains(&b)) {
+        return Err(format!("--blocks {:?}: each 1 to 128", args.blocks));
     }
     if args.one_shot_kib.is_some_and(|k| k > 4096) {
         return Err("--one-shot-kib: at most 4096 (the line one-shot's setting)".into());
@@ -434,7 +434,7 @@ mod tests {
         );
         assert_eq!(r.buffers, vec![Buffers::Ordinary]);
         assert_eq!(r.dtype, devcomm::DataType::BF16);
-        assert_eq!(r.blocks, vec![8, 16, 32, 64]);
+        assert_eq!(r.blocks, vec![8, 16, 32, 64, 128]);
         assert_eq!((r.one_shot_kib, r.line_two_shot_kib), (None, None));
         assert_eq!(
             (r.min_bytes, r.max_bytes, r.warmup, r.iters),
@@ -479,8 +479,8 @@ mod tests {
                 "--op all_reduce --pool --buffers ordinary",
                 "cannot be used",
             ),
-            ("--op all_reduce --blocks 0", "1 to 64"),
-            ("--op all_reduce --blocks 65", "1 to 64"),
+            ("--op all_reduce --blocks 0", "1 to 128"),
+            ("--op all_reduce --blocks 129", "1 to 128"),
             ("--op all_reduce --dtype f8", "bf16"),
             ("--op all_reduce --one-shot-kib 8192", "4096"),
             ("--op all_reduce --line-two-shot-kib 2000000", "1048576"),

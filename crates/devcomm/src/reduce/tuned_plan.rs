@@ -7,7 +7,9 @@
 //! planners give the same algorithm, only the block count (and `pushed`) differ. Every
 //! algorithm reduces element `i` in rank order, so a choice changes no bit of a result.
 
-use super::plan::{plan, Algorithm, Collective, Plan, ReduceLimits, Shape, MAX_BLOCKS};
+use super::plan::{
+    plan, Algorithm, Collective, Plan, ReduceLimits, Shape, LINE_MAX_BLOCKS, MAX_BLOCKS,
+};
 use super::zero_copy_plan::{zero_copy_plan, Placement};
 
 /// The algorithms a tuning table chooses among: the NVLink kernels the planners can take.
@@ -109,14 +111,23 @@ impl std::fmt::Display for Choice {
     }
 }
 
-/// Most blocks of a tuned choice under `limits`: what the default plans may use at most
-/// (the staged two-shot's 64), within the smallest GPU's SM cap and an explicit
-/// `DEVCOMM_REDUCE_MAX_BLOCKS`, which both already bound the limits.
-pub fn most_blocks(limits: &ReduceLimits) -> u32 {
-    limits
-        .max_blocks
-        .max(limits.staged_max_blocks)
-        .clamp(1, MAX_BLOCKS)
+/// Most blocks of a tuned choice of `algorithm` under `limits`: what the default plans may
+/// use at most, within the smallest GPU's SM cap and an explicit `DEVCOMM_REDUCE_MAX_BLOCKS`,
+/// which both already bound the limits. Calls on lines stop at [`LINE_MAX_BLOCKS`] (their
+/// kernels release and wait on that many slots); the others at the long pipelined calls'
+/// 128 (`wide_max_blocks`).
+pub fn most_blocks(limits: &ReduceLimits, algorithm: TunedAlgorithm) -> u32 {
+    match algorithm {
+        TunedAlgorithm::OneShot | TunedAlgorithm::LineTwoShot => limits
+            .max_blocks
+            .max(limits.staged_max_blocks)
+            .clamp(1, LINE_MAX_BLOCKS),
+        _ => limits
+            .max_blocks
+            .max(limits.staged_max_blocks)
+            .max(limits.wide_max_blocks)
+            .clamp(1, MAX_BLOCKS),
+    }
 }
 
 /// The plan of `choice` for a call of shape `s` whose buffers lie as `at` says (`None`: not
@@ -136,7 +147,7 @@ pub fn plan_tuned(
     limits: &ReduceLimits,
     choice: &Choice,
 ) -> Option<Plan> {
-    if choice.blocks == 0 || choice.blocks > most_blocks(limits) {
+    if choice.blocks == 0 || choice.blocks > most_blocks(limits, choice.algorithm) {
         return None;
     }
     if !choice.algorithm.serves(s.collective)

@@ -524,7 +524,7 @@ mod tests {
         let w = run_window(4, (None, None), 32 << 20);
         assert_eq!(
             (w.one_shot_bytes, w.line_two_shot_bytes, w.chunk_bytes),
-            (1 << 20, 4 << 20, 32 << 20)
+            (1 << 20, 8 << 20, 32 << 20)
         );
         // 2 ranks: the line one-shot to 2 MiB, no line two-shot (it never pays there).
         let w = run_window(2, (None, None), 32 << 20);

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::reduce::plan::tests::shape;
-use crate::reduce::plan::{block_piece, lines_of, ReduceLimits, STAGED_MAX_BLOCKS};
+use crate::reduce::plan::{block_piece, lines_of, ReduceLimits, WIDE_MAX_BLOCKS};
 
 const COLLECTIVES: [Collective; 3] = [
     Collective::AllReduce,
@@ -89,20 +89,34 @@ fn the_default_choice_gives_the_default_plan() {
 #[test]
 fn blocks_and_pushed_stay_within_what_the_kernels_take() {
     let l = lw(4);
-    assert_eq!(most_blocks(&l), STAGED_MAX_BLOCKS);
-    // The SM cap and an explicit DEVCOMM_REDUCE_MAX_BLOCKS bound both limits already.
+    assert_eq!(most_blocks(&l, TunedAlgorithm::Staged), WIDE_MAX_BLOCKS);
+    // Calls on lines: the 64 slots their kernels release.
+    assert_eq!(most_blocks(&l, TunedAlgorithm::OneShot), LINE_MAX_BLOCKS);
+    assert_eq!(
+        most_blocks(&l, TunedAlgorithm::LineTwoShot),
+        LINE_MAX_BLOCKS
+    );
+    // The SM cap and an explicit DEVCOMM_REDUCE_MAX_BLOCKS bound every limit already.
     let small_gpu = ReduceLimits {
         max_blocks: 16,
         staged_max_blocks: 16,
+        wide_max_blocks: 16,
         ..l
     };
-    assert_eq!(most_blocks(&small_gpu), 16);
+    assert_eq!(most_blocks(&small_gpu, TunedAlgorithm::Staged), 16);
+    assert_eq!(most_blocks(&small_gpu, TunedAlgorithm::OneShot), 16);
     let s = shape(Collective::AllReduce, 1 << 20, 2, 4);
     let staged = |blocks| plan_tuned(&s, None, &l, &choice(TunedAlgorithm::Staged, blocks));
     assert_eq!(staged(0), None);
     assert_eq!(staged(1).map(|p| p.blocks), Some(1));
     assert_eq!(staged(64).map(|p| p.blocks), Some(64));
-    assert_eq!(staged(65), None);
+    assert_eq!(staged(128).map(|p| p.blocks), Some(128));
+    assert_eq!(staged(129), None);
+    // No line call beyond its 64 slots.
+    let line = shape(Collective::AllReduce, 256 << 10, 2, 4);
+    let one = |b| plan_tuned(&line, None, &l, &choice(TunedAlgorithm::OneShot, b));
+    assert_eq!(one(64).map(|p| p.blocks), Some(64));
+    assert_eq!(one(65), None);
     let capped = choice(TunedAlgorithm::Staged, 32);
     assert_eq!(plan_tuned(&s, None, &small_gpu, &capped), None);
     // 64 blocks for the line one-shot too (its default stops at 32).
