@@ -7,7 +7,8 @@
 //! prefix. The methods are on [`crate::Comm`] (`all_reduce`, `reduce_scatter`, `all_gather`,
 //! their `_in_place` and `_raw` forms, `all_reduce_hooked`); this module holds the types
 //! ([`types`]), the pure planners ([`plan`] for the line one-shot and staged two-shot,
-//! [`zero_copy_plan`] for pool buffers), the host argument checks and the launch.
+//! [`zero_copy_plan`] for pool buffers), the host's model of an epilogue hook's row group
+//! ([`rows`]), the host argument checks and the launch.
 
 pub(crate) mod args;
 pub(crate) mod config;
@@ -16,6 +17,7 @@ pub(crate) mod launch;
 pub(crate) mod net;
 pub mod net_plan;
 pub mod plan;
+pub mod rows;
 pub mod types;
 pub mod zero_copy_plan;
 
