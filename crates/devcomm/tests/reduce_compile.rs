@@ -200,6 +200,18 @@ fn hooks_with_row_groups_wider_than_a_warp_compile_on_every_path() {
             module.log
         );
     }
+    // The RMSNorm example (128 threads a row) with the whole block on a row.
+    let example = include_str!("../examples/hooks/rmsnorm.cu");
+    assert!(example.contains("kRowThreads = 128;"));
+    let wide = example.replace("kRowThreads = 128;", "kRowThreads = 512;");
+    let hooks = Hooks::<f32, f32>::new("RmsNorm", wide);
+    let spec = hooked_kernel_spec(DataType::F32, ReduceOp::Sum, hooks.raw());
+    let module = jit::compile(&spec, SM90).unwrap_or_else(|e| panic!("RmsNorm at 512: {e}"));
+    assert!(
+        module.log.is_empty(),
+        "RmsNorm at 512: warnings:\n{}",
+        module.log
+    );
 }
 
 #[test]
