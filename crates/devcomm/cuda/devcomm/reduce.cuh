@@ -595,7 +595,8 @@ template <class H> struct RowThreads<H, decltype((void)H::kRowThreads)> {
 
 // The sum of v over the 32 lanes of a warp, on every lane (a helper for hooks): an xor
 // butterfly, lane l adding lane l ^ o's value for o = 16, 8, 4, 2, 1, so every lane ends with
-// the same bits.
+// the same bits. In a row group wider than a warp it sums the caller's warp only: a hook sums
+// its row with row_sum.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
