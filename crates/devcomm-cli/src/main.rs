@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod autolaunch;
 mod bench;
+mod examples;
 mod foundation_kernels;
 mod info;
 mod kill;

@@ -1,21 +1,44 @@
 //! All-reduce + residual add + RMSNorm in one call: the epilogue hook (`hooks/rmsnorm.cu`)
 //! runs on every row of `hidden` elements right after the row is reduced, on the rank that
 //! reduces it, before the row is sent to every rank. Each rank reduces whole rows, so the hook
-//! sees whole rows. Checked against a host reference (to 1e-5 relative: the hook's sum of
-//! squares and `rsqrtf` are not the host's), and the outputs of all ranks bit for bit against
-//! each other.
+//! sees whole rows. Checked BIT FOR BIT against a host reference (`reference_row`: the hook
+//! uses only correctly rounded operations and a sum of squares of a fixed shape, its
+//! `kRowThreads` lanes and `row_sum`'s order, which the host replays), and the outputs of all
+//! ranks against each other.
 //!
 //! On a machine with GPUs: `devcomm launch -n 4 -- target/release/examples/all_reduce_rmsnorm`
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr};
+use devcomm::reduce::rows::{lane_folds, row_sum};
 use devcomm::{Comm, HookArgs, Hooks, ReduceOp};
 
 /// The user's hook (CUDA C++).
 pub const RMSNORM_HOOKS: &str = include_str!("hooks/rmsnorm.cu");
 
+/// The hook's row group (its `kRowThreads`).
+pub const RMSNORM_ROW_THREADS: u32 = 128;
+
 const EPS: f32 = 1e-6;
+
+/// The hook's steps on one reduced row `x` with `lanes` threads a row, in the hook's order and
+/// roundings: h = x + residual; the sum of squares as lane l (columns l, l + lanes, ..., with
+/// fma) and `row_sum` make it; scale = 1 / sqrt(ss / cols + eps); y = (h x scale) x weight.
+pub fn reference_row(
+    x: &[f32],
+    residual: &[f32],
+    weight: &[f32],
+    eps: f32,
+    lanes: u32,
+) -> Vec<f32> {
+    let h: Vec<f32> = x.iter().zip(residual).map(|(a, b)| a + b).collect();
+    let ss = row_sum(&lane_folds(&h, lanes as usize, 0.0, |acc, v| {
+        v.mul_add(v, acc)
+    }));
+    let scale = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    h.iter().zip(weight).map(|(v, w)| v * scale * w).collect()
+}
 
 fn sample(seed: u64, who: u64, i: usize) -> f32 {
     let h = (seed ^ (who << 40) ^ i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -23,13 +46,15 @@ fn sample(seed: u64, who: u64, i: usize) -> f32 {
 }
 
 /// `rows x hidden` f32 on every rank: all-reduce (sum), then per row h = x + residual,
-/// residual = h, y = h / sqrt(mean(h^2) + eps) * weight. Returns a summary or what differs.
+/// y = h / sqrt(mean(h^2) + eps) * weight, with the hook `source` whose rows run on
+/// `row_threads` lanes (`RMSNORM_HOOKS`, `RMSNORM_ROW_THREADS`: the example's). Returns a
+/// summary or what differs.
 pub fn run_rmsnorm(
     comm: &Comm,
     stream: &Arc<CudaStream>,
-    rows: usize,
-    hidden: usize,
+    (rows, hidden): (usize, usize),
     seed: u64,
+    (source, row_threads): (&str, u32),
 ) -> Result<String, String> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let e = |x: devcomm::Error| x.to_string();
@@ -50,7 +75,7 @@ pub fn run_rmsnorm(
             .clone_htod(&[r, w, u64::from(EPS.to_bits())])
             .map_err(c)?
     };
-    let hooks = Hooks::<f32, f32>::new("RmsNorm", RMSNORM_HOOKS);
+    let hooks = Hooks::<f32, f32>::new("RmsNorm", source);
     let hook_args = HookArgs::rows(hidden).with_user(args.device_ptr(stream).0);
     comm.all_reduce_hooked(
         &hooks,
@@ -70,22 +95,21 @@ pub fn run_rmsnorm(
             *s += x;
         }
     }
-    let mut worst = 0f64;
     for row in 0..rows {
-        let at = row * hidden;
-        let h: Vec<f32> = (0..hidden)
-            .map(|j| sum[at + j] + residual[at + j])
-            .collect();
-        let ms = h.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / hidden as f64;
-        let scale = 1.0 / (ms + f64::from(EPS)).sqrt();
-        for j in 0..hidden {
-            let want = f64::from(h[j]) * scale * f64::from(weight[j]);
-            let g = f64::from(got[at + j]);
-            let rel = (g - want).abs() / want.abs().max(1e-3);
-            worst = worst.max(rel);
-            if rel > 1e-5 || !g.is_finite() {
-                return Err(format!("row {row} col {j}: {g}, expected {want}"));
-            }
+        let span = row * hidden..(row + 1) * hidden;
+        let want = reference_row(
+            &sum[span.clone()],
+            &residual[span.clone()],
+            &weight,
+            EPS,
+            row_threads,
+        );
+        if let Some(j) = (0..hidden).find(|&j| got[span.start + j].to_bits() != want[j].to_bits()) {
+            return Err(format!(
+                "rank {rank}: row {row} col {j}: {:e}, expected {:e} ({row_threads} lanes a row)",
+                got[span.start + j],
+                want[j]
+            ));
         }
     }
     // Every rank holds the same bits.
@@ -95,7 +119,7 @@ pub fn run_rmsnorm(
             (h ^ u64::from(v.to_bits())).wrapping_mul(0x100_0000_01b3)
         })
         .to_le_bytes();
-    let tag = format!("__devcomm_example/rmsnorm/{seed}/{rows}x{hidden}");
+    let tag = format!("__devcomm_example/rmsnorm/{seed}/{rows}x{hidden}/{row_threads}");
     let all = comm
         .store()
         .all_gather(&tag, &hash, comm.setup_timeout())
@@ -104,8 +128,8 @@ pub fn run_rmsnorm(
         return Err(format!("rank {r}'s output differs from rank {rank}'s"));
     }
     Ok(format!(
-        "{rows} rows x {hidden}: all-reduce + residual + RMSNorm, worst relative error {worst:.1e}, \
-         identical on {world} ranks"
+        "{rows} rows x {hidden}: all-reduce + residual + RMSNorm on {row_threads} lanes a row, bit \
+         for bit, identical on {world} ranks"
     ))
 }
 
@@ -113,7 +137,37 @@ pub fn run_rmsnorm(
 fn main() -> Result<(), String> {
     let comm = Comm::from_env().map_err(|e| e.to_string())?;
     let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
-    let msg = run_rmsnorm(&comm, &stream, 257, 4096, 7)?;
+    let hook = (RMSNORM_HOOKS, RMSNORM_ROW_THREADS);
+    let msg = run_rmsnorm(&comm, &stream, (257, 4096), 7, hook)?;
     println!("rank {}: {msg}", comm.rank());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference against f64 arithmetic (1e-5 relative), at every width; with 32 lanes the
+    /// one warp's sum of squares.
+    #[test]
+    fn the_reference_row_normalises() {
+        let x: Vec<f32> = (0..1000).map(|i| sample(3, 0, i)).collect();
+        let res: Vec<f32> = (0..1000).map(|i| sample(3, 1, i)).collect();
+        let w: Vec<f32> = (0..1000).map(|i| 1.0 + sample(3, 2, i)).collect();
+        let h: Vec<f64> = x.iter().zip(&res).map(|(a, b)| f64::from(a + b)).collect();
+        let ms = h.iter().map(|v| v * v).sum::<f64>() / 1000.0;
+        let scale = 1.0 / (ms + f64::from(EPS)).sqrt();
+        for lanes in devcomm::reduce::rows::ROW_THREADS {
+            let y = reference_row(&x, &res, &w, EPS, lanes);
+            for j in 0..1000 {
+                let want = h[j] * scale * f64::from(w[j]);
+                let rel = (f64::from(y[j]) - want).abs() / want.abs().max(1e-3);
+                assert!(
+                    rel <= 1e-5,
+                    "{lanes} lanes, col {j}: {} against {want}",
+                    y[j]
+                );
+            }
+        }
+    }
 }

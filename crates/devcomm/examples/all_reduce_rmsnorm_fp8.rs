@@ -9,8 +9,9 @@
 //! Checked BIT FOR BIT against a host reference: the rank-order f32 sum of the ranks' bf16
 //! inputs rounded once to bf16 (devcomm's fixed order), then the hook's steps in the hook's
 //! order (`reference_row`): the hook uses only correctly rounded operations (`__fadd_rn`,
-//! `__fmaf_rn`, `__fdiv_rn`, `__fsqrt_rn`, no `rsqrtf`) and a sum of squares of a fixed shape,
-//! which the host replays. The e4m3 encoder (`devcomm/fp8.cuh` on the device,
+//! `__fmaf_rn`, `__fdiv_rn`, `__fsqrt_rn`, no `rsqrtf`) and a sum of squares of a fixed shape
+//! (its `kRowThreads` lanes, then `row_sum`'s order), which the host replays
+//! (`devcomm::reduce::rows`). The e4m3 encoder (`devcomm/fp8.cuh` on the device,
 //! `devcomm::moe::fp8::e4m3_from_f32` on the host) rounds to nearest even and saturates at
 //! +-448, like `cvt.rn.satfinite.e4m3x2.f32`.
 //!
@@ -28,6 +29,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use devcomm::reduce::rows::{lane_folds, row_max, row_sum};
 use devcomm::{Comm, DataType, HookArgs, Hooks, ReduceOp};
 use half::bf16;
 
@@ -37,6 +39,9 @@ pub use devcomm::moe::fp8::{e4m3_from_f32, E4M3_MAX};
 
 /// The user's hook (CUDA C++).
 pub const RMSNORM_FP8_HOOKS: &str = include_str!("hooks/rmsnorm_fp8.cu");
+
+/// The hook's row group (its `kRowThreads`).
+pub const RMSNORM_FP8_ROW_THREADS: u32 = 128;
 
 const EPS: f32 = 1e-6;
 /// What the scales hold before the call: the hook never writes a negative scale, so a row
@@ -60,35 +65,34 @@ pub struct RowRef {
     pub scale: f32,
 }
 
-/// The hook's steps on one reduced row `x`, in the hook's order and roundings.
-pub fn reference_row(x: &[bf16], residual: &[bf16], weight: &[bf16], eps: f32) -> RowRef {
+/// The hook's steps on one reduced row `x` with `lanes` threads a row, in the hook's order and
+/// roundings.
+pub fn reference_row(
+    x: &[bf16],
+    residual: &[bf16],
+    weight: &[bf16],
+    eps: f32,
+    lanes: u32,
+) -> RowRef {
     let cols = x.len();
     let h: Vec<bf16> = x
         .iter()
         .zip(residual)
         .map(|(a, b)| bf16::from_f32(a.to_f32() + b.to_f32()))
         .collect();
-    // Lane l of the warp sums columns l, l + 32, ... with fma; then warp_sum's butterfly:
-    // lane l adds lane l ^ o's value for o = 16, 8, 4, 2, 1 (every lane ends with the same).
-    let mut lanes = [0f32; 32];
-    for (j, v) in h.iter().enumerate() {
-        let f = v.to_f32();
-        lanes[j % 32] = f.mul_add(f, lanes[j % 32]);
-    }
-    for o in [16, 8, 4, 2, 1] {
-        let before = lanes;
-        for (l, v) in lanes.iter_mut().enumerate() {
-            *v = before[l] + before[l ^ o];
-        }
-    }
-    let mean = lanes[0] / cols as f32;
+    // Lane l sums columns l, l + lanes, ... with fma; then row_sum's order: each warp's
+    // butterfly, then the warps in order.
+    let hf: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+    let lanes = lanes as usize;
+    let mean = row_sum(&lane_folds(&hf, lanes, 0.0, |acc, f| f.mul_add(f, acc))) / cols as f32;
     let r = 1.0 / (mean + eps).sqrt();
     let out: Vec<bf16> = h
         .iter()
         .zip(weight)
         .map(|(v, w)| bf16::from_f32(v.to_f32() * r * w.to_f32()))
         .collect();
-    let amax = out.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
+    let yf: Vec<f32> = out.iter().map(|v| v.to_f32().abs()).collect();
+    let amax = row_max(&lane_folds(&yf, lanes, 0.0, f32::max));
     let (scale, inv) = if amax > 0.0 {
         (amax / E4M3_MAX, (E4M3_MAX / amax).min(f32::MAX))
     } else {
@@ -136,16 +140,17 @@ fn first_diff<T: PartialEq + Copy>(got: &[T], want: &[T]) -> Option<(usize, T, T
         .map(|i| (i, got[i], want[i]))
 }
 
-/// `rows x cols` bf16 on every rank: all-reduce (sum) with the fused epilogue, the input and
-/// output in the communicator's memory pool when `pooled` (zero-copy paths), ordinary device
-/// buffers otherwise. Returns a summary or what differs.
+/// `rows x cols` bf16 on every rank: all-reduce (sum) with the fused epilogue of `source`,
+/// whose rows run on `row_threads` lanes (`RMSNORM_FP8_HOOKS`, `RMSNORM_FP8_ROW_THREADS`: the
+/// example's), the input and output in the communicator's memory pool when `pooled`
+/// (zero-copy paths), ordinary device buffers otherwise. Returns a summary or what differs.
 pub fn run_rmsnorm_fp8(
     comm: &Comm,
     stream: &Arc<CudaStream>,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
     seed: u64,
     pooled: bool,
+    (source, row_threads): (&str, u32),
 ) -> Result<String, String> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let e = |x: devcomm::Error| x.to_string();
@@ -177,7 +182,7 @@ pub fn run_rmsnorm_fp8(
             .clone_htod(&[r, w, q, s, u64::from(EPS.to_bits())])
             .map_err(c)?
     };
-    let hooks = Hooks::<bf16, bf16>::new("RmsNormFp8", RMSNORM_FP8_HOOKS);
+    let hooks = Hooks::<bf16, bf16>::new("RmsNormFp8", source);
     let hook_args = HookArgs::rows(cols).with_user(args.device_ptr(stream).0);
     if pooled {
         all_reduce_in_pool(comm, stream, &hooks, &hook_args, &input, &mut output)?;
@@ -204,7 +209,13 @@ pub fn run_rmsnorm_fp8(
     for row in 0..rows {
         let at = row * cols;
         let span = at..at + cols;
-        let want = reference_row(&sum[span.clone()], &residual[span.clone()], &weight, EPS);
+        let want = reference_row(
+            &sum[span.clone()],
+            &residual[span.clone()],
+            &weight,
+            EPS,
+            row_threads,
+        );
         let g: Vec<u16> = bits(&got[span.clone()]).collect();
         if let Some((j, g, w)) = first_diff(&g, &bits(&want.out).collect::<Vec<_>>()) {
             return Err(format!(
@@ -257,7 +268,7 @@ pub fn run_rmsnorm_fp8(
     let mut mine = hash.to_le_bytes().to_vec();
     mine.extend_from_slice(&seen);
     let place = if pooled { "pool" } else { "ordinary" };
-    let tag = format!("__devcomm_example/rmsnorm_fp8/{seed}/{rows}x{cols}/{place}");
+    let tag = format!("__devcomm_example/rmsnorm_fp8/{seed}/{rows}x{cols}/{place}/{row_threads}");
     let all = comm
         .store()
         .all_gather(&tag, &mine, comm.setup_timeout())
@@ -270,9 +281,9 @@ pub fn run_rmsnorm_fp8(
     }
     let mine_rows = seen.iter().filter(|&&s| s == 1).count();
     Ok(format!(
-        "{rows} rows x {cols} bf16 ({place} buffers): all-reduce + residual + RMSNorm + e4m3, \
-         bit for bit (largest code {worst_code:#04x}); this rank's hook wrote {mine_rows} rows, \
-         every row on some rank; identical outputs on {world} ranks"
+        "{rows} rows x {cols} bf16 ({place} buffers, {row_threads} lanes a row): all-reduce + \
+         residual + RMSNorm + e4m3, bit for bit (largest code {worst_code:#04x}); this rank's \
+         hook wrote {mine_rows} rows, every row on some rank; identical outputs on {world} ranks"
     ))
 }
 
@@ -329,8 +340,9 @@ fn all_reduce_in_pool(
 fn main() -> Result<(), String> {
     let comm = Comm::from_env().map_err(|e| e.to_string())?;
     let stream = comm.context().new_stream().map_err(|e| e.to_string())?;
+    let hook = (RMSNORM_FP8_HOOKS, RMSNORM_FP8_ROW_THREADS);
     for (rows, cols, pooled) in [(257, 4096, false), (257, 4096, true)] {
-        let msg = run_rmsnorm_fp8(&comm, &stream, rows, cols, 7, pooled)?;
+        let msg = run_rmsnorm_fp8(&comm, &stream, (rows, cols), 7, pooled, hook)?;
         println!("rank {}: {msg}", comm.rank());
     }
     Ok(())
@@ -348,7 +360,7 @@ mod tests {
         let w: Vec<bf16> = (0..1000)
             .map(|i| bf16::from_f32(1.0 + sample(3, 2, i).to_f32()))
             .collect();
-        let r = reference_row(&x, &res, &w, EPS);
+        let r = reference_row(&x, &res, &w, EPS, RMSNORM_FP8_ROW_THREADS);
         // The normalised row has mean square ~ mean(w^2) and the fp8 codes dequantise near it.
         let amax = r.out.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
         assert_eq!(r.scale, amax / 448.0);
@@ -365,7 +377,76 @@ mod tests {
         }
         // A row of zeros: scale 1, codes 0.
         let zeros = vec![bf16::ZERO; 40];
-        let z = reference_row(&zeros, &zeros, &w[..40], EPS);
+        let z = reference_row(&zeros, &zeros, &w[..40], EPS, 512);
         assert_eq!((z.scale, z.fp8.iter().all(|&q| q == 0)), (1.0, true));
+    }
+
+    /// The reference as it was when a warp ran every row (32 lanes, warp_sum's butterfly and
+    /// amax folded in column order), written out.
+    fn one_warp_reference(x: &[bf16], residual: &[bf16], weight: &[bf16], eps: f32) -> RowRef {
+        let cols = x.len();
+        let h: Vec<bf16> = x
+            .iter()
+            .zip(residual)
+            .map(|(a, b)| bf16::from_f32(a.to_f32() + b.to_f32()))
+            .collect();
+        let mut lanes = [0f32; 32];
+        for (j, v) in h.iter().enumerate() {
+            let f = v.to_f32();
+            lanes[j % 32] = f.mul_add(f, lanes[j % 32]);
+        }
+        for o in [16, 8, 4, 2, 1] {
+            let before = lanes;
+            for (l, v) in lanes.iter_mut().enumerate() {
+                *v = before[l] + before[l ^ o];
+            }
+        }
+        let r = 1.0 / (lanes[0] / cols as f32 + eps).sqrt();
+        let out: Vec<bf16> = h
+            .iter()
+            .zip(weight)
+            .map(|(v, w)| bf16::from_f32(v.to_f32() * r * w.to_f32()))
+            .collect();
+        let amax = out.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
+        let (scale, inv) = if amax > 0.0 {
+            (amax / E4M3_MAX, (E4M3_MAX / amax).min(f32::MAX))
+        } else {
+            (1.0, 1.0)
+        };
+        let fp8 = out
+            .iter()
+            .map(|v| e4m3_from_f32(v.to_f32() * inv))
+            .collect();
+        RowRef {
+            out,
+            residual: h,
+            fp8,
+            scale,
+        }
+    }
+
+    #[test]
+    fn thirty_two_lanes_reproduce_the_one_warp_reference() {
+        for (seed, cols) in [(1u64, 7usize), (2, 1000), (3, 4096), (4, 7168)] {
+            let x: Vec<bf16> = (0..cols).map(|i| sample(seed, 0, i)).collect();
+            let res: Vec<bf16> = (0..cols).map(|i| sample(seed, 1, i)).collect();
+            let w: Vec<bf16> = (0..cols)
+                .map(|i| bf16::from_f32(1.0 + sample(seed, 2, i).to_f32()))
+                .collect();
+            let old = one_warp_reference(&x, &res, &w, EPS);
+            assert_eq!(reference_row(&x, &res, &w, EPS, 32), old, "{cols} columns");
+            for lanes in [64, 128, 256, 512] {
+                // Only the sum of squares' order changes (its bits: `devcomm::reduce::rows`'
+                // tests): the residual is the same, the outputs the same or a bf16 step apart.
+                let r = reference_row(&x, &res, &w, EPS, lanes);
+                assert_eq!(r.residual, old.residual);
+                for (a, b) in r.out.iter().zip(&old.out) {
+                    assert!(
+                        a.to_bits().abs_diff(b.to_bits()) <= 1,
+                        "{lanes}: {a} vs {b}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -21,6 +21,8 @@ const SIMULATION: &str = r#"
 #define __global__
 #define __host__
 #define __launch_bounds__(x)
+#define __shared__ static
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <cstdint>

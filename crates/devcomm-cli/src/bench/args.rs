@@ -63,6 +63,12 @@ pub struct BenchArgs {
     /// plain all-reduce; only sizes of whole rows are timed.
     #[arg(long, value_name = "ELEMENTS")]
     pub(crate) epilogue_rows: Option<usize>,
+    /// With `--epilogue-rows`: compile the RMSNorm hook with `kRowThreads = THREADS` (32, 64,
+    /// 128, 256 or 512 threads a row; default the hook's own, 128), so that one run compares
+    /// row group widths. The checked call is checked against the hook's host reference at
+    /// that width.
+    #[arg(long, value_name = "THREADS", requires = "epilogue_rows")]
+    pub(crate) epilogue_row_threads: Option<u32>,
     /// Keep cudarc's per-buffer event tracking on (its default). With several streams in a
     /// context, every call that takes a buffer through the safe API then records and waits on
     /// that buffer's events, a few host driver calls per call for devcomm and NCCL alike. The

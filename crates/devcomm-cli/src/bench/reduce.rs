@@ -124,10 +124,12 @@ impl<'a> Memory<'a> {
     }
 }
 
-/// Checks the reduction options (`--dtype`, `--redop`, `--reference`) without a GPU.
+/// Checks the reduction options (`--dtype`, `--redop`, `--reference`,
+/// `--epilogue-row-threads`) without a GPU.
 pub(crate) fn check_args(args: &BenchArgs) -> Result<(), String> {
     Codec::of(parse_dtype(&args.dtype)?)?;
     parse_redop(&args.redop)?;
+    epilogue::hook_source(args.epilogue_row_threads)?;
     Reference::parse(&args.reference).map(|_| ())
 }
 
@@ -147,7 +149,13 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, coll: Coll) -> Result<Vec<Record>,
         Some(_) if args.zero_copy => {
             return Err("--epilogue-rows times ordinary buffers (leave out --zero-copy)".into())
         }
-        Some(row) => Some(Epilogue::new(cx, dtype, row, args.max_bytes / elem)?),
+        Some(row) => Some(Epilogue::new(
+            cx,
+            dtype,
+            row,
+            args.epilogue_row_threads,
+            args.max_bytes / elem,
+        )?),
     };
     let s = Setup {
         coll,
@@ -351,8 +359,9 @@ fn point(
     });
     if let Some(e) = &s.epilogue {
         algorithm += &format!(
-            "; devcomm with the residual + RMSNorm epilogue on rows of {}, NCCL all-reduce alone",
-            e.row
+            "; devcomm with the residual + RMSNorm epilogue on rows of {}, {} threads a row, \
+             NCCL all-reduce alone",
+            e.row, e.lanes
         );
     }
     let plain_us = candidates
@@ -438,8 +447,10 @@ fn devcomm_call(cx: &Ctx, s: &Setup, (i, o): (u64, u64), count: usize) -> Result
 }
 
 /// Poisons the output, runs devcomm once and compares its output with NCCL's of the same input
-/// (itself on an output poisoned differently), or without NCCL with the host reference.
-/// Every rank learns whether any rank's check failed. Returns how the point was checked.
+/// (itself on an output poisoned differently), or without NCCL with the host reference; with
+/// the epilogue, devcomm's call is the hooked one and the expected output is the hook's host
+/// reference on that result. Every rank learns whether any rank's check failed. Returns how
+/// the point was checked.
 fn check_point(
     cx: &Ctx,
     s: &Setup,
@@ -481,9 +492,22 @@ fn check_point(
             ))
         }
     };
+    let (want, how) = match &s.epilogue {
+        Some(e) => (
+            e.reference(&want),
+            format!(
+                "{how}, then the RMSNorm hook's host reference on {} threads a row",
+                e.lanes
+            ),
+        ),
+        None => (want, how),
+    };
     poison(cx, ptrs.1, out_bytes, codec.poison())?;
     cx.host_barrier()?;
-    devcomm_call(cx, s, ptrs, z.count)?;
+    match &s.epilogue {
+        Some(e) => epilogue_call(cx, s.dtype, e, ptrs, z.count)?,
+        None => devcomm_call(cx, s, ptrs, z.count)?,
+    }
     let got = download(cx, ptrs.1, out_bytes)?;
     let wrong = first_mismatch(codec, check, &got, &want);
     let any = max_over_ranks(cx, "reduce-check", f64::from(u8::from(wrong.is_some())))?;

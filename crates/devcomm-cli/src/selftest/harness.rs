@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 pub(crate) use context::Ctx;
 pub(crate) use data::{
-    compare, doubling_epilogue, doubling_hooks, partner, poisoned, roles, BenchDst, RegBuf, POISON,
-    SIZES,
+    compare, doubling_epilogue, doubling_hooks, partner, poisoned, roles, with_row_threads,
+    BenchDst, RegBuf, POISON, SIZES,
 };
 pub(crate) use fresh::{fresh_comm, fresh_comm_with, Fresh};
 pub(crate) use outcome::{verified, Checked, Outcome, Ranks, Skip};

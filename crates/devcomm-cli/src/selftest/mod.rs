@@ -44,7 +44,7 @@
 
 mod harness;
 
-pub(crate) use harness::{fresh_comm_with, BenchDst, Ctx, Fresh};
+pub(crate) use harness::{fresh_comm_with, with_row_threads, BenchDst, Ctx, Fresh};
 
 /// Declares the groups (one module each) and [`GROUPS`], in run order.
 macro_rules! groups {

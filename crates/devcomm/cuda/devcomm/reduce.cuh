@@ -549,11 +549,20 @@ __device__ __forceinline__ void reduce_elems(const G& g, T* dst, Src src, int wo
 // ---- Epilogue hooks ------------------------------------------------------------------------
 //
 // A hooked all-reduce or reduce-scatter calls H::epilogue(ctx, row) for every row of this
-// rank's reduced shard, one warp per row (every lane calls it), before the row is written
-// anywhere: `row` holds the row's cols reduced elements (of H::T, rounded) in this rank's
-// window and the hook rewrites them in place (reading ctx.user for its own arguments). What it
-// leaves there is what the output receives: every rank's (all-reduce) or this rank's
-// (reduce-scatter). A hook must not touch other rows.
+// rank's reduced shard, one row group per row (every thread of the group calls it), before the
+// row is written anywhere: `row` holds the row's cols reduced elements (of H::T, rounded) in
+// this rank's window and the hook rewrites them in place (reading ctx.user for its own
+// arguments). What it leaves there is what the output receives: every rank's (all-reduce) or
+// this rank's (reduce-scatter). A hook must not touch other rows.
+//
+// Row groups: H may declare `static constexpr unsigned kRowThreads = N;` with N one of 32, 64,
+// 128, 256, 512 (kThreads, the whole block); without it a row has one warp (N = 32), the
+// contract hooks were written against before the constant existed. A group is N consecutive
+// threads of the block (whole warps); the block's kThreads / N groups take its rows in turn
+// (row r of a block's rows: group r % groups). Every kernel that runs hooks does so on its
+// whole block of kThreads threads, so N alone decides the row's shape (which lane holds which
+// columns, the order of row_sum) on every algorithm: results stay bitwise the same on every
+// path.
 struct RowCtx {
   const void* user;  // the user arguments (device memory) or null
   dc_u64 row;        // the row's index in this rank's output (all-reduce: the whole buffer;
@@ -561,7 +570,8 @@ struct RowCtx {
   dc_u64 cols;       // elements per row
   dc_i32 rank;
   dc_i32 world_size;
-  dc_u32 lane;       // this thread's lane (0..31)
+  dc_u32 lane;       // this thread's place in the row's group (0..lanes-1)
+  dc_u32 lanes;      // threads of the row's group: the hook's kRowThreads (32 if it has none)
   const void* dest;  // the row's place in this rank's output, still as it was before the
                      // call (an accumulate hook adds it; in place it is this rank's input)
 };
@@ -573,11 +583,80 @@ struct NoEpilogue {};
 template <class H> struct HasEpilogue { static constexpr bool value = true; };
 template <> struct HasEpilogue<NoEpilogue> { static constexpr bool value = false; };
 
-// The sum of v over the 32 lanes of a warp, on every lane (a helper for hooks).
+// Whether n threads may run a row: a power of two from a warp to the whole block.
+constexpr bool row_threads_ok(long long n) {
+  return (n == 32 || n == 64 || n == 128 || n == 256 || n == 512) && n <= (long long)kThreads;
+}
+
+// The threads of H's row group: H::kRowThreads when H declares it, else 32 (a warp).
+template <class H, class = void> struct RowThreads { static constexpr dc_u32 value = 32; };
+template <class H> struct RowThreads<H, decltype((void)H::kRowThreads)> {
+  static_assert(row_threads_ok((long long)H::kRowThreads),
+                "the hook's kRowThreads must be 32, 64, 128, 256 or 512");
+  static constexpr dc_u32 value = (dc_u32)H::kRowThreads;
+};
+
+// The sum of v over the 32 lanes of a warp, on every lane (a helper for hooks): an xor
+// butterfly, lane l adding lane l ^ o's value for o = 16, 8, 4, 2, 1, so every lane ends with
+// the same bits. In a row group wider than a warp it sums the caller's warp only: a hook sums
+// its row with row_sum.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// The largest v over the 32 lanes of a warp (fmaxf), on every lane, in warp_sum's butterfly.
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// One float a warp of the block: where row_sum and row_max leave each warp's partial for the
+// other warps of its row group (a group's warps are its own slots, so groups never share one).
+__device__ __forceinline__ float* row_group_scratch() {
+  __shared__ float partials[kThreads / 32];
+  return partials;
+}
+
+// The value of every warp of the calling thread's row group combined in warp order, on every
+// thread of the group: each warp's lanes combine by `warp` (its butterfly), then every thread
+// folds the warps' values 0, 1, 2, ... with `op`. Groups wider than a warp meet at hardware
+// barrier 1 + (the group's index in the block), of c.lanes threads (ids 1..kThreads / lanes;
+// 0 is __syncthreads', and no reduction kernel uses the others while hooks run); the second
+// barrier keeps a fast warp's next call from overwriting a partial a slow warp still reads.
+template <class W, class Op>
+__device__ __forceinline__ float row_combine(const RowCtx& c, float v, W warp, Op op) {
+  v = warp(v);
+  if (c.lanes <= 32) return v;
+  const dc_u32 t = linear_thread_index();
+  const dc_u32 id = 1 + t / c.lanes, first = (t - c.lane) / 32, warps = c.lanes / 32;
+  float* partials = row_group_scratch();
+  if ((t & 31u) == 0) partials[t / 32] = v;
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(c.lanes) : "memory");
+  float r = partials[first];
+  for (dc_u32 k = 1; k < warps; ++k) r = op(r, partials[first + k]);
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(c.lanes) : "memory");
+  return r;
+}
+
+// The sum of v over the row's group, on every thread of it, in a fixed order: warp_sum's
+// butterfly within each warp, then the warps' sums added in warp order ((w0 + w1) + w2) + ...
+// (for 32 lanes: warp_sum itself). EVERY thread of the group must call it, the same number of
+// times for the row (it contains the group's barriers): never from a branch some of the
+// group's threads skip.
+__device__ __forceinline__ float row_sum(const RowCtx& c, float v) {
+  return row_combine(c, v, [](float x) { return warp_sum(x); },
+                     [](float a, float b) { return a + b; });
+}
+
+// The largest v (fmaxf) over the row's group, on every thread of it: warp_max within each
+// warp, then the warps' values in warp order. Called as row_sum is: by every thread of the
+// group, the same number of times.
+__device__ __forceinline__ float row_max(const RowCtx& c, float v) {
+  return row_combine(c, v, [](float x) { return warp_max(x); },
+                     [](float a, float b) { return fmaxf(a, b); });
 }
 
 // Element conversions for hooks: to float and back (rounding to nearest even).

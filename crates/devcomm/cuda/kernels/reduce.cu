@@ -99,23 +99,27 @@ __device__ __forceinline__ void line_words(dc_u64 i, dc_u32 l, dc_u64 payload, F
   p2p::ll128_lane_units<8>(i * p2p::Ll128<8>::kBytes, payload, l, f);
 }
 
-// Calls the hook on the n / row_len rows at `rows` (in the window), one warp per row; `dest`
-// is where the first of them will be written in this rank's output, `row0` its row index there.
-// `user`, `row_len`, `rank` and `world` as the hook's RowCtx carries them.
-template <class H, class G, class T>
-__device__ __forceinline__ void epilogue_rows_at(const G& g, dc_u64 user, dc_u64 row_len,
+// Calls the hook on the n / row_len rows at `rows` (in the window), one row group of
+// RowThreads<H> threads per row (reduce.cuh, "Epilogue hooks"): the block's groups take the
+// rows in turn. `dest` is where the first of them will be written in this rank's output, `row0`
+// its row index there; `user`, `row_len`, `rank` and `world` as the hook's RowCtx carries them.
+// Every caller passes its whole block (kThreads threads; a Block, nothing narrower), so that a
+// row has the same shape, and its row_sum the same order, on every algorithm.
+template <class H, class T>
+__device__ __forceinline__ void epilogue_rows_at(const Block& g, dc_u64 user, dc_u64 row_len,
                                                  int rank, int world, T* rows, T* dest,
                                                  dc_u64 row0, dc_u64 n) {
-  const dc_u32 warp = g.thread_rank() / 32, warps = g.size() / 32;
-  for (dc_u64 r = warp; r < n / row_len; r += warps) {
+  constexpr dc_u32 kLanes = RowThreads<H>::value;
+  const dc_u32 group = g.thread_rank() / kLanes, groups = g.size() / kLanes;
+  for (dc_u64 r = group; r < n / row_len; r += groups) {
     RowCtx c{reinterpret_cast<const void*>(user), row0 + r, row_len, rank, world,
-             g.thread_rank() & 31u, dest + r * row_len};
+             g.thread_rank() % kLanes, kLanes, dest + r * row_len};
     H::epilogue(c, reinterpret_cast<typename H::T*>(rows + r * row_len));
   }
 }
 
-template <class H, class G, class T>
-__device__ __forceinline__ void epilogue_rows(const G& g, const ReduceLaunch& a, T* rows,
+template <class H, class T>
+__device__ __forceinline__ void epilogue_rows(const Block& g, const ReduceLaunch& a, T* rows,
                                               T* dest, dc_u64 row0, dc_u64 n) {
   epilogue_rows_at<H>(g, a.user, a.row_len, a.w.rank, a.w.world_size, rows, dest, row0, n);
 }
@@ -293,10 +297,10 @@ __device__ __forceinline__ bool each_rank_line(const ReduceLaunch& a, dc_u64 seq
 
 // The epilogue (H, hooked all-reduce and reduce-scatter): every row starts a line of its own
 // (RowLines), block b pushes and reduces whole rows [r0, r1) of the payload, reduces them into
-// its own window (this rank's own line area, which no peer writes), runs the hook on them (one
-// warp per row; RowCtx::dest is the row in the output, still as it was), then copies them into
-// the output. In place, a block overwrites only rows it has pushed itself. Every rank runs the
-// hook on every row.
+// its own window (this rank's own line area, which no peer writes), runs the hook on them (a
+// row group per row; RowCtx::dest is the row in the output, still as it was), then copies them
+// into the output. In place, a block overwrites only rows it has pushed itself. Every rank runs
+// the hook on every row.
 template <class T, int OP, class H>
 __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   enter_after_previous_kernel();
@@ -488,7 +492,7 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
 //      kReady (all-gather: kReduced);
 //   2. (all-reduce, reduce-scatter) wait for kReady of block b of every rank, reduce shard
 //      `me` from every rank's data in rank order; all-reduce: write the result into the
-//      own window (then the epilogue hook, one warp per row) and publish kReduced;
+//      own window (then the epilogue hook, a row group per row) and publish kReduced;
 //      reduce-scatter: write the output and publish kDone;
 //   3. (all-reduce, all-gather) wait for kReduced of block b of every rank, copy every rank's
 //      reduced shard piece into the output, publish kDone.
@@ -621,8 +625,8 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
     return true;
   };
   // 2. (all-reduce, reduce-scatter) Reduce this rank's shard of round k from every rank's
-  // data in rank order: all-reduce into the own window (then the epilogue hook, one warp per
-  // row), publish kReduced; reduce-scatter into the output, publish kDone.
+  // data in rank order: all-reduce into the own window (then the epilogue hook, a row group
+  // per row), publish kReduced; reduce-scatter into the output, publish kDone.
   auto reduce = [&](dc_u64 k) -> bool {
     const dc_u64 s = before + k + 1;
     dc_u64 lo, hi;

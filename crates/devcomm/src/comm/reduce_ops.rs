@@ -246,11 +246,11 @@ impl Comm {
     /// a struct of CUDA C++ source with
     /// `using T = <element type>;` and
     /// `static __device__ void epilogue(const devcomm::red::RowCtx& c, T* row)`, called by
-    /// one warp for every row of `args.row_len` elements after the row is reduced and before it
-    /// is written anywhere; what it leaves in `row` is what every rank receives
-    /// (`cuda/devcomm/reduce.cuh`, "Epilogue hooks"). `args.user` is handed to it as
-    /// `c.user`. The buffers hold whole rows; each rank reduces whole rows, so the hook sees
-    /// whole rows. Built as the two-shot (never one-shot), out of place or in place
+    /// one row group (a warp, or the hook's `kRowThreads` threads) for every row of
+    /// `args.row_len` elements after the row is reduced and before it is written anywhere;
+    /// what it leaves in `row` is what every rank receives (`cuda/devcomm/reduce.cuh`,
+    /// "Epilogue hooks"). `args.user` is handed to it as `c.user`. The buffers hold whole
+    /// rows; each rank reduces whole rows, so the hook sees whole rows. Out of place or in place
     /// (`input == output` through [`Comm::all_reduce_hooked_raw`]).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_hooked<T: Reducible, S: DevicePtr<T>, R: DevicePtrMut<T>>(

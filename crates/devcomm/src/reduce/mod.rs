@@ -7,8 +7,8 @@
 //! prefix. The methods are on [`crate::Comm`] (`all_reduce`, `reduce_scatter`, `all_gather`,
 //! their `_in_place` and `_raw` forms, `all_reduce_hooked`); this module holds the types
 //! ([`types`]), the pure planners ([`plan`] for the line one-shot and staged two-shot,
-//! [`zero_copy_plan`] for pool buffers, [`tuned_plan`] for a tuning table's choice), the host
-//! argument checks and the launch.
+//! [`zero_copy_plan`] for pool buffers, [`tuned_plan`] for a tuning table's choice), the host's
+//! model of an epilogue hook's row group ([`rows`]), the host argument checks and the launch.
 
 pub(crate) mod args;
 pub(crate) mod config;
@@ -17,6 +17,7 @@ pub(crate) mod launch;
 pub(crate) mod net;
 pub mod net_plan;
 pub mod plan;
+pub mod rows;
 pub mod tune;
 pub(crate) mod tune_builtin;
 pub mod tuned_plan;

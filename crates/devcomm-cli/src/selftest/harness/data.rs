@@ -1,5 +1,6 @@
 //! Shared helpers of the checks: poison and guard bytes, byte comparison, the pairs of the
-//! pairwise checks, message sizes, and registered `cuMemAlloc` buffers.
+//! pairwise checks, message sizes, registered `cuMemAlloc` buffers, and small hooks (and a
+//! hook's row group width set in its source).
 
 use std::sync::Arc;
 
@@ -180,6 +181,44 @@ pub(crate) fn doubling_hooks() -> devcomm::Hooks<f32> {
     devcomm::Hooks::new("Double", SOURCE)
 }
 
+/// A hook's source with its one `kRowThreads = N` declaration set to `threads` (one of
+/// `devcomm::reduce::rows::ROW_THREADS`): the same hook checked or timed at several row group
+/// widths. An error names what is missing.
+pub(crate) fn with_row_threads(source: &str, threads: u32) -> Result<String, String> {
+    use devcomm::reduce::rows::ROW_THREADS;
+    const KEY: &str = "kRowThreads = ";
+    if !ROW_THREADS.contains(&threads) {
+        return Err(format!(
+            "{threads} threads a row: a hook's row group is one of {ROW_THREADS:?}"
+        ));
+    }
+    let mut found = source.match_indices(KEY);
+    let at = match (found.next(), found.next()) {
+        (Some((i, _)), None) => i + KEY.len(),
+        (None, _) => {
+            return Err(format!(
+                "the hook declares no `{KEY}N;`, so its row group cannot be set to {threads}"
+            ))
+        }
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "the hook has `{KEY}` more than once: which one to set to {threads} is unclear"
+            ))
+        }
+    };
+    let digits = source[at..].bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return Err(format!(
+            "the hook's `{KEY}` is not followed by a number: cannot set it to {threads}"
+        ));
+    }
+    Ok(format!(
+        "{}{threads}{}",
+        &source[..at],
+        &source[at + digits..]
+    ))
+}
+
 /// A reduction epilogue that doubles every reduced f32 value of its row.
 pub(crate) fn doubling_epilogue() -> devcomm::Hooks<f32> {
     const SOURCE: &str = "struct Twice {\n  using T = float;\n  \
@@ -190,7 +229,30 @@ pub(crate) fn doubling_epilogue() -> devcomm::Hooks<f32> {
 
 #[cfg(test)]
 mod tests {
-    use super::compare;
+    use super::{compare, with_row_threads};
+
+    #[test]
+    fn with_row_threads_sets_the_one_declaration() {
+        let src = "struct H {\n  static constexpr unsigned kRowThreads = 128;  // lanes\n};\n";
+        assert_eq!(
+            with_row_threads(src, 512).unwrap(),
+            "struct H {\n  static constexpr unsigned kRowThreads = 512;  // lanes\n};\n"
+        );
+        assert_eq!(with_row_threads(src, 128).unwrap(), src);
+        assert!(with_row_threads(src, 96)
+            .unwrap_err()
+            .contains("one of [32, 64"));
+        assert!(with_row_threads("struct H {};", 64)
+            .unwrap_err()
+            .contains("declares no"));
+        let twice = format!("{src}{src}");
+        assert!(with_row_threads(&twice, 64)
+            .unwrap_err()
+            .contains("more than once"));
+        assert!(with_row_threads("kRowThreads = N;", 64)
+            .unwrap_err()
+            .contains("not followed by a number"));
+    }
 
     #[test]
     fn compare_names_the_first_wrong_byte_and_lengths() {

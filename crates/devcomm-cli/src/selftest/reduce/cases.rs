@@ -2,7 +2,7 @@
 //! type x operation, in place and out of place, at sizes around every algorithm switch and up
 //! to 256 MiB, on fresh data that every rank can regenerate, outputs poisoned and guarded,
 //! results compared bit for bit with a host reduction in rank order and across ranks; the
-//! argument errors; the RMSNorm example.
+//! argument errors; the RMSNorm example (at its own row group and at the whole block).
 
 use cudarc::driver::CudaSlice;
 use devcomm::reduce::plan::{Algorithm, Collective};
@@ -10,11 +10,9 @@ use devcomm::{DataType, Error, HookArgs, Hooks, ReduceOp};
 use half::{bf16, f16};
 
 use super::reference::{data, first_diff, hash, reduce, HostNum};
+use crate::examples::all_reduce_rmsnorm as rmsnorm_example;
 use crate::selftest::harness::Ctx;
 
-#[allow(dead_code)]
-#[path = "../../../../devcomm/examples/all_reduce_rmsnorm.rs"]
-mod rmsnorm_example;
 
 type Check = Result<String, String>;
 /// Guard elements on each side of every output.
@@ -478,8 +476,11 @@ pub(super) fn check_args(cx: &Ctx) -> Check {
     ))
 }
 
-/// The RMSNorm example against its host reference.
+/// The RMSNorm example against its host reference, bit for bit: at the example's row group
+/// (128 lanes) and with the whole block on a row (512 lanes, the hook's `kRowThreads` set in its
+/// source), so that the widest row group and its `row_sum` are checked on every algorithm.
 pub(super) fn check_rmsnorm(cx: &Ctx) -> Check {
+    use rmsnorm_example::{RMSNORM_HOOKS, RMSNORM_ROW_THREADS};
     let w = cx.comm.world_size();
     // (rows, hidden, the algorithm on NVLink): the two-shot; fewer rows than ranks (on the
     // two-shot some ranks would reduce no row); a decode step's rows of 7168 (one line a 120
@@ -492,27 +493,37 @@ pub(super) fn check_rmsnorm(cx: &Ctx) -> Check {
     ];
     let network = cx.comm.tuning().has_network_links();
     let limits = cx.comm.tuning().reduction_limits();
+    let wide = crate::selftest::harness::with_row_threads(RMSNORM_HOOKS, 512)?;
     let mut done = Vec::new();
-    for (k, (rows, hidden, want_one_shot)) in cases.into_iter().enumerate() {
-        let shape = devcomm::reduce::plan::Shape {
-            collective: Collective::AllReduce,
-            count: (rows * hidden) as u64,
-            elem_bytes: 4,
-            world: w,
-            row_len: Some(hidden as u64),
-        };
-        let algorithm = devcomm::reduce::plan::plan(&shape, &limits)
-            .map_err(|e| format!("{rows} x {hidden}: {e}"))?
-            .algorithm;
-        if !network && (algorithm == Algorithm::OneShot) != want_one_shot {
-            return Err(format!(
-                "{rows} rows x {hidden}: planned {algorithm:?}, the test expects the one-shot: \
-                 {want_one_shot}"
-            ));
+    for (source, lanes) in [(RMSNORM_HOOKS, RMSNORM_ROW_THREADS), (wide.as_str(), 512)] {
+        for (k, (rows, hidden, want_one_shot)) in cases.into_iter().enumerate() {
+            let shape = devcomm::reduce::plan::Shape {
+                collective: Collective::AllReduce,
+                count: (rows * hidden) as u64,
+                elem_bytes: 4,
+                world: w,
+                row_len: Some(hidden as u64),
+            };
+            let algorithm = devcomm::reduce::plan::plan(&shape, &limits)
+                .map_err(|e| format!("{rows} x {hidden}: {e}"))?
+                .algorithm;
+            if !network && (algorithm == Algorithm::OneShot) != want_one_shot {
+                return Err(format!(
+                    "{rows} rows x {hidden}: planned {algorithm:?}, the test expects the \
+                     one-shot: {want_one_shot}"
+                ));
+            }
+            let seed = cx.seed ^ k as u64;
+            let r = rmsnorm_example::run_rmsnorm(
+                &cx.comm,
+                &cx.stream,
+                (rows, hidden),
+                seed,
+                (source, lanes),
+            )?;
+            let how = if network { "network" } else { algorithm.name() };
+            done.push(format!("{r} ({how})"));
         }
-        let r = rmsnorm_example::run_rmsnorm(&cx.comm, &cx.stream, rows, hidden, cx.seed ^ k as u64)?;
-        let how = if network { "network" } else { algorithm.name() };
-        done.push(format!("{r} ({how})"));
     }
     Ok(done.join("; "))
 }

@@ -2,7 +2,8 @@
 //! `out += reduce_scatter(in)`, out of place and in place, one round and several, bit for bit
 //! against the host (the reduction in rank order, then one f32 addition); and the all-reduce +
 //! residual + RMSNorm + FP8 example (`examples/all_reduce_rmsnorm_fp8.rs`) on ordinary and pool
-//! buffers, bit for bit against its host reference.
+//! buffers, at its own row group and at 512 and 32 lanes a row, bit for bit against its host
+//! reference.
 
 use cudarc::driver::DevicePtr;
 use devcomm::{DataType, HookArgs, Hooks, ReduceOp};
@@ -89,22 +90,41 @@ pub(super) fn check_accumulate(cx: &Ctx) -> Check {
 
 /// The all-reduce + residual + RMSNorm + FP8 example against its host reference: fewer rows
 /// than ranks (some ranks' hooks see no row), columns that are no multiple of the warp or
-/// fewer than a warp, 4096 columns; then with the input and output in the memory pool.
+/// fewer than a warp, 4096 columns; then with the input and output in the memory pool. At the
+/// example's row group (128 lanes); then the hook with its `kRowThreads` set to 512 (the whole
+/// block on a row: fewer columns than lanes, the two-shot, the zero-copy paths) and to 32 (one
+/// warp, `row_sum` as `warp_sum`).
 pub(super) fn check_rmsnorm_fp8(cx: &Ctx) -> Check {
+    use rmsnorm_fp8_example::{RMSNORM_FP8_HOOKS, RMSNORM_FP8_ROW_THREADS};
     let w = cx.comm.world_size();
+    let wide = crate::selftest::harness::with_row_threads(RMSNORM_FP8_HOOKS, 512)?;
+    let warp = crate::selftest::harness::with_row_threads(RMSNORM_FP8_HOOKS, 32)?;
+    let own = (RMSNORM_FP8_HOOKS, RMSNORM_FP8_ROW_THREADS);
     let mut done = Vec::new();
-    for (k, (rows, cols, pooled)) in [
-        (w.max(2) - 1, 1000, false),
-        (5, 7, false),
-        (257, 4096, false),
-        (37, 1000, true),
-        (512, 4096, true),
+    for (k, (rows, cols, pooled, hook)) in [
+        (w.max(2) - 1, 1000, false, own),
+        (5, 7, false, own),
+        (257, 4096, false, own),
+        (37, 1000, true, own),
+        (512, 4096, true, own),
+        (5, 7, false, (wide.as_str(), 512)),
+        (16, 7168, false, (wide.as_str(), 512)),
+        (257, 4096, false, (wide.as_str(), 512)),
+        (37, 1000, true, (wide.as_str(), 512)),
+        (257, 4096, false, (warp.as_str(), 32)),
     ]
     .into_iter()
     .enumerate()
     {
         let seed = cx.seed ^ (k as u64 + 1);
-        let msg = rmsnorm_fp8_example::run_rmsnorm_fp8(&cx.comm, &cx.stream, rows, cols, seed, pooled)?;
+        let msg = rmsnorm_fp8_example::run_rmsnorm_fp8(
+            &cx.comm,
+            &cx.stream,
+            (rows, cols),
+            seed,
+            pooled,
+            hook,
+        )?;
         done.push(msg);
     }
     Ok(done.join("; "))

@@ -39,13 +39,13 @@ pub(super) const CHECKS: &[Check] = &[
     Check {
         name: "reduce_rmsnorm",
         ranks: Ranks::AtLeast(2),
-        about: "the all-reduce + residual + RMSNorm example against its host reference",
+        about: "all-reduce + residual + RMSNorm example, 128 and 512 lanes a row, bitwise",
         run: |cx, _| verified(cases::check_rmsnorm(cx)),
     },
     Check {
         name: "reduce_rmsnorm_fp8",
         ranks: Ranks::AtLeast(2),
-        about: "all-reduce + residual + RMSNorm + e4m3 example, ordinary and pool, bitwise",
+        about: "all-reduce + RMSNorm + e4m3 example, ordinary and pool, 128/512/32 lanes, bitwise",
         run: |cx, _| verified(hooked::check_rmsnorm_fp8(cx)),
     },
     Check {
