@@ -202,8 +202,9 @@ knobs! {
     /// by this step (up to the most blocks).
     reduce_block_kib: u32 = 16, "16",
         env "DEVCOMM_REDUCE_BLOCK_KIB", group "reductions", range range(1, 1 << 20), Must, experimental;
-    /// Most blocks of a reduction on lines, the one-shot and the two-shot on lines (one per
-    /// 8 KiB of a sender's payload up to this; at most half the smallest GPU's SMs).
+    /// Most blocks of a reduction on lines: the two-shot on lines takes this many, the one-shot
+    /// one per 4 KiB of a sender's payload from 32 up to this (at most half the smallest GPU's
+    /// SMs).
     reduce_one_shot_blocks: u32 = 64, "64",
         env "DEVCOMM_REDUCE_ONE_SHOT_BLOCKS", group "reductions", range range(1, 64), Must, experimental;
     /// Largest one-shot reduction payload in KiB (`0`: never); unset: 1024 on 2 ranks, 512 on

@@ -95,6 +95,19 @@ pub const MAX_BLOCKS: u32 = 128;
 /// in `reduce.cuh`: the line calls' release slots).
 pub const LINE_MAX_BLOCKS: u32 = 64;
 
+/// Bytes of a sender's one-shot payload per block, by which its block count grows from
+/// [`LINE_MIN_BLOCKS`] to the most (64): 4 KiB. `devcomm tune` on 4 H200s (bf16 all-reduce,
+/// 2026-11-28, 284465b; the block counts were then one per 8 KiB from 1) chose the one-shot on
+/// 32 blocks from 8 to 128 KiB (8.6-8.8 us against 11.3-12.0 on 1-16 blocks, where a block
+/// walks its lines in two passes), on 64 at 256 KiB (10.3 against 12.0 on 32), and the two-shot
+/// on lines on 64 blocks at 512 KiB and 1 MiB (13.9 and 16.1 us against 15.4 for the one-shot
+/// and 20.4 on 32 blocks); below 8 KiB every count took 8.4-9.4 us (docs/PERFORMANCE.md,
+/// "Block counts of the calls on lines, by the tuner").
+pub const LINE_BLOCK_BYTES: u64 = 4 << 10;
+
+/// Fewest blocks of a one-shot call (within [`ReduceLimits::one_shot_blocks`]): 32.
+pub const LINE_MIN_BLOCKS: u32 = 32;
+
 /// Threads per block of the reduction kernels (`kThreads` in `reduce.cuh`).
 pub const THREADS: u32 = 512;
 
@@ -233,7 +246,8 @@ pub const fn zero_copy_one_shot_max_bytes(world: usize) -> u64 {
 /// 32.6; reduce-scatter and all-gather of 2 MiB (1 MiB a sender) 13.9-14.0 against
 /// 15.6-16.1, of 4 MiB 22.5-22.6 against 20.8-21.1: 1 MiB serves all three. 3-4 ranks: on
 /// 4 H200s with LL128 lines (2026-11-27), bf16 all-reduce 512 KiB 16.9 us one-shot against
-/// 23.0 two-shot, 1 MiB 28.1 against 25.2; more ranks: not measured.
+/// 23.0 two-shot, 1 MiB 28.1 against 25.2 (unhooked all-reduces above
+/// [`LINE_TWO_SHOT_FROM_BYTES`] take the two-shot on lines instead); more ranks: not measured.
 pub const fn one_shot_max_bytes(world: usize) -> u64 {
     match world {
         0..=2 => 1 << 20,
@@ -241,6 +255,12 @@ pub const fn one_shot_max_bytes(world: usize) -> u64 {
         _ => 32 << 10,
     }
 }
+
+/// Smallest unhooked all-reduce (bytes, exclusive) that takes the two-shot on lines where it
+/// is on (3 ranks or more by default), before the one-shot: 256 KiB. On 4 H200s (2026-11-28,
+/// `devcomm tune`) 512 KiB took 13.9 us on the two-shot on lines (64 blocks) against 15.4 on
+/// the one-shot. Hooked calls, reduce-scatters and all-gathers keep the one-shot to its limit.
+pub const LINE_TWO_SHOT_FROM_BYTES: u64 = 256 << 10;
 
 /// The default largest all-reduce (bytes) of the two-shot on lines on `world` ranks (0: never).
 /// On 2 ranks it would send each peer as much as the one-shot does, in two steps: never. On 3
@@ -336,14 +356,23 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
     }
     let w = s.world as u64;
     let payload = s.count.checked_mul(es).ok_or("the size overflows")?;
-    // Line calls: one block per 8 KiB of a sender's payload, up to one_shot_blocks.
+    // Calls on lines: the one-shot one block per LINE_BLOCK_BYTES of a sender's payload, at
+    // least LINE_MIN_BLOCKS, the two-shot on lines every block it may have; both at most
+    // one_shot_blocks (which the settings and the SMs bound).
+    let most_line_blocks = u64::from(limits.one_shot_blocks.clamp(1, LINE_MAX_BLOCKS));
     let line_blocks = |bytes: u64| {
-        bytes.div_ceil(8).div_ceil(2 * THREADS as u64).clamp(
-            1,
-            u64::from(limits.one_shot_blocks.clamp(1, LINE_MAX_BLOCKS)),
-        ) as u32
+        bytes
+            .div_ceil(LINE_BLOCK_BYTES)
+            .max(u64::from(LINE_MIN_BLOCKS))
+            .min(most_line_blocks) as u32
     };
-    if payload <= limits.one_shot_bytes {
+    // The two-shot on lines takes unhooked all-reduces up to its limit from
+    // LINE_TWO_SHOT_FROM_BYTES (or from the one-shot's limit where that is lower).
+    let line_two_shot = s.row_len.is_none()
+        && s.collective == Collective::AllReduce
+        && payload > LINE_TWO_SHOT_FROM_BYTES.min(limits.one_shot_bytes)
+        && payload <= limits.line_two_shot_bytes;
+    if payload <= limits.one_shot_bytes && !line_two_shot {
         // Hooked: block pieces of whole rows, each row starting a line of its own.
         let (unit, blocks) = match s.row_len {
             None => (Some(8 / es.min(8)), line_blocks(payload)),
@@ -365,14 +394,15 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
         }
     }
     let vec = 16 / es;
-    if s.row_len.is_none()
-        && s.collective == Collective::AllReduce
-        && payload <= limits.line_two_shot_bytes
+    if line_two_shot
+        || (s.row_len.is_none()
+            && s.collective == Collective::AllReduce
+            && payload <= limits.line_two_shot_bytes)
     {
         let shard = s.count.div_ceil(w).div_ceil(vec) * vec;
         return Ok(Plan {
             algorithm: Algorithm::LineTwoShot,
-            blocks: line_blocks(shard * es),
+            blocks: most_line_blocks as u32,
             shard,
             chunk: 0,
             rounds: 1,

@@ -192,11 +192,16 @@ macro_rules! by_type {
 fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algorithm>)> {
     let (w, es) = (cx.comm.world_size(), dtype.size_bytes());
     let limits = cx.comm.tuning().reduction_limits();
-    let one = limits.one_shot_bytes as usize / es;
-    // All-reduce: the two-shot on lines above the one-shot, up to its limit.
+    // All-reduce: the two-shot on lines above the one-shot (which yields to it from
+    // LINE_TWO_SHOT_FROM_BYTES), up to its limit.
     let lines = match coll {
         Collective::AllReduce => limits.line_two_shot_bytes as usize / es,
         _ => 0,
+    };
+    let one = limits.one_shot_bytes as usize / es;
+    let one = match lines {
+        0 => one,
+        _ => one.min(devcomm::reduce::plan::LINE_TWO_SHOT_FROM_BYTES as usize / es),
     };
     let vec = 16 / es;
     let per_shard = limits.chunk_bytes as usize / w / es / vec * vec;

@@ -30,8 +30,18 @@ fn one_shot_up_to_its_limit_then_two_shot() {
             Collective::AllGather,
         ] {
             let at = plan(&shape(c, max / 4, 4, world), &l).unwrap();
-            assert_eq!(at.algorithm, Algorithm::OneShot, "{c:?} {world}");
-            assert_eq!(at.shard, max / 4);
+            // Unhooked all-reduces on 3-4 ranks take the two-shot on lines from 256 KiB.
+            if c == Collective::AllReduce && world > 2 && max > LINE_TWO_SHOT_FROM_BYTES {
+                assert_eq!(at.algorithm, Algorithm::LineTwoShot, "{c:?} {world}");
+                let from = LINE_TWO_SHOT_FROM_BYTES / 4;
+                let below = plan(&shape(c, from, 4, world), &l).unwrap();
+                assert_eq!(below.algorithm, Algorithm::OneShot, "{c:?} {world}");
+                let above = plan(&shape(c, from + 1, 4, world), &l).unwrap();
+                assert_eq!(above.algorithm, Algorithm::LineTwoShot, "{c:?} {world}");
+            } else {
+                assert_eq!(at.algorithm, Algorithm::OneShot, "{c:?} {world}");
+                assert_eq!(at.shard, max / 4);
+            }
             let above = plan(&shape(c, max / 4 + 1, 4, world), &l).unwrap();
             let next = match c {
                 Collective::AllReduce if world > 2 => Algorithm::LineTwoShot,
@@ -133,10 +143,21 @@ fn blocks_grow_with_the_round_and_stay_bounded() {
     assert_eq!(p(16 << 20).blocks, 64); // 64 MiB: 2 rounds, 64 blocks
     assert_eq!(p(32 << 20).blocks, 128); // 128 MiB: 4 rounds, the long calls' 128 blocks
     assert_eq!(p(64 << 20).blocks, 128); // 256 MiB
+                                         // Calls on lines: at least 32 blocks, one per 4 KiB of a sender's payload, at most 64.
     let one = plan(&shape(Collective::AllReduce, 1, 4, 2), &L).unwrap();
-    assert_eq!((one.algorithm, one.blocks), (Algorithm::OneShot, 1));
+    assert_eq!(
+        (one.algorithm, one.blocks),
+        (Algorithm::OneShot, LINE_MIN_BLOCKS)
+    );
     let full = plan(&shape(Collective::AllReduce, 32 << 10, 4, 2), &L).unwrap();
-    assert_eq!(full.blocks, 16);
+    assert_eq!(full.blocks, 32);
+    let wide = plan(&shape(Collective::AllReduce, 50 << 10, 4, 2), &L).unwrap();
+    assert_eq!((wide.algorithm, wide.blocks), (Algorithm::OneShot, 50));
+    let most = plan(&shape(Collective::AllReduce, 256 << 10, 4, 2), &L).unwrap();
+    assert_eq!((most.algorithm, most.blocks), (Algorithm::OneShot, 64));
+    // The two-shot on lines: every block it may have.
+    let line = plan(&shape(Collective::AllReduce, 80 << 10, 4, 4), &lw(4)).unwrap();
+    assert_eq!((line.algorithm, line.blocks), (Algorithm::LineTwoShot, 64));
     let narrow = ReduceLimits {
         staged_max_blocks: 8,
         wide_max_blocks: 8,
@@ -216,7 +237,7 @@ fn hooked_one_shot_takes_rows_that_fit_its_lines() {
     let p = plan(&hooked(Collective::ReduceScatter, 3 * 1000, 4, 1000), &l).unwrap();
     assert_eq!(
         (p.algorithm, p.unit, p.blocks),
-        (Algorithm::OneShot, 1000, 2)
+        (Algorithm::OneShot, 1000, 3)
     );
     // Rows of 8 bytes take a line each (15x the payload's lines): the two-shot.
     let tiny = hooked(Collective::AllReduce, 60_000, 2, 4);
