@@ -173,28 +173,12 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs, coll: Coll) -> Result<Vec<Record>,
     // Ranks that share a GPU (the smoke test) share its free memory too.
     let sharing = if cx.comm.config().share_gpu { world } else { 1 };
     let free = min_free_bytes(cx, HEADROOM)? / sharing;
-    let all = sizes(coll, elem, world, args.min_bytes, args.max_bytes);
-    let points: Vec<Size> = all
-        .iter()
-        .copied()
-        .filter(|z| footprint(z) <= free)
-        .filter(|z| s.epilogue.as_ref().is_none_or(|e| e.fits(z.count)))
-        .collect();
-    let Some(largest) = points.last().copied() else {
-        return Err(format!(
-            "{}: no size between {} and {} B fits in {free} B of free device memory",
-            coll.name(),
-            args.min_bytes,
-            args.max_bytes
-        ));
-    };
-    if points.len() < all.len() && rank == 0 {
-        eprintln!(
-            "{}: sizes above {} B do not fit in device memory",
-            coll.name(),
-            largest.bytes
-        );
-    }
+    let (points, largest) = fitting_sizes(
+        (coll, elem, world, rank),
+        (args.min_bytes, args.max_bytes),
+        free,
+        |z| footprint(z) <= free && s.epilogue.as_ref().is_none_or(|e| e.fits(z.count)),
+    )?;
     let (n_in, n_out) = coll.in_out(largest.count, world);
     let memory = Memory::new(cx, args.zero_copy, n_in * elem, n_out * elem)?;
     let ptrs = memory.ptrs(cx);
@@ -548,4 +532,33 @@ fn download(cx: &Ctx, ptr: u64, bytes: usize) -> Result<Vec<u8>, String> {
         .map_err(|e| e.to_string())?;
     cx.sync()?;
     Ok(host)
+}
+
+/// The sizes from `min_bytes` to `max_bytes` of `coll` (elements of `elem` bytes, `world`
+/// ranks) that `keep` takes (their buffers fit the `free` bytes of device memory, and what else
+/// the caller asks), with the largest of them; an error when none does. Rank 0 says which sizes
+/// were left out.
+pub(crate) fn fitting_sizes(
+    (coll, elem, world, rank): (Coll, usize, usize, usize),
+    (min_bytes, max_bytes): (usize, usize),
+    free: usize,
+    keep: impl Fn(&Size) -> bool,
+) -> Result<(Vec<Size>, Size), String> {
+    let all = sizes(coll, elem, world, min_bytes, max_bytes);
+    let points: Vec<Size> = all.iter().copied().filter(|z| keep(z)).collect();
+    let Some(largest) = points.last().copied() else {
+        return Err(format!(
+            "{}: no size between {min_bytes} and {max_bytes} B fits in {free} B of free device \
+             memory",
+            coll.name()
+        ));
+    };
+    if points.len() < all.len() && rank == 0 {
+        eprintln!(
+            "{}: sizes above {} B do not fit in device memory",
+            coll.name(),
+            largest.bytes
+        );
+    }
+    Ok((points, largest))
 }

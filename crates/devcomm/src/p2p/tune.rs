@@ -99,6 +99,24 @@ fn invalid(reason: String) -> Error {
     }
 }
 
+/// Reads a table file of kind `op` (the error's operation) and parses it with `parse`; every
+/// error names the file (the send/recv and the reductions' tables load alike).
+pub(crate) fn load_table<T>(
+    path: &Path,
+    op: &'static str,
+    parse: impl FnOnce(&str) -> Result<T>,
+) -> Result<T> {
+    let named = |reason: String| Error::InvalidArgument {
+        op,
+        reason: format!("{}: {reason}", path.display()),
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| named(format!("cannot read: {e}")))?;
+    parse(&text).map_err(|e| match e {
+        Error::InvalidArgument { reason, .. } => named(reason),
+        other => other,
+    })
+}
+
 impl TuneTable {
     /// Parses a table (checks the format only; see [`TuneTable::validate`]).
     pub fn from_json(text: &str) -> Result<Self> {
@@ -115,14 +133,7 @@ impl TuneTable {
 
     /// Reads and parses a table file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
-        Self::from_json(&text).map_err(|e| match e {
-            Error::InvalidArgument { reason, .. } => {
-                invalid(format!("{}: {reason}", path.display()))
-            }
-            other => other,
-        })
+        load_table(path, "tuning table", Self::from_json)
     }
 
     /// The table as pretty JSON (what `devcomm tune --out` writes).

@@ -215,14 +215,7 @@ impl ReduceTuneTable {
 
     /// Reads, parses and checks a table file; errors name the file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
-        Self::from_json(&text).map_err(|e| match e {
-            Error::InvalidArgument { reason, .. } => {
-                invalid(format!("{}: {reason}", path.display()))
-            }
-            other => other,
-        })
+        crate::p2p::tune::load_table(path, "reduction tuning table", Self::from_json)
     }
 
     /// The table as pretty JSON (what `devcomm tune --out` writes).

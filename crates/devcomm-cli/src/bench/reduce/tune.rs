@@ -21,8 +21,9 @@ use devcomm::reduce::{
 use devcomm::{DataType, ReduceOp};
 
 use super::data::{first_mismatch, Check, Codec, Run, Values};
+use super::fitting_sizes;
 use super::nccl_coll::NcclColl;
-use super::types::{nccl_dtype, nccl_op, sizes, Coll, Reference, Size};
+use super::types::{nccl_dtype, nccl_op, Coll, Reference, Size};
 use super::{check_point, devcomm_call, download, poison, upload, Memory, Setup, HEADROOM};
 use crate::bench::nccl::max_over_ranks;
 use crate::bench::{calls_per_sample, min_free_bytes, time_ranks_each, today};
@@ -320,27 +321,12 @@ fn tune(
         let (i, o) = coll.in_out(z.count, world);
         (i + o) * elem
     };
-    let all = sizes(coll, elem, world, req.min_bytes, req.max_bytes);
-    let points: Vec<Size> = all
-        .iter()
-        .copied()
-        .filter(|z| footprint(z) <= free)
-        .collect();
-    let Some(largest) = points.last().copied() else {
-        return Err(format!(
-            "{}: no size between {} and {} B fits in {free} B of free device memory",
-            coll.name(),
-            req.min_bytes,
-            req.max_bytes
-        ));
-    };
-    if points.len() < all.len() && rank == 0 {
-        eprintln!(
-            "{}: sizes above {} B do not fit in device memory",
-            coll.name(),
-            largest.bytes
-        );
-    }
+    let (points, largest) = fitting_sizes(
+        (coll, elem, world, rank),
+        (req.min_bytes, req.max_bytes),
+        free,
+        |z| footprint(z) <= free,
+    )?;
     let (n_in, n_out) = coll.in_out(largest.count, world);
     let memory = Memory::new(cx, s.pool, n_in * elem, n_out * elem)?;
     let ptrs = memory.ptrs(cx);
