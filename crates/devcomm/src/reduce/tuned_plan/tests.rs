@@ -522,3 +522,62 @@ fn pieces_cover_every_element_once_whatever_the_blocks() {
         }
     }
 }
+
+/// The kernels of the calls on lines wait on and release LINE_MAX_BLOCKS slots a rank, the
+/// others MAX_BLOCKS: no plan, default or tuned, may launch more blocks than its kernel's slots,
+/// whatever the size, world, hook rows, limits or choice.
+#[test]
+fn no_plan_takes_more_blocks_than_its_kernel_has_slots() {
+    use crate::reduce::plan::{Algorithm, LINE_MAX_BLOCKS, MAX_BLOCKS};
+    let line = |a: Algorithm| matches!(a, Algorithm::OneShot | Algorithm::LineTwoShot);
+    for world in [2usize, 3, 4, 8] {
+        for (one_shot_blocks, staged, wide) in [(64, 64, 128), (16, 16, 16), (64, 66, 128)] {
+            let l = ReduceLimits {
+                one_shot_blocks,
+                staged_max_blocks: staged,
+                wide_max_blocks: wide,
+                ..lw(world)
+            };
+            for c in [
+                Collective::AllReduce,
+                Collective::ReduceScatter,
+                Collective::AllGather,
+            ] {
+                for bytes in (1..=31)
+                    .map(|k| 1u64 << k)
+                    .chain([3, 1001, 300_007, 5 << 20])
+                {
+                    for row in [None, Some(1000u64), Some(4096)] {
+                        let count = match row {
+                            Some(r) => bytes.div_ceil(2).div_ceil(r).max(1) * r,
+                            None => bytes.div_ceil(2),
+                        };
+                        let s = Shape {
+                            row_len: row.filter(|_| c != Collective::AllGather),
+                            ..shape(c, count, 2, world)
+                        };
+                        let mut plans: Vec<Plan> = plan(&s, &l).into_iter().collect();
+                        for a in TunedAlgorithm::ALL {
+                            for b in [1u32, 32, 64, 65, 128, 129] {
+                                plans.extend(plan_tuned(&s, None, &l, &choice(a, b)));
+                            }
+                        }
+                        for p in plans {
+                            let most = if line(p.algorithm) {
+                                LINE_MAX_BLOCKS
+                            } else {
+                                MAX_BLOCKS
+                            };
+                            assert!(
+                                (1..=most).contains(&p.blocks),
+                                "{c:?} {bytes} B, rows {row:?}, {world} ranks: {:?} on {} blocks",
+                                p.algorithm,
+                                p.blocks
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
