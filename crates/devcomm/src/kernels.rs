@@ -119,10 +119,10 @@ pub fn kernel_spec(kind: KernelKind<'_>, config: &Config, net_links: bool) -> Ke
             crate::collective::module_spec(hooks, config, net_links)
         }
         KernelKind::Reduce { dtype, hooked } => {
-            crate::reduce::launch::module_spec(dtype, hooked, false, config)
+            crate::reduce::specs::module_spec(dtype, hooked, false, config)
         }
         KernelKind::ReduceNetStep { dtype, hooked } => {
-            crate::reduce::launch::module_spec(dtype, hooked, true, config)
+            crate::reduce::specs::module_spec(dtype, hooked, true, config)
         }
         KernelKind::Moe { dtype } => crate::moe::module_spec(dtype),
         // Nothing to configure, and no events of its own to record.

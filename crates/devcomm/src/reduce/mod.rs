@@ -18,14 +18,15 @@ pub(crate) mod net;
 pub mod net_plan;
 pub mod plan;
 pub mod rows;
+pub(crate) mod specs;
 pub mod tune;
 pub(crate) mod tune_builtin;
 pub mod tuned_plan;
 pub mod types;
 pub mod zero_copy_plan;
 
-pub use launch::{kernel_expression, net_step_expression, KERNEL_SOURCE};
 pub use plan::{Algorithm, Collective, Plan, ReduceLimits};
+pub use specs::{kernel_expression, net_step_expression, KERNEL_SOURCE};
 pub use tune::{Buffers, ReduceTuneEntry, ReduceTuneTable, TunedWindow};
 pub use tuned_plan::{Choice, TunedAlgorithm};
 pub use types::{DataType, ReduceOp, Reducible};
