@@ -6,14 +6,16 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 use devcomm::moe::fp8::{dequantise_row, quantisation_bound};
 use devcomm::moe::reference::{self, Routing};
 use devcomm::moe::{Fp8Output, Fp8Scales, Wire};
-use devcomm::{Comm, DispatchBuffers, Moe, MoeConfig, MoePlan};
+use devcomm::{Comm, Moe, MoeConfig, MoePlan};
 use half::bf16;
 
-use super::{config, err, expert, fixed_routings, poison, routing, upload, Detail, Kind, HIDDEN, TOP_K};
+use super::{
+    capture_identity_step, config, err, expert, fixed_routings, poison, replay, routing, upload, Detail, Kind, StepRefs, HIDDEN, TOP_K,
+};
 use crate::selftest::Ctx;
 
 /// Every FP8 wire: both scale kinds, both output forms.
@@ -275,41 +277,24 @@ pub(super) fn check_fp8_graph(cx: &Ctx, replays: usize) -> Detail {
     let out_rows = plan.worst_case_out_rows().min(8192);
     let mut step = Step::new(cx, &plan, &x0[me], &r0[me], out_rows)?;
     cx.host_barrier()?;
-    let (comm, s) = (&cx.comm, &cx.stream);
-    let bytes = out_rows * HIDDEN * 2;
-    let ptr = |p: (u64, cudarc::driver::SyncOnDrop<'_>)| p.0;
-    let buffers = DispatchBuffers {
-        x: ptr(step.x.device_ptr(s)),
-        topk_idx: ptr(step.idx.device_ptr(s)),
-        topk_weights: ptr(step.w.device_ptr(s)),
+    let s = &cx.stream;
+    let refs = StepRefs {
+        x: &step.x,
+        idx: &step.idx,
+        w: &step.w,
+        out_x: &step.out_x,
+        out_w: &step.out_w,
+        counts: &step.counts,
+        y: &step.y,
+        out: &step.out,
         tokens,
-        out_x: ptr(step.out_x.device_ptr(s)),
-        out_scales: 0,
-        out_weights: ptr(step.out_w.device_ptr(s)),
-        out_rows,
-        expert_counts: ptr(step.counts.device_ptr(s)),
     };
-    let (y, out) = (ptr(step.y.device_ptr(s)), ptr(step.out.device_ptr(s)));
-    let graph = cx.capture(|| -> Result<(), String> {
-        // SAFETY: every buffer is this step's, sized for `tokens` and `out_rows`, alive
-        // until the graph's last replay.
-        unsafe {
-            moe.dispatch_raw(comm, buffers, s).map_err(err("dispatch"))?;
-            // Identity experts inside the graph: y = the dequantised rows.
-            devcomm::testing::memcpy_dtod_async(y, buffers.out_x, bytes, s).map_err(|e| e.to_string())?;
-            moe.combine_raw(comm, (y, bytes), (out, tokens * HIDDEN * 2), s).map_err(err("combine"))
-        }
-    })?;
+    // Identity experts inside the graph: y = the dequantised rows.
+    let graph = capture_identity_step(cx, &moe, refs, out_rows)?;
     for i in 0..replays {
         let (rs, xs) = case_of(i);
-        s.memcpy_htod(&rs[me].idx, &mut step.idx).map_err(|e| e.to_string())?;
-        s.memcpy_htod(&rs[me].weights, &mut step.w).map_err(|e| e.to_string())?;
-        s.memcpy_htod(&xs[me], &mut step.x).map_err(|e| e.to_string())?;
-        cx.sync()?;
-        cx.host_barrier()?;
-        graph.launch().map_err(|e| e.to_string())?;
-        cx.sync()?;
-        moe.check(s).map_err(|e| format!("replay {i}: {e}"))?;
+        let inputs = (&mut step.idx, &mut step.w, &mut step.x);
+        replay(cx, &moe, &graph, inputs, (&rs[me], &xs[me])).map_err(|e| format!("replay {i}: {e}"))?;
         // Every fifth replay: the dispatch's rows too (a host pass over every row; earlier
         // replays' rows may sit in this one's padding).
         if i % 5 == 0 {

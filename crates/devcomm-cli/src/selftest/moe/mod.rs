@@ -241,6 +241,20 @@ impl Step {
         let mut out = self.out.slice_mut(..self.tokens * HIDDEN);
         moe.combine(comm, &self.y, &mut out, s).map_err(err("combine"))
     }
+
+    fn refs(&self) -> StepRefs<'_> {
+        StepRefs {
+            x: &self.x,
+            idx: &self.idx,
+            w: &self.w,
+            out_x: &self.out_x,
+            out_w: &self.out_w,
+            counts: &self.counts,
+            y: &self.y,
+            out: &self.out,
+            tokens: self.tokens,
+        }
+    }
 }
 
 /// Checks rank `me`'s dispatch output against the reference; returns the expected y.
@@ -384,6 +398,70 @@ fn check_batch_invariant(cx: &Ctx) -> Detail {
     Ok(format!("batches of 1, {} and {tokens} tokens: the shared tokens' rows identical", tokens.div_ceil(2)))
 }
 
+/// A step's buffers as a graph check captures them (the bf16 steps of both checks).
+struct StepRefs<'a> {
+    x: &'a CudaSlice<bf16>,
+    idx: &'a CudaSlice<i64>,
+    w: &'a CudaSlice<f32>,
+    out_x: &'a CudaSlice<bf16>,
+    out_w: &'a CudaSlice<f32>,
+    counts: &'a CudaSlice<i64>,
+    y: &'a CudaSlice<bf16>,
+    out: &'a CudaSlice<bf16>,
+    tokens: usize,
+}
+
+/// The graph of one step of `b.tokens` rows: dispatch (bf16 rows out), identity experts
+/// (y = out_x, a device copy) and combine. The device addresses are taken before the capture
+/// and the raw calls run inside it (cudarc's event tracking may not record events into a
+/// capture).
+fn capture_identity_step(cx: &Ctx, moe: &Moe, b: StepRefs<'_>, out_rows: usize) -> Result<cudarc::driver::CudaGraph, String> {
+    let (comm, s) = (&cx.comm, &cx.stream);
+    let bytes = out_rows * HIDDEN * 2;
+    let ptr = |p: (u64, cudarc::driver::SyncOnDrop<'_>)| p.0;
+    let buffers = DispatchBuffers {
+        x: ptr(b.x.device_ptr(s)),
+        topk_idx: ptr(b.idx.device_ptr(s)),
+        topk_weights: ptr(b.w.device_ptr(s)),
+        tokens: b.tokens,
+        out_x: ptr(b.out_x.device_ptr(s)),
+        out_scales: 0,
+        out_weights: ptr(b.out_w.device_ptr(s)),
+        out_rows,
+        expert_counts: ptr(b.counts.device_ptr(s)),
+    };
+    let (y, out) = (ptr(b.y.device_ptr(s)), ptr(b.out.device_ptr(s)));
+    cx.capture(|| -> Result<(), String> {
+        // SAFETY: every buffer is the step's, sized for `tokens` and `out_rows`, alive until
+        // the graph's last replay (the caller keeps the step).
+        unsafe {
+            moe.dispatch_raw(comm, buffers, s).map_err(err("dispatch"))?;
+            devcomm::testing::memcpy_dtod_async(y, buffers.out_x, bytes, s).map_err(|e| e.to_string())?;
+            moe.combine_raw(comm, (y, bytes), (out, b.tokens * HIDDEN * 2), s).map_err(err("combine"))
+        }
+    })
+}
+
+/// One replay: this rank's routing and rows into the step's inputs (`idx`, `w`, `x`), the
+/// graph launched on every rank, then the layer's error check.
+fn replay(
+    cx: &Ctx,
+    moe: &Moe,
+    graph: &cudarc::driver::CudaGraph,
+    (idx, w, x): (&mut CudaSlice<i64>, &mut CudaSlice<f32>, &mut CudaSlice<bf16>),
+    (r, rows): (&Routing, &[bf16]),
+) -> Result<(), String> {
+    let s = &cx.stream;
+    s.memcpy_htod(&r.idx, idx).map_err(|e| e.to_string())?;
+    s.memcpy_htod(&r.weights, w).map_err(|e| e.to_string())?;
+    s.memcpy_htod(rows, x).map_err(|e| e.to_string())?;
+    cx.sync()?;
+    cx.host_barrier()?;
+    graph.launch().map_err(|e| e.to_string())?;
+    cx.sync()?;
+    moe.check(s).map_err(|e| e.to_string())
+}
+
 fn check_graph(cx: &Ctx, replays: usize) -> Detail {
     let (me, world) = (cx.comm.rank(), cx.comm.world_size());
     let moe = cx.comm.moe(config(world)).map_err(err("moe"))?;
@@ -399,47 +477,11 @@ fn check_graph(cx: &Ctx, replays: usize) -> Detail {
     let out_rows = plan.worst_case_out_rows().min(8192);
     let mut step = Step::new(cx, &plan, &x0[me], &r0[me], out_rows)?;
     cx.host_barrier()?;
-    let comm = &cx.comm;
-    let bytes = out_rows * HIDDEN * 2;
-    // Device addresses taken before the capture: the raw calls inside it (cudarc's event
-    // tracking may not record events into a capture).
-    let s = &cx.stream;
-    let ptr = |p: (u64, cudarc::driver::SyncOnDrop<'_>)| p.0;
-    let buffers = DispatchBuffers {
-        x: ptr(step.x.device_ptr(s)),
-        topk_idx: ptr(step.idx.device_ptr(s)),
-        topk_weights: ptr(step.w.device_ptr(s)),
-        tokens,
-        out_x: ptr(step.out_x.device_ptr(s)),
-        out_scales: 0,
-        out_weights: ptr(step.out_w.device_ptr(s)),
-        out_rows,
-        expert_counts: ptr(step.counts.device_ptr(s)),
-    };
-    let (y, out) = (ptr(step.y.device_ptr(s)), ptr(step.out.device_ptr(s)));
-    let graph = cx.capture(|| -> Result<(), String> {
-        // SAFETY: every buffer is this step's, sized for `tokens` and `out_rows`, alive
-        // until the graph's last replay.
-        unsafe {
-            moe.dispatch_raw(comm, buffers, s).map_err(err("dispatch"))?;
-            // Identity experts inside the graph: y = out_x (a device copy).
-            devcomm::testing::memcpy_dtod_async(y, buffers.out_x, bytes, s)
-                .map_err(|e| e.to_string())?;
-            let out_bytes = tokens * HIDDEN * 2;
-            moe.combine_raw(comm, (y, bytes), (out, out_bytes), s)
-                .map_err(err("combine"))
-        }
-    })?;
+    let graph = capture_identity_step(cx, &moe, step.refs(), out_rows)?;
     for i in 0..replays {
         let (rs, xs) = case_of(i);
-        cx.stream.memcpy_htod(&rs[me].idx, &mut step.idx).map_err(|e| e.to_string())?;
-        cx.stream.memcpy_htod(&rs[me].weights, &mut step.w).map_err(|e| e.to_string())?;
-        cx.stream.memcpy_htod(&xs[me], &mut step.x).map_err(|e| e.to_string())?;
-        cx.sync()?;
-        cx.host_barrier()?;
-        graph.launch().map_err(|e| e.to_string())?;
-        cx.sync()?;
-        moe.check(&cx.stream).map_err(|e| format!("replay {i}: {e}"))?;
+        let inputs = (&mut step.idx, &mut step.w, &mut step.x);
+        replay(cx, &moe, &graph, inputs, (&rs[me], &xs[me])).map_err(|e| format!("replay {i}: {e}"))?;
         let got = cx.stream.clone_dtoh(&step.out).map_err(|e| e.to_string())?;
         let x = &xs[me];
         let want = reference::combine(&plan, &rs[me], |_, t| x[t * HIDDEN..(t + 1) * HIDDEN].to_vec());
