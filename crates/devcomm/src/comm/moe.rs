@@ -392,38 +392,14 @@ impl Moe {
         OW: DevicePtrMut<f32>,
         C: DevicePtrMut<i64>,
     {
-        let size = std::mem::size_of::<T>();
-        let (tokens, out_rows) = self.plan.dispatch_rows(DispatchBytes {
-            x_elem: size,
-            x: x.num_bytes(),
-            topk_idx: topk_idx.num_bytes(),
-            topk_weights: topk_weights.num_bytes(),
-            out_elem: size,
-            out_x: out_x.num_bytes(),
-            out_weights: out_weights.num_bytes(),
-            out_scales: None,
-            expert_counts: expert_counts.num_bytes(),
-        })?;
-        let (xp, _a) = comm.slice_ptr("moe dispatch", x, stream)?;
-        let (ip, _b) = comm.slice_ptr("moe dispatch", topk_idx, stream)?;
-        let (wp, _c) = comm.slice_ptr("moe dispatch", topk_weights, stream)?;
-        let (op, _d) = comm.slice_ptr_mut("moe dispatch", out_x, stream)?;
-        let (owp, _e) = comm.slice_ptr_mut("moe dispatch", out_weights, stream)?;
-        let (cp, _f) = comm.slice_ptr_mut("moe dispatch", expert_counts, stream)?;
-        let b = DispatchBuffers {
-            x: xp,
-            topk_idx: ip,
-            topk_weights: wp,
-            tokens,
-            out_x: op,
-            out_scales: 0,
-            out_weights: owp,
-            out_rows,
-            expert_counts: cp,
-        };
-        // SAFETY: sizes checked above; the slices stay borrowed (and cudarc orders them on the
-        // stream) for the call.
-        unsafe { self.dispatch_raw(comm, b, stream) }
+        self.dispatch_checked(
+            comm,
+            (x, topk_idx, topk_weights),
+            out_x,
+            None::<&mut cudarc::driver::CudaSlice<f32>>,
+            (out_weights, expert_counts),
+            stream,
+        )
     }
 
     /// [`Moe::dispatch`] for a layer whose wire returns FP8 (`Wire::Fp8` with
@@ -451,22 +427,59 @@ impl Moe {
         OW: DevicePtrMut<f32>,
         C: DevicePtrMut<i64>,
     {
+        self.dispatch_checked(
+            comm,
+            (x, topk_idx, topk_weights),
+            out_x,
+            Some(out_scales),
+            (out_weights, expert_counts),
+            stream,
+        )
+    }
+
+    /// [`Moe::dispatch`] and [`Moe::dispatch_fp8`]: the sizes checked against the plan (`out_x`
+    /// of `U`: the row type, or the e4m3 codes with `out_scales`), then the raw dispatch on the
+    /// slices' addresses.
+    fn dispatch_checked<T, U, X, I, W, O, S, OW, C>(
+        &self,
+        comm: &Comm,
+        (x, topk_idx, topk_weights): (&X, &I, &W),
+        out_x: &mut O,
+        out_scales: Option<&mut S>,
+        (out_weights, expert_counts): (&mut OW, &mut C),
+        stream: &Arc<CudaStream>,
+    ) -> Result<()>
+    where
+        X: DevicePtr<T>,
+        I: DevicePtr<i64>,
+        W: DevicePtr<f32>,
+        O: DevicePtrMut<U>,
+        S: DevicePtrMut<f32>,
+        OW: DevicePtrMut<f32>,
+        C: DevicePtrMut<i64>,
+    {
         let (tokens, out_rows) = self.plan.dispatch_rows(DispatchBytes {
             x_elem: std::mem::size_of::<T>(),
             x: x.num_bytes(),
             topk_idx: topk_idx.num_bytes(),
             topk_weights: topk_weights.num_bytes(),
-            out_elem: 1,
+            out_elem: std::mem::size_of::<U>(),
             out_x: out_x.num_bytes(),
             out_weights: out_weights.num_bytes(),
-            out_scales: Some(out_scales.num_bytes()),
+            out_scales: out_scales.as_ref().map(|s| s.num_bytes()),
             expert_counts: expert_counts.num_bytes(),
         })?;
         let (xp, _a) = comm.slice_ptr("moe dispatch", x, stream)?;
         let (ip, _b) = comm.slice_ptr("moe dispatch", topk_idx, stream)?;
         let (wp, _c) = comm.slice_ptr("moe dispatch", topk_weights, stream)?;
         let (op, _d) = comm.slice_ptr_mut("moe dispatch", out_x, stream)?;
-        let (sp, _e) = comm.slice_ptr_mut("moe dispatch", out_scales, stream)?;
+        let (sp, _e) = match out_scales {
+            Some(scales) => {
+                let (p, guard) = comm.slice_ptr_mut("moe dispatch", scales, stream)?;
+                (p, Some(guard))
+            }
+            None => (0, None),
+        };
         let (owp, _f) = comm.slice_ptr_mut("moe dispatch", out_weights, stream)?;
         let (cp, _g) = comm.slice_ptr_mut("moe dispatch", expert_counts, stream)?;
         let b = DispatchBuffers {
