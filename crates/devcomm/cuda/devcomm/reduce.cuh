@@ -96,9 +96,9 @@ enum ZcAlgo : dc_u32 { kStaged = 0, kZcOneShot = 1, kZcTwoShot = 2 };
 // How the staged two-shot runs its rounds (two_shot_kernel). kTwoShotPushed (all-reduce,
 // Plan::pushed): each block takes the same span of every round, so that from its third round
 // a block waits only for its own peers' blocks; it stages round k + 1 before it gathers round
-// k; and each reducer writes its reduced piece into every peer's window, from which every rank
-// copies it out: the links carry stores only. Otherwise peers read the reduced pieces from the
-// reducer's window, round after round.
+// k; and each reducer writes its reduced piece, as it reduces it, into a result slot of every
+// peer's window, from which every rank copies it out: the links carry stores only. Otherwise
+// peers read the reduced pieces from the reducer's window, round after round.
 enum TwoShotFlags : dc_u32 { kTwoShotPushed = 1 };
 enum Op : int { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
 
@@ -121,8 +121,8 @@ constexpr dc_u32 kThreads = 512;
 //            needed this rank's block b to have read call c's word
 //   kZcDone  [rank p][block b]: p's block b is done with every rank's buffers in zero-copy
 //            call c (the call number)
-//   kPushed  [rank p][block b]: p wrote its reduced shard piece of round seq into this
-//            rank's window (the staged two-shot's pushed form, kTwoShotPushed)
+//   kPushed  [rank p][block b]: p wrote its reduced shard piece of round seq into its result
+//            slot in this rank's window (the staged two-shot's pushed form, kTwoShotPushed)
 enum Slot : dc_u32 {
   kFree = 0, kReady = 1, kReduced = 2, kDone = 3, kAgree0 = 4, kAgree1 = 5, kZcLayout = 6,
   kZcDone = 7, kPushed = 8

@@ -481,6 +481,71 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
   DC_TRACE_KERNEL_END(2 * (world - 1) * 128 * (l1 - l0));
 }
 
+// Peers whose loads a thread issues together before reducing (registers: kWide x kWideBatch
+// 16-byte values); more ranks take reduce_elems' rank-by-rank loop.
+enum : int { kWide = 8, kWideBatch = 2 };
+
+// dst(q)[i] for q < ndst = reduction over ranks p = 0..world-1 (in order) of src(p)[i], for
+// i < n. Unlike reduce_elems, every rank's loads are in flight at once (remote loads over
+// NVLink are latency-bound), and the result goes to several destinations. The same
+// accumulation in the same order as reduce_elems: the results are bitwise equal.
+template <class T, int OP, class G, class Src, class Dst>
+__device__ __forceinline__ void reduce_wide(const G& g, Src src, int world, Dst dst, int ndst,
+                                            dc_u64 n) {
+  using N = Num<T>;
+  using A = typename N::Acc;
+  constexpr int kV = (int)(16 / sizeof(T));
+  bool aligned = world <= kWide;
+  for (int p = 0; p < world; ++p) aligned = aligned && (reinterpret_cast<dc_u64>(src(p)) & 15) == 0;
+  for (int q = 0; q < ndst; ++q) aligned = aligned && (reinterpret_cast<dc_u64>(dst(q)) & 15) == 0;
+  if (!aligned) {
+    reduce_elems<T, OP>(g, dst(0), src, world, n);
+    g.sync();
+    for (int q = 1; q < ndst; ++q) copy_elems<T>(g, dst(q), dst(0), n);
+    return;
+  }
+  union V {
+    uint4 u;
+    T v[kV];
+  };
+  const dc_u64 nv = n / kV, stride = g.size();
+  for (dc_u64 j0 = g.thread_rank(); j0 < nv; j0 += kWideBatch * stride) {
+    V x[kWide][kWideBatch];
+#pragma unroll
+    for (int p = 0; p < kWide; ++p) {
+      if (p >= world) break;
+      const uint4* s = reinterpret_cast<const uint4*>(src(p));
+#pragma unroll
+      for (int u = 0; u < kWideBatch; ++u) {
+        const dc_u64 j = j0 + u * stride;
+        x[p][u].u = j < nv ? s[j] : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kWideBatch; ++u) {
+      const dc_u64 j = j0 + u * stride;
+      if (j >= nv) continue;
+      V r;
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        A acc = N::load(x[0][u].v[k]);
+#pragma unroll
+        for (int p = 1; p < kWide; ++p) {
+          if (p < world) acc = combine<OP, T>(acc, N::load(x[p][u].v[k]));
+        }
+        r.v[k] = finish<OP, T>(acc, world);
+      }
+      for (int q = 0; q < ndst; ++q) reinterpret_cast<uint4*>(dst(q))[j] = r.u;
+    }
+  }
+  for (dc_u64 i = nv * kV + g.thread_rank(); i < n; i += g.size()) {
+    A acc = N::load(src(0)[i]);
+    for (int p = 1; p < world; ++p) acc = combine<OP, T>(acc, N::load(src(p)[i]));
+    const T r = finish<OP, T>(acc, world);
+    for (int q = 0; q < ndst; ++q) dst(q)[i] = r;
+  }
+}
+
 // ---- Two-shot, in rounds -------------------------------------------------------------------
 //
 // Round k (sequence s = first + k, the same in every block) uses half s & 1 of the two-shot
@@ -500,12 +565,13 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
 // round's staging, before it reads a peer's window or writes the output.
 // The pushed form (an all-reduce's Plan::pushed, kTwoShotPushed) changes three things: block b
 // takes span b of every round (waits from a call's third round on block b of every rank
-// only); it stages round k + 1 right after reducing round k; and in step 3 it first writes
-// its reduced piece into slot `me` of every peer's window (once every rank published kReduced:
-// its staged data there is read) and publishes kPushed, then copies every rank's piece from
-// its own window. NVLink then carries stores only: mixing the pulls of step 3 with the next
-// round's stores was slower (docs/PERFORMANCE.md, "The staged two-shot: 64 blocks, pushed
-// results").
+// only); it stages round k + 1 right after reducing round k; and step 2 writes the reduced
+// piece, in the same pass, into the output and into result slot `me` of every peer's window
+// (a half holds `world` result slots after its `world` staging slots, so a round holds half
+// the elements) and publishes kPushed; step 3 then copies every peer's piece from the own
+// window's result slots once every peer published kPushed. NVLink then carries stores only:
+// mixing the pulls of step 3 with the next round's stores was slower (docs/PERFORMANCE.md,
+// "The staged two-shot: 64 blocks, pushed results").
 // Blocks beyond this launch's count read nothing: block 0 advances their counters and kDone
 // slots at the end, and waits on them only ask for what a previous call left.
 //
@@ -594,6 +660,8 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
                                 (s & 1) * a.half_bytes) +
            (dc_u64)q * a.chunk;
   };
+  // Pushed: the result slot of shard q in rank p's half, after the `world` staging slots.
+  auto result = [&](dc_u64 s, int p, int q) { return slot(s, p, world + q); };
   // Before round k writes its half: every rank is done with round k - 2 there (the first two
   // rounds of a call: every block, for the blocks of the call before may have had other
   // pieces; later ones, pushed: block b of every rank).
@@ -638,54 +706,56 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
     const dc_u64 n = clip(a, me, k, lo, hi);
     // Where the reduced piece goes first: the own window (all-reduce: peers read it there;
     // hooked reduce-scatter: the hook rewrites it there), or straight to the output.
+    // Pushed: the own result slot when hooked, else straight to the output and into result
+    // slot `me` of every peer's window in the same pass.
     constexpr bool kHooked = HasEpilogue<H>::value;
     T* const to_out = out + (a.mode == kAllReduce ? (dc_u64)me * a.shard : 0) + k * a.chunk + lo;
-    T* dst = a.mode == kAllReduce || kHooked ? slot(s, me, me) + lo : to_out;
+    T* dst = pushed ? (kHooked ? result(s, me, me) + lo : to_out)
+                    : (a.mode == kAllReduce || kHooked ? slot(s, me, me) + lo : to_out);
     // Rank p's data of this shard: pushed into the own window (slot p).
     auto part = [&](int p) -> const T* { return slot(s, me, p) + lo; };
-    if (n > 0) reduce_elems<T, OP>(g, dst, part, world, n);
+    // Destination i of the pushed pass: dst first (a reduce_wide without 16-byte alignment
+    // reduces into it and copies from it), then the peers from me + 1 on.
+    auto pushed_to = [&](int i) -> T* {
+      return i == 0 ? dst : result(s, turn(i - 1, me, world), me) + lo;
+    };
+    if (n > 0) {
+      if (pushed && !kHooked) {
+        reduce_wide<T, OP>(g, part, world, pushed_to, world, n);
+      } else {
+        reduce_elems<T, OP>(g, dst, part, world, n);
+      }
+    }
     if constexpr (kHooked) {
       static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
       g.sync();
       epilogue_rows<H>(g, a, dst, to_out, (to_out - out) / a.row_len, n);
-      if (a.mode == kReduceScatter) {
+      if (a.mode == kReduceScatter || pushed) {
         g.sync();
         if (n > 0) copy_elems<T>(g, to_out, dst, n);
+        for (int i = 1; pushed && i < world && n > 0; ++i) copy_elems<T>(g, pushed_to(i), dst, n);
       }
     }
     DC_TRACE_PHASE_END(kPhaseReduce, -1, n * sizeof(T) * world);
-    publish(g, a, a.mode == kAllReduce ? kReduced : kDone, b, s);
+    publish(g, a, pushed ? kPushed : a.mode == kAllReduce ? kReduced : kDone, b, s);
     return true;
   };
   // 3. (all-reduce, all-gather) Copy every rank's reduced shard piece of round k into the
-  // output; publish kDone. Pushed (all-reduce), first write this rank's reduced
-  // piece into slot `me` of every peer's window (the peer has reduced this round: its staged
-  // data there is read), then copy every rank's piece out of the own window.
+  // output; publish kDone. Pushed (all-reduce): every peer's piece from its result slot in
+  // the own window, once every peer published kPushed (the own piece is in the output).
   auto gather = [&](dc_u64 k) -> bool {
     const dc_u64 s = before + k + 1;
     dc_u64 lo, hi;
     piece(k, lo, hi);
     DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
-    if (!wait_every_rank(g, a, kReduced, b, s)) return false;
+    if (!wait_every_rank(g, a, pushed ? kPushed : kReduced, b, s)) return false;
     DC_TRACE_WAIT_END(-1, (dc_u32)s);
-    if (pushed) {
-      DC_TRACE_PHASE_BEGIN(kPhaseStage, -1);
-      const dc_u64 n = clip(a, me, k, lo, hi);
-      for (int i = 0; i < world && n > 0; ++i) {
-        const int q = turn(i, me, world);
-        if (q != me) copy_elems<T>(g, slot(s, q, me) + lo, slot(s, me, me) + lo, n);
-      }
-      DC_TRACE_PHASE_END(kPhaseStage, -1, n * sizeof(T) * (world - 1));
-      publish(g, a, kPushed, b, s);
-      DC_TRACE_WAIT_BEGIN(-1, (dc_u32)s);
-      if (!wait_every_rank(g, a, kPushed, b, s)) return false;
-      DC_TRACE_WAIT_END(-1, (dc_u32)s);
-    }
     DC_TRACE_PHASE_BEGIN(kPhaseWriteOut, -1);
     for (int i = 0; i < world; ++i) {
       const int q = turn(i, me, world);
+      if (pushed && q == me) continue;
       const dc_u64 n = clip(a, q, k, lo, hi);
-      const T* from = pushed ? slot(s, me, q) : slot(s, q, q);
+      const T* from = pushed ? result(s, me, q) : slot(s, q, q);
       if (n > 0) copy_elems<T>(g, out + (dc_u64)q * a.shard + k * a.chunk + lo, from + lo, n);
     }
     DC_TRACE_PHASE_END(kPhaseWriteOut, -1, (hi - lo) * sizeof(T) * world);
@@ -756,71 +826,6 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
 template <class T>
 __device__ __forceinline__ T* pool_ptr(dc_u64 table, dc_u64 offset, int p) {
   return reinterpret_cast<T*>(reinterpret_cast<const dc_u64*>(table)[p] + offset);
-}
-
-// Peers whose loads a thread issues together before reducing (registers: kWide x kWideBatch
-// 16-byte values); more ranks take reduce_elems' rank-by-rank loop.
-enum : int { kWide = 8, kWideBatch = 2 };
-
-// dst(q)[i] for q < ndst = reduction over ranks p = 0..world-1 (in order) of src(p)[i], for
-// i < n. Unlike reduce_elems, every rank's loads are in flight at once (remote loads over
-// NVLink are latency-bound), and the result goes to several destinations. The same
-// accumulation in the same order as reduce_elems: the results are bitwise equal.
-template <class T, int OP, class G, class Src, class Dst>
-__device__ __forceinline__ void reduce_wide(const G& g, Src src, int world, Dst dst, int ndst,
-                                            dc_u64 n) {
-  using N = Num<T>;
-  using A = typename N::Acc;
-  constexpr int kV = (int)(16 / sizeof(T));
-  bool aligned = world <= kWide;
-  for (int p = 0; p < world; ++p) aligned = aligned && (reinterpret_cast<dc_u64>(src(p)) & 15) == 0;
-  for (int q = 0; q < ndst; ++q) aligned = aligned && (reinterpret_cast<dc_u64>(dst(q)) & 15) == 0;
-  if (!aligned) {
-    reduce_elems<T, OP>(g, dst(0), src, world, n);
-    g.sync();
-    for (int q = 1; q < ndst; ++q) copy_elems<T>(g, dst(q), dst(0), n);
-    return;
-  }
-  union V {
-    uint4 u;
-    T v[kV];
-  };
-  const dc_u64 nv = n / kV, stride = g.size();
-  for (dc_u64 j0 = g.thread_rank(); j0 < nv; j0 += kWideBatch * stride) {
-    V x[kWide][kWideBatch];
-#pragma unroll
-    for (int p = 0; p < kWide; ++p) {
-      if (p >= world) break;
-      const uint4* s = reinterpret_cast<const uint4*>(src(p));
-#pragma unroll
-      for (int u = 0; u < kWideBatch; ++u) {
-        const dc_u64 j = j0 + u * stride;
-        x[p][u].u = j < nv ? s[j] : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kWideBatch; ++u) {
-      const dc_u64 j = j0 + u * stride;
-      if (j >= nv) continue;
-      V r;
-#pragma unroll
-      for (int k = 0; k < kV; ++k) {
-        A acc = N::load(x[0][u].v[k]);
-#pragma unroll
-        for (int p = 1; p < kWide; ++p) {
-          if (p < world) acc = combine<OP, T>(acc, N::load(x[p][u].v[k]));
-        }
-        r.v[k] = finish<OP, T>(acc, world);
-      }
-      for (int q = 0; q < ndst; ++q) reinterpret_cast<uint4*>(dst(q))[j] = r.u;
-    }
-  }
-  for (dc_u64 i = nv * kV + g.thread_rank(); i < n; i += g.size()) {
-    A acc = N::load(src(0)[i]);
-    for (int p = 1; p < world; ++p) acc = combine<OP, T>(acc, N::load(src(p)[i]));
-    const T r = finish<OP, T>(acc, world);
-    for (int q = 0; q < ndst; ++q) dst(q)[i] = r;
-  }
 }
 
 // Whether every peer's block b announced this call with this descriptor and layout (group g,
@@ -903,11 +908,12 @@ __global__ void __launch_bounds__(kThreads) zero_copy_kernel(ReduceLaunch a) {
     };
     // Where the result goes: this rank's output (one-shot, reduce-scatter) or every rank's
     // (two-shot, starting with the next rank so that every link is busy); hooked, first the
-    // own window (the output area's slot of this piece).
+    // own window's two-shot area at the piece's place in this rank's part (the plan keeps a
+    // part within half the area).
     T* const mine = out + (spread ? at : 0) + lo;
     if constexpr (kHooked) {
       static_assert(sizeof(typename H::T) == sizeof(T), "the hook's T is not the element type");
-      T* rows = reinterpret_cast<T*>(area(me)) + (spread ? at : 0) + lo;
+      T* rows = reinterpret_cast<T*>(area(me)) + lo;
       reduce_wide<T, OP>(g, src, world, [&](int) { return rows; }, 1, n);
       g.sync();
       epilogue_rows<H>(g, a, rows, mine, ((spread ? at : 0) + lo) / a.row_len, n);

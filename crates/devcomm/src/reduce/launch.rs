@@ -444,7 +444,11 @@ impl Reduce {
             zc: pl.algorithm.zero_copy_code(),
             flags: if pl.pushed { TWO_SHOT_PUSHED } else { 0 },
         };
-        debug_assert!(pl.chunk * world as u64 * es <= self.window_limits.chunk_bytes);
+        // A pushed round's result slots follow its staging slots in the half.
+        debug_assert!(
+            pl.chunk * world as u64 * es * if pl.pushed { 2 } else { 1 }
+                <= self.window_limits.chunk_bytes
+        );
         let cfg = linear_launch(pl.blocks, THREADS);
         let _scope = group.call_scope(stream, || crate::trace::CallInfo {
             op: op_name,

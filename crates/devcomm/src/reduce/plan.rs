@@ -332,9 +332,10 @@ pub struct Plan {
     pub unit: u64,
     /// The staged all-reduce's rounds are pipelined with pushed results: each block takes the
     /// same span of every round, stages round k + 1 before it gathers round k, and the
-    /// reducers write their reduced pieces into every peer's window, so that the links carry
-    /// stores only (`TwoShotFlags` in `reduce.cuh`: all three bits). Otherwise peers read the
-    /// reduced pieces from the reducer's window, round after round.
+    /// reducers write their reduced pieces, as they reduce them, into a result slot of every
+    /// peer's window (a round holds half a pulled round's elements), so that the links carry
+    /// stores only (`TwoShotFlags` in `reduce.cuh`). Otherwise peers read the reduced pieces
+    /// from the reducer's window, round after round.
     pub pushed: bool,
 }
 
@@ -436,13 +437,36 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
         }
         (_, None) => (vec, s.count),
     };
-    let per_shard = limits.chunk_bytes / w / es;
+    let full = staged_plan(s, limits, unit, shard, false)?;
+    let pushed =
+        s.collective == Collective::AllReduce && (s.world == 2 || full.rounds >= PUSHED_MIN_ROUNDS);
+    if pushed {
+        staged_plan(s, limits, unit, shard, true)
+    } else {
+        Ok(full)
+    }
+}
+
+/// The staged two-shot's plan of a call of shape `s` cut into shards of `shard` elements and
+/// block pieces of whole `unit`s, pushed or not: a pushed round needs a result slot beside
+/// each staging slot of a window half, so its rounds hold half the elements. The rounds
+/// follow from the window, the blocks from a round's bytes (more for a call of
+/// [`WIDE_MIN_ROUNDS`] rounds or more).
+pub fn staged_plan(
+    s: &Shape,
+    limits: &ReduceLimits,
+    unit: u64,
+    shard: u64,
+    pushed: bool,
+) -> Result<Plan, String> {
+    let (w, es) = (s.world as u64, s.elem_bytes);
+    let per_shard = limits.chunk_bytes / w / es / if pushed { 2 } else { 1 };
     let chunk = per_shard / unit * unit;
     if chunk == 0 {
         return Err(format!(
             "a row of {unit} elements of {es} bytes does not fit the window's round of {} bytes \
              per shard",
-            limits.chunk_bytes / w
+            per_shard * es
         ));
     }
     let chunk = chunk.min(shard.div_ceil(unit) * unit);
@@ -466,8 +490,7 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
         chunk,
         rounds,
         unit,
-        pushed: s.collective == Collective::AllReduce
-            && (s.world == 2 || rounds >= PUSHED_MIN_ROUNDS),
+        pushed,
     })
 }
 

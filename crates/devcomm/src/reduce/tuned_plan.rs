@@ -8,7 +8,8 @@
 //! algorithm reduces element `i` in rank order, so a choice changes no bit of a result.
 
 use super::plan::{
-    plan, Algorithm, Collective, Plan, ReduceLimits, Shape, LINE_MAX_BLOCKS, MAX_BLOCKS,
+    plan, staged_plan, Algorithm, Collective, Plan, ReduceLimits, Shape, LINE_MAX_BLOCKS,
+    MAX_BLOCKS,
 };
 use super::zero_copy_plan::{zero_copy_plan, Placement};
 
@@ -211,11 +212,14 @@ pub fn plan_tuned(
         }
         _ => choice.blocks,
     };
-    Some(Plan {
-        blocks,
-        pushed: choice.pushed,
-        ..p
-    })
+    // A pushed round holds half the elements of a pulled one (its result slots): the rounds
+    // as the staged planner gives them for the choice's form.
+    let p = if p.pushed == choice.pushed {
+        p
+    } else {
+        staged_plan(s, limits, p.unit, p.shard, choice.pushed).ok()?
+    };
+    Some(Plan { blocks, ..p })
 }
 
 #[cfg(test)]

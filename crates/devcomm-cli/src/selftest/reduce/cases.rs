@@ -204,7 +204,11 @@ fn sizes(cx: &Ctx, coll: Collective, dtype: DataType) -> Vec<(usize, Option<Algo
         _ => one.min(devcomm::reduce::plan::LINE_TWO_SHOT_FROM_BYTES as usize / es),
     };
     let vec = 16 / es;
-    let per_shard = limits.chunk_bytes as usize / w / es / vec * vec;
+    // All-reduces on 2 ranks push their results (Plan::pushed): a round's result slots take
+    // half the window's half, so a round holds half the elements. (On more ranks only calls
+    // of 8 rounds or more push, far beyond these sizes.)
+    let halves = if coll == Collective::AllReduce && w == 2 { 2 } else { 1 };
+    let per_shard = limits.chunk_bytes as usize / w / es / halves / vec * vec;
     let round = if coll == Collective::AllReduce {
         per_shard * w
     } else {

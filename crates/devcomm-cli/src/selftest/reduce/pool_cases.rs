@@ -396,8 +396,12 @@ pub(super) fn check_pool_hooked(cx: &Ctx) -> Check {
     let (rank, w) = (cx.comm.rank(), cx.comm.world_size());
     let hooks = crate::selftest::harness::doubling_epilogue();
     let row = 256usize;
+    // The largest call the zero-copy path takes hooked: each rank's part of the rows fills
+    // half the window's two-shot area, where the hook runs (a part placed at its offset in the
+    // whole buffer would run past the area on every rank but the first).
+    let largest = w * (cx.comm.tuning().reduction_limits().chunk_bytes as usize / (row * 4));
     let mut done = Vec::new();
-    for rows in [1usize, 7, 64, 1024] {
+    for rows in [1usize, 7, 64, 1024, largest] {
         let n = rows * row;
         let inputs: Vec<Vec<f32>> = (0..w).map(|p| data::<f32>(cx.seed, 52_000 + rows as u64, p, n)).collect();
         ensure_room(&cx.comm, 3 * n * 4 + 4096)?;

@@ -67,10 +67,11 @@ fn one_shot_up_to_its_limit_then_two_shot() {
 
 #[test]
 fn two_shot_while_one_round_fits_then_pipelined() {
-    // All-reduce on 2 ranks: a round holds 2 shards of 16 MiB.
-    let fits = plan(&shape(Collective::AllReduce, (32 << 20) / 4, 4, 2), &L).unwrap();
+    // All-reduce on 2 ranks (pushed: result slots beside the staging slots): a round holds
+    // 2 shards of 8 MiB.
+    let fits = plan(&shape(Collective::AllReduce, (16 << 20) / 4, 4, 2), &L).unwrap();
     assert_eq!((fits.algorithm, fits.rounds), (Algorithm::TwoShot, 1));
-    let more = plan(&shape(Collective::AllReduce, (32 << 20) / 4 + 8, 4, 2), &L).unwrap();
+    let more = plan(&shape(Collective::AllReduce, (16 << 20) / 4 + 8, 4, 2), &L).unwrap();
     assert_eq!((more.algorithm, more.rounds), (Algorithm::Pipelined, 2));
     // Reduce-scatter: the shard is the output.
     let rs = plan(&shape(Collective::ReduceScatter, (16 << 20) / 4, 4, 2), &L).unwrap();
@@ -105,14 +106,15 @@ fn all_reduces_push_their_results_on_two_ranks_and_from_eight_rounds() {
         let p = plan(&shape(c, bytes / 2, 2, world), l).unwrap();
         (p.rounds, p.pushed)
     };
-    // 4 ranks, rounds of 32 MiB: 128 MiB is 4 rounds (pulled), 256 MiB 8 (pushed).
+    // 4 ranks, rounds of 32 MiB: 128 MiB is 4 rounds (pulled), 256 MiB 8, which pushed take
+    // 16 rounds of 16 MiB (a result slot beside each staging slot).
     assert_eq!(pushed(Collective::AllReduce, 4 << 20, 4, &l4), (1, false));
     assert_eq!(pushed(Collective::AllReduce, 128 << 20, 4, &l4), (4, false));
-    assert_eq!(pushed(Collective::AllReduce, 256 << 20, 4, &l4), (8, true));
-    assert_eq!(pushed(Collective::AllReduce, 1 << 30, 4, &l4), (32, true));
+    assert_eq!(pushed(Collective::AllReduce, 256 << 20, 4, &l4), (16, true));
+    assert_eq!(pushed(Collective::AllReduce, 1 << 30, 4, &l4), (64, true));
     // 2 ranks: every staged all-reduce, one round or many.
     assert_eq!(pushed(Collective::AllReduce, 4 << 20, 2, &L), (1, true));
-    assert_eq!(pushed(Collective::AllReduce, 1 << 30, 2, &L), (32, true));
+    assert_eq!(pushed(Collective::AllReduce, 1 << 30, 2, &L), (64, true));
     // Reduce-scatter and all-gather gather nothing the reducers could push.
     for c in [Collective::ReduceScatter, Collective::AllGather] {
         assert!(!pushed(c, 1 << 30, 2, &L).1, "{c:?}");
@@ -139,9 +141,10 @@ fn blocks_grow_with_the_round_and_stay_bounded() {
     };
     let mid = plan(&shape(Collective::AllReduce, 75_000, 4, 4), &small).unwrap();
     assert_eq!((mid.algorithm, mid.blocks), (Algorithm::TwoShot, 19));
+    // 2 ranks, pushed rounds of 16 MiB.
     assert_eq!(p(1 << 20).blocks, 64); // 4 MiB: capped
-    assert_eq!(p(16 << 20).blocks, 64); // 64 MiB: 2 rounds, 64 blocks
-    assert_eq!(p(32 << 20).blocks, 128); // 128 MiB: 4 rounds, the long calls' 128 blocks
+    assert_eq!(p(8 << 20).blocks, 64); // 32 MiB: 2 rounds, 64 blocks
+    assert_eq!(p(16 << 20).blocks, 128); // 64 MiB: 4 rounds, the long calls' 128 blocks
     assert_eq!(p(64 << 20).blocks, 128); // 256 MiB
                                          // Calls on lines: at least 32 blocks, one per 4 KiB of a sender's payload, at most 64.
     let one = plan(&shape(Collective::AllReduce, 1, 4, 2), &L).unwrap();
@@ -180,7 +183,8 @@ fn shards_are_aligned_and_cover_the_buffer() {
                 assert!(pl.shard * world as u64 >= n);
                 assert!(pl.shard * (world as u64) < n + world as u64 * pl.unit);
                 assert_eq!(pl.chunk % pl.unit, 0);
-                assert!(pl.chunk * world as u64 * es <= L.chunk_bytes);
+                let slots = world as u64 * if pl.pushed { 2 } else { 1 };
+                assert!(pl.chunk * slots * es <= L.chunk_bytes);
             }
         }
     }

@@ -133,6 +133,14 @@ fn blocks_and_pushed_stay_within_what_the_kernels_take() {
         (p.algorithm, p.rounds, p.pushed),
         (Algorithm::TwoShot, 1, true)
     );
+    // A pushed round holds half a pulled one's elements (its result slots): 64 MiB on 4
+    // ranks is 2 rounds by default (pulled) and 4 pushed, of half the chunk.
+    let big = shape(Collective::AllReduce, 32 << 20, 2, 4);
+    let pulled = plan_tuned(&big, None, &l, &choice(TunedAlgorithm::Staged, 8)).unwrap();
+    let pushed_big = plan_tuned(&big, None, &l, &pushed).unwrap();
+    assert_eq!((pulled.rounds, pulled.pushed), (2, false));
+    assert_eq!((pushed_big.rounds, pushed_big.pushed), (4, true));
+    assert_eq!(pushed_big.chunk * 2, pulled.chunk);
     let rs = shape(Collective::ReduceScatter, 1 << 20, 2, 4);
     assert_eq!(plan_tuned(&rs, None, &l, &pushed), None);
     let pushed_one_shot = Choice {
@@ -222,7 +230,6 @@ fn the_staged_two_shot_serves_every_size_in_the_default_rounds() {
     for c in COLLECTIVES {
         for bytes in sizes() {
             let s = shape(c, bytes / 2, 2, 4);
-            let p = plan_tuned(&s, None, &l, &choice(TunedAlgorithm::Staged, 8)).unwrap();
             let d = plan(
                 &s,
                 &ReduceLimits {
@@ -232,6 +239,12 @@ fn the_staged_two_shot_serves_every_size_in_the_default_rounds() {
                 },
             )
             .unwrap();
+            // The choice in the default plan's form (pushed rounds hold half the elements).
+            let staged = Choice {
+                pushed: d.pushed,
+                ..choice(TunedAlgorithm::Staged, 8)
+            };
+            let p = plan_tuned(&s, None, &l, &staged).unwrap();
             assert_eq!(
                 (
                     p.algorithm,
@@ -242,7 +255,7 @@ fn the_staged_two_shot_serves_every_size_in_the_default_rounds() {
                     p.blocks,
                     p.pushed
                 ),
-                (d.algorithm, d.shard, d.chunk, d.rounds, d.unit, 8, false),
+                (d.algorithm, d.shard, d.chunk, d.rounds, d.unit, 8, d.pushed),
                 "{c:?} {bytes}"
             );
         }
