@@ -7,12 +7,20 @@ grouped by local expert (expert-major, counts on the GPU); the experts run on th
 order, so the result does not depend on what else was in the batch. The host never waits for
 the counts: the whole forward pass can be captured in a CUDA graph.
 
-    devcomm launch -n 2 -- python3 examples/python/moe_layer.py
+With `--fp8` (`MoELayer(comm, fp8="per_row")`) the tokens cross as e4m3 with a scale per row
+and arrive dequantised (`Buffer(..., fp8="per_row", dequantise=True)`): a quarter of the bytes
+of f32 rows on the links. The reference then runs on the rows as the pack kernel quantises
+them (`quantise`), so the comparison stays tight; the difference from the unquantised layer is
+printed beside it.
+
+    devcomm launch -n 2 -- python3 examples/python/moe_layer.py [--fp8]
     (one GPU: scripts/shared-gpu.sh 2 python3 examples/python/moe_layer.py)
 
 `run(comm)` returns the largest difference from a single-process reference computed on each
 rank from the same weights (every rank draws every expert's weights from a shared seed).
 """
+
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +53,22 @@ def route(x, router):
     return experts, torch.softmax(scores, dim=-1)
 
 
+def quantise(x):
+    """Rows `x` as devcomm's pack kernel sends them with `fp8="per_row"`, dequantised: scale =
+    amax / 448 (1 for a row of zeros), codes = e4m3(x / scale) rounded to nearest even,
+    back as codes x scale in f32 (docs/MOE.md, "FP8 on the wire")."""
+    amax = x.abs().amax(1, keepdim=True)
+    c448 = torch.full_like(amax, 448.0)
+    pos = amax > 0
+    # Tensor by tensor, each division rounded once as the kernel's (a scalar 448.0 / amax is
+    # a reciprocal and a product in torch).
+    scale = torch.where(pos, amax / c448, 1.0)
+    inv = torch.where(pos, c448 / amax, 1.0)
+    return (x * inv).to(torch.float8_e4m3fn).float() * scale
+
+
 class MoELayer(torch.nn.Module):
-    def __init__(self, comm):
+    def __init__(self, comm, fp8=None):
         super().__init__()
         w = comm.world_size
         assert EXPERTS % w == 0, "experts must divide among the ranks"
@@ -56,7 +78,9 @@ class MoELayer(torch.nn.Module):
         self.router = router
         self.w1 = w1[first : first + self.per_rank]
         self.w2 = w2[first : first + self.per_rank]
-        self.buf = devcomm.moe.Buffer(comm, EXPERTS, TOP_K, D_MODEL, dtype=torch.float32, max_tokens=TOKENS)
+        self.buf = devcomm.moe.Buffer(
+            comm, EXPERTS, TOP_K, D_MODEL, dtype=torch.float32, max_tokens=TOKENS, fp8=fp8, dequantise=fp8 is not None
+        )
 
     def forward(self, x):
         experts, gate = route(x, self.router)  # [T, k]
@@ -72,31 +96,45 @@ class MoELayer(torch.nn.Module):
         return self.buf.combine(y, handle)
 
 
-def reference(x, device):
-    """The same layer in one process, every expert local."""
+def reference(x, device, arrived=None):
+    """The same layer in one process, every expert local; the experts run on `arrived` (the
+    rows as they reach them, `x` by default), the router on `x`."""
+    rows = x if arrived is None else arrived
     router, w1, w2 = weights(device)
     experts, gate = route(x, router)
     y = torch.zeros_like(x)
     for e in range(EXPERTS):
         tok, slot = (experts == e).nonzero(as_tuple=True)
         if tok.numel():
-            y.index_add_(0, tok, expert(x[tok], w1[e], w2[e]) * gate[tok, slot][:, None])
+            y.index_add_(0, tok, expert(rows[tok], w1[e], w2[e]) * gate[tok, slot][:, None])
     return y
 
 
-def run(comm):
+def run(comm, fp8=None):
+    """The largest difference from the reference; with `fp8`, from the reference on the
+    quantised rows, and (second) from the unquantised reference."""
     g = torch.Generator().manual_seed(99 + comm.rank)
     x = torch.randn(TOKENS, D_MODEL, generator=g).to(comm.device)
-    layer = MoELayer(comm)
+    layer = MoELayer(comm, fp8=fp8)
     y = layer(x)
     comm.synchronize()
-    return (y - reference(x, comm.device)).abs().max().item()
+    if fp8 is None:
+        return (y - reference(x, comm.device)).abs().max().item()
+    exact = (y - reference(x, comm.device)).abs().max().item()
+    return (y - reference(x, comm.device, quantise(x))).abs().max().item(), exact
 
 
 if __name__ == "__main__":
     import devcomm
 
     comm = devcomm.init()
-    err = run(comm)
-    print(f"rank {comm.rank}: MoE layer vs single-process reference: max |difference| = {err:.3g}")
+    if "--fp8" in sys.argv[1:]:
+        err, exact = run(comm, fp8="per_row")
+        print(
+            f"rank {comm.rank}: FP8 MoE layer vs the reference on the quantised rows: max |difference| = "
+            f"{err:.3g} (vs the unquantised layer: {exact:.3g})"
+        )
+    else:
+        err = run(comm)
+        print(f"rank {comm.rank}: MoE layer vs single-process reference: max |difference| = {err:.3g}")
     raise SystemExit(0 if err < 1e-4 else 1)

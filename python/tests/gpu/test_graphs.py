@@ -136,6 +136,13 @@ def test_moe_layer_example_matches_the_single_process_reference(comm):
     assert err < 1e-4, f"MoE layer differs from the reference by {err}"
 
 
+def test_moe_layer_example_with_fp8_matches_the_reference_on_quantised_rows(comm):
+    err, exact = _example("moe_layer.py").run(comm, fp8="per_row")
+    assert err < 1e-4, f"FP8 MoE layer differs from the reference on the quantised rows by {err}"
+    # e4m3 keeps 3 mantissa bits: the unquantised layer is near, not equal.
+    assert 0 < exact < 1.0, f"FP8 MoE layer differs from the unquantised reference by {exact}"
+
+
 def test_tp_mlp_example_matches_the_single_process_reference(comm):
     mod = _example("tp_mlp.py")
     import devcomm
