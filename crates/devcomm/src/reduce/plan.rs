@@ -440,8 +440,9 @@ pub fn plan(s: &Shape, limits: &ReduceLimits) -> Result<Plan, String> {
     let full = staged_plan(s, limits, unit, shard, false)?;
     let pushed =
         s.collective == Collective::AllReduce && (s.world == 2 || full.rounds >= PUSHED_MIN_ROUNDS);
+    // A row too long for a pushed round's half (its result slots) keeps the pulled rounds.
     if pushed {
-        staged_plan(s, limits, unit, shard, true)
+        Ok(staged_plan(s, limits, unit, shard, true).unwrap_or(full))
     } else {
         Ok(full)
     }

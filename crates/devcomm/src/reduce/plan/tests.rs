@@ -115,6 +115,21 @@ fn all_reduces_push_their_results_on_two_ranks_and_from_eight_rounds() {
     // 2 ranks: every staged all-reduce, one round or many.
     assert_eq!(pushed(Collective::AllReduce, 4 << 20, 2, &L), (1, true));
     assert_eq!(pushed(Collective::AllReduce, 1 << 30, 2, &L), (64, true));
+    // A hooked row that fits a pulled round's slot but not a pushed one's keeps the pulled
+    // rounds (1 MiB halves on 2 ranks: a pulled slot holds 262,144 bf16, a pushed 131,072).
+    let small = ReduceLimits {
+        chunk_bytes: 1 << 20,
+        ..L
+    };
+    let long_rows = Shape {
+        row_len: Some(200_000),
+        ..shape(Collective::AllReduce, 800_000, 2, 2)
+    };
+    let p = plan(&long_rows, &small).unwrap();
+    assert_eq!(
+        (p.algorithm, p.rounds, p.pushed),
+        (Algorithm::Pipelined, 2, false)
+    );
     // Reduce-scatter and all-gather gather nothing the reducers could push.
     for c in [Collective::ReduceScatter, Collective::AllGather] {
         assert!(!pushed(c, 1 << 30, 2, &L).1, "{c:?}");
