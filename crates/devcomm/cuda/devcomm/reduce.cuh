@@ -546,6 +546,71 @@ __device__ __forceinline__ void reduce_elems(const G& g, T* dst, Src src, int wo
   }
 }
 
+// Peers whose loads a thread issues together before reducing (registers: kWide x kWideBatch
+// 16-byte values); more ranks take reduce_elems' rank-by-rank loop.
+enum : int { kWide = 8, kWideBatch = 2 };
+
+// dst(q)[i] for q < ndst = reduction over ranks p = 0..world-1 (in order) of src(p)[i], for
+// i < n. Unlike reduce_elems, every rank's loads are in flight at once (remote loads over
+// NVLink are latency-bound), and the result goes to several destinations. The same
+// accumulation in the same order as reduce_elems: the results are bitwise equal.
+template <class T, int OP, class G, class Src, class Dst>
+__device__ __forceinline__ void reduce_wide(const G& g, Src src, int world, Dst dst, int ndst,
+                                            dc_u64 n) {
+  using N = Num<T>;
+  using A = typename N::Acc;
+  constexpr int kV = (int)(16 / sizeof(T));
+  bool aligned = world <= kWide;
+  for (int p = 0; p < world; ++p) aligned = aligned && (reinterpret_cast<dc_u64>(src(p)) & 15) == 0;
+  for (int q = 0; q < ndst; ++q) aligned = aligned && (reinterpret_cast<dc_u64>(dst(q)) & 15) == 0;
+  if (!aligned) {
+    reduce_elems<T, OP>(g, dst(0), src, world, n);
+    g.sync();
+    for (int q = 1; q < ndst; ++q) copy_elems<T>(g, dst(q), dst(0), n);
+    return;
+  }
+  union V {
+    uint4 u;
+    T v[kV];
+  };
+  const dc_u64 nv = n / kV, stride = g.size();
+  for (dc_u64 j0 = g.thread_rank(); j0 < nv; j0 += kWideBatch * stride) {
+    V x[kWide][kWideBatch];
+#pragma unroll
+    for (int p = 0; p < kWide; ++p) {
+      if (p >= world) break;
+      const uint4* s = reinterpret_cast<const uint4*>(src(p));
+#pragma unroll
+      for (int u = 0; u < kWideBatch; ++u) {
+        const dc_u64 j = j0 + u * stride;
+        x[p][u].u = j < nv ? s[j] : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kWideBatch; ++u) {
+      const dc_u64 j = j0 + u * stride;
+      if (j >= nv) continue;
+      V r;
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        A acc = N::load(x[0][u].v[k]);
+#pragma unroll
+        for (int p = 1; p < kWide; ++p) {
+          if (p < world) acc = combine<OP, T>(acc, N::load(x[p][u].v[k]));
+        }
+        r.v[k] = finish<OP, T>(acc, world);
+      }
+      for (int q = 0; q < ndst; ++q) reinterpret_cast<uint4*>(dst(q))[j] = r.u;
+    }
+  }
+  for (dc_u64 i = nv * kV + g.thread_rank(); i < n; i += g.size()) {
+    A acc = N::load(src(0)[i]);
+    for (int p = 1; p < world; ++p) acc = combine<OP, T>(acc, N::load(src(p)[i]));
+    const T r = finish<OP, T>(acc, world);
+    for (int q = 0; q < ndst; ++q) dst(q)[i] = r;
+  }
+}
+
 // ---- Epilogue hooks ------------------------------------------------------------------------
 //
 // A hooked all-reduce or reduce-scatter calls H::epilogue(ctx, row) for every row of this
