@@ -6,6 +6,8 @@
 #
 #   usage: scripts/gpu-check.sh STEP...
 #   steps: selftest2 selftest3 selftest4   the full self-test on 2, 3 or 4 ranks
+#          groups@N                        the full self-test on N ranks, a step per group (each
+#                                          with its own STEP_LIMIT: what runs it to its end)
 #          GROUP@N                         one self-test group (--only GROUP) on N ranks
 #          examples@N                      the Rust examples on N ranks
 #          python@N                        the Python GPU tests on N ranks (wheel in dist/)
@@ -174,6 +176,12 @@ for w in "$@"; do
       step "net-bench-all_reduce-$n" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$(net_all "$n")" \
         scripts/shared-gpu.sh "$n" dist/devcomm bench --op all_reduce --reference none \
         --max-bytes $((16 << 20)) --json "$out/net-all_reduce.json" ;;
+    groups@*) n=${w#groups@}
+      # The full self-test group by group, each a step with its own time limit: on one GPU
+      # the whole self-test in one step outlasts any limit (selftestN).
+      for g in $(dist/devcomm selftest --help | sed -n 's/^  \([a-z_0-9]*\):$/\1/p'); do
+        step "selftest-$g-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest --only "$g"
+      done ;;
     *@*) g=${w%@*}; n=${w#*@}; step "selftest-$g-$n-ranks" scripts/shared-gpu.sh "$n" dist/devcomm selftest --only "$g" ;;
     *) echo "unknown step $w" >&2 ;;
   esac
