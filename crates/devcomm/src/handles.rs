@@ -35,6 +35,10 @@ pub enum DeviceOp {
     CopyEngineMismatch,
     /// A call whose two sides differ (no wait involved; `cuda/devcomm/agree.cuh`).
     CallMismatch,
+    /// A MoE dispatch waiting for a rank's rows (the direct path; `slot` is the rank).
+    MoeDispatch,
+    /// A MoE combine waiting for a rank's sums (the direct path; `slot` is world + the rank).
+    MoeCombine,
     /// A producer of the network transport waited for a free queue entry and gave up.
     NetQueueFull,
     /// The network proxy found the peer failed (died, link broken, operation timed out).
@@ -64,6 +68,8 @@ impl DeviceOp {
             9 => Self::ZeroCopyMismatch,
             10 => Self::CopyEngineMismatch,
             11 => Self::CallMismatch,
+            12 => Self::MoeDispatch,
+            13 => Self::MoeCombine,
             20 => Self::NetQueueFull,
             21 => Self::NetPeerFailed,
             22 => Self::NetFlush,
@@ -106,6 +112,14 @@ impl std::fmt::Display for DeviceOp {
                  post the matching send, of the same size, on its stream?)",
             ),
             Self::CallMismatch => f.write_str("call agreement check"),
+            Self::MoeDispatch => f.write_str(
+                "MoE dispatch (waiting for the rank's rows: did every rank call dispatch on the \
+                 same layer, on its stream?)",
+            ),
+            Self::MoeCombine => f.write_str(
+                "MoE combine (waiting for the rank's sums: did every rank call combine on the \
+                 same layer, on its stream?)",
+            ),
             Self::NetQueueFull => f.write_str("network queue (waiting for a free entry)"),
             Self::NetPeerFailed => f.write_str("network proxy (peer failed)"),
             Self::NetFlush => f.write_str("network queue flush"),
@@ -420,3 +434,36 @@ const _: () = {
     assert!(offset_of!(RegisteredBuffer, backend_window) == 16);
     assert!(offset_of!(RegisteredBuffer, lkey) == 24);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceOp;
+
+    /// Every code of `DeviceOp` in the C++ header (but `kOpNone`) decodes to a named op.
+    #[test]
+    fn every_device_op_of_the_header_decodes() {
+        let header = include_str!("../cuda/devcomm/handles.cuh");
+        let body = header
+            .split("enum DeviceOp : dc_u32 {")
+            .nth(1)
+            .and_then(|b| b.split("};").next())
+            .expect("DeviceOp in handles.cuh");
+        let codes: Vec<(String, u32)> = body
+            .lines()
+            .filter_map(|l| {
+                let (name, rest) = l.trim().split_once('=')?;
+                let code = rest.trim().split(',').next()?.trim().parse().ok()?;
+                Some((name.trim().to_owned(), code))
+            })
+            .collect();
+        assert!(codes.len() >= 19, "{codes:?}");
+        for (name, code) in codes {
+            let op = DeviceOp::from_code(code);
+            assert_eq!(
+                matches!(op, DeviceOp::Unknown(_)),
+                name == "kOpNone",
+                "{name} = {code} decodes to {op:?}"
+            );
+        }
+    }
+}

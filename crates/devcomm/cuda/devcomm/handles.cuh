@@ -51,6 +51,8 @@ enum DeviceOp : dc_u32 {
                          // 8..12; expected = ours, seen = the slot's)
   kOpCallMismatch = 11,  // a call whose two sides differ (no wait: slot = field, expected = this
                          // side's value, seen = the peer's; devcomm/agree.cuh)
+  kOpMoeDispatch = 12,   // MoE dispatch (direct path) waiting for a rank's rows (slot = rank)
+  kOpMoeCombine = 13,    // MoE combine (direct path) waiting for a rank's sums (slot = world + rank)
   // The network transport (net.cuh, src/net/record.rs); slot = the queue's channel.
   kOpNetQueueFull = 20,      // a producer waited for a free queue entry (a credit)
   kOpNetPeerFailed = 21,     // the proxy found the peer failed (seen = UCX status)

@@ -25,6 +25,13 @@
 //   [all-to-all-v back, in the same row order]
 //   combine_final a warp per token: sum over the ranks it went to, in rank order, in f32
 //
+// The direct path (between NVLink peers; src/comm/moe.rs chooses it) moves the same rows
+// without the all-to-all-v: pack writes each row straight into the receiving rank's area at
+// [its rank][its token] and signals; positions waits for every rank's signals; combine_pack
+// writes each sum straight into the sending rank's area and signals; combine_final waits for
+// them. Every position, copy and sum is the one of the all-to-all-v path, in the same order,
+// so both give the same bits (see "The direct path" below).
+//
 // Additions are explicit (__fmul_rn, __fadd_rn: no contraction into FMA), so a host reference
 // in the same order gives the same bits, and a token's result depends only on its own routing
 // and its experts' outputs, never on the other tokens of the batch. Quantising and
@@ -74,6 +81,20 @@ struct MoeArgs {
   dc_u32 scales;        // scales per FP8 row (0: rows travel as T)
   dc_u32 scale_block;   // elements per scale: hidden (per row) or 128
   dc_u32 out_row_bytes; // bytes of an out_x row: hidden x sizeof(T), or hidden as FP8
+  dc_u32 direct;        // 1: the direct path (the fields below); 0: around the all-to-all-v
+  dc_u32 send_blocks;   // blocks of every rank's pack launch (direct: its signals count them)
+  dc_u32 comb_blocks;   // blocks of every rank's combine_pack launch (likewise)
+  dc_u32 pad0;
+  dc_u64 cap;           // max_tokens: token slots per rank in an area's rows
+  dc_u64 sym;           // this rank's direct area (symmetric memory)
+  dc_u64 peers;         // u64 [world]: every rank's direct area as mapped here
+  dc_u64 ctr;           // u64 [4]: dispatches done, combines done, two arrival counters
+  dc_u64 err;           // DeviceErrorState* (host-mapped)
+  dc_u64 mirror;        // u64 in device memory: non-zero once a kernel of the communicator failed
+  dc_u64 timeout_ns;    // bound of every wait
+  dc_u64 tok_off;       // byte offsets in an area: the tokens words, the rows, the sums
+  dc_u64 recv_off;
+  dc_u64 back_off;
 };
 
 enum : dc_u32 { kNone = 0xFFFFu, kBadIds = 0, kDupIds = 1, kOverflow = 2 };
@@ -203,11 +224,158 @@ __device__ __forceinline__ void warp_copy_to(char* const* dst, dc_u32 n, const c
 __device__ __forceinline__ dc_u64 global_warp() { return ((dc_u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; }
 __device__ __forceinline__ dc_u64 warp_count() { return ((dc_u64)gridDim.x * blockDim.x) / 32; }
 
+// ---- The direct path ---------------------------------------------------------------------
+// Each rank's direct area (symmetric memory, the same layout on every rank):
+//   signals  u64 [2 x world] at 0: [src] counts src's pack blocks done, [world + src] its
+//            combine_pack blocks (every block of every rank adds 1 to every rank's word)
+//   tokens   u64 [2][world] at tok_off: the tokens of src's dispatch, by dispatch parity
+//   rows     [2][world][cap] packed rows at recv_off: src's token t at [parity][src][t]; a
+//            token's row is written only to the ranks it goes to, its ids and weights to every
+//            rank (all 0xFFFF where it does not go), so a receiver tells the two apart
+//   sums     [2][world][cap] rows of T at back_off: rank r's sum for this rank's token t at
+//            [combine parity][r][t]
+// Calls are numbered on the device: ctr[kDispatches] and ctr[kCombines] count the calls done,
+// and the last block of a call's last kernel advances its count (so graph replays number their
+// calls too). A rank writes call n's rows only after its own call n - 1 received every rank's
+// rows, which every rank sent after finishing call n - 2 on its stream: so the parity's rows
+// (and sums) are no longer read by anyone when they are overwritten, with no wait for it.
+enum : dc_u32 { kDispatches = 0, kCombines = 1, kArriveDispatch = 2, kArriveCombine = 3 };
+
+__device__ __forceinline__ dc_u64 calls_done(const MoeArgs& a, dc_u32 which) {
+  return reinterpret_cast<const dc_u64*>(a.ctr)[which];
+}
+
+// Rank r's direct area as mapped here.
+__device__ __forceinline__ char* area(const MoeArgs& a, dc_u32 r) {
+  return reinterpret_cast<char*>(reinterpret_cast<const dc_u64*>(a.peers)[r]);
+}
+
+__device__ __forceinline__ dc_u64* tokens_words(const MoeArgs& a, char* at, dc_u64 n) {
+  return reinterpret_cast<dc_u64*>(at + a.tok_off) + (n & 1u) * a.world;
+}
+
+__device__ __forceinline__ char* rows_of(const MoeArgs& a, char* at, dc_u64 n) {
+  return at + a.recv_off + (n & 1u) * a.world * a.cap * a.row_bytes;
+}
+
+__device__ __forceinline__ char* sums_of(const MoeArgs& a, char* at, dc_u64 m, dc_u32 hidden_bytes) {
+  return at + a.back_off + (m & 1u) * a.world * a.cap * hidden_bytes;
+}
+
+// Whether a kernel of the communicator has failed (the abort mirror): a direct kernel then
+// does nothing, publishes nothing.
+__device__ __forceinline__ bool failed_before(const MoeArgs& a) {
+  return a.mirror != 0 && *reinterpret_cast<const volatile dc_u64*>(a.mirror) != 0;
+}
+
+// failed_before as thread 0 reads it, for the whole block (every thread calls; the block syncs).
+__device__ bool block_failed(const MoeArgs& a) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = failed_before(a) ? 1 : 0;
+  __syncthreads();
+  return failed != 0;
+}
+
+// Every block: once its work is written, adds 1 to word `slot` of every rank's area (block 0
+// first writes `tokens`, when given, into every rank's tokens word of dispatch n).
+__device__ __forceinline__ void signal_all(const MoeArgs& a, dc_u32 slot, const dc_u64* tokens, dc_u64 n) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (tokens != nullptr && blockIdx.x == 0) {
+    for (dc_u32 r = 0; r < a.world; ++r) tokens_words(a, area(a, r), n)[a.rank] = *tokens;
+  }
+  fence_acq_rel_sys();
+  for (dc_u32 r = 0; r < a.world; ++r) red_add_release_sys(reinterpret_cast<dc_u64*>(area(a, r)) + slot, 1);
+}
+
+// Waits (thread 0 of the block, the block then syncs) until word `first + r` of this rank's
+// area reaches `expected` for every rank r; false on timeout or abort (recorded; nothing may be
+// read or published then).
+__device__ bool arrived_all(const MoeArgs& a, dc_u32 first, dc_u64 expected, dc_u32 op) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    ok = failed_before(a) ? 0 : 1;
+    const dc_u64* words = reinterpret_cast<const dc_u64*>(a.sym);
+    for (dc_u32 r = 0; r < a.world && ok; ++r) {
+      const WaitSite site{op, (dc_i32)r, first + r};
+      ok = wait_until(reinterpret_cast<DeviceErrorState*>(a.err), a.timeout_ns, (dc_i32)a.rank,
+                      words + first + r, expected, Cmp::Ge, site) ? 1 : 0;
+    }
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
+// Every block, at the end of a call's last kernel: the last block to arrive sets the count of
+// calls done (`which`) to n.
+__device__ __forceinline__ void advance(const MoeArgs& a, dc_u32 arrive, dc_u32 which, dc_u64 n) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  dc_u64* c = reinterpret_cast<dc_u64*>(a.ctr);
+  __threadfence();
+  if (atomicAdd(reinterpret_cast<unsigned long long*>(c + arrive), 1ull) == gridDim.x - 1) {
+    c[arrive] = 0;
+    c[which] = n;
+  }
+}
+
+// The args of a kernel that reads dispatch n's received rows: on the direct path `recv` and
+// `recv_counts` point into this rank's area (the rows of src then sit at [src][t]).
+__device__ __forceinline__ MoeArgs received_view(MoeArgs a, dc_u64 n) {
+  if (a.direct) {
+    char* me = reinterpret_cast<char*>(a.sym);
+    a.recv = reinterpret_cast<dc_u64>(rows_of(a, me, n));
+    a.recv_counts = reinterpret_cast<dc_u64>(tokens_words(a, me, n));
+  }
+  return a;
+}
+
+// The place among the received rows of received row i (rank order, then token order):
+// i itself when they are packed, [src][t] on the direct path.
+__device__ __forceinline__ dc_u64 recv_index(const MoeArgs& a, dc_u64 i) {
+  if (!a.direct) return i;
+  const dc_u64* c = reinterpret_cast<const dc_u64*>(a.recv_counts);
+  dc_u32 r = 0;
+  for (; r + 1 < a.world && i >= c[r]; ++r) i -= c[r];
+  return (dc_u64)r * a.cap + i;
+}
+
+__device__ __forceinline__ const char* recv_row(const MoeArgs& a, dc_u64 i) {
+  return reinterpret_cast<const char*>(a.recv) + recv_index(a, i) * a.row_bytes;
+}
+
+// Direct path: the ranks of token t's experts (a bit a rank); lane j counts entry j's bad or
+// repeated id, every lane gets the bits.
+__device__ __forceinline__ dc_u64 token_ranks(const MoeArgs& a, dc_u64 t) {
+  dc_u64 bits = 0;
+  for (dc_u32 j = lane_id(); j < a.k; j += 32) {
+    const long long e = entry(a, t, j, true);
+    if (e >= 0) bits |= 1ull << (e / a.local_experts);
+  }
+  for (int o = 16; o > 0; o >>= 1) bits |= __shfl_xor_sync(0xFFFFFFFFu, bits, o);
+  return bits;
+}
+
+// Token t's row in rank r's area (direct path, dispatch n).
+__device__ __forceinline__ char* direct_row(const MoeArgs& a, dc_u32 r, dc_u64 t, dc_u64 n) {
+  return rows_of(a, area(a, r), n) + ((dc_u64)a.rank * a.cap + t) * a.row_bytes;
+}
+
 // Token t's packed rows, one per rank it goes to (at most world), into rows; returns how many.
-__device__ __forceinline__ dc_u32 token_rows(const MoeArgs& a, dc_u64 t, char** rows) {
-  const int* slot = reinterpret_cast<const int*>(a.slot);
-  const dc_u64* offsets = reinterpret_cast<const dc_u64*>(a.send_offsets);
+// On the direct path (dispatch n) the rows are in the ranks' areas, and the ranks are kept in
+// slot (t itself for a rank it goes to, -1 for the others).
+__device__ __forceinline__ dc_u32 token_rows(const MoeArgs& a, dc_u64 t, char** rows, dc_u64 n_call) {
+  int* slot = reinterpret_cast<int*>(a.slot);
   dc_u32 n = 0;
+  if (a.direct) {
+    const dc_u64 bits = token_ranks(a, t);
+    for (dc_u32 r = lane_id(); r < a.world; r += 32) slot[t * a.world + r] = (bits >> r) & 1u ? (int)t : -1;
+    for (dc_u32 r = 0; r < a.world; ++r) {
+      if ((bits >> r) & 1u) rows[n++] = direct_row(a, r, t, n_call);
+    }
+    return n;
+  }
+  const dc_u64* offsets = reinterpret_cast<const dc_u64*>(a.send_offsets);
   for (dc_u32 r = 0; r < a.world; ++r) {
     const int s = slot[t * a.world + r];
     if (s >= 0) rows[n++] = reinterpret_cast<char*>(a.send) + (offsets[r] + (dc_u64)s) * a.row_bytes;
@@ -216,16 +384,22 @@ __device__ __forceinline__ dc_u32 token_rows(const MoeArgs& a, dc_u64 t, char** 
 }
 
 // Into each packed row of token t (the lanes of a warp): its expert ids local to that row's
-// rank (0xFFFF: another rank's or dropped) and its k weights.
-__device__ __forceinline__ void pack_routing(const MoeArgs& a, dc_u64 t) {
+// rank (0xFFFF: another rank's or dropped) and its k weights. On the direct path every rank
+// gets them (all 0xFFFF where the token does not go), so that no stale ids stay in its slot.
+__device__ __forceinline__ void pack_routing(const MoeArgs& a, dc_u64 t, dc_u64 n_call) {
   const int* slot = reinterpret_cast<const int*>(a.slot);
   const dc_u64* offsets = reinterpret_cast<const dc_u64*>(a.send_offsets);
   const float* w = reinterpret_cast<const float*>(a.topk_w);
   for (dc_u32 p = lane_id(); p < a.world * a.k; p += 32) {
     const dc_u32 r = p / a.k, j = p % a.k;
-    const int s = slot[t * a.world + r];
-    if (s < 0) continue;
-    char* row = reinterpret_cast<char*>(a.send) + (offsets[r] + (dc_u64)s) * a.row_bytes;
+    char* row;
+    if (a.direct) {
+      row = direct_row(a, r, t, n_call);
+    } else {
+      const int s = slot[t * a.world + r];
+      if (s < 0) continue;
+      row = reinterpret_cast<char*>(a.send) + (offsets[r] + (dc_u64)s) * a.row_bytes;
+    }
     const long long e = entry(a, t, j, false);
     const bool here = e >= 0 && (dc_u32)(e / a.local_experts) == r;
     reinterpret_cast<unsigned short*>(row + a.ids_off)[j] =
@@ -234,16 +408,30 @@ __device__ __forceinline__ void pack_routing(const MoeArgs& a, dc_u64 t) {
   }
 }
 
+// The dispatch's number (the count of dispatches done + 1) for the direct path's kernels.
+__device__ __forceinline__ dc_u64 this_dispatch(const MoeArgs& a) {
+  return a.direct ? calls_done(a, kDispatches) + 1 : 0;
+}
+
+// The end of a pack kernel: on the direct path every block signals every rank (block 0 with
+// this rank's tokens).
+__device__ __forceinline__ void pack_done(const MoeArgs& a, dc_u64 n) {
+  if (a.direct) signal_all(a, a.rank, &a.tokens, n);
+}
+
 template <class T>
 __global__ void moe_pack(MoeArgs a) {
   const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T);
+  const dc_u64 n_call = this_dispatch(a);
+  if (a.direct && block_failed(a)) return;
   for (dc_u64 t = global_warp(); t < a.tokens; t += warp_count()) {
     // The token's row goes to each rank of its experts, read once.
     char* rows[64];
-    const dc_u32 n = token_rows(a, t, rows);
+    const dc_u32 n = token_rows(a, t, rows, n_call);
     warp_copy_to(rows, n, reinterpret_cast<const char*>(a.x) + t * hidden_bytes, hidden_bytes);
-    pack_routing(a, t);
+    pack_routing(a, t, n_call);
   }
+  pack_done(a, n_call);
 }
 
 // ---- FP8 on the wire --------------------------------------------------------------------
@@ -332,9 +520,11 @@ __global__ void moe_pack_fp8(MoeArgs a) {
   const dc_u32 chunks = a.hidden / kChunk;
   const bool per_row = a.scale_block == a.hidden;
   const dc_u32 lane = lane_id();
+  const dc_u64 n_call = this_dispatch(a);
+  if (a.direct && block_failed(a)) return;
   for (dc_u64 t = global_warp(); t < a.tokens; t += warp_count()) {
     char* rows[64];
-    const dc_u32 n = token_rows(a, t, rows);
+    const dc_u32 n = token_rows(a, t, rows, n_call);
     const char* x = reinterpret_cast<const char*>(a.x) + t * hidden_bytes;
     float v[kChunk];
     if (per_row) {
@@ -367,8 +557,9 @@ __global__ void moe_pack_fp8(MoeArgs a) {
         if (c % kBlockChunks == 0) store_scale(a, rows, n, c / kBlockChunks, scale);
       }
     }
-    pack_routing(a, t);
+    pack_routing(a, t, n_call);
   }
+  pack_done(a, n_call);
 }
 
 // Rows received, packed in rank order.
@@ -380,14 +571,27 @@ __device__ __forceinline__ dc_u64 received(const MoeArgs& a) {
 }
 
 __device__ __forceinline__ const unsigned short* row_ids(const MoeArgs& a, dc_u64 i) {
-  return reinterpret_cast<const unsigned short*>(reinterpret_cast<const char*>(a.recv) + i * a.row_bytes + a.ids_off);
+  return reinterpret_cast<const unsigned short*>(recv_row(a, i) + a.ids_off);
 }
 
-// Block le (kLayoutThreads threads) numbers the received rows that go to local expert le.
-extern "C" __global__ void __launch_bounds__(kLayoutThreads) moe_positions(MoeArgs a) {
+// Whether received row i has an expert of this rank (rows on the direct path that only carry
+// another rank's ids were not sent here).
+__device__ __forceinline__ bool sent_here(const MoeArgs& a, const unsigned short* ids) {
+  for (dc_u32 j = 0; j < a.k; ++j) {
+    if (ids[j] != kNone) return true;
+  }
+  return false;
+}
+
+// Block le (kLayoutThreads threads) numbers the received rows that go to local expert le. On
+// the direct path it first waits for every rank's rows.
+extern "C" __global__ void __launch_bounds__(kLayoutThreads) moe_positions(MoeArgs args) {
   __shared__ dc_u32 warp_sum[kLayoutWarps];
   __shared__ dc_u64 run;
   const dc_u32 le = blockIdx.x, tid = threadIdx.x;
+  const dc_u64 n_call = this_dispatch(args);
+  if (args.direct && !arrived_all(args, 0, n_call * args.send_blocks, kOpMoeDispatch)) return;
+  const MoeArgs a = received_view(args, n_call);
   if (tid == 0) run = 0;
   __syncthreads();
   const dc_u64 rows = received(a);
@@ -430,6 +634,7 @@ enum : int { kMaxLocalExperts = 1024 };
 // and whether they fit the output; when not, nothing is written and status says how many
 // rows the output needs.
 __device__ __forceinline__ bool unpack_fits(const MoeArgs& a, dc_u64* base) {
+  if (a.direct && block_failed(a)) return false;
   group_bases(a, base);
   const dc_u64 needed = base[a.local_experts];
   if (needed <= a.out_rows) return true;
@@ -455,7 +660,7 @@ __device__ __forceinline__ dc_u32 row_outputs(const MoeArgs& a, dc_u64 i, const 
 // its output row kept in pos for the combine (pos was read by every lane before: synced).
 __device__ __forceinline__ void unpack_finish(const MoeArgs& a, dc_u64 i, const dc_u64* base) {
   __syncwarp();
-  const char* row = reinterpret_cast<const char*>(a.recv) + i * a.row_bytes;
+  const char* row = recv_row(a, i);
   const unsigned short* ids = reinterpret_cast<const unsigned short*>(row + a.ids_off);
   const float* w = reinterpret_cast<const float*>(row + a.w_off);
   dc_u32* pos = reinterpret_cast<dc_u32*>(a.pos);
@@ -477,35 +682,47 @@ __device__ __forceinline__ dc_u32 row_destinations(const MoeArgs& a, dc_u64 i, c
   return n;
 }
 
+// The end of an unpack kernel: on the direct path the dispatch is done (its number advances).
+__device__ __forceinline__ void unpack_done(const MoeArgs& a, dc_u64 n_call) {
+  if (a.direct) advance(a, kArriveDispatch, kDispatches, n_call);
+}
+
 template <class T>
-__global__ void moe_unpack(MoeArgs a) {
+__global__ void moe_unpack(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];
-  if (!unpack_fits(a, base)) return;
-  const dc_u64 rows = received(a);
-  const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T);
-  for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
-    // The row's copy per local expert, read once.
-    dc_u64 out[32];
-    char* dsts[32];
-    const dc_u32 n = row_destinations(a, i, base, out, dsts);
-    warp_copy_to(dsts, n, reinterpret_cast<const char*>(a.recv) + i * a.row_bytes, hidden_bytes);
-    unpack_finish(a, i, base);
+  const dc_u64 n_call = this_dispatch(args);
+  const MoeArgs a = received_view(args, n_call);
+  if (unpack_fits(a, base)) {
+    const dc_u64 rows = received(a);
+    const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T);
+    for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
+      // The row's copy per local expert, read once.
+      dc_u64 out[32];
+      char* dsts[32];
+      const dc_u32 n = row_destinations(a, i, base, out, dsts);
+      if (n == 0) continue;  // a direct row that only carries other ranks' ids
+      warp_copy_to(dsts, n, recv_row(a, i), hidden_bytes);
+      unpack_finish(a, i, base);
+    }
   }
+  unpack_done(a, n_call);
 }
 
 // FP8 rows dequantised: element = e4m3 x its block's scale in f32, rounded to T, into each
 // copy (the row read once).
 template <class T>
-__global__ void moe_unpack_dequant(MoeArgs a) {
+__global__ void moe_unpack_dequant(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];
-  if (!unpack_fits(a, base)) return;
-  const dc_u64 rows = received(a);
+  const dc_u64 n_call = this_dispatch(args);
+  const MoeArgs a = received_view(args, n_call);
+  const dc_u64 rows = unpack_fits(a, base) ? received(a) : 0;
   const dc_u32 chunks = a.hidden / kChunk, per_scale = a.scale_block / kChunk;
   for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
     dc_u64 out[32];
     char* dsts[32];
     const dc_u32 n = row_destinations(a, i, base, out, dsts);
-    const char* row = reinterpret_cast<const char*>(a.recv) + i * a.row_bytes;
+    if (n == 0) continue;
+    const char* row = recv_row(a, i);
     const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
     for (dc_u32 c = lane_id(); c < chunks; c += 32) {
       const uint2 q = reinterpret_cast<const uint2*>(row)[c];
@@ -520,20 +737,23 @@ __global__ void moe_unpack_dequant(MoeArgs a) {
     }
     unpack_finish(a, i, base);
   }
+  unpack_done(a, n_call);
 }
 
 // FP8 rows kept as FP8: the codes into out_x (hidden bytes a row), the scales into out_scales
 // (scales a row), for each copy (the row read once).
 template <class T>
-__global__ void moe_unpack_fp8(MoeArgs a) {
+__global__ void moe_unpack_fp8(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];
-  if (!unpack_fits(a, base)) return;
-  const dc_u64 rows = received(a);
+  const dc_u64 n_call = this_dispatch(args);
+  const MoeArgs a = received_view(args, n_call);
+  const dc_u64 rows = unpack_fits(a, base) ? received(a) : 0;
   for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
     dc_u64 out[32];
     char* dsts[32];
     const dc_u32 n = row_destinations(a, i, base, out, dsts);
-    const char* row = reinterpret_cast<const char*>(a.recv) + i * a.row_bytes;
+    if (n == 0) continue;
+    const char* row = recv_row(a, i);
     warp_copy_to(dsts, n, row, a.hidden);
     const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
     float* out_scales = reinterpret_cast<float*>(a.out_scales);
@@ -543,6 +763,7 @@ __global__ void moe_unpack_fp8(MoeArgs a) {
     }
     unpack_finish(a, i, base);
   }
+  unpack_done(a, n_call);
 }
 
 // Whether this rank's dispatch output overflowed: it wrote nothing, and its experts'
@@ -608,17 +829,25 @@ __device__ __forceinline__ void warp_weighted_sum(uint4* __restrict__ out, const
   }
 }
 
+// On the direct path each sum goes straight into the sending rank's area (combine m, at
+// [this rank][token]), and every block then signals every rank.
 template <class T>
-__global__ void moe_combine_pack(MoeArgs a) {
+__global__ void moe_combine_pack(MoeArgs args) {
+  const dc_u64 n_call = args.direct ? calls_done(args, kDispatches) : 0;
+  const dc_u64 m_call = args.direct ? calls_done(args, kCombines) + 1 : 0;
+  if (args.direct && block_failed(args)) return;
+  const MoeArgs a = received_view(args, n_call);
   const bool none = overflowed(a);
   const dc_u64 rows = received(a);
-  const dc_u32 vecs = a.hidden / Vec<T>::kN;
+  const dc_u32 vecs = a.hidden / Vec<T>::kN, hidden_bytes = vecs * 16u;
   const dc_u32* pos = reinterpret_cast<const dc_u32*>(a.pos);
   const uint4* ys = reinterpret_cast<const uint4*>(a.y);
   for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
-    const char* row = reinterpret_cast<const char*>(a.recv) + i * a.row_bytes;
+    const dc_u64 at = recv_index(a, i);
+    const char* row = reinterpret_cast<const char*>(a.recv) + at * a.row_bytes;
     const unsigned short* ids = reinterpret_cast<const unsigned short*>(row + a.ids_off);
     const float* w = reinterpret_cast<const float*>(row + a.w_off);
+    if (!sent_here(a, ids)) continue;
     // The row's local entries in ascending expert order (k is small: a selection each time):
     // the outputs to read and their weights.
     const uint4* src[32];
@@ -637,26 +866,39 @@ __global__ void moe_combine_pack(MoeArgs a) {
       wt[n++] = w[at];
       le = next + 1;
     }
-    warp_weighted_sum<T>(reinterpret_cast<uint4*>(a.cback) + i * vecs, src, wt, n, vecs);
+    uint4* dst = reinterpret_cast<uint4*>(a.cback) + i * vecs;
+    if (a.direct) {
+      const dc_u32 src_rank = (dc_u32)(at / a.cap);
+      char* sums = sums_of(a, area(a, src_rank), m_call, hidden_bytes);
+      dst = reinterpret_cast<uint4*>(sums + ((dc_u64)a.rank * a.cap + at % a.cap) * hidden_bytes);
+    }
+    warp_weighted_sum<T>(dst, src, wt, n, vecs);
   }
+  if (a.direct) signal_all(a, a.world + a.rank, nullptr, 0);
 }
 
+// On the direct path it first waits for every rank's sums of combine m, in this rank's area.
 template <class T>
 __global__ void moe_combine_final(MoeArgs a) {
   const dc_u32 vecs = a.hidden / Vec<T>::kN;
   const int* slot = reinterpret_cast<const int*>(a.slot);
   const dc_u64* offsets = reinterpret_cast<const dc_u64*>(a.send_offsets);
   const uint4* back = reinterpret_cast<const uint4*>(a.back);
-  for (dc_u64 t = global_warp(); t < a.tokens; t += warp_count()) {
+  const dc_u64 m_call = a.direct ? calls_done(a, kCombines) + 1 : 0;
+  const bool ok = !a.direct || arrived_all(a, a.world, m_call * a.comb_blocks, kOpMoeCombine);
+  if (a.direct) back = reinterpret_cast<const uint4*>(sums_of(a, reinterpret_cast<char*>(a.sym), m_call, vecs * 16u));
+  for (dc_u64 t = global_warp(); ok && t < a.tokens; t += warp_count()) {
     // The ranks' sums of this token, in rank order.
     const uint4* src[64];
     dc_u32 n = 0;
     for (dc_u32 r = 0; r < a.world; ++r) {
       const int s = slot[t * a.world + r];
-      if (s >= 0) src[n++] = back + (offsets[r] + (dc_u64)s) * vecs;
+      if (s < 0) continue;
+      src[n++] = back + (a.direct ? (dc_u64)r * a.cap + t : offsets[r] + (dc_u64)s) * vecs;
     }
     warp_weighted_sum<T>(reinterpret_cast<uint4*>(a.out) + t * vecs, src, nullptr, n, vecs);
   }
+  if (a.direct) advance(a, kArriveCombine, kCombines, m_call);
 }
 
 }  // namespace moe

@@ -1,8 +1,11 @@
 //! MoE dispatch and combine on the communicator (docs/MOE.md): [`Moe`] holds one layer's
-//! scratch and what a dispatch leaves for its combine. A dispatch is four kernels around one
-//! all-to-all-v of packed rows (as they are or FP8, `MoeConfig::wire`), a combine two kernels
-//! around one all-to-all-v back; nothing goes through the host, so both are capturable in CUDA
-//! graphs.
+//! scratch and what a dispatch leaves for its combine. Between NVLink peers (the direct path)
+//! a dispatch is three kernels, the first writing each row straight into the receiving rank's
+//! memory, and a combine two, the first writing each sum straight back. With network links in
+//! the job (or `DEVCOMM_MOE_DIRECT=0`) a dispatch is four kernels around one all-to-all-v of
+//! packed rows (as they are or FP8, `MoeConfig::wire`), a combine two kernels around one
+//! all-to-all-v back. Both paths give the same bits; nothing goes through the host, so both
+//! are capturable in CUDA graphs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,7 +18,10 @@ use crate::collective::RawHooks;
 use crate::cuda::DeviceBuffer;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::kernels::KernelKind;
-use crate::moe::{kernel_expression, DispatchBytes, MoeArgs, MoeConfig, MoePlan, KERNELS};
+use crate::memory::SymmetricMemory;
+use crate::moe::{
+    kernel_expression, DirectArea, DispatchBytes, MoeArgs, MoeConfig, MoePlan, KERNELS,
+};
 
 /// The status words the kernels count into (`moe.cu`).
 const STATUS_WORDS: usize = 4;
@@ -76,6 +82,8 @@ pub struct Moe {
     cback: DeviceBuffer,
     back: DeviceBuffer,
     status: DeviceBuffer,
+    /// The direct path's area and call counters (`None`: the all-to-all-v path).
+    direct: Option<Direct>,
     hooks: RawHooks,
     functions: HashMap<&'static str, CudaFunction>,
     last: Mutex<Option<Dispatched>>,
@@ -90,14 +98,28 @@ impl std::fmt::Debug for Moe {
     }
 }
 
+/// The direct path's memory: every rank's area, mapped into every peer, and this rank's call
+/// counters (`moe.cu`, "The direct path").
+struct Direct {
+    layout: DirectArea,
+    area: SymmetricMemory,
+    /// `u64 [4]`: dispatches done, combines done, two arrival counters.
+    counters: DeviceBuffer,
+    error_state: u64,
+    mirror: u64,
+    timeout_ns: u64,
+}
+
 fn bad(reason: String) -> Error {
     Error::InvalidArgument { op: "moe", reason }
 }
 
 impl Comm {
-    /// A MoE layer's dispatch and combine for `config` (its kernels loaded, its scratch
-    /// allocated: about `4 x max_tokens x world x hidden` elements). Local to this rank; every
-    /// rank must use the same configuration.
+    /// Collective: a MoE layer's dispatch and combine for `config` (its kernels loaded, its
+    /// scratch allocated: about `4 x max_tokens x world x hidden` elements). Every rank makes
+    /// its layers with the same configurations in the same order; between NVLink peers the
+    /// scratch is memory every peer writes into, so dropping a layer is collective too (each
+    /// rank waits, up to the setup timeout, until every rank has dropped it).
     pub fn moe(&self, config: MoeConfig) -> Result<Moe> {
         let plan = MoePlan::new(config, self.world_size())?;
         let module = crate::kernels::load(
@@ -115,24 +137,47 @@ impl Comm {
         let ctx = self.context();
         let (w, k) = (plan.world, config.top_k);
         let zeroed = |bytes: usize| DeviceBuffer::zeroed(ctx, bytes);
+        let direct = self.moe_direct(&plan)?;
+        // The all-to-all-v path's buffers (one small allocation each on the direct path).
+        let staged = |bytes: usize| zeroed(if direct.is_some() { 16 } else { bytes });
         let moe = Moe {
             plan,
             rank: self.rank(),
             sm_count: self.device_info().sm_count.max(1) as u32,
-            send: zeroed(plan.send_rows * plan.row_bytes)?,
-            recv: zeroed(plan.recv_rows * plan.row_bytes)?,
+            send: staged(plan.send_rows * plan.row_bytes)?,
+            recv: staged(plan.recv_rows * plan.row_bytes)?,
             slot: zeroed(config.max_tokens * w * 4)?,
             counts: zeroed(6 * w * 8)?,
             pos: zeroed(plan.recv_rows * k * 4)?,
-            cback: zeroed(plan.recv_rows * plan.hidden_bytes)?,
-            back: zeroed(plan.send_rows * plan.hidden_bytes)?,
+            cback: staged(plan.recv_rows * plan.hidden_bytes)?,
+            back: staged(plan.send_rows * plan.hidden_bytes)?,
             status: zeroed(STATUS_WORDS * 8)?,
+            direct,
             hooks: RawHooks::copy_of_size(16),
             functions,
             last: Mutex::new(None),
         };
         crate::cuda::synchronize(ctx)?;
         Ok(moe)
+    }
+
+    /// The direct path's memory for `plan` when every link of the job is NVLink and
+    /// `DEVCOMM_MOE_DIRECT` is on (the same answer on every rank: both are), else `None`.
+    fn moe_direct(&self, plan: &MoePlan) -> Result<Option<Direct>> {
+        if !self.group.config.moe_direct || self.group.mesh.network_in_job() {
+            return Ok(None);
+        }
+        self.group.mesh.check_nvlink("moe", false)?;
+        let layout = plan.direct_area();
+        let area = SymmetricMemory::new(&self.group, layout.bytes)?;
+        Ok(Some(Direct {
+            layout,
+            area,
+            counters: DeviceBuffer::zeroed(self.context(), 4 * 8)?,
+            error_state: self.group.errors.device_ptr(),
+            mirror: self.group.errors.mirror_ptr(),
+            timeout_ns: u64::try_from(self.group.device_timeout.as_nanos()).unwrap_or(u64::MAX),
+        }))
     }
 }
 
@@ -172,7 +217,28 @@ impl Moe {
         a.cback = self.cback.ptr();
         a.back = self.back.ptr();
         a.status = self.status.ptr();
+        if let Some(d) = &self.direct {
+            a.direct = 1;
+            a.send_blocks = d.layout.send_blocks;
+            a.comb_blocks = d.layout.combine_blocks;
+            a.cap = self.plan.config.max_tokens as u64;
+            a.sym = d.area.local_ptr();
+            a.peers = d.area.peer_table();
+            a.ctr = d.counters.ptr();
+            a.err = d.error_state;
+            a.mirror = d.mirror;
+            a.timeout_ns = d.timeout_ns;
+            a.tok_off = d.layout.tokens_off as u64;
+            a.recv_off = d.layout.rows_off as u64;
+            a.back_off = d.layout.sums_off as u64;
+        }
         a
+    }
+
+    /// Whether this layer takes the direct path (every link of the job NVLink, and
+    /// `DEVCOMM_MOE_DIRECT` on).
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
     }
 
     /// Launches kernel `name` on `blocks` blocks of `threads`.
@@ -292,11 +358,16 @@ impl Moe {
             crate::cuda::graph::memset_d8_async(self.status.ptr(), 0, STATUS_WORDS * 8, stream)?
         };
         let (pack, unpack) = c.wire.kernels();
-        self.launch("moe_layout", 1, SCAN_THREADS, &a, stream)?;
-        self.launch(pack, self.blocks_for(b.tokens), THREADS, &a, stream)?;
-        let (send, recv) = (self.send.ptr(), self.recv.ptr());
-        let rows = (self.plan.send_rows, self.plan.recv_rows);
-        self.exchange(comm, (send, recv), rows, self.plan.row_bytes, 0, stream)?;
+        if let Some(d) = &self.direct {
+            // The pack kernel writes each row into its ranks' areas and signals them.
+            self.launch(pack, d.layout.send_blocks, THREADS, &a, stream)?;
+        } else {
+            self.launch("moe_layout", 1, SCAN_THREADS, &a, stream)?;
+            self.launch(pack, self.blocks_for(b.tokens), THREADS, &a, stream)?;
+            let (send, recv) = (self.send.ptr(), self.recv.ptr());
+            let rows = (self.plan.send_rows, self.plan.recv_rows);
+            self.exchange(comm, (send, recv), rows, self.plan.row_bytes, 0, stream)?;
+        }
         let le = self.plan.local_experts as u32;
         self.launch("moe_positions", le, SCAN_THREADS, &a, stream)?;
         let rows = self.blocks_for(self.plan.recv_rows);
@@ -353,12 +424,18 @@ impl Moe {
         a.tokens = d.tokens as u64;
         a.out_rows = d.out_rows as u64;
         a.expert_count = d.expert_counts;
-        let rows = self.blocks_for(self.plan.recv_rows);
-        self.launch("moe_combine_pack", rows, THREADS, &a, stream)?;
-        // Back the way the rows came: what this rank received goes back to its senders.
-        let (cback, back) = (self.cback.ptr(), self.back.ptr());
-        let rows = (self.plan.recv_rows, self.plan.send_rows);
-        self.exchange(comm, (cback, back), rows, self.plan.hidden_bytes, 2, stream)?;
+        if let Some(direct) = &self.direct {
+            // Each sum goes straight back into its sender's area, which is then signalled.
+            let blocks = direct.layout.combine_blocks;
+            self.launch("moe_combine_pack", blocks, THREADS, &a, stream)?;
+        } else {
+            let rows = self.blocks_for(self.plan.recv_rows);
+            self.launch("moe_combine_pack", rows, THREADS, &a, stream)?;
+            // Back the way the rows came: what this rank received goes back to its senders.
+            let (cback, back) = (self.cback.ptr(), self.back.ptr());
+            let rows = (self.plan.recv_rows, self.plan.send_rows);
+            self.exchange(comm, (cback, back), rows, self.plan.hidden_bytes, 2, stream)?;
+        }
         let blocks = self.blocks_for(d.tokens);
         self.launch("moe_combine_final", blocks, THREADS, &a, stream)
     }

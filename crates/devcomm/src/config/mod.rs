@@ -231,6 +231,11 @@ knobs! {
     /// MiB one two-shot reduction round stages per rank (the window holds two rounds).
     reduce_chunk_mib: u32 = 32, "32",
         env "DEVCOMM_REDUCE_CHUNK_MIB", group "reductions", range range(1, 256), Must, experimental;
+    /// `0`: MoE dispatch and combine between NVLink peers go through the all-to-all-v (the path
+    /// network peers take) instead of writing rows and sums straight into the peers' memory;
+    /// both give the same bits (docs/MOE.md, "How it runs").
+    moe_direct: bool = true, "1",
+        env "DEVCOMM_MOE_DIRECT", group "moe", range None, Must;
     /// MiB of the memory pool's first segment, grown when the communicator is built (`0`:
     /// none until `grow_pool`); pool allocations come from its segments.
     pool_mib: u32 = 0, "0",

@@ -206,6 +206,52 @@ impl MoePlan {
     }
 }
 
+/// The direct path's area on each rank (`moe.cu`, "The direct path"): byte offsets of its
+/// parts and its size. Rows and sums are double-buffered by call parity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectArea {
+    /// `u64 [2][world]`: the tokens of each rank's dispatch, by parity (the signal words,
+    /// `u64 [2 x world]`, are at 0).
+    pub tokens_off: usize,
+    /// `[2][world][max_tokens]` packed rows.
+    pub rows_off: usize,
+    /// `[2][world][max_tokens]` rows of `hidden` elements: the combine's sums.
+    pub sums_off: usize,
+    /// Bytes of the area.
+    pub bytes: usize,
+    /// Blocks of every rank's pack launch: the same on every rank (from the configuration
+    /// alone), since a receiver counts their signals.
+    pub send_blocks: u32,
+    /// Blocks of every rank's combine_pack launch (likewise).
+    pub combine_blocks: u32,
+}
+
+/// Most blocks of a direct-path launch whose signals a receiver counts.
+const DIRECT_MAX_BLOCKS: usize = 128;
+/// Warps a block of the warp-per-row kernels holds (256 threads).
+const WARPS_PER_BLOCK: usize = 8;
+
+impl MoePlan {
+    /// The direct path's area for this plan (pure; the same on every rank).
+    pub fn direct_area(&self) -> DirectArea {
+        let (w, cap) = (self.world, self.config.max_tokens);
+        let tokens_off = round_up(2 * w * 8, 256);
+        let rows_off = round_up(tokens_off + 2 * w * 8, 256);
+        let sums_off = round_up(rows_off + 2 * w * cap * self.row_bytes, 256);
+        let bytes = sums_off + 2 * w * cap * self.hidden_bytes;
+        let blocks =
+            |warps: usize| warps.div_ceil(WARPS_PER_BLOCK).clamp(1, DIRECT_MAX_BLOCKS) as u32;
+        DirectArea {
+            tokens_off,
+            rows_off,
+            sums_off,
+            bytes,
+            send_blocks: blocks(cap),
+            combine_blocks: blocks(w * cap),
+        }
+    }
+}
+
 /// The kernels' argument (`MoeArgs` in `cuda/kernels/moe.cu`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -245,6 +291,20 @@ pub struct MoeArgs {
     pub(crate) scales: u32,
     pub(crate) scale_block: u32,
     pub(crate) out_row_bytes: u32,
+    pub(crate) direct: u32,
+    pub(crate) send_blocks: u32,
+    pub(crate) comb_blocks: u32,
+    pub(crate) pad0: u32,
+    pub(crate) cap: u64,
+    pub(crate) sym: u64,
+    pub(crate) peers: u64,
+    pub(crate) ctr: u64,
+    pub(crate) err: u64,
+    pub(crate) mirror: u64,
+    pub(crate) timeout_ns: u64,
+    pub(crate) tok_off: u64,
+    pub(crate) recv_off: u64,
+    pub(crate) back_off: u64,
 }
 
 // SAFETY: plain integers, laid out as the kernels' struct (checked against the C++ in the

@@ -195,13 +195,13 @@ fn the_module_names_each_kernel_for_its_type() {
         .name_expressions
         .contains(&"devcomm::moe::moe_unpack_dequant<devcomm::red::BF16>".to_string()));
     assert_eq!(spec.name_expressions.len(), KERNELS.len());
-    assert!(spec.source.contains("sizeof(devcomm::moe::MoeArgs) == 224"));
+    assert!(spec.source.contains("sizeof(devcomm::moe::MoeArgs) == 320"));
 }
 
 #[test]
 fn the_kernel_argument_matches_the_struct_in_moe_cu() {
-    // 21 u64 and 14 u32 fields.
-    assert_eq!(std::mem::size_of::<MoeArgs>(), 21 * 8 + 14 * 4);
+    // 31 u64 and 18 u32 fields.
+    assert_eq!(std::mem::size_of::<MoeArgs>(), 31 * 8 + 18 * 4);
     // The C++ struct lists the same fields in the same order (moe.cu).
     let fields: Vec<&str> = KERNEL_SOURCE
         .split("struct MoeArgs {")
@@ -230,4 +230,44 @@ fn the_kernel_argument_matches_the_struct_in_moe_cu() {
         .map(|f| f.split(':').next().unwrap())
         .collect();
     assert_eq!(fields, rust_fields);
+}
+
+#[test]
+fn the_direct_area_holds_two_calls_of_rows_and_sums_per_rank() {
+    let p = MoePlan::new(deepseek(), 4).unwrap();
+    let a = p.direct_area();
+    // Signal words (2 x world) and tokens words (2 x world) first, each part 256-aligned.
+    assert_eq!(a.tokens_off, 256);
+    assert_eq!(a.rows_off, 512);
+    assert_eq!(a.sums_off, 512 + 2 * 4 * 8192 * p.row_bytes);
+    assert_eq!(a.bytes, a.sums_off + 2 * 4 * 8192 * 14336);
+    assert!([a.tokens_off, a.rows_off, a.sums_off]
+        .iter()
+        .all(|o| o % 256 == 0));
+    // As much as the all-to-all-v path's four buffers (send, receive, sums out and back).
+    let staged =
+        (p.send_rows + p.recv_rows) * p.row_bytes + (p.recv_rows + p.send_rows) * p.hidden_bytes;
+    assert!(a.bytes <= staged + 1024, "{} against {staged}", a.bytes);
+    // Block counts from the configuration alone: a warp per token, at most 128 blocks.
+    assert_eq!((a.send_blocks, a.combine_blocks), (128, 128));
+    let small = MoePlan::new(
+        MoeConfig {
+            max_tokens: 100,
+            ..deepseek()
+        },
+        2,
+    )
+    .unwrap()
+    .direct_area();
+    assert_eq!((small.send_blocks, small.combine_blocks), (13, 25));
+    let one = MoePlan::new(
+        MoeConfig {
+            max_tokens: 1,
+            ..deepseek()
+        },
+        1,
+    )
+    .unwrap()
+    .direct_area();
+    assert_eq!((one.send_blocks, one.combine_blocks), (1, 1));
 }

@@ -28,6 +28,12 @@ pub(super) const CHECKS: &[Check] = &[
         run: |cx, _| verified(check_routings(cx)),
     },
     Check {
+        name: "moe_back_to_back",
+        ranks: Ranks::AtLeast(2),
+        about: "three dispatches in a row, two combines of the last, then both again: bit for bit",
+        run: |cx, _| verified(check_back_to_back(cx)),
+    },
+    Check {
         name: "moe_batch_invariant",
         ranks: Ranks::AtLeast(2),
         about: "a token's combined row is the same in a batch of 1, half or all tokens",
@@ -292,14 +298,41 @@ fn check_dispatch(
     Ok(y)
 }
 
-/// One case end to end: dispatch, experts on the host, combine; both checked bit for bit.
-fn run_case(cx: &Ctx, moe: &Moe, kind: Kind, case: u64) -> Result<(usize, usize), String> {
-    let (me, world) = (cx.comm.rank(), cx.comm.world_size());
-    let plan = *moe.plan();
-    let routings: Vec<Routing> = (0..world).map(|r| routing(cx, &plan, kind, case, r).1).collect();
-    let xs: Vec<Vec<bf16>> = (0..world)
+/// Every rank's routing and rows of case `case` (the same on every rank).
+fn case_inputs(cx: &Ctx, plan: &MoePlan, kind: Kind, case: u64) -> (Vec<Routing>, Vec<Vec<bf16>>) {
+    let world = cx.comm.world_size();
+    let routings: Vec<Routing> = (0..world).map(|r| routing(cx, plan, kind, case, r).1).collect();
+    let xs = (0..world)
         .map(|r| rows(cx, case, r, routings[r].tokens(TOP_K)))
         .collect();
+    (routings, xs)
+}
+
+/// Reads a step's dispatch output back and checks it (the stream is waited for); returns
+/// the experts' outputs for it.
+fn read_dispatch(cx: &Ctx, plan: &MoePlan, step: &Step, xs: &[Vec<bf16>], routings: &[Routing]) -> Result<Vec<bf16>, String> {
+    let s = &cx.stream;
+    let out_x = s.clone_dtoh(&step.out_x).map_err(|e| e.to_string())?;
+    let out_w = s.clone_dtoh(&step.out_w).map_err(|e| e.to_string())?;
+    let counts = s.clone_dtoh(&step.counts).map_err(|e| e.to_string())?;
+    check_dispatch(plan, xs, routings, cx.comm.rank(), (&out_x, &out_w, &counts))
+}
+
+/// Checks `got` (a combine's output) against the reference for rank me's tokens.
+fn check_combined(plan: &MoePlan, routing: &Routing, x: &[bf16], got: &[bf16]) -> Result<(), String> {
+    let want = reference::combine(plan, routing, |e, t| expert(e, &x[t * HIDDEN..(t + 1) * HIDDEN]));
+    let n = routing.tokens(TOP_K) * HIDDEN;
+    match (0..n).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        None => Ok(()),
+        Some(i) => Err(format!("token {} element {}: {} expected {}", i / HIDDEN, i % HIDDEN, got[i], want[i])),
+    }
+}
+
+/// One case end to end: dispatch, experts on the host, combine; both checked bit for bit.
+fn run_case(cx: &Ctx, moe: &Moe, kind: Kind, case: u64) -> Result<(usize, usize), String> {
+    let me = cx.comm.rank();
+    let plan = *moe.plan();
+    let (routings, xs) = case_inputs(cx, &plan, kind, case);
     let out_rows = plan.worst_case_out_rows();
     let mut step = Step::new(cx, &plan, &xs[me], &routings[me], out_rows)?;
     step.dispatch(&cx.comm, moe, &cx.stream)?;
@@ -321,28 +354,70 @@ fn run_case(cx: &Ctx, moe: &Moe, kind: Kind, case: u64) -> Result<(usize, usize)
         (n, other) => return Err(format!("{kind:?}: {n} bad ids, check gave {other:?}")),
     }
     let s = &cx.stream;
-    let out_x = s.clone_dtoh(&step.out_x).map_err(|e| e.to_string())?;
-    let out_w = s.clone_dtoh(&step.out_w).map_err(|e| e.to_string())?;
-    let counts = s.clone_dtoh(&step.counts).map_err(|e| e.to_string())?;
-    let y = check_dispatch(&plan, &xs, &routings, me, (&out_x, &out_w, &counts))
-        .map_err(|e| format!("{kind:?} dispatch: {e}"))?;
+    let y = read_dispatch(cx, &plan, &step, &xs, &routings).map_err(|e| format!("{kind:?} dispatch: {e}"))?;
     s.memcpy_htod(&y, &mut step.y).map_err(|e| e.to_string())?;
     step.combine(&cx.comm, moe, s)?;
     cx.sync()?;
     let got = s.clone_dtoh(&step.out).map_err(|e| e.to_string())?;
-    let x = &xs[me];
-    let want = reference::combine(&plan, &routings[me], |e, t| expert(e, &x[t * HIDDEN..(t + 1) * HIDDEN]));
-    let n = step.tokens * HIDDEN;
-    if let Some(i) = (0..n).find(|&i| got[i].to_bits() != want[i].to_bits()) {
-        return Err(format!(
-            "{kind:?} combine: token {} element {}: {} expected {}",
-            i / HIDDEN,
-            i % HIDDEN,
-            got[i],
-            want[i]
-        ));
-    }
+    check_combined(&plan, &routings[me], &xs[me], &got).map_err(|e| format!("{kind:?} combine: {e}"))?;
+    let counts = s.clone_dtoh(&step.counts).map_err(|e| e.to_string())?;
     Ok((step.tokens, counts.iter().sum::<i64>() as usize))
+}
+
+/// Three dispatches back to back (nothing waited for between them on any rank), two combines
+/// of the last, then a dispatch and a combine again: every output bit for bit. The direct
+/// path keeps rows and sums per call parity and numbers calls on the device; this is the
+/// order that would show a slot reused too early or a call counted wrong.
+fn check_back_to_back(cx: &Ctx) -> Detail {
+    let me = cx.comm.rank();
+    let moe = cx.comm.moe(config(cx.comm.world_size())).map_err(err("moe"))?;
+    let plan = *moe.plan();
+    let out_rows = plan.worst_case_out_rows();
+    let kinds = [Kind::Uniform, Kind::Skewed, Kind::Dropped, Kind::EmptyRank];
+    let inputs: Vec<_> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| case_inputs(cx, &plan, k, 60 + i as u64))
+        .collect();
+    let mut steps = inputs
+        .iter()
+        .map(|(r, xs)| Step::new(cx, &plan, &xs[me], &r[me], out_rows))
+        .collect::<Result<Vec<_>, _>>()?;
+    let s = &cx.stream;
+    cx.host_barrier()?;
+    for step in &mut steps[..3] {
+        step.dispatch(&cx.comm, &moe, s)?;
+    }
+    let mut ys = Vec::new();
+    for (step, (routings, xs)) in steps.iter().zip(&inputs).take(3) {
+        ys.push(read_dispatch(cx, &plan, step, xs, routings).map_err(|e| format!("dispatch {}: {e}", ys.len() + 1))?);
+    }
+    let (routings, xs) = &inputs[2];
+    s.memcpy_htod(&ys[2], &mut steps[2].y).map_err(|e| e.to_string())?;
+    let mut second = s.clone_htod(&vec![poison(); steps[2].tokens * HIDDEN + 1]).map_err(|e| e.to_string())?;
+    steps[2].combine(&cx.comm, &moe, s)?;
+    {
+        let mut out = second.slice_mut(..steps[2].tokens * HIDDEN);
+        moe.combine(&cx.comm, &steps[2].y, &mut out, s).map_err(err("second combine"))?;
+    }
+    cx.sync()?;
+    for (which, buf) in [("first", &steps[2].out), ("second", &second)] {
+        let got = s.clone_dtoh(buf).map_err(|e| e.to_string())?;
+        check_combined(&plan, &routings[me], &xs[me], &got).map_err(|e| format!("{which} combine of dispatch 3: {e}"))?;
+    }
+    let (routings, xs) = &inputs[3];
+    steps[3].dispatch(&cx.comm, &moe, s)?;
+    let y = read_dispatch(cx, &plan, &steps[3], xs, routings).map_err(|e| format!("dispatch 4: {e}"))?;
+    s.memcpy_htod(&y, &mut steps[3].y).map_err(|e| e.to_string())?;
+    steps[3].combine(&cx.comm, &moe, s)?;
+    cx.sync()?;
+    let got = s.clone_dtoh(&steps[3].out).map_err(|e| e.to_string())?;
+    check_combined(&plan, &routings[me], &xs[me], &got).map_err(|e| format!("combine of dispatch 4: {e}"))?;
+    moe.check(s).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "{} path: dispatch x3, combine x2, dispatch + combine; every output bit for bit",
+        if moe.is_direct() { "direct" } else { "all-to-all-v" }
+    ))
 }
 
 fn check_routings(cx: &Ctx) -> Detail {
@@ -355,7 +430,8 @@ fn check_routings(cx: &Ctx) -> Detail {
         seen.push(format!("{kind:?} {tokens}->{rows}"));
     }
     Ok(format!(
-        "{} experts, top-{TOP_K}, hidden {HIDDEN} bf16, align {ALIGN}; tokens sent -> expert rows received on this rank: {}; dispatch rows, weights, counts and combined rows bit for bit",
+        "{} path, {} experts, top-{TOP_K}, hidden {HIDDEN} bf16, align {ALIGN}; tokens sent -> expert rows received on this rank: {}; dispatch rows, weights, counts and combined rows bit for bit",
+        if moe.is_direct() { "direct" } else { "all-to-all-v" },
         4 * cx.comm.world_size(),
         seen.join(", ")
     ))

@@ -315,6 +315,8 @@ fn network_records_name_the_peer_in_the_network_layers_words() {
         (22, DeviceOp::NetFlush),
         (23, DeviceOp::NetBadDescriptor),
         (11, DeviceOp::CallMismatch),
+        (12, DeviceOp::MoeDispatch),
+        (13, DeviceOp::MoeCombine),
     ] {
         assert_eq!(DeviceOp::from_code(code), op);
     }
