@@ -6,24 +6,24 @@
 //   layout        one block: which ranks each token goes to (once per rank, however many of its
 //                 experts live there), its slot among the tokens sent to that rank (token
 //                 order), the rows per rank and their offsets (rank order)
-//   pack          a warp per token: its row into the slot of each rank it goes to (read once)
-//                 and, after it, its expert ids local to that rank (0xFFFF: another rank's or
-//                 dropped) and its k weights
-//   pack_fp8      the same with the row quantised to e4m3 (scale amax / 448 per row or per
+//   pack          a warp per 2 KiB part of a token's row: the part into the slot of each rank
+//                 it goes to (read once); part 0 also writes the token's expert ids local to
+//                 that rank (0xFFFF: another rank's or dropped) and its k weights after the row
+//   pack_fp8      the same, a warp per token, with the row quantised to e4m3 (scale amax / 448 per row or per
 //                 128 elements, after the codes)
 //   [all-to-all-v of the packed rows]
 //   positions     a block per local expert: each received row's place in that expert's group
 //                 (rows in received order: source rank, then the source's token order)
-//   unpack        a warp per received row (read once): its copy per local expert into the expert-major
-//                 output (groups padded to `align` rows) with the weight; the place of each
-//                 copy is kept for the combine
+//   unpack        a warp per part of a received row (read once): its copy per local expert
+//                 into the expert-major output (groups padded to `align` rows); part 0 writes
+//                 the weight
 //   unpack_dequant  the same for FP8 rows, each element e4m3 x scale in f32, rounded to T
 //   unpack_fp8    the same for FP8 rows kept as FP8: the codes into out_x, the scales into
 //                 out_scales
-//   combine_pack  a warp per received row: sum of weight x expert output over its local experts
-//                 in ascending expert order, in f32, rounded once to T
+//   combine_pack  a warp per part of a received row: sum of weight x expert output over its
+//                 local experts in ascending expert order, in f32, rounded once to T
 //   [all-to-all-v back, in the same row order]
-//   combine_final a warp per token: sum over the ranks it went to, in rank order, in f32
+//   combine_final a warp per part of a token: sum over the ranks it went to, in rank order, in f32
 //
 // The direct path (between NVLink peers; src/comm/moe.rs chooses it) moves the same rows
 // without the all-to-all-v: pack writes each row straight into the receiving rank's area at
@@ -196,14 +196,14 @@ extern "C" __global__ void __launch_bounds__(kLayoutThreads) moe_layout(MoeArgs 
   }
 }
 
-// Copies `bytes` (a multiple of 16) from src to each of dst[0..n) with the lanes of a warp:
+// Copies the 16-byte units [lo, hi) from src to each of dst[0..n) with the lanes of a warp:
 // the source is read once, kUnroll 16-byte loads in flight per lane before the stores (a
 // copy is bound by load latency otherwise).
 enum : int { kUnroll = 4 };
-__device__ __forceinline__ void warp_copy_to(char* const* dst, dc_u32 n, const char* src, dc_u32 bytes) {
+__device__ __forceinline__ void warp_copy_to(char* const* dst, dc_u32 n, const char* src, dc_u32 lo, dc_u32 units) {
   const uint4* s = reinterpret_cast<const uint4*>(src);
-  const dc_u32 units = bytes / 16, step = 32 * kUnroll;
-  for (dc_u32 base = 0; base < units; base += step) {
+  const dc_u32 step = 32 * kUnroll;
+  for (dc_u32 base = lo; base < units; base += step) {
     uint4 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -223,6 +223,20 @@ __device__ __forceinline__ void warp_copy_to(char* const* dst, dc_u32 n, const c
 
 __device__ __forceinline__ dc_u64 global_warp() { return ((dc_u64)blockIdx.x * blockDim.x + threadIdx.x) / 32; }
 __device__ __forceinline__ dc_u64 warp_count() { return ((dc_u64)gridDim.x * blockDim.x) / 32; }
+
+// A row of T is worked on in parts of kPartUnits 16-byte units (2 KiB: one round of
+// warp_copy_to), a warp per (row, part): a warp that walked a whole row would wait a load
+// latency per part in turn, and few rows (decode batches) would leave most of the GPU idle.
+// Row-wide work (the routing words, a weight) is done by part 0.
+enum : dc_u32 { kPartUnits = 32 * kUnroll };
+
+__device__ __forceinline__ dc_u32 parts_of(dc_u32 units) { return (units + kPartUnits - 1) / kPartUnits; }
+
+// The units [lo, hi) of part `part` of a row of `units` units.
+__device__ __forceinline__ dc_u32 part_end(dc_u32 part, dc_u32 units) {
+  const dc_u32 hi = (part + 1) * kPartUnits;
+  return hi < units ? hi : units;
+}
 
 // ---- The direct path ---------------------------------------------------------------------
 // Each rank's direct area (symmetric memory, the same layout on every rank):
@@ -344,12 +358,12 @@ __device__ __forceinline__ const char* recv_row(const MoeArgs& a, dc_u64 i) {
   return reinterpret_cast<const char*>(a.recv) + recv_index(a, i) * a.row_bytes;
 }
 
-// Direct path: the ranks of token t's experts (a bit a rank); lane j counts entry j's bad or
-// repeated id, every lane gets the bits.
-__device__ __forceinline__ dc_u64 token_ranks(const MoeArgs& a, dc_u64 t) {
+// Direct path: the ranks of token t's experts (a bit a rank); with `count`, lane j counts
+// entry j's bad or repeated id; every lane gets the bits.
+__device__ __forceinline__ dc_u64 token_ranks(const MoeArgs& a, dc_u64 t, bool count) {
   dc_u64 bits = 0;
   for (dc_u32 j = lane_id(); j < a.k; j += 32) {
-    const long long e = entry(a, t, j, true);
+    const long long e = entry(a, t, j, count);
     if (e >= 0) bits |= 1ull << (e / a.local_experts);
   }
   for (int o = 16; o > 0; o >>= 1) bits |= __shfl_xor_sync(0xFFFFFFFFu, bits, o);
@@ -364,11 +378,12 @@ __device__ __forceinline__ char* direct_row(const MoeArgs& a, dc_u32 r, dc_u64 t
 // Token t's packed rows, one per rank it goes to (at most world), into rows; returns how many.
 // On the direct path (dispatch n) the rows are in the ranks' areas, and the ranks are kept in
 // slot (t itself for a rank it goes to, -1 for the others).
-__device__ __forceinline__ dc_u32 token_rows(const MoeArgs& a, dc_u64 t, char** rows, dc_u64 n_call) {
+// `first`: the warp doing the row-wide work (counting bad ids) for this token.
+__device__ __forceinline__ dc_u32 token_rows(const MoeArgs& a, dc_u64 t, char** rows, dc_u64 n_call, bool first) {
   int* slot = reinterpret_cast<int*>(a.slot);
   dc_u32 n = 0;
   if (a.direct) {
-    const dc_u64 bits = token_ranks(a, t);
+    const dc_u64 bits = token_ranks(a, t, first);
     for (dc_u32 r = lane_id(); r < a.world; r += 32) slot[t * a.world + r] = (bits >> r) & 1u ? (int)t : -1;
     for (dc_u32 r = 0; r < a.world; ++r) {
       if ((bits >> r) & 1u) rows[n++] = direct_row(a, r, t, n_call);
@@ -421,15 +436,19 @@ __device__ __forceinline__ void pack_done(const MoeArgs& a, dc_u64 n) {
 
 template <class T>
 __global__ void moe_pack(MoeArgs a) {
-  const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T);
+  const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T), units = hidden_bytes / 16;
+  const dc_u32 parts = parts_of(units);
   const dc_u64 n_call = this_dispatch(a);
   if (a.direct && block_failed(a)) return;
-  for (dc_u64 t = global_warp(); t < a.tokens; t += warp_count()) {
-    // The token's row goes to each rank of its experts, read once.
+  for (dc_u64 item = global_warp(); item < a.tokens * parts; item += warp_count()) {
+    // A part of the token's row goes to each rank of its experts, read once.
+    const dc_u64 t = item / parts;
+    const dc_u32 part = (dc_u32)(item % parts);
     char* rows[64];
-    const dc_u32 n = token_rows(a, t, rows, n_call);
-    warp_copy_to(rows, n, reinterpret_cast<const char*>(a.x) + t * hidden_bytes, hidden_bytes);
-    pack_routing(a, t, n_call);
+    const dc_u32 n = token_rows(a, t, rows, n_call, part == 0);
+    warp_copy_to(rows, n, reinterpret_cast<const char*>(a.x) + t * hidden_bytes, part * kPartUnits,
+                 part_end(part, units));
+    if (part == 0) pack_routing(a, t, n_call);
   }
   pack_done(a, n_call);
 }
@@ -524,7 +543,7 @@ __global__ void moe_pack_fp8(MoeArgs a) {
   if (a.direct && block_failed(a)) return;
   for (dc_u64 t = global_warp(); t < a.tokens; t += warp_count()) {
     char* rows[64];
-    const dc_u32 n = token_rows(a, t, rows, n_call);
+    const dc_u32 n = token_rows(a, t, rows, n_call, true);
     const char* x = reinterpret_cast<const char*>(a.x) + t * hidden_bytes;
     float v[kChunk];
     if (per_row) {
@@ -614,16 +633,28 @@ extern "C" __global__ void __launch_bounds__(kLayoutThreads) moe_positions(MoeAr
 // First output row of each local expert's group (groups padded to `align`) into `base`
 // (local_experts + 1 entries, the last the rows needed); the block syncs. The counts are read
 // by all threads at once (one serial pass over global memory would cost a load latency per
-// expert), then summed in shared memory by thread 0.
+// expert), then summed in shared memory by warp 0, 32 at a time (a scan by shuffles; one
+// thread adding 128 of them took a few microseconds in every block of every kernel).
 __device__ __forceinline__ void group_bases(const MoeArgs& a, dc_u64* base) {
   const long long* count = reinterpret_cast<const long long*>(a.expert_count);
   for (dc_u32 e = threadIdx.x; e < a.local_experts; e += blockDim.x) {
     base[e + 1] = ((dc_u64)count[e] + a.align - 1) / a.align * a.align;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    base[0] = 0;
-    for (dc_u32 e = 1; e <= a.local_experts; ++e) base[e] += base[e - 1];
+  if (threadIdx.x < 32) {
+    const dc_u32 lane = threadIdx.x;
+    dc_u64 carry = 0;
+    for (dc_u32 first = 1; first <= a.local_experts; first += 32) {
+      const dc_u32 e = first + lane;
+      dc_u64 v = e <= a.local_experts ? base[e] : 0;
+      for (int d = 1; d < 32; d <<= 1) {
+        const dc_u64 o = __shfl_up_sync(0xFFFFFFFFu, v, d);
+        if ((int)lane >= d) v += o;
+      }
+      if (e <= a.local_experts) base[e] = carry + v;
+      carry += __shfl_sync(0xFFFFFFFFu, v, 31);
+    }
+    if (lane == 0) base[0] = 0;
   }
   __syncthreads();
 }
@@ -656,20 +687,17 @@ __device__ __forceinline__ dc_u32 row_outputs(const MoeArgs& a, dc_u64 i, const 
   return n;
 }
 
-// After received row i's copies are written (the lanes of a warp): each copy's weight, and
-// its output row kept in pos for the combine (pos was read by every lane before: synced).
+// Received row i's weight into each of its output rows (the lanes of a warp, once a row; pos
+// keeps the place in the group, which the combine adds to the group's first row).
 __device__ __forceinline__ void unpack_finish(const MoeArgs& a, dc_u64 i, const dc_u64* base) {
-  __syncwarp();
   const char* row = recv_row(a, i);
   const unsigned short* ids = reinterpret_cast<const unsigned short*>(row + a.ids_off);
   const float* w = reinterpret_cast<const float*>(row + a.w_off);
-  dc_u32* pos = reinterpret_cast<dc_u32*>(a.pos);
+  const dc_u32* pos = reinterpret_cast<const dc_u32*>(a.pos);
   for (dc_u32 j = lane_id(); j < a.k; j += 32) {
     const dc_u32 le = ids[j];
     if (le == kNone) continue;
-    const dc_u64 dst = base[le] + pos[i * a.k + j];
-    reinterpret_cast<float*>(a.out_w)[dst] = w[j];
-    pos[i * a.k + j] = (dc_u32)dst;
+    reinterpret_cast<float*>(a.out_w)[base[le] + pos[i * a.k + j]] = w[j];
   }
 }
 
@@ -694,15 +722,17 @@ __global__ void moe_unpack(MoeArgs args) {
   const MoeArgs a = received_view(args, n_call);
   if (unpack_fits(a, base)) {
     const dc_u64 rows = received(a);
-    const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T);
-    for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
-      // The row's copy per local expert, read once.
+    const dc_u32 units = a.hidden * (dc_u32)sizeof(T) / 16, parts = parts_of(units);
+    for (dc_u64 item = global_warp(); item < rows * parts; item += warp_count()) {
+      // A part of the row's copy per local expert, read once.
+      const dc_u64 i = item / parts;
+      const dc_u32 part = (dc_u32)(item % parts);
       dc_u64 out[32];
       char* dsts[32];
       const dc_u32 n = row_destinations(a, i, base, out, dsts);
       if (n == 0) continue;  // a direct row that only carries other ranks' ids
-      warp_copy_to(dsts, n, recv_row(a, i), hidden_bytes);
-      unpack_finish(a, i, base);
+      warp_copy_to(dsts, n, recv_row(a, i), part * kPartUnits, part_end(part, units));
+      if (part == 0) unpack_finish(a, i, base);
     }
   }
   unpack_done(a, n_call);
@@ -754,7 +784,7 @@ __global__ void moe_unpack_fp8(MoeArgs args) {
     const dc_u32 n = row_destinations(a, i, base, out, dsts);
     if (n == 0) continue;
     const char* row = recv_row(a, i);
-    warp_copy_to(dsts, n, row, a.hidden);
+    warp_copy_to(dsts, n, row, 0, a.hidden / 16);
     const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
     float* out_scales = reinterpret_cast<float*>(a.out_scales);
     for (dc_u32 p = lane_id(); p < n * a.scales; p += 32) {
@@ -773,18 +803,18 @@ __device__ __forceinline__ bool overflowed(const MoeArgs& a) {
 }
 
 // out[v] = round_T(sum over q < n, in order, of w[q] x src[q][v]) (w: nullptr for weights of
-// 1, sums of rounded partials), for v < vecs 16-byte vectors, by the lanes of a warp. The
+// 1, sums of rounded partials), for lo <= v < vecs 16-byte vectors, by the lanes of a warp. The
 // sources' addresses are known before the loop and up to kQ x kV vectors are in flight per
 // lane, so that a row's loads do not wait on each other (a warp per row or token otherwise
 // waits a load latency per vector and source; a 128-token combine took 152 us against its
 // dispatch's 73 on 2 H200s so).
 template <class T>
 __device__ __forceinline__ void warp_weighted_sum(uint4* __restrict__ out, const uint4* const* src,
-                                                  const float* w, dc_u32 n, dc_u32 vecs) {
+                                                  const float* w, dc_u32 n, dc_u32 lo, dc_u32 vecs) {
   using N = Num<T>;
   constexpr int kN = Vec<T>::kN;
   constexpr int kV = 2, kQ = 4;
-  for (dc_u32 v0 = lane_id(); v0 < vecs; v0 += 32 * kV) {
+  for (dc_u32 v0 = lo + lane_id(); v0 < vecs; v0 += 32 * kV) {
     float acc[kV][kN];
 #pragma unroll
     for (int u = 0; u < kV; ++u) {
@@ -833,16 +863,21 @@ __device__ __forceinline__ void warp_weighted_sum(uint4* __restrict__ out, const
 // [this rank][token]), and every block then signals every rank.
 template <class T>
 __global__ void moe_combine_pack(MoeArgs args) {
+  __shared__ dc_u64 base[kMaxLocalExperts + 1];
   const dc_u64 n_call = args.direct ? calls_done(args, kDispatches) : 0;
   const dc_u64 m_call = args.direct ? calls_done(args, kCombines) + 1 : 0;
   if (args.direct && block_failed(args)) return;
   const MoeArgs a = received_view(args, n_call);
   const bool none = overflowed(a);
+  group_bases(a, base);
   const dc_u64 rows = received(a);
-  const dc_u32 vecs = a.hidden / Vec<T>::kN, hidden_bytes = vecs * 16u;
+  const dc_u32 vecs = a.hidden / Vec<T>::kN, hidden_bytes = vecs * 16u, parts = parts_of(vecs);
   const dc_u32* pos = reinterpret_cast<const dc_u32*>(a.pos);
   const uint4* ys = reinterpret_cast<const uint4*>(a.y);
-  for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
+  for (dc_u64 item = global_warp(); item < rows * parts; item += warp_count()) {
+    // A part of the row's sum.
+    const dc_u64 i = item / parts;
+    const dc_u32 part = (dc_u32)(item % parts);
     const dc_u64 at = recv_index(a, i);
     const char* row = reinterpret_cast<const char*>(a.recv) + at * a.row_bytes;
     const unsigned short* ids = reinterpret_cast<const unsigned short*>(row + a.ids_off);
@@ -854,16 +889,16 @@ __global__ void moe_combine_pack(MoeArgs args) {
     float wt[32];
     dc_u32 n = 0;
     for (dc_u32 le = 0; n < a.k && !none;) {
-      dc_u32 next = kNone, at = 0;
+      dc_u32 next = kNone, j_next = 0;
       for (dc_u32 j = 0; j < a.k; ++j) {
         if (ids[j] != kNone && ids[j] >= le && ids[j] < next) {
           next = ids[j];
-          at = j;
+          j_next = j;
         }
       }
       if (next == kNone) break;
-      src[n] = ys + (dc_u64)pos[i * a.k + at] * vecs;
-      wt[n++] = w[at];
+      src[n] = ys + (base[next] + pos[i * a.k + j_next]) * vecs;
+      wt[n++] = w[j_next];
       le = next + 1;
     }
     uint4* dst = reinterpret_cast<uint4*>(a.cback) + i * vecs;
@@ -872,7 +907,7 @@ __global__ void moe_combine_pack(MoeArgs args) {
       char* sums = sums_of(a, area(a, src_rank), m_call, hidden_bytes);
       dst = reinterpret_cast<uint4*>(sums + ((dc_u64)a.rank * a.cap + at % a.cap) * hidden_bytes);
     }
-    warp_weighted_sum<T>(dst, src, wt, n, vecs);
+    warp_weighted_sum<T>(dst, src, wt, n, part * kPartUnits, part_end(part, vecs));
   }
   if (a.direct) signal_all(a, a.world + a.rank, nullptr, 0);
 }
@@ -880,14 +915,16 @@ __global__ void moe_combine_pack(MoeArgs args) {
 // On the direct path it first waits for every rank's sums of combine m, in this rank's area.
 template <class T>
 __global__ void moe_combine_final(MoeArgs a) {
-  const dc_u32 vecs = a.hidden / Vec<T>::kN;
+  const dc_u32 vecs = a.hidden / Vec<T>::kN, parts = parts_of(vecs);
   const int* slot = reinterpret_cast<const int*>(a.slot);
   const dc_u64* offsets = reinterpret_cast<const dc_u64*>(a.send_offsets);
   const uint4* back = reinterpret_cast<const uint4*>(a.back);
   const dc_u64 m_call = a.direct ? calls_done(a, kCombines) + 1 : 0;
   const bool ok = !a.direct || arrived_all(a, a.world, m_call * a.comb_blocks, kOpMoeCombine);
   if (a.direct) back = reinterpret_cast<const uint4*>(sums_of(a, reinterpret_cast<char*>(a.sym), m_call, vecs * 16u));
-  for (dc_u64 t = global_warp(); ok && t < a.tokens; t += warp_count()) {
+  for (dc_u64 item = global_warp(); ok && item < a.tokens * parts; item += warp_count()) {
+    const dc_u64 t = item / parts;
+    const dc_u32 part = (dc_u32)(item % parts);
     // The ranks' sums of this token, in rank order.
     const uint4* src[64];
     dc_u32 n = 0;
@@ -896,7 +933,8 @@ __global__ void moe_combine_final(MoeArgs a) {
       if (s < 0) continue;
       src[n++] = back + (a.direct ? (dc_u64)r * a.cap + t : offsets[r] + (dc_u64)s) * vecs;
     }
-    warp_weighted_sum<T>(reinterpret_cast<uint4*>(a.out) + t * vecs, src, nullptr, n, vecs);
+    warp_weighted_sum<T>(reinterpret_cast<uint4*>(a.out) + t * vecs, src, nullptr, n, part * kPartUnits,
+                         part_end(part, vecs));
   }
   if (a.direct) advance(a, kArriveCombine, kCombines, m_call);
 }

@@ -263,6 +263,15 @@ impl Moe {
             .cuda(self.rank as i32, "cuLaunchKernel (moe)")
     }
 
+    /// Warps kernel `name` gives a row: a part each for the row-parallel kernels (`moe_pack`,
+    /// `moe_unpack`), one for those that work a row whole (the FP8 ones).
+    fn parts_of(&self, name: &str) -> usize {
+        match name {
+            "moe_pack" | "moe_unpack" => self.plan.row_parts(),
+            _ => 1,
+        }
+    }
+
     /// Blocks for `items` warps of work (grid-stride beyond a few waves).
     fn blocks_for(&self, items: usize) -> u32 {
         let warps = (THREADS / 32) as usize;
@@ -363,14 +372,15 @@ impl Moe {
             self.launch(pack, d.layout.send_blocks, THREADS, &a, stream)?;
         } else {
             self.launch("moe_layout", 1, SCAN_THREADS, &a, stream)?;
-            self.launch(pack, self.blocks_for(b.tokens), THREADS, &a, stream)?;
+            let items = b.tokens * self.parts_of(pack);
+            self.launch(pack, self.blocks_for(items), THREADS, &a, stream)?;
             let (send, recv) = (self.send.ptr(), self.recv.ptr());
             let rows = (self.plan.send_rows, self.plan.recv_rows);
             self.exchange(comm, (send, recv), rows, self.plan.row_bytes, 0, stream)?;
         }
         let le = self.plan.local_experts as u32;
         self.launch("moe_positions", le, SCAN_THREADS, &a, stream)?;
-        let rows = self.blocks_for(self.plan.recv_rows);
+        let rows = self.blocks_for(self.plan.recv_rows * self.parts_of(unpack));
         self.launch(unpack, rows, THREADS, &a, stream)?;
         let mut last = self.last.lock().map_err(|_| poisoned())?;
         *last = Some(Dispatched {
@@ -429,14 +439,14 @@ impl Moe {
             let blocks = direct.layout.combine_blocks;
             self.launch("moe_combine_pack", blocks, THREADS, &a, stream)?;
         } else {
-            let rows = self.blocks_for(self.plan.recv_rows);
+            let rows = self.blocks_for(self.plan.recv_rows * self.plan.row_parts());
             self.launch("moe_combine_pack", rows, THREADS, &a, stream)?;
             // Back the way the rows came: what this rank received goes back to its senders.
             let (cback, back) = (self.cback.ptr(), self.back.ptr());
             let rows = (self.plan.recv_rows, self.plan.send_rows);
             self.exchange(comm, (cback, back), rows, self.plan.hidden_bytes, 2, stream)?;
         }
-        let blocks = self.blocks_for(d.tokens);
+        let blocks = self.blocks_for(d.tokens * self.plan.row_parts());
         self.launch("moe_combine_final", blocks, THREADS, &a, stream)
     }
 

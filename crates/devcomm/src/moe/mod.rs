@@ -227,11 +227,18 @@ pub struct DirectArea {
 }
 
 /// Most blocks of a direct-path launch whose signals a receiver counts.
-const DIRECT_MAX_BLOCKS: usize = 128;
+const DIRECT_MAX_BLOCKS: usize = 256;
+/// Bytes of a row part: the kernels give a warp a 2 KiB part of a row (`kPartUnits`).
+pub const ROW_PART_BYTES: usize = 2048;
 /// Warps a block of the warp-per-row kernels holds (256 threads).
 const WARPS_PER_BLOCK: usize = 8;
 
 impl MoePlan {
+    /// Parts of a row of `hidden` elements: the warps the row-parallel kernels give a row.
+    pub fn row_parts(&self) -> usize {
+        self.hidden_bytes.div_ceil(ROW_PART_BYTES)
+    }
+
     /// The direct path's area for this plan (pure; the same on every rank).
     pub fn direct_area(&self) -> DirectArea {
         let (w, cap) = (self.world, self.config.max_tokens);
@@ -246,8 +253,8 @@ impl MoePlan {
             rows_off,
             sums_off,
             bytes,
-            send_blocks: blocks(cap),
-            combine_blocks: blocks(w * cap),
+            send_blocks: blocks(cap * self.row_parts()),
+            combine_blocks: blocks(w * cap * self.row_parts()),
         }
     }
 }

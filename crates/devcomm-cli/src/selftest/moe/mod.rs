@@ -71,7 +71,9 @@ pub(super) const CHECKS: &[Check] = &[
     },
 ];
 
-const HIDDEN: usize = 256;
+/// 4,608 bytes of bf16: a row in three 2 KiB parts, the last a partial one (the kernels give
+/// a warp a part of a row).
+const HIDDEN: usize = 2304;
 const TOP_K: usize = 4;
 const MAX_TOKENS: usize = 300;
 const ALIGN: usize = 8;
