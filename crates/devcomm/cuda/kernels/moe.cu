@@ -82,13 +82,13 @@ struct MoeArgs {
   dc_u32 scale_block;   // elements per scale: hidden (per row) or 128
   dc_u32 out_row_bytes; // bytes of an out_x row: hidden x sizeof(T), or hidden as FP8
   dc_u32 direct;        // 1: the direct path (the fields below); 0: around the all-to-all-v
-  dc_u32 send_blocks;   // blocks of every rank's pack launch (direct: its signals count them)
-  dc_u32 comb_blocks;   // blocks of every rank's combine_pack launch (likewise)
   dc_u32 pad0;
+  dc_u32 pad1;
+  dc_u32 pad2;
   dc_u64 cap;           // max_tokens: token slots per rank in an area's rows
   dc_u64 sym;           // this rank's direct area (symmetric memory)
   dc_u64 peers;         // u64 [world]: every rank's direct area as mapped here
-  dc_u64 ctr;           // u64 [4]: dispatches done, combines done, two arrival counters
+  dc_u64 ctr;           // u64 [6]: dispatches done, combines done, four arrival counters
   dc_u64 err;           // DeviceErrorState* (host-mapped)
   dc_u64 mirror;        // u64 in device memory: non-zero once a kernel of the communicator failed
   dc_u64 timeout_ns;    // bound of every wait
@@ -121,6 +121,30 @@ __device__ __forceinline__ long long entry(const MoeArgs& a, dc_u64 t, dc_u32 j,
 }
 
 __device__ __forceinline__ dc_u32 lane_id() { return threadIdx.x & 31u; }
+
+// Entry `lane` of token t as entry() gives it (-1 on lanes k and above), every lane of the warp
+// calling: the k ids are loaded at once and a repeat is found by matching the lanes' ids,
+// not by loading the earlier entries one after another (a chain of load latencies that
+// dominated the pack kernel at decode batch sizes).
+__device__ __forceinline__ long long warp_entry(const MoeArgs& a, dc_u64 t, bool count) {
+  const dc_u32 lane = lane_id();
+  const bool in = lane < a.k;
+  const long long raw = in ? reinterpret_cast<const long long*>(a.topk_idx)[t * a.k + lane] : -1;
+  // Lanes past k never match a valid id (their keys are negative).
+  const long long key = in ? raw : -2 - (long long)lane;
+  const unsigned same = __match_any_sync(0xFFFFFFFFu, (unsigned long long)key);
+  if (!in || raw == -1) return -1;
+  dc_u64* status = reinterpret_cast<dc_u64*>(a.status);
+  if (raw < -1 || raw >= (long long)a.experts) {
+    if (count) atomicAdd(status + kBadIds, 1ull);
+    return -1;
+  }
+  if ((same & ((1u << lane) - 1u)) != 0) {
+    if (count) atomicAdd(status + kDupIds, 1ull);
+    return -1;
+  }
+  return raw;
+}
 
 // Elements per lane step: 16 bytes.
 template <class T>
@@ -240,8 +264,9 @@ __device__ __forceinline__ dc_u32 part_end(dc_u32 part, dc_u32 units) {
 
 // ---- The direct path ---------------------------------------------------------------------
 // Each rank's direct area (symmetric memory, the same layout on every rank):
-//   signals  u64 [2 x world] at 0: [src] counts src's pack blocks done, [world + src] its
-//            combine_pack blocks (every block of every rank adds 1 to every rank's word)
+//   signals  u64 [2 x world] at 0: [src] the number of src's last dispatch whose rows are all
+//            written here, [world + src] of its last combine whose sums are (the last block of
+//            src's pack or combine_pack launch writes them)
 //   tokens   u64 [2][world] at tok_off: the tokens of src's dispatch, by dispatch parity
 //   rows     [2][world][cap] packed rows at recv_off: src's token t at [parity][src][t]; a
 //            token's row is written only to the ranks it goes to, its ids and weights to every
@@ -250,10 +275,18 @@ __device__ __forceinline__ dc_u32 part_end(dc_u32 part, dc_u32 units) {
 //            [combine parity][r][t]
 // Calls are numbered on the device: ctr[kDispatches] and ctr[kCombines] count the calls done,
 // and the last block of a call's last kernel advances its count (so graph replays number their
-// calls too). A rank writes call n's rows only after its own call n - 1 received every rank's
+// calls too). A launch's last block is the one that finds all the others arrived on its
+// arrival counter; so launches size their grids to the work, rank by rank. A rank writes call n's rows only after its own call n - 1 received every rank's
 // rows, which every rank sent after finishing call n - 2 on its stream: so the parity's rows
 // (and sums) are no longer read by anyone when they are overwritten, with no wait for it.
-enum : dc_u32 { kDispatches = 0, kCombines = 1, kArriveDispatch = 2, kArriveCombine = 3 };
+enum : dc_u32 {
+  kDispatches = 0,
+  kCombines = 1,
+  kArriveDispatch = 2,
+  kArriveCombine = 3,
+  kArrivePack = 4,
+  kArriveCombinePack = 5,
+};
 
 __device__ __forceinline__ dc_u64 calls_done(const MoeArgs& a, dc_u32 which) {
   return reinterpret_cast<const dc_u64*>(a.ctr)[which];
@@ -290,16 +323,24 @@ __device__ bool block_failed(const MoeArgs& a) {
   return failed != 0;
 }
 
-// Every block: once its work is written, adds 1 to word `slot` of every rank's area (block 0
-// first writes `tokens`, when given, into every rank's tokens word of dispatch n).
-__device__ __forceinline__ void signal_all(const MoeArgs& a, dc_u32 slot, const dc_u64* tokens, dc_u64 n) {
+// Every block, once its work is written: the launch's last block to arrive (on arrival counter
+// `arrive`) writes n into word `slot` of every rank's area, after `tokens`, when given, into
+// every rank's tokens word of dispatch n. Each block's fence orders its own stores (to peers'
+// memory among them) before its arrival, at system scope; the last block's release carries
+// them all to the ranks that acquire the word.
+__device__ __forceinline__ void signal_all(const MoeArgs& a, dc_u32 arrive, dc_u32 slot, const dc_u64* tokens,
+                                           dc_u64 n) {
   __syncthreads();
   if (threadIdx.x != 0) return;
-  if (tokens != nullptr && blockIdx.x == 0) {
+  dc_u64* c = reinterpret_cast<dc_u64*>(a.ctr);
+  fence_acq_rel_sys();
+  if (atomicAdd(reinterpret_cast<unsigned long long*>(c + arrive), 1ull) != gridDim.x - 1) return;
+  c[arrive] = 0;
+  fence_acq_rel_sys();
+  if (tokens != nullptr) {
     for (dc_u32 r = 0; r < a.world; ++r) tokens_words(a, area(a, r), n)[a.rank] = *tokens;
   }
-  fence_acq_rel_sys();
-  for (dc_u32 r = 0; r < a.world; ++r) red_add_release_sys(reinterpret_cast<dc_u64*>(area(a, r)) + slot, 1);
+  for (dc_u32 r = 0; r < a.world; ++r) st_release_sys(reinterpret_cast<dc_u64*>(area(a, r)) + slot, n);
 }
 
 // Waits (thread 0 of the block, the block then syncs) until word `first + r` of this rank's
@@ -333,39 +374,53 @@ __device__ __forceinline__ void advance(const MoeArgs& a, dc_u32 arrive, dc_u32 
   }
 }
 
-// The args of a kernel that reads dispatch n's received rows: on the direct path `recv` and
-// `recv_counts` point into this rank's area (the rows of src then sit at [src][t]).
-__device__ __forceinline__ MoeArgs received_view(MoeArgs a, dc_u64 n) {
+enum : int { kMaxWorld = 64 };
+
+// The args of a kernel that reads dispatch n's received rows: `recv_counts` then points to
+// `prefix` (shared memory, world + 1 words: the rows of rank r are [prefix[r], prefix[r + 1])
+// in received order), and on the direct path `recv` into this rank's area (the rows of src
+// sit at [src][t]). Every thread calls; the block syncs.
+__device__ __forceinline__ MoeArgs received_view(MoeArgs a, dc_u64 n, dc_u64* prefix) {
   if (a.direct) {
     char* me = reinterpret_cast<char*>(a.sym);
     a.recv = reinterpret_cast<dc_u64>(rows_of(a, me, n));
     a.recv_counts = reinterpret_cast<dc_u64>(tokens_words(a, me, n));
   }
+  const dc_u64* counts = reinterpret_cast<const dc_u64*>(a.recv_counts);
+  for (dc_u32 r = threadIdx.x; r < a.world; r += blockDim.x) prefix[r + 1] = counts[r];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    prefix[0] = 0;
+    for (dc_u32 r = 1; r <= a.world; ++r) prefix[r] += prefix[r - 1];
+  }
+  __syncthreads();
+  a.recv_counts = reinterpret_cast<dc_u64>(prefix);
   return a;
+}
+
+// Rows received (after received_view).
+__device__ __forceinline__ dc_u64 received(const MoeArgs& a) {
+  return reinterpret_cast<const dc_u64*>(a.recv_counts)[a.world];
 }
 
 // The place among the received rows of received row i (rank order, then token order):
 // i itself when they are packed, [src][t] on the direct path.
 __device__ __forceinline__ dc_u64 recv_index(const MoeArgs& a, dc_u64 i) {
   if (!a.direct) return i;
-  const dc_u64* c = reinterpret_cast<const dc_u64*>(a.recv_counts);
+  const dc_u64* prefix = reinterpret_cast<const dc_u64*>(a.recv_counts);
   dc_u32 r = 0;
-  for (; r + 1 < a.world && i >= c[r]; ++r) i -= c[r];
-  return (dc_u64)r * a.cap + i;
+  while (r + 1 < a.world && i >= prefix[r + 1]) ++r;
+  return (dc_u64)r * a.cap + (i - prefix[r]);
 }
 
 __device__ __forceinline__ const char* recv_row(const MoeArgs& a, dc_u64 i) {
   return reinterpret_cast<const char*>(a.recv) + recv_index(a, i) * a.row_bytes;
 }
 
-// Direct path: the ranks of token t's experts (a bit a rank); with `count`, lane j counts
-// entry j's bad or repeated id; every lane gets the bits.
-__device__ __forceinline__ dc_u64 token_ranks(const MoeArgs& a, dc_u64 t, bool count) {
-  dc_u64 bits = 0;
-  for (dc_u32 j = lane_id(); j < a.k; j += 32) {
-    const long long e = entry(a, t, j, count);
-    if (e >= 0) bits |= 1ull << (e / a.local_experts);
-  }
+// Direct path: the ranks of a token's experts (a bit a rank) from the lanes' entries `e`
+// (warp_entry); every lane gets the bits.
+__device__ __forceinline__ dc_u64 token_ranks(const MoeArgs& a, long long e) {
+  dc_u64 bits = e >= 0 ? 1ull << (e / a.local_experts) : 0ull;
   for (int o = 16; o > 0; o >>= 1) bits |= __shfl_xor_sync(0xFFFFFFFFu, bits, o);
   return bits;
 }
@@ -378,12 +433,12 @@ __device__ __forceinline__ char* direct_row(const MoeArgs& a, dc_u32 r, dc_u64 t
 // Token t's packed rows, one per rank it goes to (at most world), into rows; returns how many.
 // On the direct path (dispatch n) the rows are in the ranks' areas, and the ranks are kept in
 // slot (t itself for a rank it goes to, -1 for the others).
-// `first`: the warp doing the row-wide work (counting bad ids) for this token.
-__device__ __forceinline__ dc_u32 token_rows(const MoeArgs& a, dc_u64 t, char** rows, dc_u64 n_call, bool first) {
+// `e`: the lanes' entries of the token (warp_entry).
+__device__ __forceinline__ dc_u32 token_rows(const MoeArgs& a, dc_u64 t, char** rows, dc_u64 n_call, long long e) {
   int* slot = reinterpret_cast<int*>(a.slot);
   dc_u32 n = 0;
   if (a.direct) {
-    const dc_u64 bits = token_ranks(a, t, first);
+    const dc_u64 bits = token_ranks(a, e);
     for (dc_u32 r = lane_id(); r < a.world; r += 32) slot[t * a.world + r] = (bits >> r) & 1u ? (int)t : -1;
     for (dc_u32 r = 0; r < a.world; ++r) {
       if ((bits >> r) & 1u) rows[n++] = direct_row(a, r, t, n_call);
@@ -398,15 +453,19 @@ __device__ __forceinline__ dc_u32 token_rows(const MoeArgs& a, dc_u64 t, char** 
   return n;
 }
 
-// Into each packed row of token t (the lanes of a warp): its expert ids local to that row's
-// rank (0xFFFF: another rank's or dropped) and its k weights. On the direct path every rank
-// gets them (all 0xFFFF where the token does not go), so that no stale ids stay in its slot.
-__device__ __forceinline__ void pack_routing(const MoeArgs& a, dc_u64 t, dc_u64 n_call) {
+// Into each packed row of token t (the lanes of a warp; every lane calls, `e` the lanes'
+// entries): its expert ids local to that row's rank (0xFFFF: another rank's or dropped) and
+// its k weights. On the direct path every rank gets them (all 0xFFFF where the token does not
+// go), so that no stale ids stay in its slot.
+__device__ __forceinline__ void pack_routing(const MoeArgs& a, dc_u64 t, dc_u64 n_call, long long e_lane) {
   const int* slot = reinterpret_cast<const int*>(a.slot);
   const dc_u64* offsets = reinterpret_cast<const dc_u64*>(a.send_offsets);
   const float* w = reinterpret_cast<const float*>(a.topk_w);
-  for (dc_u32 p = lane_id(); p < a.world * a.k; p += 32) {
-    const dc_u32 r = p / a.k, j = p % a.k;
+  const dc_u32 total = a.world * a.k;
+  for (dc_u32 first = 0; first < total; first += 32) {
+    const dc_u32 p = first + lane_id(), r = p / a.k, j = p % a.k;
+    const long long e = __shfl_sync(0xFFFFFFFFu, e_lane, (int)j);
+    if (p >= total) continue;
     char* row;
     if (a.direct) {
       row = direct_row(a, r, t, n_call);
@@ -415,7 +474,6 @@ __device__ __forceinline__ void pack_routing(const MoeArgs& a, dc_u64 t, dc_u64 
       if (s < 0) continue;
       row = reinterpret_cast<char*>(a.send) + (offsets[r] + (dc_u64)s) * a.row_bytes;
     }
-    const long long e = entry(a, t, j, false);
     const bool here = e >= 0 && (dc_u32)(e / a.local_experts) == r;
     reinterpret_cast<unsigned short*>(row + a.ids_off)[j] =
         here ? (unsigned short)(e - (long long)r * a.local_experts) : (unsigned short)kNone;
@@ -431,7 +489,7 @@ __device__ __forceinline__ dc_u64 this_dispatch(const MoeArgs& a) {
 // The end of a pack kernel: on the direct path every block signals every rank (block 0 with
 // this rank's tokens).
 __device__ __forceinline__ void pack_done(const MoeArgs& a, dc_u64 n) {
-  if (a.direct) signal_all(a, a.rank, &a.tokens, n);
+  if (a.direct) signal_all(a, kArrivePack, a.rank, &a.tokens, n);
 }
 
 template <class T>
@@ -445,10 +503,12 @@ __global__ void moe_pack(MoeArgs a) {
     const dc_u64 t = item / parts;
     const dc_u32 part = (dc_u32)(item % parts);
     char* rows[64];
-    const dc_u32 n = token_rows(a, t, rows, n_call, part == 0);
+    // Part 0 counts the token's bad and repeated ids (the all-to-all-v path's layout did).
+    const long long e = warp_entry(a, t, a.direct && part == 0);
+    const dc_u32 n = token_rows(a, t, rows, n_call, e);
     warp_copy_to(rows, n, reinterpret_cast<const char*>(a.x) + t * hidden_bytes, part * kPartUnits,
                  part_end(part, units));
-    if (part == 0) pack_routing(a, t, n_call);
+    if (part == 0) pack_routing(a, t, n_call, e);
   }
   pack_done(a, n_call);
 }
@@ -543,7 +603,8 @@ __global__ void moe_pack_fp8(MoeArgs a) {
   if (a.direct && block_failed(a)) return;
   for (dc_u64 t = global_warp(); t < a.tokens; t += warp_count()) {
     char* rows[64];
-    const dc_u32 n = token_rows(a, t, rows, n_call, true);
+    const long long e = warp_entry(a, t, a.direct);
+    const dc_u32 n = token_rows(a, t, rows, n_call, e);
     const char* x = reinterpret_cast<const char*>(a.x) + t * hidden_bytes;
     float v[kChunk];
     if (per_row) {
@@ -576,30 +637,14 @@ __global__ void moe_pack_fp8(MoeArgs a) {
         if (c % kBlockChunks == 0) store_scale(a, rows, n, c / kBlockChunks, scale);
       }
     }
-    pack_routing(a, t, n_call);
+    pack_routing(a, t, n_call, e);
   }
   pack_done(a, n_call);
 }
 
-// Rows received, packed in rank order.
-__device__ __forceinline__ dc_u64 received(const MoeArgs& a) {
-  const dc_u64* c = reinterpret_cast<const dc_u64*>(a.recv_counts);
-  dc_u64 n = 0;
-  for (dc_u32 r = 0; r < a.world; ++r) n += c[r];
-  return n;
-}
 
 __device__ __forceinline__ const unsigned short* row_ids(const MoeArgs& a, dc_u64 i) {
   return reinterpret_cast<const unsigned short*>(recv_row(a, i) + a.ids_off);
-}
-
-// Whether received row i has an expert of this rank (rows on the direct path that only carry
-// another rank's ids were not sent here).
-__device__ __forceinline__ bool sent_here(const MoeArgs& a, const unsigned short* ids) {
-  for (dc_u32 j = 0; j < a.k; ++j) {
-    if (ids[j] != kNone) return true;
-  }
-  return false;
 }
 
 // Block le (kLayoutThreads threads) numbers the received rows that go to local expert le. On
@@ -609,8 +654,9 @@ extern "C" __global__ void __launch_bounds__(kLayoutThreads) moe_positions(MoeAr
   __shared__ dc_u64 run;
   const dc_u32 le = blockIdx.x, tid = threadIdx.x;
   const dc_u64 n_call = this_dispatch(args);
-  if (args.direct && !arrived_all(args, 0, n_call * args.send_blocks, kOpMoeDispatch)) return;
-  const MoeArgs a = received_view(args, n_call);
+  if (args.direct && !arrived_all(args, 0, n_call, kOpMoeDispatch)) return;
+  __shared__ dc_u64 prefix[kMaxWorld + 1];
+  const MoeArgs a = received_view(args, n_call, prefix);
   if (tid == 0) run = 0;
   __syncthreads();
   const dc_u64 rows = received(a);
@@ -676,13 +722,17 @@ __device__ __forceinline__ bool unpack_fits(const MoeArgs& a, dc_u64* base) {
 // Received row i's output rows, one per local expert it chose (at most k), into out; returns
 // how many (every lane of the warp gets all of them).
 __device__ __forceinline__ dc_u32 row_outputs(const MoeArgs& a, dc_u64 i, const dc_u64* base, dc_u64* out) {
-  const unsigned short* ids = row_ids(a, i);
-  const dc_u32* pos = reinterpret_cast<const dc_u32*>(a.pos);
+  // Lane j loads entry j (its local expert and place); the others take them by shuffles.
+  const dc_u32 lane = lane_id();
+  dc_u64 mine = ~0ull;
+  if (lane < a.k) {
+    const dc_u32 le = row_ids(a, i)[lane];
+    if (le != kNone) mine = base[le] + reinterpret_cast<const dc_u32*>(a.pos)[i * a.k + lane];
+  }
   dc_u32 n = 0;
   for (dc_u32 j = 0; j < a.k; ++j) {
-    const dc_u32 le = ids[j];
-    if (le == kNone) continue;
-    out[n++] = base[le] + pos[i * a.k + j];
+    const dc_u64 o = __shfl_sync(0xFFFFFFFFu, mine, (int)j);
+    if (o != ~0ull) out[n++] = o;
   }
   return n;
 }
@@ -718,8 +768,9 @@ __device__ __forceinline__ void unpack_done(const MoeArgs& a, dc_u64 n_call) {
 template <class T>
 __global__ void moe_unpack(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];
+  __shared__ dc_u64 prefix[kMaxWorld + 1];
   const dc_u64 n_call = this_dispatch(args);
-  const MoeArgs a = received_view(args, n_call);
+  const MoeArgs a = received_view(args, n_call, prefix);
   if (unpack_fits(a, base)) {
     const dc_u64 rows = received(a);
     const dc_u32 units = a.hidden * (dc_u32)sizeof(T) / 16, parts = parts_of(units);
@@ -743,8 +794,9 @@ __global__ void moe_unpack(MoeArgs args) {
 template <class T>
 __global__ void moe_unpack_dequant(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];
+  __shared__ dc_u64 prefix[kMaxWorld + 1];
   const dc_u64 n_call = this_dispatch(args);
-  const MoeArgs a = received_view(args, n_call);
+  const MoeArgs a = received_view(args, n_call, prefix);
   const dc_u64 rows = unpack_fits(a, base) ? received(a) : 0;
   const dc_u32 chunks = a.hidden / kChunk, per_scale = a.scale_block / kChunk;
   for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
@@ -775,8 +827,9 @@ __global__ void moe_unpack_dequant(MoeArgs args) {
 template <class T>
 __global__ void moe_unpack_fp8(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];
+  __shared__ dc_u64 prefix[kMaxWorld + 1];
   const dc_u64 n_call = this_dispatch(args);
-  const MoeArgs a = received_view(args, n_call);
+  const MoeArgs a = received_view(args, n_call, prefix);
   const dc_u64 rows = unpack_fits(a, base) ? received(a) : 0;
   for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
     dc_u64 out[32];
@@ -867,7 +920,8 @@ __global__ void moe_combine_pack(MoeArgs args) {
   const dc_u64 n_call = args.direct ? calls_done(args, kDispatches) : 0;
   const dc_u64 m_call = args.direct ? calls_done(args, kCombines) + 1 : 0;
   if (args.direct && block_failed(args)) return;
-  const MoeArgs a = received_view(args, n_call);
+  __shared__ dc_u64 prefix[kMaxWorld + 1];
+  const MoeArgs a = received_view(args, n_call, prefix);
   const bool none = overflowed(a);
   group_bases(a, base);
   const dc_u64 rows = received(a);
@@ -880,26 +934,32 @@ __global__ void moe_combine_pack(MoeArgs args) {
     const dc_u32 part = (dc_u32)(item % parts);
     const dc_u64 at = recv_index(a, i);
     const char* row = reinterpret_cast<const char*>(a.recv) + at * a.row_bytes;
-    const unsigned short* ids = reinterpret_cast<const unsigned short*>(row + a.ids_off);
-    const float* w = reinterpret_cast<const float*>(row + a.w_off);
-    if (!sent_here(a, ids)) continue;
-    // The row's local entries in ascending expert order (k is small: a selection each time):
-    // the outputs to read and their weights.
+    // Lane j loads entry j: its local expert, weight and output row (all at once).
+    const dc_u32 lane = lane_id();
+    dc_u32 id = kNone;
+    float wj = 0.0f;
+    dc_u64 yj = 0;
+    if (lane < a.k) {
+      id = reinterpret_cast<const unsigned short*>(row + a.ids_off)[lane];
+      if (id != kNone) {
+        wj = reinterpret_cast<const float*>(row + a.w_off)[lane];
+        yj = reinterpret_cast<dc_u64>(ys + (base[id] + pos[i * a.k + lane]) * vecs);
+      }
+    }
+    // A row with no expert here only carries another rank's ids (the direct path): not sent here.
+    const unsigned valid = __ballot_sync(0xFFFFFFFFu, id != kNone);
+    if (valid == 0) continue;
+    // The entries in ascending expert order (a row's local experts are distinct): entry j's
+    // place is the number of smaller ones; the outputs to read and their weights in that order.
+    dc_u32 order = 0;
+    for (dc_u32 q = 0; q < a.k; ++q) order += __shfl_sync(0xFFFFFFFFu, id, (int)q) < id ? 1u : 0u;
     const uint4* src[32];
     float wt[32];
-    dc_u32 n = 0;
-    for (dc_u32 le = 0; n < a.k && !none;) {
-      dc_u32 next = kNone, j_next = 0;
-      for (dc_u32 j = 0; j < a.k; ++j) {
-        if (ids[j] != kNone && ids[j] >= le && ids[j] < next) {
-          next = ids[j];
-          j_next = j;
-        }
-      }
-      if (next == kNone) break;
-      src[n] = ys + (base[next] + pos[i * a.k + j_next]) * vecs;
-      wt[n++] = w[j_next];
-      le = next + 1;
+    const dc_u32 n = none ? 0u : (dc_u32)__popc(valid);
+    for (dc_u32 q = 0; q < n; ++q) {
+      const int from = __ffs(__ballot_sync(0xFFFFFFFFu, id != kNone && order == q)) - 1;
+      src[q] = reinterpret_cast<const uint4*>(__shfl_sync(0xFFFFFFFFu, yj, from));
+      wt[q] = __shfl_sync(0xFFFFFFFFu, wj, from);
     }
     uint4* dst = reinterpret_cast<uint4*>(a.cback) + i * vecs;
     if (a.direct) {
@@ -909,7 +969,7 @@ __global__ void moe_combine_pack(MoeArgs args) {
     }
     warp_weighted_sum<T>(dst, src, wt, n, part * kPartUnits, part_end(part, vecs));
   }
-  if (a.direct) signal_all(a, a.world + a.rank, nullptr, 0);
+  if (a.direct) signal_all(a, kArriveCombinePack, a.world + a.rank, nullptr, m_call);
 }
 
 // On the direct path it first waits for every rank's sums of combine m, in this rank's area.
@@ -920,18 +980,31 @@ __global__ void moe_combine_final(MoeArgs a) {
   const dc_u64* offsets = reinterpret_cast<const dc_u64*>(a.send_offsets);
   const uint4* back = reinterpret_cast<const uint4*>(a.back);
   const dc_u64 m_call = a.direct ? calls_done(a, kCombines) + 1 : 0;
-  const bool ok = !a.direct || arrived_all(a, a.world, m_call * a.comb_blocks, kOpMoeCombine);
+  const bool ok = !a.direct || arrived_all(a, a.world, m_call, kOpMoeCombine);
   if (a.direct) back = reinterpret_cast<const uint4*>(sums_of(a, reinterpret_cast<char*>(a.sym), m_call, vecs * 16u));
   for (dc_u64 item = global_warp(); ok && item < a.tokens * parts; item += warp_count()) {
     const dc_u64 t = item / parts;
     const dc_u32 part = (dc_u32)(item % parts);
-    // The ranks' sums of this token, in rank order.
+    // The ranks' sums of this token, in rank order: lane r (and r + 32) loads rank r's slot
+    // and where its sum is; the warp walks the ranks present.
+    const dc_u32 lane = lane_id();
+    dc_u64 at[2] = {0, 0};
+    bool here[2] = {false, false};
+    for (int h = 0; h < 2; ++h) {
+      const dc_u32 r = lane + 32u * (dc_u32)h;
+      if (r >= a.world) continue;
+      const int s = slot[t * a.world + r];
+      here[h] = s >= 0;
+      if (here[h]) at[h] = a.direct ? (dc_u64)r * a.cap + t : offsets[r] + (dc_u64)s;
+    }
+    dc_u64 ranks = (dc_u64)__ballot_sync(0xFFFFFFFFu, here[0]) | ((dc_u64)__ballot_sync(0xFFFFFFFFu, here[1]) << 32);
     const uint4* src[64];
     dc_u32 n = 0;
-    for (dc_u32 r = 0; r < a.world; ++r) {
-      const int s = slot[t * a.world + r];
-      if (s < 0) continue;
-      src[n++] = back + (a.direct ? (dc_u64)r * a.cap + t : offsets[r] + (dc_u64)s) * vecs;
+    while (ranks != 0) {
+      const int r = __ffsll((long long)ranks) - 1;
+      ranks &= ranks - 1;
+      const dc_u64 lo = __shfl_sync(0xFFFFFFFFu, at[0], r & 31), hi = __shfl_sync(0xFFFFFFFFu, at[1], r & 31);
+      src[n++] = back + (r < 32 ? lo : hi) * vecs;
     }
     warp_weighted_sum<T>(reinterpret_cast<uint4*>(a.out) + t * vecs, src, nullptr, n, part * kPartUnits,
                          part_end(part, vecs));

@@ -103,7 +103,7 @@ impl std::fmt::Debug for Moe {
 struct Direct {
     layout: DirectArea,
     area: SymmetricMemory,
-    /// `u64 [4]`: dispatches done, combines done, two arrival counters.
+    /// `u64 [6]`: dispatches done, combines done, four arrival counters.
     counters: DeviceBuffer,
     error_state: u64,
     mirror: u64,
@@ -173,7 +173,7 @@ impl Comm {
         Ok(Some(Direct {
             layout,
             area,
-            counters: DeviceBuffer::zeroed(self.context(), 4 * 8)?,
+            counters: DeviceBuffer::zeroed(self.context(), 6 * 8)?,
             error_state: self.group.errors.device_ptr(),
             mirror: self.group.errors.mirror_ptr(),
             timeout_ns: u64::try_from(self.group.device_timeout.as_nanos()).unwrap_or(u64::MAX),
@@ -219,8 +219,6 @@ impl Moe {
         a.status = self.status.ptr();
         if let Some(d) = &self.direct {
             a.direct = 1;
-            a.send_blocks = d.layout.send_blocks;
-            a.comb_blocks = d.layout.combine_blocks;
             a.cap = self.plan.config.max_tokens as u64;
             a.sym = d.area.local_ptr();
             a.peers = d.area.peer_table();
@@ -270,6 +268,13 @@ impl Moe {
             "moe_pack" | "moe_unpack" => self.plan.row_parts(),
             _ => 1,
         }
+    }
+
+    /// The rows a rank is expected to receive when it sends `tokens` (as many from every rank):
+    /// what the receiving kernels' grids are sized for. The kernels stride over however many
+    /// arrive, so a skewed routing costs time, never a row.
+    fn expected_rows(&self, tokens: usize) -> usize {
+        (tokens * self.plan.world).clamp(1, self.plan.recv_rows)
     }
 
     /// Blocks for `items` warps of work (grid-stride beyond a few waves).
@@ -367,20 +372,20 @@ impl Moe {
             crate::cuda::graph::memset_d8_async(self.status.ptr(), 0, STATUS_WORDS * 8, stream)?
         };
         let (pack, unpack) = c.wire.kernels();
-        if let Some(d) = &self.direct {
+        let pack_blocks = self.blocks_for(b.tokens * self.parts_of(pack));
+        if self.direct.is_some() {
             // The pack kernel writes each row into its ranks' areas and signals them.
-            self.launch(pack, d.layout.send_blocks, THREADS, &a, stream)?;
+            self.launch(pack, pack_blocks, THREADS, &a, stream)?;
         } else {
             self.launch("moe_layout", 1, SCAN_THREADS, &a, stream)?;
-            let items = b.tokens * self.parts_of(pack);
-            self.launch(pack, self.blocks_for(items), THREADS, &a, stream)?;
+            self.launch(pack, pack_blocks, THREADS, &a, stream)?;
             let (send, recv) = (self.send.ptr(), self.recv.ptr());
             let rows = (self.plan.send_rows, self.plan.recv_rows);
             self.exchange(comm, (send, recv), rows, self.plan.row_bytes, 0, stream)?;
         }
         let le = self.plan.local_experts as u32;
         self.launch("moe_positions", le, SCAN_THREADS, &a, stream)?;
-        let rows = self.blocks_for(self.plan.recv_rows * self.parts_of(unpack));
+        let rows = self.blocks_for(self.expected_rows(b.tokens) * self.parts_of(unpack));
         self.launch(unpack, rows, THREADS, &a, stream)?;
         let mut last = self.last.lock().map_err(|_| poisoned())?;
         *last = Some(Dispatched {
@@ -434,13 +439,11 @@ impl Moe {
         a.tokens = d.tokens as u64;
         a.out_rows = d.out_rows as u64;
         a.expert_count = d.expert_counts;
-        if let Some(direct) = &self.direct {
-            // Each sum goes straight back into its sender's area, which is then signalled.
-            let blocks = direct.layout.combine_blocks;
-            self.launch("moe_combine_pack", blocks, THREADS, &a, stream)?;
-        } else {
-            let rows = self.blocks_for(self.plan.recv_rows * self.plan.row_parts());
-            self.launch("moe_combine_pack", rows, THREADS, &a, stream)?;
+        // On the direct path each sum goes straight back into its sender's area, which is then
+        // signalled; else into cback, and the all-to-all-v takes it back.
+        let rows = self.blocks_for(self.expected_rows(d.tokens) * self.plan.row_parts());
+        self.launch("moe_combine_pack", rows, THREADS, &a, stream)?;
+        if self.direct.is_none() {
             // Back the way the rows came: what this rank received goes back to its senders.
             let (cback, back) = (self.cback.ptr(), self.back.ptr());
             let rows = (self.plan.recv_rows, self.plan.send_rows);

@@ -219,19 +219,10 @@ pub struct DirectArea {
     pub sums_off: usize,
     /// Bytes of the area.
     pub bytes: usize,
-    /// Blocks of every rank's pack launch: the same on every rank (from the configuration
-    /// alone), since a receiver counts their signals.
-    pub send_blocks: u32,
-    /// Blocks of every rank's combine_pack launch (likewise).
-    pub combine_blocks: u32,
 }
 
-/// Most blocks of a direct-path launch whose signals a receiver counts.
-const DIRECT_MAX_BLOCKS: usize = 256;
 /// Bytes of a row part: the kernels give a warp a 2 KiB part of a row (`kPartUnits`).
 pub const ROW_PART_BYTES: usize = 2048;
-/// Warps a block of the warp-per-row kernels holds (256 threads).
-const WARPS_PER_BLOCK: usize = 8;
 
 impl MoePlan {
     /// Parts of a row of `hidden` elements: the warps the row-parallel kernels give a row.
@@ -246,15 +237,11 @@ impl MoePlan {
         let rows_off = round_up(tokens_off + 2 * w * 8, 256);
         let sums_off = round_up(rows_off + 2 * w * cap * self.row_bytes, 256);
         let bytes = sums_off + 2 * w * cap * self.hidden_bytes;
-        let blocks =
-            |warps: usize| warps.div_ceil(WARPS_PER_BLOCK).clamp(1, DIRECT_MAX_BLOCKS) as u32;
         DirectArea {
             tokens_off,
             rows_off,
             sums_off,
             bytes,
-            send_blocks: blocks(cap * self.row_parts()),
-            combine_blocks: blocks(w * cap * self.row_parts()),
         }
     }
 }
@@ -299,9 +286,9 @@ pub struct MoeArgs {
     pub(crate) scale_block: u32,
     pub(crate) out_row_bytes: u32,
     pub(crate) direct: u32,
-    pub(crate) send_blocks: u32,
-    pub(crate) comb_blocks: u32,
     pub(crate) pad0: u32,
+    pub(crate) pad1: u32,
+    pub(crate) pad2: u32,
     pub(crate) cap: u64,
     pub(crate) sym: u64,
     pub(crate) peers: u64,
