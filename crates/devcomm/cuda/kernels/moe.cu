@@ -517,6 +517,10 @@ __global__ void moe_pack(MoeArgs a) {
 // A lane quantises kChunk consecutive elements at a time (16 or 32 bytes of T in, 8 bytes of
 // e4m3 out); a 128-element block is 16 chunks, half a warp.
 enum : dc_u32 { kChunk = 8, kBlockChunks = 128 / kChunk };
+// The FP8 kernels work a row in parts of kPartChunks chunks (1,024 elements: eight blocks of
+// 128), a warp per (row, part), as the others do (the per-row scale's pack excepted: its amax
+// spans the row).
+enum : dc_u32 { kPartChunks = 128 };
 
 // Chunk c of a row of T (16-byte aligned) as floats (exact).
 template <class T>
@@ -591,19 +595,23 @@ __device__ __forceinline__ void store_scale(const MoeArgs& a, char* const* rows,
   for (dc_u32 d = 0; d < n; ++d) reinterpret_cast<float*>(rows[d] + a.scales_off)[b] = s;
 }
 
-// moe_pack with the row quantised: per row, a pass for the amax (a warp max) and one to
-// encode; per 128 elements, one pass, each half warp a block (its max over 16 lanes).
+// moe_pack with the row quantised: per row, a warp per token, a pass for the amax (a warp max)
+// and one to encode; per 128 elements, a warp per part of a token, one pass, each half warp a
+// block (its max over 16 lanes).
 template <class T>
 __global__ void moe_pack_fp8(MoeArgs a) {
   const dc_u32 hidden_bytes = a.hidden * (dc_u32)sizeof(T);
   const dc_u32 chunks = a.hidden / kChunk;
   const bool per_row = a.scale_block == a.hidden;
+  const dc_u32 parts = per_row ? 1u : (chunks + kPartChunks - 1) / kPartChunks;
   const dc_u32 lane = lane_id();
   const dc_u64 n_call = this_dispatch(a);
   if (a.direct && block_failed(a)) return;
-  for (dc_u64 t = global_warp(); t < a.tokens; t += warp_count()) {
+  for (dc_u64 item = global_warp(); item < a.tokens * parts; item += warp_count()) {
+    const dc_u64 t = item / parts;
+    const dc_u32 part = (dc_u32)(item % parts);
     char* rows[64];
-    const long long e = warp_entry(a, t, a.direct);
+    const long long e = warp_entry(a, t, a.direct && part == 0);
     const dc_u32 n = token_rows(a, t, rows, n_call, e);
     const char* x = reinterpret_cast<const char*>(a.x) + t * hidden_bytes;
     float v[kChunk];
@@ -621,10 +629,12 @@ __global__ void moe_pack_fp8(MoeArgs a) {
       }
       if (lane == 0) store_scale(a, rows, n, 0, scale);
     } else {
-      // chunks is a multiple of 16 (hidden of 128s): a half warp is wholly in or out.
-      for (dc_u32 base = 0; base < chunks; base += 32) {
+      // chunks is a multiple of 16 (hidden of 128s), and so is a part's first chunk: a half
+      // warp is wholly in or out.
+      const dc_u32 last = min((part + 1) * kPartChunks, chunks);
+      for (dc_u32 base = part * kPartChunks; base < last; base += 32) {
         const dc_u32 c = base + lane;
-        const bool in = c < chunks;
+        const bool in = c < last;
         float m = 0.0f;
         if (in) {
           load_chunk<T>(x, c, v);
@@ -637,7 +647,7 @@ __global__ void moe_pack_fp8(MoeArgs a) {
         if (c % kBlockChunks == 0) store_scale(a, rows, n, c / kBlockChunks, scale);
       }
     }
-    pack_routing(a, t, n_call, e);
+    if (part == 0) pack_routing(a, t, n_call, e);
   }
   pack_done(a, n_call);
 }
@@ -790,7 +800,7 @@ __global__ void moe_unpack(MoeArgs args) {
 }
 
 // FP8 rows dequantised: element = e4m3 x its block's scale in f32, rounded to T, into each
-// copy (the row read once).
+// copy (the row read once), a warp per part of a row.
 template <class T>
 __global__ void moe_unpack_dequant(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];
@@ -799,14 +809,18 @@ __global__ void moe_unpack_dequant(MoeArgs args) {
   const MoeArgs a = received_view(args, n_call, prefix);
   const dc_u64 rows = unpack_fits(a, base) ? received(a) : 0;
   const dc_u32 chunks = a.hidden / kChunk, per_scale = a.scale_block / kChunk;
-  for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
+  const dc_u32 parts = (chunks + kPartChunks - 1) / kPartChunks;
+  for (dc_u64 item = global_warp(); item < rows * parts; item += warp_count()) {
+    const dc_u64 i = item / parts;
+    const dc_u32 part = (dc_u32)(item % parts);
     dc_u64 out[32];
     char* dsts[32];
     const dc_u32 n = row_destinations(a, i, base, out, dsts);
     if (n == 0) continue;
     const char* row = recv_row(a, i);
     const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
-    for (dc_u32 c = lane_id(); c < chunks; c += 32) {
+    const dc_u32 last = min((part + 1) * kPartChunks, chunks);
+    for (dc_u32 c = part * kPartChunks + lane_id(); c < last; c += 32) {
       const uint2 q = reinterpret_cast<const uint2*>(row)[c];
       const float s = scales[c / per_scale];
       float v[kChunk];
@@ -817,13 +831,14 @@ __global__ void moe_unpack_dequant(MoeArgs args) {
       }
       for (dc_u32 d = 0; d < n; ++d) store_chunk<T>(dsts[d], c, v);
     }
-    unpack_finish(a, i, base);
+    if (part == 0) unpack_finish(a, i, base);
   }
   unpack_done(a, n_call);
 }
 
 // FP8 rows kept as FP8: the codes into out_x (hidden bytes a row), the scales into out_scales
-// (scales a row), for each copy (the row read once).
+// (scales a row), for each copy (the row read once), a warp per 2 KiB part of the codes (part 0
+// also the scales).
 template <class T>
 __global__ void moe_unpack_fp8(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];
@@ -831,13 +846,17 @@ __global__ void moe_unpack_fp8(MoeArgs args) {
   const dc_u64 n_call = this_dispatch(args);
   const MoeArgs a = received_view(args, n_call, prefix);
   const dc_u64 rows = unpack_fits(a, base) ? received(a) : 0;
-  for (dc_u64 i = global_warp(); i < rows; i += warp_count()) {
+  const dc_u32 units = a.hidden / 16, parts = parts_of(units);
+  for (dc_u64 item = global_warp(); item < rows * parts; item += warp_count()) {
+    const dc_u64 i = item / parts;
+    const dc_u32 part = (dc_u32)(item % parts);
     dc_u64 out[32];
     char* dsts[32];
     const dc_u32 n = row_destinations(a, i, base, out, dsts);
     if (n == 0) continue;
     const char* row = recv_row(a, i);
-    warp_copy_to(dsts, n, row, 0, a.hidden / 16);
+    warp_copy_to(dsts, n, row, part * kPartUnits, part_end(part, units));
+    if (part != 0) continue;
     const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
     float* out_scales = reinterpret_cast<float*>(a.out_scales);
     for (dc_u32 p = lane_id(); p < n * a.scales; p += 32) {

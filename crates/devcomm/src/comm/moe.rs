@@ -261,11 +261,16 @@ impl Moe {
             .cuda(self.rank as i32, "cuLaunchKernel (moe)")
     }
 
-    /// Warps kernel `name` gives a row: a part each for the row-parallel kernels (`moe_pack`,
-    /// `moe_unpack`), one for those that work a row whole (the FP8 ones).
+    /// Warps kernel `name` gives a row (`moe.cu`: 2 KiB parts of a row of T or of e4m3 codes,
+    /// 1,024 elements of a row quantised per 128 or dequantised; the per-row scale's pack works
+    /// a row whole): what the grid is sized for.
     fn parts_of(&self, name: &str) -> usize {
+        let hidden = self.plan.config.hidden;
         match name {
             "moe_pack" | "moe_unpack" => self.plan.row_parts(),
+            "moe_unpack_fp8" => hidden.div_ceil(2048),
+            "moe_unpack_dequant" => hidden.div_ceil(1024),
+            "moe_pack_fp8" if self.plan.scale_block != hidden => hidden.div_ceil(1024),
             _ => 1,
         }
     }
