@@ -38,7 +38,7 @@ pub(super) fn reduce_tuning(
     device: &str,
     world: usize,
 ) -> Result<ReduceTuning> {
-    let chunk = u64::from(config.reduce_chunk_mib.max(1)) << 20;
+    let chunk = crate::reduce::chunk_bytes(config, world);
     let named = |what: &str, e: Error| match e {
         Error::InvalidArgument { reason, .. } => invalid(format!("{what}: {reason}")),
         other => other,
@@ -150,12 +150,12 @@ mod tests {
         );
         config.reduce_tune_builtin = true;
         // Other staged rounds: the built-in table is left out, not an error.
-        config.reduce_chunk_mib = 8;
+        config.reduce_chunk_mib = Some(8);
         assert_eq!(
             picked(reduce_tuning(&none, &config, &builtin, H200, 4)),
             None
         );
-        config.reduce_chunk_mib = 32;
+        config.reduce_chunk_mib = None;
         // A file takes precedence; a table given in code over both; `Some(None)`: none.
         let mut other = table();
         other.date = "2026-12-02".into();
@@ -194,7 +194,7 @@ mod tests {
             (H200, 8, 32, "this communicator has 8"),
             (H200, 4, 16, "DEVCOMM_REDUCE_CHUNK_MIB"),
         ] {
-            config.reduce_chunk_mib = chunk_mib;
+            config.reduce_chunk_mib = Some(chunk_mib);
             let e = reduce_tuning(&none, &config, &[], device, world)
                 .unwrap_err()
                 .to_string();
@@ -203,7 +203,7 @@ mod tests {
                 "{e}"
             );
         }
-        config.reduce_chunk_mib = 32;
+        config.reduce_chunk_mib = None;
         std::fs::write(&path, "{\"version\": 1}").unwrap();
         let e = reduce_tuning(&none, &config, &[], H200, 4)
             .unwrap_err()

@@ -228,8 +228,9 @@ knobs! {
     /// orders set it).
     reduce_zero_copy: bool = true, "1",
         env "DEVCOMM_REDUCE_ZERO_COPY", group "reductions", range None, Must;
-    /// MiB one two-shot reduction round stages per rank (the window holds two rounds).
-    reduce_chunk_mib: u32 = 32, "32",
+    /// MiB one two-shot reduction round stages per rank (the window holds two rounds); unset:
+    /// 64 on 2 ranks, else 32.
+    reduce_chunk_mib: Option<u32> = None, "by ranks",
         env "DEVCOMM_REDUCE_CHUNK_MIB", group "reductions", range range(1, 256), Must, experimental;
     /// `0`: MoE dispatch and combine between NVLink peers go through the all-to-all-v (the path
     /// network peers take) instead of writing rows and sums straight into the peers' memory;

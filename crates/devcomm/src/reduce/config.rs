@@ -15,7 +15,7 @@ pub(crate) fn limits(
     max_blocks: Option<u32>,
     one_shot_kib: Option<u32>,
     zero_copy_one_shot_kib: Option<u32>,
-    chunk_mib: u32,
+    chunk_mib: Option<u32>,
     fewest_sms: u32,
 ) -> ReduceLimits {
     let d = ReduceLimits::for_world(world);
@@ -36,7 +36,7 @@ pub(crate) fn limits(
         one_shot_bytes: one_shot_kib.map_or(d.one_shot_bytes, |k| u64::from(k) << 10),
         zero_copy_one_shot_bytes: zero_copy_one_shot_kib
             .map_or(d.zero_copy_one_shot_bytes, |k| u64::from(k) << 10),
-        chunk_bytes: u64::from(chunk_mib.max(1)) << 20,
+        chunk_bytes: chunk_mib.map_or(d.chunk_bytes, |m| u64::from(m.max(1)) << 20),
     }
 }
 
@@ -75,23 +75,44 @@ mod tests {
     #[test]
     fn defaults_fit_the_gpu() {
         assert_eq!(
-            limits(2, None, None, None, 32, 132),
+            limits(2, None, None, None, None, 132),
             ReduceLimits::for_world(2)
         );
-        assert_eq!(limits(2, Some(64), None, None, 32, 100).max_blocks, 50);
-        // Half the SMs of the smallest GPU (a 33-SM share: 16 blocks).
-        assert_eq!(limits(4, None, None, None, 8, 33).max_blocks, 16);
-        assert_eq!(limits(4, None, None, None, 8, 33).staged_max_blocks, 16);
-        assert_eq!(limits(4, None, None, None, 8, 132).staged_max_blocks, 64);
-        assert_eq!(limits(4, Some(8), None, None, 8, 132).staged_max_blocks, 8);
-        assert_eq!(limits(4, None, None, None, 8, 1).max_blocks, 1);
-        // Long pipelined calls: all but 4 SMs, or an explicit limit.
-        assert_eq!(limits(4, None, None, None, 8, 132).wide_max_blocks, 128);
-        assert_eq!(limits(4, None, None, None, 8, 66).wide_max_blocks, 62);
-        assert_eq!(limits(4, Some(32), None, None, 8, 132).wide_max_blocks, 32);
-        assert_eq!(limits(4, None, None, None, 8, 3).wide_max_blocks, 1);
+        // Rounds of 64 MiB on 2 ranks, 32 on more.
+        assert_eq!(ReduceLimits::for_world(2).chunk_bytes, 64 << 20);
+        assert_eq!(limits(4, None, None, None, None, 132).chunk_bytes, 32 << 20);
         assert_eq!(
-            limits(4, None, None, None, 8, 132).one_shot_bytes,
+            limits(2, Some(64), None, None, Some(32), 100).max_blocks,
+            50
+        );
+        // Half the SMs of the smallest GPU (a 33-SM share: 16 blocks).
+        assert_eq!(limits(4, None, None, None, Some(8), 33).max_blocks, 16);
+        assert_eq!(
+            limits(4, None, None, None, Some(8), 33).staged_max_blocks,
+            16
+        );
+        assert_eq!(
+            limits(4, None, None, None, Some(8), 132).staged_max_blocks,
+            64
+        );
+        assert_eq!(
+            limits(4, Some(8), None, None, Some(8), 132).staged_max_blocks,
+            8
+        );
+        assert_eq!(limits(4, None, None, None, Some(8), 1).max_blocks, 1);
+        // Long pipelined calls: all but 4 SMs, or an explicit limit.
+        assert_eq!(
+            limits(4, None, None, None, Some(8), 132).wide_max_blocks,
+            128
+        );
+        assert_eq!(limits(4, None, None, None, Some(8), 66).wide_max_blocks, 62);
+        assert_eq!(
+            limits(4, Some(32), None, None, Some(8), 132).wide_max_blocks,
+            32
+        );
+        assert_eq!(limits(4, None, None, None, Some(8), 3).wide_max_blocks, 1);
+        assert_eq!(
+            limits(4, None, None, None, Some(8), 132).one_shot_bytes,
             512 << 10
         );
     }
@@ -124,7 +145,7 @@ mod tests {
 
     #[test]
     fn settings_override_the_defaults() {
-        let l = limits(2, Some(8), Some(0), Some(64), 2, 132);
+        let l = limits(2, Some(8), Some(0), Some(64), Some(2), 132);
         assert_eq!(
             (
                 l.max_blocks,
@@ -134,7 +155,7 @@ mod tests {
             ),
             (8, 0, 2 << 20, 64 << 10)
         );
-        let l = limits(8, None, Some(256), None, 8, 132);
+        let l = limits(8, None, Some(256), None, Some(8), 132);
         assert_eq!(l.one_shot_bytes, 256 << 10);
         assert_eq!(l.chunk_bytes, 8 << 20);
     }

@@ -30,3 +30,12 @@ pub use specs::{kernel_expression, net_step_expression, KERNEL_SOURCE};
 pub use tune::{Buffers, ReduceTuneEntry, ReduceTuneTable, TunedWindow};
 pub use tuned_plan::{Choice, TunedAlgorithm};
 pub use types::{DataType, ReduceOp, Reducible};
+
+/// Bytes of a staged two-shot round per rank on `world` ranks under `config`
+/// (`DEVCOMM_REDUCE_CHUNK_MIB`, or the default by ranks: [`plan::chunk_max_bytes`]): what the
+/// window holds two of, and what a tuning table is measured with.
+pub fn chunk_bytes(config: &crate::Config, world: usize) -> u64 {
+    config
+        .reduce_chunk_mib
+        .map_or(plan::chunk_max_bytes(world), |m| u64::from(m.max(1)) << 20)
+}

@@ -206,7 +206,7 @@ impl ReduceLimits {
     pub const fn for_world(world: usize) -> Self {
         Self {
             one_shot_bytes: one_shot_max_bytes(world),
-            chunk_bytes: 32 << 20,
+            chunk_bytes: chunk_max_bytes(world),
             max_blocks: DEFAULT_MAX_BLOCKS,
             staged_max_blocks: STAGED_MAX_BLOCKS,
             wide_max_blocks: WIDE_MAX_BLOCKS,
@@ -216,6 +216,21 @@ impl ReduceLimits {
             zero_copy_min_bytes: zero_copy_min_bytes(world),
             line_two_shot_bytes: line_two_shot_max_bytes(world),
         }
+    }
+}
+
+/// The default of [`ReduceLimits::chunk_bytes`] (a staged two-shot round per rank; the window
+/// holds two) on `world` ranks: 64 MiB on 2 ranks, 32 MiB on more. On 2 ranks every staged
+/// all-reduce is pushed, and a pushed round holds half the chunk (its result slots); on 2 H200s
+/// (bf16, 2026-11-28, two processes of each alternating) 64 MiB took 1 GiB from 0.96x NCCL
+/// (3424, 3481 us) to 1.01-1.02x (3211, 3239 us), 512 MiB from 0.98-0.99x to 1.06-1.07x and
+/// 256 MiB from 1.02-1.03x to 1.08x, for a window of 128 MiB instead of 64 (docs/PERFORMANCE.md,
+/// "Rounds of 64 MiB on 2 ranks"). On 3 or more ranks not measured: 32.
+pub const fn chunk_max_bytes(world: usize) -> u64 {
+    if world == 2 {
+        64 << 20
+    } else {
+        32 << 20
     }
 }
 

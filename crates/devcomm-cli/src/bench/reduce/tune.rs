@@ -192,7 +192,7 @@ pub(crate) fn run(req: &Request) -> Result<i32, String> {
     crate::bench::refuse_shared_gpu("tuning runs")?;
     let config = devcomm::Config::from_env().map_err(|e| e.to_string())?;
     let info = devcomm_bootstrap::RankInfo::from_env().map_err(|e| e.to_string())?;
-    let chunk = u64::from(config.reduce_chunk_mib.max(1)) << 20;
+    let chunk = devcomm::reduce::chunk_bytes(&config, info.world_size);
     let window = run_window(
         info.world_size,
         (req.one_shot_kib, req.line_two_shot_kib),

@@ -13,10 +13,33 @@ pub(in crate::reduce) fn shape(c: Collective, count: u64, es: u64, world: usize)
     }
 }
 
-const L: ReduceLimits = ReduceLimits::for_world(2);
+/// The defaults on 2 ranks with rounds of 32 MiB (the planner's rules below are stated for
+/// them; the default round on 2 ranks is 64 MiB: `chunk_max_bytes`).
+const L: ReduceLimits = ReduceLimits {
+    chunk_bytes: 32 << 20,
+    ..ReduceLimits::for_world(2)
+};
 
 fn lw(world: usize) -> ReduceLimits {
-    ReduceLimits::for_world(world)
+    ReduceLimits {
+        chunk_bytes: 32 << 20,
+        ..ReduceLimits::for_world(world)
+    }
+}
+
+#[test]
+fn rounds_are_64_mib_on_two_ranks_and_32_on_more() {
+    assert_eq!(chunk_max_bytes(2), 64 << 20);
+    for world in [1usize, 3, 4, 8] {
+        assert_eq!(chunk_max_bytes(world), 32 << 20);
+    }
+    // A 1 GiB all-reduce on 2 ranks: pushed rounds of half the chunk, 32 MiB.
+    let p = plan(
+        &shape(Collective::AllReduce, 1 << 29, 2, 2),
+        &ReduceLimits::for_world(2),
+    )
+    .unwrap();
+    assert_eq!(p.rounds, 32);
 }
 
 #[test]
