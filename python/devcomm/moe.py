@@ -63,7 +63,10 @@ class Handle:
 class Buffer:
     """One MoE layer's dispatch and combine on `comm` (a `devcomm.Comm`): its kernels and
     scratch (about four times `max_tokens x world_size x hidden` elements). Every rank makes it
-    with the same arguments."""
+    with the same arguments, at the same point of its program. Between NVLink peers the
+    scratch is memory that every rank writes into (docs/MOE.md, "How it runs"), so releasing
+    a Buffer is collective too: every rank drops it at the same point (each waits, up to the
+    setup timeout, for the others)."""
 
     def __init__(self, comm, num_experts, top_k, hidden, *, dtype=torch.bfloat16, max_tokens=4096, align=1, fp8=None, dequantise=False):
         """`fp8`: None (rows cross as they are), "per_row" or "per_128" (e4m3 on the wire with

@@ -261,27 +261,6 @@ impl Moe {
             .cuda(self.rank as i32, "cuLaunchKernel (moe)")
     }
 
-    /// Warps kernel `name` gives a row (`moe.cu`: 2 KiB parts of a row of T or of e4m3 codes,
-    /// 1,024 elements of a row quantised per 128 or dequantised; the per-row scale's pack works
-    /// a row whole): what the grid is sized for.
-    fn parts_of(&self, name: &str) -> usize {
-        let hidden = self.plan.config.hidden;
-        match name {
-            "moe_pack" | "moe_unpack" => self.plan.row_parts(),
-            "moe_unpack_fp8" => hidden.div_ceil(2048),
-            "moe_unpack_dequant" => hidden.div_ceil(1024),
-            "moe_pack_fp8" if self.plan.scale_block != hidden => hidden.div_ceil(1024),
-            _ => 1,
-        }
-    }
-
-    /// The rows a rank is expected to receive when it sends `tokens` (as many from every rank):
-    /// what the receiving kernels' grids are sized for. The kernels stride over however many
-    /// arrive, so a skewed routing costs time, never a row.
-    fn expected_rows(&self, tokens: usize) -> usize {
-        (tokens * self.plan.world).clamp(1, self.plan.recv_rows)
-    }
-
     /// Blocks for `items` warps of work (grid-stride beyond a few waves).
     fn blocks_for(&self, items: usize) -> u32 {
         let warps = (THREADS / 32) as usize;
@@ -377,7 +356,7 @@ impl Moe {
             crate::cuda::graph::memset_d8_async(self.status.ptr(), 0, STATUS_WORDS * 8, stream)?
         };
         let (pack, unpack) = c.wire.kernels();
-        let pack_blocks = self.blocks_for(b.tokens * self.parts_of(pack));
+        let pack_blocks = self.blocks_for(b.tokens * self.plan.kernel_parts(pack));
         if self.direct.is_some() {
             // The pack kernel writes each row into its ranks' areas and signals them.
             self.launch(pack, pack_blocks, THREADS, &a, stream)?;
@@ -390,7 +369,8 @@ impl Moe {
         }
         let le = self.plan.local_experts as u32;
         self.launch("moe_positions", le, SCAN_THREADS, &a, stream)?;
-        let rows = self.blocks_for(self.expected_rows(b.tokens) * self.parts_of(unpack));
+        let rows =
+            self.blocks_for(self.plan.expected_rows(b.tokens) * self.plan.kernel_parts(unpack));
         self.launch(unpack, rows, THREADS, &a, stream)?;
         let mut last = self.last.lock().map_err(|_| poisoned())?;
         *last = Some(Dispatched {
@@ -446,7 +426,7 @@ impl Moe {
         a.expert_count = d.expert_counts;
         // On the direct path each sum goes straight back into its sender's area, which is then
         // signalled; else into cback, and the all-to-all-v takes it back.
-        let rows = self.blocks_for(self.expected_rows(d.tokens) * self.plan.row_parts());
+        let rows = self.blocks_for(self.plan.expected_rows(d.tokens) * self.plan.row_parts());
         self.launch("moe_combine_pack", rows, THREADS, &a, stream)?;
         if self.direct.is_none() {
             // Back the way the rows came: what this rank received goes back to its senders.

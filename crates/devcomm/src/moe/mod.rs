@@ -230,6 +230,29 @@ impl MoePlan {
         self.hidden_bytes.div_ceil(ROW_PART_BYTES)
     }
 
+    /// Warps kernel `name` (of [`KERNELS`]) gives a row (`moe.cu`: 2 KiB parts of a row of
+    /// the row type or of e4m3 codes, 1,024 elements of a row quantised per 128 or
+    /// dequantised; the per-row scale's pack works a row whole): what its grid is sized for.
+    pub fn kernel_parts(&self, name: &str) -> usize {
+        let hidden = self.config.hidden;
+        match name {
+            "moe_pack" | "moe_unpack" | "moe_combine_pack" | "moe_combine_final" => {
+                self.row_parts()
+            }
+            "moe_unpack_fp8" => hidden.div_ceil(2048),
+            "moe_unpack_dequant" => hidden.div_ceil(1024),
+            "moe_pack_fp8" if self.scale_block != hidden => hidden.div_ceil(1024),
+            _ => 1,
+        }
+    }
+
+    /// The rows a rank is expected to receive when it sends `tokens` (as many from every rank):
+    /// what the receiving kernels' grids are sized for. The kernels stride over however many
+    /// arrive, so a skewed routing costs time, never a row.
+    pub fn expected_rows(&self, tokens: usize) -> usize {
+        (tokens * self.world).clamp(1, self.recv_rows)
+    }
+
     /// The direct path's area for this plan (pure; the same on every rank).
     pub fn direct_area(&self) -> DirectArea {
         let (w, cap) = (self.world, self.config.max_tokens);

@@ -261,3 +261,23 @@ fn the_direct_area_holds_two_calls_of_rows_and_sums_per_rank() {
     .unwrap();
     assert_eq!(tiny.row_parts(), 1);
 }
+
+#[test]
+fn grids_follow_the_parts_and_the_tokens() {
+    let p = MoePlan::new(deepseek(), 4).unwrap();
+    // bf16 rows of 7168: 7 parts of 2 KiB; FP8 per 128: 7 parts of 1,024 elements; the codes
+    // of a row: 4 parts of 2 KiB (the last partial); the per-row scale's pack: a row whole.
+    assert_eq!(p.kernel_parts("moe_pack"), 7);
+    assert_eq!(p.kernel_parts("moe_combine_final"), 7);
+    assert_eq!(p.kernel_parts("moe_unpack_dequant"), 7);
+    assert_eq!(p.kernel_parts("moe_unpack_fp8"), 4);
+    assert_eq!(p.kernel_parts("moe_positions"), 1);
+    let per128 = MoePlan::new(fp8(Fp8Scales::Per128, Fp8Output::Fp8), 4).unwrap();
+    assert_eq!(per128.kernel_parts("moe_pack_fp8"), 7);
+    let per_row = MoePlan::new(fp8(Fp8Scales::PerRow, Fp8Output::Dequantised), 4).unwrap();
+    assert_eq!(per_row.kernel_parts("moe_pack_fp8"), 1);
+    // Rows expected: as many tokens from every rank, at least 1, at most the buffers' rows.
+    assert_eq!(p.expected_rows(128), 512);
+    assert_eq!(p.expected_rows(0), 1);
+    assert_eq!(p.expected_rows(8192), p.recv_rows);
+}
