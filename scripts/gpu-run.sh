@@ -4,7 +4,7 @@
 # (or ./gpu-out), and a short summary is printed last.
 #   usage: dist/gpu-run.sh [device-kind] [what...]
 #   what: info selftest selftest2 reduce-var p2p traced coll coll-mixed examples latency launch put sendrecv pull pull-sweep sms
-#         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2av sweep graph
+#         ll128-sweep ll128-off tune ce large ce-sweep zc zc-routes zc-ce zc-bench a2a a2a-zc a2av moe sweep graph
 #         all_reduce reduce_scatter all_gather reduce-tune reduce-smoke ...
 #   The reductions take REDUCE_ARGS (e.g. "--dtype f32 --redop max" or "--max-bytes 67108864";
 #   reduce-smoke sets its own --max-bytes: SMOKE_MAX, 16 MiB).
@@ -130,6 +130,14 @@ for w in $what; do
         step a2a-$v $b launch -n "$n" -- $b bench --op all_to_all --min-bytes 67108864 --device-kind "$kind" --json "$out/a2a-$v.json"
       done ;;
     a2av) step a2av $bin launch -n "$n" -- $bin bench --op all_to_all_v --device-kind "$kind" --json "$out/a2av.json" --plot "$out/a2av.svg" ;;
+    moe)
+      # MoE dispatch + combine on every GPU (docs/MOE.md): the self-test group on the direct
+      # path and on the all-to-all-v path, then the benchmark on each (the direct path is the
+      # default between NVLink peers; DEVCOMM_MOE_DIRECT=0 takes the other).
+      step selftest-moe $bin launch -n "$n" -- $bin selftest --only moe
+      step selftest-moe-a2av env DEVCOMM_MOE_DIRECT=0 $bin launch -n "$n" -- $bin selftest --only moe
+      step moe $bin launch -n "$n" -- $bin bench --op moe --iters 30 --warmup 5 --device-kind "$kind" --json "$out/moe.json"
+      step moe-a2av env DEVCOMM_MOE_DIRECT=0 $bin launch -n "$n" -- $bin bench --op moe --iters 30 --warmup 5 --device-kind "$kind" --json "$out/moe-a2av.json" ;;
     all_reduce|reduce_scatter|all_gather)
       # devcomm against NCCL on the same buffers and on NCCL's symmetric window buffers, every
       # GPU, bf16 sum unless REDUCE_ARGS says otherwise.
