@@ -88,7 +88,7 @@ struct MoeArgs {
   dc_u64 cap;           // max_tokens: token slots per rank in an area's rows
   dc_u64 sym;           // this rank's direct area (symmetric memory)
   dc_u64 peers;         // u64 [world]: every rank's direct area as mapped here
-  dc_u64 ctr;           // u64 [6]: dispatches done, combines done, four arrival counters
+  dc_u64 ctr;           // u64 [7]: dispatches done, combines done, four arrival counters, failed
   dc_u64 err;           // DeviceErrorState* (host-mapped)
   dc_u64 mirror;        // u64 in device memory: non-zero once a kernel of the communicator failed
   dc_u64 timeout_ns;    // bound of every wait
@@ -276,9 +276,13 @@ __device__ __forceinline__ dc_u32 part_end(dc_u32 part, dc_u32 units) {
 // Calls are numbered on the device: ctr[kDispatches] and ctr[kCombines] count the calls done,
 // and the last block of a call's last kernel advances its count (so graph replays number their
 // calls too). A launch's last block is the one that finds all the others arrived on its
-// arrival counter; so launches size their grids to the work, rank by rank. A rank writes call n's rows only after its own call n - 1 received every rank's
-// rows, which every rank sent after finishing call n - 2 on its stream: so the parity's rows
-// (and sums) are no longer read by anyone when they are overwritten, with no wait for it.
+// arrival counter; so launches size their grids to the work, rank by rank. A rank writes call
+// n's rows only after its own call n - 1 received every rank's rows, which every rank sent
+// after finishing everything queued before its call n - 1 (call n - 2's combines, which read
+// its rows, included): so the parity's rows (and sums) are no longer read by anyone when they
+// are overwritten, with no wait for it. ctr[kFailed] is set when a wait of this layer gives up
+// (a timeout, or an abort raised by the host, which leaves the abort mirror as it is); every
+// later direct kernel of the layer then does nothing and publishes nothing.
 enum : dc_u32 {
   kDispatches = 0,
   kCombines = 1,
@@ -286,6 +290,7 @@ enum : dc_u32 {
   kArriveCombine = 3,
   kArrivePack = 4,
   kArriveCombinePack = 5,
+  kFailed = 6,
 };
 
 __device__ __forceinline__ dc_u64 calls_done(const MoeArgs& a, dc_u32 which) {
@@ -309,9 +314,10 @@ __device__ __forceinline__ char* sums_of(const MoeArgs& a, char* at, dc_u64 m, d
   return at + a.back_off + (m & 1u) * a.world * a.cap * hidden_bytes;
 }
 
-// Whether a kernel of the communicator has failed (the abort mirror): a direct kernel then
-// does nothing, publishes nothing.
+// Whether a kernel of the communicator has failed (the abort mirror), or a wait of this layer
+// gave up (ctr[kFailed]): a direct kernel then does nothing, publishes nothing.
 __device__ __forceinline__ bool failed_before(const MoeArgs& a) {
+  if (reinterpret_cast<const volatile dc_u64*>(a.ctr)[kFailed] != 0) return true;
   return a.mirror != 0 && *reinterpret_cast<const volatile dc_u64*>(a.mirror) != 0;
 }
 
@@ -344,8 +350,8 @@ __device__ __forceinline__ void signal_all(const MoeArgs& a, dc_u32 arrive, dc_u
 }
 
 // Waits (thread 0 of the block, the block then syncs) until word `first + r` of this rank's
-// area reaches `expected` for every rank r; false on timeout or abort (recorded; nothing may be
-// read or published then).
+// area reaches `expected` for every rank r; false on timeout or abort (recorded, and the layer
+// marked failed: nothing may be read or published then, by this kernel or a later one).
 __device__ bool arrived_all(const MoeArgs& a, dc_u32 first, dc_u64 expected, dc_u32 op) {
   __shared__ int ok;
   if (threadIdx.x == 0) {
@@ -356,6 +362,7 @@ __device__ bool arrived_all(const MoeArgs& a, dc_u32 first, dc_u64 expected, dc_
       ok = wait_until(reinterpret_cast<DeviceErrorState*>(a.err), a.timeout_ns, (dc_i32)a.rank,
                       words + first + r, expected, Cmp::Ge, site) ? 1 : 0;
     }
+    if (!ok) reinterpret_cast<volatile dc_u64*>(a.ctr)[kFailed] = 1;
   }
   __syncthreads();
   return ok != 0;
@@ -486,8 +493,8 @@ __device__ __forceinline__ dc_u64 this_dispatch(const MoeArgs& a) {
   return a.direct ? calls_done(a, kDispatches) + 1 : 0;
 }
 
-// The end of a pack kernel: on the direct path every block signals every rank (block 0 with
-// this rank's tokens).
+// The end of a pack kernel: on the direct path the launch's last block signals every rank
+// (with this rank's tokens).
 __device__ __forceinline__ void pack_done(const MoeArgs& a, dc_u64 n) {
   if (a.direct) signal_all(a, kArrivePack, a.rank, &a.tokens, n);
 }
@@ -932,7 +939,7 @@ __device__ __forceinline__ void warp_weighted_sum(uint4* __restrict__ out, const
 }
 
 // On the direct path each sum goes straight into the sending rank's area (combine m, at
-// [this rank][token]), and every block then signals every rank.
+// [this rank][token]), and the launch's last block then signals every rank.
 template <class T>
 __global__ void moe_combine_pack(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];

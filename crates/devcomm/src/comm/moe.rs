@@ -103,7 +103,7 @@ impl std::fmt::Debug for Moe {
 struct Direct {
     layout: DirectArea,
     area: SymmetricMemory,
-    /// `u64 [6]`: dispatches done, combines done, four arrival counters.
+    /// `u64 [7]`: dispatches done, combines done, four arrival counters, failed (`moe.cu`).
     counters: DeviceBuffer,
     error_state: u64,
     mirror: u64,
@@ -173,7 +173,7 @@ impl Comm {
         Ok(Some(Direct {
             layout,
             area,
-            counters: DeviceBuffer::zeroed(self.context(), 6 * 8)?,
+            counters: DeviceBuffer::zeroed(self.context(), 7 * 8)?,
             error_state: self.group.errors.device_ptr(),
             mirror: self.group.errors.mirror_ptr(),
             timeout_ns: u64::try_from(self.group.device_timeout.as_nanos()).unwrap_or(u64::MAX),
@@ -320,6 +320,9 @@ impl Moe {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.same_comm(comm)?;
+        // A failed communicator's calls return its error (the direct path's kernels would do
+        // nothing), as every other family's do.
+        comm.group.errors.check_before_launch()?;
         let c = &self.plan.config;
         if b.tokens > c.max_tokens {
             return Err(bad(format!(
@@ -414,6 +417,7 @@ impl Moe {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.same_comm(comm)?;
+        comm.group.errors.check_before_launch()?;
         let d = self.last_for_combine(y_bytes, out_bytes)?;
         if (y == 0 && d.out_rows > 0) || (out == 0 && d.tokens > 0) {
             return Err(bad("y or out is a null address".into()));
