@@ -5,7 +5,7 @@
 //! scripts/nccl-shim-check.sh on the GPU machine. Also the C entry points that need no GPU.
 
 use std::ffi::CStr;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use devcomm_nccl::api_comm::*;
 use devcomm_nccl::comm::{join_store, share_nccl_id};
@@ -72,15 +72,25 @@ fn ranks_in_three_processes_meet_on_the_id_s_store() {
                 .env(ID_ENV, hex(&id))
                 .env(RANK_ENV, r.to_string())
                 .env(devcomm_nccl::fallback::LIB_ENV, "/nonexistent/libnccl.so.2")
+                // The children's test harness output is kept apart (and shown if one fails),
+                // so that it does not interleave with this process's and blur its result lines.
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
                 .spawn()
                 .expect("spawn a rank")
         })
         .collect();
     let all = rank_main(&id, 0);
     assert_eq!(all, [[0], [1], [2]]);
-    for mut c in children {
-        let status = c.wait().expect("wait for a rank");
-        assert!(status.success(), "a child rank failed: {status}");
+    for c in children {
+        let out = c.wait_with_output().expect("wait for a rank");
+        assert!(
+            out.status.success(),
+            "a child rank failed: {}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
