@@ -97,6 +97,8 @@ struct MoeArgs {
   dc_u64 back_off;
 };
 
+// Threads of the warp-per-part kernels' blocks (the host's THREADS).
+enum : int { kThreads = 256 };
 enum : dc_u32 { kNone = 0xFFFFu, kBadIds = 0, kDupIds = 1, kOverflow = 2 };
 enum : int { kLayoutThreads = 1024, kLayoutWarps = kLayoutThreads / 32 };
 
@@ -941,7 +943,7 @@ __device__ __forceinline__ void warp_weighted_sum(uint4* __restrict__ out, const
 // On the direct path each sum goes straight into the sending rank's area (combine m, at
 // [this rank][token]), and the launch's last block then signals every rank.
 template <class T>
-__global__ void moe_combine_pack(MoeArgs args) {
+__device__ __forceinline__ void combine_pack(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];
   const dc_u64 n_call = args.direct ? calls_done(args, kDispatches) : 0;
   const dc_u64 m_call = args.direct ? calls_done(args, kCombines) + 1 : 0;
@@ -996,6 +998,20 @@ __global__ void moe_combine_pack(MoeArgs args) {
     warp_weighted_sum<T>(dst, src, wt, n, part * kPartUnits, part_end(part, vecs));
   }
   if (a.direct) signal_all(a, kArriveCombinePack, a.world + a.rank, nullptr, m_call);
+}
+
+// Two builds of one kernel. Unbounded it takes about 95 registers, so two blocks fit an SM;
+// the lean build is held to 64 (four blocks an SM, a little spilled), for calls whose
+// blocks then fit the GPU at once (`MoePlan::combine_pack_kernel`): a 128-token call on 4
+// ranks ran 448 blocks in two waves. Larger calls stride anyway and pay for the spills.
+template <class T>
+__global__ void __launch_bounds__(kThreads) moe_combine_pack(MoeArgs args) {
+  combine_pack<T>(args);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 4) moe_combine_pack_lean(MoeArgs args) {
+  combine_pack<T>(args);
 }
 
 // On the direct path it first waits for every rank's sums of combine m, in this rank's area.

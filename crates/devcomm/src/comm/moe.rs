@@ -19,7 +19,9 @@ use crate::cuda::DeviceBuffer;
 use crate::error::{CudaResultExt, Error, Result};
 use crate::kernels::KernelKind;
 use crate::memory::SymmetricMemory;
-use crate::moe::{kernel_expression, DirectArea, MoeArgs, MoeConfig, MoePlan, KERNELS};
+use crate::moe::{
+    combine_pack_kernel, kernel_expression, DirectArea, MoeArgs, MoeConfig, MoePlan, KERNELS,
+};
 
 mod typed;
 
@@ -432,7 +434,8 @@ impl Moe {
         // signalled; else into cback, and the all-to-all-v takes it back.
         let parts = self.plan.kernel_parts("moe_combine_pack");
         let rows = self.blocks_for(self.plan.expected_rows(d.tokens) * parts);
-        self.launch("moe_combine_pack", rows, THREADS, &a, stream)?;
+        let kernel = combine_pack_kernel(rows as usize, self.sm_count as usize);
+        self.launch(kernel, rows, THREADS, &a, stream)?;
         if self.direct.is_none() {
             // Back the way the rows came: what this rank received goes back to its senders.
             let (cback, back) = (self.cback.ptr(), self.back.ptr());

@@ -236,9 +236,11 @@ impl MoePlan {
     pub fn kernel_parts(&self, name: &str) -> usize {
         let hidden = self.config.hidden;
         match name {
-            "moe_pack" | "moe_unpack" | "moe_combine_pack" | "moe_combine_final" => {
-                self.row_parts()
-            }
+            "moe_pack"
+            | "moe_unpack"
+            | "moe_combine_pack"
+            | "moe_combine_pack_lean"
+            | "moe_combine_final" => self.row_parts(),
             "moe_unpack_fp8" => hidden.div_ceil(2048),
             "moe_unpack_dequant" => hidden.div_ceil(1024),
             "moe_pack_fp8" if self.scale_block != hidden => hidden.div_ceil(1024),
@@ -354,17 +356,29 @@ impl MoeArgs {
 
 /// The kernels of one element type's module: those of a native dispatch and its combine in
 /// launch order, then the FP8 wire's pack and unpacks ([`Wire::kernels`] picks a dispatch's).
-pub const KERNELS: [&str; 9] = [
+pub const KERNELS: [&str; 10] = [
     "moe_layout",
     "moe_pack",
     "moe_positions",
     "moe_unpack",
     "moe_combine_pack",
+    "moe_combine_pack_lean",
     "moe_combine_final",
     "moe_pack_fp8",
     "moe_unpack_dequant",
     "moe_unpack_fp8",
 ];
+
+/// The build of the combine's pack kernel for a launch of `blocks` blocks on a GPU of `sms`
+/// SMs (`moe.cu`): the lean one (four blocks an SM, a little spilled) when the blocks fit the
+/// GPU at once only so, else the unbounded one (two blocks an SM; larger launches stride).
+pub fn combine_pack_kernel(blocks: usize, sms: usize) -> &'static str {
+    if blocks > 2 * sms && blocks <= 4 * sms {
+        "moe_combine_pack_lean"
+    } else {
+        "moe_combine_pack"
+    }
+}
 
 /// The name expression of kernel `name` (one of [`KERNELS`]) for `dtype`.
 pub fn kernel_expression(name: &str, dtype: DataType) -> String {

@@ -263,6 +263,15 @@ fn the_direct_area_holds_two_calls_of_rows_and_sums_per_rank() {
 }
 
 #[test]
+fn the_lean_combine_pack_serves_launches_that_then_fit_at_once() {
+    // 132 SMs: up to 264 blocks fit at two an SM, 528 at four.
+    assert_eq!(combine_pack_kernel(224, 132), "moe_combine_pack");
+    assert_eq!(combine_pack_kernel(448, 132), "moe_combine_pack_lean");
+    assert_eq!(combine_pack_kernel(528, 132), "moe_combine_pack_lean");
+    assert_eq!(combine_pack_kernel(1056, 132), "moe_combine_pack");
+}
+
+#[test]
 fn grids_follow_the_parts_and_the_tokens() {
     let p = MoePlan::new(deepseek(), 4).unwrap();
     // bf16 rows of 7168: 7 parts of 2 KiB; FP8 per 128: 7 parts of 1,024 elements; the codes
