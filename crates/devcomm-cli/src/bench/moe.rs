@@ -3,8 +3,10 @@
 //! per-rank counts exchanged with NCCL, copied to the host and waited for, then one row per
 //! (token, expert) pair to the experts' ranks and back with NCCL's grouped send/recv. The user's
 //! own permutation, regroup and weighted-sum kernels are not part of the reference (they would
-//! only add to its time). Both sides are timed on the host clock (stream synchronised before
-//! and after), because the NCCL path waits on the GPU from the host. Two records per batch
+//! only add to its time). Both sides are timed one call a sample between CUDA events, from a
+//! device barrier on every rank (`time_from_barrier_each`): the events count the time the
+//! NCCL path's host waits on the GPU inside, and the barrier leaves out the skew with which
+//! ranks leave a host barrier. Two records per batch
 //! size: `moe` (dispatch + combine) and `moe_dispatch` (dispatch alone against the count
 //! exchange + rows out); `bytes` is the dispatch's bytes leaving this GPU for other ranks, and
 //! the bandwidths are those bytes over each side's time. FP8 dispatch (e4m3 with per-128
@@ -23,7 +25,7 @@ use super::alltoall::packed;
 use super::args::BenchArgs;
 use super::nccl::NcclPair;
 use super::record::Record;
-use super::timing::time_wall_each;
+use super::timing::time_from_barrier_each;
 use crate::selftest::Ctx;
 
 #[path = "moe_fp8.rs"]
@@ -168,7 +170,7 @@ fn point(
         "combine",
         "moe-graph",
     ];
-    let us = time_wall_each(cx, args.warmup, args.iters, &names, &mut |i| match i {
+    let us = time_from_barrier_each(cx, args.warmup, args.iters, &names, &mut |i| match i {
         0 | 2 => {
             dispatch(&mut out_x, &mut out_w, &mut counts)?;
             if i == 0 {
@@ -189,18 +191,20 @@ fn point(
     moe.check(s).map_err(|e| e.to_string())?;
     let bytes = bytes_out(plan, mine, rank);
     let there = "NCCL: count exchange, counts to host, a row per (token, expert) pair there";
-    let rec = |op: &str, d: f64, n: f64| Record {
+    let rec = |op: &str, d: f64, n: f64| {
+        Record {
         reference: match op {
-            "moe_dispatch" => format!("{there} (host clock)"),
-            "moe_combine" => format!("{there} and back (host clock); devcomm: its combine alone"),
+            "moe_dispatch" => format!("{there} (events from a device barrier)"),
+            "moe_combine" => format!("{there} and back (events from a device barrier); devcomm: its combine alone"),
             "moe_graph" => format!(
-                "{there} and back (host clock); devcomm: dispatch + combine replayed from a graph"
+                "{there} and back (events from a device barrier); devcomm: dispatch + combine replayed from a graph"
             ),
-            _ => format!("{there} and back (host clock)"),
+            _ => format!("{there} and back (events from a device barrier)"),
         },
         tokens: Some(tokens as u64),
         dtype: Some("bf16".into()),
         ..Record::new(cx, args, op, bytes).timed(d, n, bytes as f64)
+    }
     };
     Ok(match rank {
         0 => vec![

@@ -14,7 +14,7 @@ use super::{alloc, bytes_out, routing, NcclPairs, HIDDEN};
 use crate::bench::args::BenchArgs;
 use crate::bench::nccl::NcclPair;
 use crate::bench::record::Record;
-use crate::bench::timing::time_wall_each;
+use crate::bench::timing::time_from_barrier_each;
 use crate::selftest::Ctx;
 
 /// The bf16 layer's configuration with FP8 on the wire.
@@ -89,7 +89,7 @@ pub(super) fn point(
         "dispatch_fp8",
         "dispatch_fp8-nccl",
     ];
-    let us = time_wall_each(cx, args.warmup, args.iters, &names, &mut |i| match i {
+    let us = time_from_barrier_each(cx, args.warmup, args.iters, &names, &mut |i| match i {
         0 | 2 => {
             dispatch(&mut out_q, &mut out_s, &mut out_w, &mut counts)?;
             if i == 0 {
@@ -105,7 +105,7 @@ pub(super) fn point(
     let bytes = bytes_out(&plan, mine, rank);
     let there = "NCCL: count exchange, counts to host, an e4m3 row + 56 scales per (token, expert) pair there";
     let rec = |op: &str, d: f64, n: f64, back: &str| Record {
-        reference: format!("{there}{back} (host clock)"),
+        reference: format!("{there}{back} (events from a device barrier)"),
         tokens: Some(tokens as u64),
         dtype: Some("e4m3 (bf16 in, per-128 scales; combine bf16)".into()),
         ..Record::new(cx, args, op, bytes).timed(d, n, bytes as f64)

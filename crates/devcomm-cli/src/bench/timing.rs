@@ -90,6 +90,28 @@ pub(crate) fn time_wall_each(
     slowest_medians(cx, names, samples)
 }
 
+/// Median times of several candidates between CUDA events, one call a sample, started on
+/// every rank together: after a host barrier, a device barrier on the stream (untimed), then
+/// the start event, `f(i)` (candidate `i`, named `names[i]`) and the end event. For calls that
+/// wait on the GPU from the host inside: the stream idles meanwhile, which the events count.
+/// The device barrier leaves out the skew with which the ranks leave the host barrier (tens of
+/// microseconds at times, which host-clocked single calls count in full). Every rank returns
+/// the slowest rank's median per candidate.
+pub(crate) fn time_from_barrier_each(
+    cx: &Ctx,
+    warmup: usize,
+    iters: usize,
+    names: &[&str],
+    f: &mut dyn FnMut(usize) -> Result<(), String>,
+) -> Result<Vec<f64>, String> {
+    let timer = EventTimer::new(&cx.stream)?;
+    let samples = in_turn(cx, true, warmup, iters, names.len(), &mut |i| {
+        cx.comm.barrier(&cx.stream).map_err(|e| e.to_string())?;
+        timer.time(&cx.stream, || f(i))
+    })?;
+    slowest_medians(cx, names, samples)
+}
+
 /// Runs `sample(i)` for every candidate `i < n` in each of `warmup + iters` rounds, after a
 /// host barrier each time, forward in even rounds and backward in odd ones: drift during the
 /// run (clocks, neighbours on the machine) then falls on every candidate alike, and none
