@@ -68,17 +68,20 @@ class Buffer:
     a Buffer is collective too: every rank drops it at the same point (each waits, up to the
     setup timeout, for the others)."""
 
-    def __init__(self, comm, num_experts, top_k, hidden, *, dtype=torch.bfloat16, max_tokens=4096, align=1, fp8=None, dequantise=False):
+    def __init__(self, comm, num_experts, top_k, hidden, *, dtype=torch.bfloat16, max_tokens=4096, align=1, fp8=None, dequantise=False, sm_budget=None):
         """`fp8`: None (rows cross as they are), "per_row" or "per_128" (e4m3 on the wire with
         a scale per row or per 128 elements; `hidden` a multiple of 16, or of 128); the
-        dispatch then returns FP8 + scales, or rows of `dtype` with `dequantise=True`."""
+        dispatch then returns FP8 + scales, or rows of `dtype` with `dequantise=True`.
+        `sm_budget`: the most blocks (so SMs) any launch of the layer's kernels takes, leaving
+        the rest of the GPU to the kernels beside it (decode's low-latency mode; None: the
+        whole GPU). Every call fits any budget; a smaller one makes it slower."""
         if dtype not in _ROW_DTYPES:
             raise _native.InvalidArgument(f"moe: invalid argument: rows of {dtype} (bfloat16, float16 or float32)")
         self._comm = comm
-        self._native = comm._native.moe(num_experts, top_k, hidden, _ROW_DTYPES[dtype], max_tokens, align, fp8, dequantise)
+        self._native = comm._native.moe(num_experts, top_k, hidden, _ROW_DTYPES[dtype], max_tokens, align, fp8, dequantise, sm_budget)
         self.num_experts, self.top_k, self.hidden = num_experts, top_k, hidden
         self.dtype, self.max_tokens, self.align = dtype, max_tokens, align
-        self.fp8, self.dequantise = fp8, dequantise
+        self.fp8, self.dequantise, self.sm_budget = fp8, dequantise, sm_budget
         # Plain attributes (not the native object's) so that torch.compile reads them while
         # tracing; the id names this Buffer to the custom ops.
         self.fp8_out = self._native.outputs_fp8

@@ -243,8 +243,9 @@ impl PyComm {
     /// `float32`), at most `max_tokens` tokens per rank and call, expert groups padded to
     /// `align` rows. `fp8`: `None` (rows cross as they are), `"per_row"` or `"per_128"` (e4m3
     /// on the wire with a scale per row or per 128 elements), returned dequantised to `dtype`
-    /// when `dequantise`, else as e4m3 codes and scales.
-    #[pyo3(signature = (experts, top_k, hidden, dtype, max_tokens, align = 1, fp8 = None, dequantise = false))]
+    /// when `dequantise`, else as e4m3 codes and scales. `sm_budget`: the most blocks (so
+    /// SMs) any launch of the layer's kernels takes (`Moe::set_sm_budget`; `None`: the GPU).
+    #[pyo3(signature = (experts, top_k, hidden, dtype, max_tokens, align = 1, fp8 = None, dequantise = false, sm_budget = None))]
     #[allow(clippy::too_many_arguments)]
     fn moe(
         slf: &Bound<'_, Self>,
@@ -256,6 +257,7 @@ impl PyComm {
         align: usize,
         fp8: Option<&str>,
         dequantise: bool,
+        sm_budget: Option<usize>,
     ) -> PyResult<crate::moe::PyMoe> {
         let d = DType::from_name(dtype)
             .filter(|d| crate::moe::row_type(*d).is_some())
@@ -274,7 +276,7 @@ impl PyComm {
             align,
             wire: crate::moe::wire(fp8, dequantise)?,
         };
-        crate::moe::new(slf.py(), slf.clone().unbind(), config, d)
+        crate::moe::new(slf.py(), slf.clone().unbind(), config, d, sm_budget)
     }
 
     /// Joins the group described by the torchrun-style environment (`RANK`, `WORLD_SIZE`,

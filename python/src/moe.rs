@@ -17,9 +17,20 @@ pub struct PyMoe {
     dtype: DType,
 }
 
-/// The layer of `config` on `comm` (what `PyComm.moe` returns).
-pub fn new(py: Python<'_>, comm: Py<PyComm>, config: MoeConfig, dtype: DType) -> PyResult<PyMoe> {
-    let moe = py.detach(|| comm.get().inner().moe(config)).py()?;
+/// The layer of `config` on `comm` (what `PyComm.moe` returns), its launches held to
+/// `sm_budget` blocks when given. The budget is checked before the layer is made (making and
+/// dropping one is collective).
+pub fn new(
+    py: Python<'_>,
+    comm: Py<PyComm>,
+    config: MoeConfig,
+    dtype: DType,
+    sm_budget: Option<usize>,
+) -> PyResult<PyMoe> {
+    let sms = comm.get().inner().device_info().sm_count.max(1) as usize;
+    devcomm::moe::launch_cap(sm_budget, sms).py()?;
+    let mut moe = py.detach(|| comm.get().inner().moe(config)).py()?;
+    moe.set_sm_budget(sm_budget).py()?;
     Ok(PyMoe { comm, moe, dtype })
 }
 

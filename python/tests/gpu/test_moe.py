@@ -92,6 +92,33 @@ def test_dispatch_combine_bitwise(comm, seed, kind):
     assert torch.equal(out.cpu().view(torch.int16), want.view(torch.int16))
 
 
+def test_sm_budget_gives_the_same_bits(comm, seed):
+    """A layer held to a few blocks a launch (each rank its own budget) against one on the
+    whole GPU: the same dispatch and combine, bit for bit; bad budgets refused before a layer
+    is made."""
+    world, me = comm.world_size, comm.rank
+    experts = experts_of(comm)
+    whole = devcomm.moe.Buffer(comm, experts, TOP_K, HIDDEN, max_tokens=64, align=4)
+    held = devcomm.moe.Buffer(comm, experts, TOP_K, HIDDEN, max_tokens=64, align=4, sm_budget=1 + me % 3)
+    for bad in (0, 10**6):
+        with pytest.raises(devcomm.InvalidArgument, match="SM budget"):
+            devcomm.moe.Buffer(comm, experts, TOP_K, HIDDEN, max_tokens=64, sm_budget=bad)
+    x, idx, w = (t.to(comm.device) for t in routing(seed, me, 40 + 3 * me, experts))
+    outs = []
+    for buf in (whole, held):
+        recv_x, recv_w, counts, handle = buf.dispatch(x, idx, w)
+        y = (recv_x.float() * 1.5).to(torch.bfloat16)
+        out = buf.combine(y, handle)
+        buf.check()
+        # The rows of the groups (padding rows are left as they were).
+        rows = [r for b, c in zip(handle.bases.tolist(), counts.tolist()) for r in range(b, b + c)]
+        outs.append((recv_x[rows].view(torch.int16), recv_w[rows], counts.clone(), out.view(torch.int16)))
+    torch.cuda.synchronize()
+    assert outs[0][2].sum().item() > 0
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
 def test_graph_replays_with_new_routings(comm, seed):
     world, me = comm.world_size, comm.rank
     experts = experts_of(comm)

@@ -37,6 +37,8 @@ const TOP_K: usize = 8;
 const ALIGN: usize = 128;
 /// Tokens per rank.
 const TOKENS: &[usize] = &[128, 512, 2048, 8192];
+/// The blocks (so SMs) of the `moe_sm_budget` record's layer: a sixth of an H100's or H200's.
+const SM_BUDGET: usize = 24;
 
 /// Every batch size in turn (one layer sized for the largest).
 pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
@@ -52,11 +54,15 @@ pub(crate) fn run(cx: &Ctx, args: &BenchArgs) -> Result<Vec<Record>, String> {
         wire: Wire::Native,
     };
     let moe = cx.comm.moe(config).map_err(|e| e.to_string())?;
+    // The same layer held to an SM budget (decode's low-latency mode).
+    let mut held = cx.comm.moe(config).map_err(|e| e.to_string())?;
+    held.set_sm_budget(Some(SM_BUDGET))
+        .map_err(|e| e.to_string())?;
     let nccl = NcclPair::new(cx)?;
     let plan = MoePlan::new(config, world).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for &tokens in TOKENS {
-        out.extend(point(cx, args, &moe, &nccl, &plan, tokens)?);
+        out.extend(point(cx, args, (&moe, &held), &nccl, &plan, tokens)?);
     }
     // FP8 dispatch: a layer of its own (its rows are e4m3 + scales), the same routings.
     let fp8_moe = cx
@@ -102,7 +108,7 @@ fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 fn point(
     cx: &Ctx,
     args: &BenchArgs,
-    moe: &devcomm::Moe,
+    (moe, held): (&devcomm::Moe, &devcomm::Moe),
     nccl: &NcclPair,
     plan: &MoePlan,
     tokens: usize,
@@ -169,6 +175,7 @@ fn point(
         "dispatch-nccl",
         "combine",
         "moe-graph",
+        "moe-sm-budget",
     ];
     let us = time_from_barrier_each(cx, args.warmup, args.iters, &names, &mut |i| match i {
         0 | 2 => {
@@ -186,9 +193,25 @@ fn point(
         4 => moe
             .combine(&cx.comm, &out_x, &mut out, s)
             .map_err(|e| e.to_string()),
-        _ => graph.launch().map_err(|e| e.to_string()),
+        5 => graph.launch().map_err(|e| e.to_string()),
+        _ => {
+            held.dispatch(
+                &cx.comm,
+                &x,
+                &idx,
+                &w,
+                &mut out_x,
+                &mut out_w,
+                &mut counts,
+                s,
+            )
+            .map_err(|e| e.to_string())?;
+            held.combine(&cx.comm, &out_x, &mut out, s)
+                .map_err(|e| e.to_string())
+        }
     })?;
     moe.check(s).map_err(|e| e.to_string())?;
+    held.check(s).map_err(|e| e.to_string())?;
     let bytes = bytes_out(plan, mine, rank);
     let there = "NCCL: count exchange, counts to host, a row per (token, expert) pair there";
     let rec = |op: &str, d: f64, n: f64| {
@@ -198,6 +221,9 @@ fn point(
             "moe_combine" => format!("{there} and back (events from a device barrier); devcomm: its combine alone"),
             "moe_graph" => format!(
                 "{there} and back (events from a device barrier); devcomm: dispatch + combine replayed from a graph"
+            ),
+            "moe_sm_budget" => format!(
+                "{there} and back (events from a device barrier); devcomm: dispatch + combine, every launch held to {SM_BUDGET} blocks"
             ),
             _ => format!("{there} and back (events from a device barrier)"),
         },
@@ -212,6 +238,7 @@ fn point(
             rec("moe_dispatch", us[2], us[3]),
             rec("moe_combine", us[4], us[1]),
             rec("moe_graph", us[5], us[1]),
+            rec("moe_sm_budget", us[6], us[1]),
         ],
         _ => Vec::new(),
     })

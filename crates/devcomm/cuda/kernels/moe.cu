@@ -666,33 +666,37 @@ __device__ __forceinline__ const unsigned short* row_ids(const MoeArgs& a, dc_u6
   return reinterpret_cast<const unsigned short*>(recv_row(a, i) + a.ids_off);
 }
 
-// Block le (kLayoutThreads threads) numbers the received rows that go to local expert le. On
-// the direct path it first waits for every rank's rows.
+// Block b (kLayoutThreads threads) numbers the received rows that go to local experts b,
+// b + gridDim.x, ... (a block per expert unless the layer's SM budget caps the grid). On the
+// direct path it first waits for every rank's rows.
 extern "C" __global__ void __launch_bounds__(kLayoutThreads) moe_positions(MoeArgs args) {
   __shared__ dc_u32 warp_sum[kLayoutWarps];
   __shared__ dc_u64 run;
-  const dc_u32 le = blockIdx.x, tid = threadIdx.x;
+  const dc_u32 tid = threadIdx.x;
   const dc_u64 n_call = this_dispatch(args);
   if (args.direct && !arrived_all(args, 0, n_call, kOpMoeDispatch)) return;
   __shared__ dc_u64 prefix[kMaxWorld + 1];
   const MoeArgs a = received_view(args, n_call, prefix);
-  if (tid == 0) run = 0;
-  __syncthreads();
   const dc_u64 rows = received(a);
   dc_u32* pos = reinterpret_cast<dc_u32*>(a.pos);
-  for (dc_u64 base = 0; base < rows; base += kLayoutThreads) {
-    const dc_u64 i = base + tid;
-    int m = -1;
-    if (i < rows) {
-      const unsigned short* ids = row_ids(a, i);
-      for (dc_u32 j = 0; j < a.k; ++j) {
-        if (ids[j] == le) m = (int)j;
+  for (dc_u32 le = blockIdx.x; le < a.local_experts; le += gridDim.x) {
+    if (tid == 0) run = 0;
+    __syncthreads();
+    for (dc_u64 base = 0; base < rows; base += kLayoutThreads) {
+      const dc_u64 i = base + tid;
+      int m = -1;
+      if (i < rows) {
+        const unsigned short* ids = row_ids(a, i);
+        for (dc_u32 j = 0; j < a.k; ++j) {
+          if (ids[j] == le) m = (int)j;
+        }
       }
+      const dc_u64 at = block_rank(m >= 0, warp_sum, &run);
+      if (m >= 0) pos[i * a.k + (dc_u32)m] = (dc_u32)at;
     }
-    const dc_u64 at = block_rank(m >= 0, warp_sum, &run);
-    if (m >= 0) pos[i * a.k + (dc_u32)m] = (dc_u32)at;
+    if (tid == 0) reinterpret_cast<long long*>(a.expert_count)[le] = (long long)run;
+    __syncthreads();
   }
-  if (tid == 0) reinterpret_cast<long long*>(a.expert_count)[le] = (long long)run;
 }
 
 // First output row of each local expert's group (groups padded to `align`) into `base`

@@ -20,7 +20,8 @@ use crate::error::{CudaResultExt, Error, Result};
 use crate::kernels::KernelKind;
 use crate::memory::SymmetricMemory;
 use crate::moe::{
-    combine_pack_kernel, kernel_expression, DirectArea, MoeArgs, MoeConfig, MoePlan, KERNELS,
+    combine_pack_kernel, kernel_expression, launch_cap, DirectArea, MoeArgs, MoeConfig, MoePlan,
+    KERNELS,
 };
 
 mod typed;
@@ -70,6 +71,9 @@ pub struct Moe {
     plan: MoePlan,
     rank: usize,
     sm_count: u32,
+    /// The most blocks of any launch of this layer's kernels: 8 a SM, or the SM budget
+    /// ([`Moe::with_sm_budget`]).
+    max_blocks: u32,
     /// The packed rows to send and those received.
     send: DeviceBuffer,
     recv: DeviceBuffer,
@@ -146,6 +150,7 @@ impl Comm {
             plan,
             rank: self.rank(),
             sm_count: self.device_info().sm_count.max(1) as u32,
+            max_blocks: launch_cap(None, self.device_info().sm_count.max(1) as usize)?,
             send: staged(plan.send_rows * plan.row_bytes)?,
             recv: staged(plan.recv_rows * plan.row_bytes)?,
             slot: zeroed(config.max_tokens * w * 4)?,
@@ -263,10 +268,28 @@ impl Moe {
             .cuda(self.rank as i32, "cuLaunchKernel (moe)")
     }
 
-    /// Blocks for `items` warps of work (grid-stride beyond a few waves).
+    /// Blocks for `items` warps of work (grid-stride beyond a few waves, or beyond the SM
+    /// budget).
     fn blocks_for(&self, items: usize) -> u32 {
         let warps = (THREADS / 32) as usize;
-        items.div_ceil(warps).clamp(1, 8 * self.sm_count as usize) as u32
+        items.div_ceil(warps).clamp(1, self.max_blocks as usize) as u32
+    }
+
+    /// Holds every launch of this layer's kernels to `blocks` blocks, so that its calls occupy
+    /// at most that many SMs and leave the rest of the GPU to the kernels beside them
+    /// (decode's low-latency mode; the kernels stride over the work, so any budget serves every
+    /// call, more slowly the smaller it is); `None`: the whole GPU (8 blocks a SM, the
+    /// default). On the all-to-all-v path the budget holds for the MoE kernels, not for the
+    /// all-to-all-v's own (`DEVCOMM_P2P_MAX_BLOCKS`). A rank's budget is its own: ranks may
+    /// differ. Takes effect from the next call; a refused budget changes nothing.
+    pub fn set_sm_budget(&mut self, blocks: Option<usize>) -> Result<()> {
+        self.max_blocks = launch_cap(blocks, self.sm_count as usize)?;
+        Ok(())
+    }
+
+    /// The most blocks a launch of this layer takes ([`Moe::with_sm_budget`]).
+    pub fn sm_budget(&self) -> usize {
+        self.max_blocks as usize
     }
 
     /// The all-to-all-v of rows of `row_bytes` (a multiple of 16) from `from` (room for
@@ -372,7 +395,7 @@ impl Moe {
             let rows = (self.plan.send_rows, self.plan.recv_rows);
             self.exchange(comm, (send, recv), rows, self.plan.row_bytes, 0, stream)?;
         }
-        let le = self.plan.local_experts as u32;
+        let le = (self.plan.local_experts as u32).min(self.max_blocks);
         self.launch("moe_positions", le, SCAN_THREADS, &a, stream)?;
         let rows =
             self.blocks_for(self.plan.expected_rows(b.tokens) * self.plan.kernel_parts(unpack));

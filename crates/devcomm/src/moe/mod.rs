@@ -369,6 +369,20 @@ pub const KERNELS: [&str; 10] = [
     "moe_unpack_fp8",
 ];
 
+/// The most blocks a launch of a layer's kernels takes on a GPU of `sms` SMs: `budget`
+/// (an SM budget, 1 to 8 a SM) or, with none, 8 a SM (`Moe::set_sm_budget`).
+pub fn launch_cap(budget: Option<usize>, sms: usize) -> Result<u32> {
+    let most = 8 * sms.max(1);
+    match budget {
+        None => Ok(most as u32),
+        Some(b) if (1..=most).contains(&b) => Ok(b as u32),
+        Some(b) => Err(Error::InvalidArgument {
+            op: "moe",
+            reason: format!("an SM budget of {b} blocks (1 to {most}, 8 a SM)"),
+        }),
+    }
+}
+
 /// The build of the combine's pack kernel for a launch of `blocks` blocks on a GPU of `sms`
 /// SMs (`moe.cu`): the lean one (four blocks an SM, a little spilled) when the blocks fit the
 /// GPU at once only so, else the unbounded one (two blocks an SM; larger launches stride).

@@ -263,6 +263,20 @@ fn the_direct_area_holds_two_calls_of_rows_and_sums_per_rank() {
 }
 
 #[test]
+fn an_sm_budget_caps_the_launches_or_is_refused() {
+    assert_eq!(launch_cap(None, 132).unwrap(), 1056);
+    assert_eq!(launch_cap(Some(24), 132).unwrap(), 24);
+    assert_eq!(launch_cap(Some(1056), 132).unwrap(), 1056);
+    for b in [0, 1057] {
+        let e = launch_cap(Some(b), 132).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("an SM budget of {b} blocks (1 to 1056")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn the_lean_combine_pack_serves_launches_that_then_fit_at_once() {
     // 132 SMs: up to 264 blocks fit at two an SM, 528 at four.
     assert_eq!(combine_pack_kernel(224, 132), "moe_combine_pack");

@@ -5,6 +5,7 @@
 //! reported by `Moe::check`, nothing written past the output. FP8 on the wire: `fp8.rs`.
 
 mod back_to_back;
+mod budget;
 mod fp8;
 
 use std::sync::Arc;
@@ -51,6 +52,12 @@ pub(super) const CHECKS: &[Check] = &[
         ranks: Ranks::AtLeast(2),
         about: "bad ids and a too small output reported; nothing written past the output",
         run: |cx, _| verified(check_errors(cx)),
+    },
+    Check {
+        name: "moe_sm_budget",
+        ranks: Ranks::AtLeast(2),
+        about: "dispatch + combine with every launch held to a few blocks (each rank its own budget), bit for bit; bad budgets refused",
+        run: |cx, _| verified(budget::check_sm_budget(cx)),
     },
     Check {
         name: "moe_fp8",
