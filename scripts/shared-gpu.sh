@@ -65,7 +65,11 @@ stop_mps() {
   fi
 }
 trap stop_mps EXIT
-echo "shared-gpu: $ranks ranks on $(nvidia-smi -L | wc -l) GPU(s), MPS=$use_mps${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:+, $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE% of the SMs each}${DEVCOMM_P2P_MAX_BLOCKS:+, DEVCOMM_P2P_MAX_BLOCKS=$DEVCOMM_P2P_MAX_BLOCKS}"
+# The GPUs the ranks can open: CUDA_VISIBLE_DEVICES's list where it is set (nvidia-smi lists
+# every GPU of the machine whatever it says).
+gpus=$(nvidia-smi -L | wc -l)
+[ -n "${CUDA_VISIBLE_DEVICES:-}" ] && gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+echo "shared-gpu: $ranks ranks on $gpus GPU(s), MPS=$use_mps${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:+, $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE% of the SMs each}${DEVCOMM_P2P_MAX_BLOCKS:+, DEVCOMM_P2P_MAX_BLOCKS=$DEVCOMM_P2P_MAX_BLOCKS}"
 if [ "${LAUNCHER:-devcomm}" = none ]; then
   "$@"
 else
