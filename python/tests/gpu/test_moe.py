@@ -119,6 +119,36 @@ def test_sm_budget_gives_the_same_bits(comm, seed):
         assert torch.equal(a, b)
 
 
+def test_registered_memory_gives_the_same_bits(comm, seed):
+    """Tokens, routing, expert outputs and results in devcomm's registered memory pool (as a
+    model's activations are under `torch.cuda.use_mem_pool(comm.mem_pool())`) against
+    ordinary tensors: the same dispatch and combine, bit for bit."""
+    me = comm.rank
+    experts = experts_of(comm)
+    comm.grow_pool(64 << 20)  # collective: a segment for this test's tensors
+    buf = devcomm.moe.Buffer(comm, experts, TOP_K, HIDDEN, max_tokens=64, align=4)
+    x, idx, w = routing(seed, me, 33 + 2 * me, experts)
+    results = []
+    for pooled in (False, True):
+        if pooled:
+            with torch.cuda.use_mem_pool(comm.mem_pool()):
+                xs, ids, ws = x.to(comm.device), idx.to(comm.device), w.to(comm.device)
+                out = torch.empty_like(xs)
+            assert comm.pool_lookup(xs) is not None and comm.pool_lookup(out) is not None
+        else:
+            xs, ids, ws = x.to(comm.device), idx.to(comm.device), w.to(comm.device)
+            out = torch.empty_like(xs)
+        recv_x, recv_w, counts, handle = buf.dispatch(xs, ids, ws)
+        y = (recv_x.float() * 0.75).to(torch.bfloat16)
+        buf.combine(y, handle, out=out)
+        buf.check()
+        rows = [r for b, c in zip(handle.bases.tolist(), counts.tolist()) for r in range(b, b + c)]
+        results.append((recv_x[rows].view(torch.int16), recv_w[rows], counts.clone(), out.view(torch.int16).clone()))
+    torch.cuda.synchronize()
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def test_graph_replays_with_new_routings(comm, seed):
     world, me = comm.world_size, comm.rank
     experts = experts_of(comm)
