@@ -66,20 +66,26 @@ def routing(torch, a, tokens, rank, device):
     return x, idx.to(torch.int64), w.to(torch.float32)
 
 
-def nccl_path(torch, dist, a, x, idx, w):
-    """What a PyTorch user writes with torch.distributed (module docstring); returns [T, H]."""
+def sorted_pairs(torch, dist, a, idx):
+    """The user's first steps: the (token, expert) pairs sorted by expert, counted per rank on
+    the GPU, the counts exchanged and read on the host. Returns the order of the pairs, their
+    tokens and experts, and the rows sent to and received from each rank."""
     world = dist.get_world_size()
-    per_rank = a.experts // world
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)
     token = order // a.top_k
     expert = flat[order]
-    dest = expert // per_rank
-    send_counts = torch.zeros(world, dtype=torch.int64, device=x.device).scatter_add_(0, dest, torch.ones_like(dest))
+    dest = expert // (a.experts // world)
+    send_counts = torch.zeros(world, dtype=torch.int64, device=idx.device).scatter_add_(0, dest, torch.ones_like(dest))
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts)
     splits = torch.cat([send_counts, recv_counts]).tolist()  # the host waits here
-    ins, outs = splits[:world], splits[world:]
+    return order, token, expert, splits[:world], splits[world:]
+
+
+def nccl_path(torch, dist, a, x, idx, w):
+    """What a PyTorch user writes with torch.distributed (module docstring); returns [T, H]."""
+    order, token, expert, ins, outs = sorted_pairs(torch, dist, a, idx)
     send = x[token]
     recv = torch.empty((sum(outs), a.hidden), dtype=x.dtype, device=x.device)
     dist.all_to_all_single(recv, send, outs, ins)
@@ -113,18 +119,7 @@ def dequantise_128(torch, q, scale):
 def nccl_path_fp8(torch, dist, a, q, scale, idx, w, cache):
     """`nccl_path` with e4m3 rows and their scales there and bf16 rows back. The experts (not
     timed) are dequantisation, computed on the first call and kept in `cache`."""
-    world = dist.get_world_size()
-    per_rank = a.experts // world
-    flat = idx.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    token = order // a.top_k
-    expert = flat[order]
-    dest = expert // per_rank
-    send_counts = torch.zeros(world, dtype=torch.int64, device=q.device).scatter_add_(0, dest, torch.ones_like(dest))
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts)
-    splits = torch.cat([send_counts, recv_counts]).tolist()  # the host waits here
-    ins, outs = splits[:world], splits[world:]
+    order, token, expert, ins, outs = sorted_pairs(torch, dist, a, idx)
     n = sum(outs)
     recv_q = torch.empty((n, a.hidden), dtype=torch.uint8, device=q.device)
     dist.all_to_all_single(recv_q, q.view(torch.uint8)[token], outs, ins)

@@ -156,13 +156,19 @@ fn point(
     cx.host_barrier()?;
     // The same dispatch + combine captured once in a CUDA graph and replayed (decode's way:
     // no launch cost on the host per kernel).
-    let dispatch = |out_x: &mut CudaSlice<bf16>,
-                    out_w: &mut CudaSlice<f32>,
-                    counts: &mut CudaSlice<i64>|
+    let dispatch_on = |layer: &devcomm::Moe,
+                       out_x: &mut CudaSlice<bf16>,
+                       out_w: &mut CudaSlice<f32>,
+                       counts: &mut CudaSlice<i64>|
      -> Result<(), String> {
-        moe.dispatch(&cx.comm, &x, &idx, &w, out_x, out_w, counts, s)
+        layer
+            .dispatch(&cx.comm, &x, &idx, &w, out_x, out_w, counts, s)
             .map_err(|e| e.to_string())
     };
+    let dispatch =
+        |out_x: &mut CudaSlice<bf16>, out_w: &mut CudaSlice<f32>, counts: &mut CudaSlice<i64>| {
+            dispatch_on(moe, out_x, out_w, counts)
+        };
     let graph = cx.capture(|| -> Result<(), String> {
         dispatch(&mut out_x, &mut out_w, &mut counts)?;
         moe.combine(&cx.comm, &out_x, &mut out, s)
@@ -195,17 +201,7 @@ fn point(
             .map_err(|e| e.to_string()),
         5 => graph.launch().map_err(|e| e.to_string()),
         _ => {
-            held.dispatch(
-                &cx.comm,
-                &x,
-                &idx,
-                &w,
-                &mut out_x,
-                &mut out_w,
-                &mut counts,
-                s,
-            )
-            .map_err(|e| e.to_string())?;
+            dispatch_on(held, &mut out_x, &mut out_w, &mut counts)?;
             held.combine(&cx.comm, &out_x, &mut out, s)
                 .map_err(|e| e.to_string())
         }
