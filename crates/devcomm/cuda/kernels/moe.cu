@@ -1006,7 +1006,7 @@ __device__ __forceinline__ void combine_pack(MoeArgs args) {
 
 // Two builds of one kernel. Unbounded it takes about 95 registers, so two blocks fit an SM;
 // the lean build is held to 64 (four blocks an SM, a little spilled), for calls whose
-// blocks then fit the GPU at once (`MoePlan::combine_pack_kernel`): a 128-token call on 4
+// blocks then fit the GPU at once (`moe::combine_pack_kernel`): a 128-token call on 4
 // ranks ran 448 blocks in two waves. Larger calls stride anyway and pay for the spills.
 template <class T>
 __global__ void __launch_bounds__(kThreads) moe_combine_pack(MoeArgs args) {

@@ -72,7 +72,7 @@ pub struct Moe {
     rank: usize,
     sm_count: u32,
     /// The most blocks of any launch of this layer's kernels: 8 a SM, or the SM budget
-    /// ([`Moe::with_sm_budget`]).
+    /// ([`Moe::set_sm_budget`]).
     max_blocks: u32,
     /// The packed rows to send and those received.
     send: DeviceBuffer,
@@ -287,7 +287,7 @@ impl Moe {
         Ok(())
     }
 
-    /// The most blocks a launch of this layer takes ([`Moe::with_sm_budget`]).
+    /// The most blocks a launch of this layer takes ([`Moe::set_sm_budget`]).
     pub fn sm_budget(&self) -> usize {
         self.max_blocks as usize
     }
