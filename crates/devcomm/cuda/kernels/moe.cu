@@ -788,6 +788,35 @@ __device__ __forceinline__ void unpack_done(const MoeArgs& a, dc_u64 n_call) {
   if (a.direct) advance(a, kArriveDispatch, kDispatches, n_call);
 }
 
+// The FP8 unpack kernels' walk over this dispatch's received rows, a warp per (row, part), a
+// row in `parts_of_row(a)` parts: for each row that goes to local experts here,
+// `part_of(a, i, part, n, out, dsts)` writes the part into the row's n copies (output rows
+// `out`, at `dsts`), then part 0 writes the row's weights. Nothing is written when the output
+// is too small (unpack_fits); the launch's end advances the dispatch count on the direct path.
+template <class Parts, class PartOf>
+__device__ __forceinline__ void unpack_rows(const MoeArgs& args, Parts parts_of_row, PartOf part_of) {
+  __shared__ dc_u64 base[kMaxLocalExperts + 1];
+  __shared__ dc_u64 prefix[kMaxWorld + 1];
+  const dc_u64 n_call = this_dispatch(args);
+  const MoeArgs a = received_view(args, n_call, prefix);
+  const dc_u64 rows = unpack_fits(a, base) ? received(a) : 0;
+  const dc_u32 parts = parts_of_row(a);
+  for (dc_u64 item = global_warp(); item < rows * parts; item += warp_count()) {
+    const dc_u64 i = item / parts;
+    const dc_u32 part = (dc_u32)(item % parts);
+    dc_u64 out[32];
+    char* dsts[32];
+    const dc_u32 n = row_destinations(a, i, base, out, dsts);
+    if (n == 0) continue;  // a direct row that only carries other ranks' ids
+    part_of(a, i, part, n, out, dsts);
+    if (part == 0) unpack_finish(a, i, base);
+  }
+  unpack_done(a, n_call);
+}
+
+// Rows as they are: unpack_rows's walk written out (this kernel is the dispatch's measured hot
+// path, docs/PERFORMANCE.md, and through unpack_rows it compiles to other code; the FP8
+// kernels compile to the same code either way).
 template <class T>
 __global__ void moe_unpack(MoeArgs args) {
   __shared__ dc_u64 base[kMaxLocalExperts + 1];
@@ -816,37 +845,25 @@ __global__ void moe_unpack(MoeArgs args) {
 // copy (the row read once), a warp per part of a row.
 template <class T>
 __global__ void moe_unpack_dequant(MoeArgs args) {
-  __shared__ dc_u64 base[kMaxLocalExperts + 1];
-  __shared__ dc_u64 prefix[kMaxWorld + 1];
-  const dc_u64 n_call = this_dispatch(args);
-  const MoeArgs a = received_view(args, n_call, prefix);
-  const dc_u64 rows = unpack_fits(a, base) ? received(a) : 0;
-  const dc_u32 chunks = a.hidden / kChunk, per_scale = a.scale_block / kChunk;
-  const dc_u32 parts = (chunks + kPartChunks - 1) / kPartChunks;
-  for (dc_u64 item = global_warp(); item < rows * parts; item += warp_count()) {
-    const dc_u64 i = item / parts;
-    const dc_u32 part = (dc_u32)(item % parts);
-    dc_u64 out[32];
-    char* dsts[32];
-    const dc_u32 n = row_destinations(a, i, base, out, dsts);
-    if (n == 0) continue;
-    const char* row = recv_row(a, i);
-    const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
-    const dc_u32 last = min((part + 1) * kPartChunks, chunks);
-    for (dc_u32 c = part * kPartChunks + lane_id(); c < last; c += 32) {
-      const uint2 q = reinterpret_cast<const uint2*>(row)[c];
-      const float s = scales[c / per_scale];
-      float v[kChunk];
+  unpack_rows(
+      args, [](const MoeArgs& a) { return (a.hidden / kChunk + kPartChunks - 1) / kPartChunks; },
+      [](const MoeArgs& a, dc_u64 i, dc_u32 part, dc_u32 n, const dc_u64*, char* const* dsts) {
+        const dc_u32 chunks = a.hidden / kChunk, per_scale = a.scale_block / kChunk;
+        const char* row = recv_row(a, i);
+        const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
+        const dc_u32 last = min((part + 1) * kPartChunks, chunks);
+        for (dc_u32 c = part * kPartChunks + lane_id(); c < last; c += 32) {
+          const uint2 q = reinterpret_cast<const uint2*>(row)[c];
+          const float s = scales[c / per_scale];
+          float v[kChunk];
 #pragma unroll
-      for (int e = 0; e < (int)kChunk; ++e) {
-        const unsigned word = e < 4 ? q.x : q.y;
-        v[e] = __fmul_rn(devcomm::fp8::e4m3_to_f32((unsigned char)(word >> (8 * (e % 4)))), s);
-      }
-      for (dc_u32 d = 0; d < n; ++d) store_chunk<T>(dsts[d], c, v);
-    }
-    if (part == 0) unpack_finish(a, i, base);
-  }
-  unpack_done(a, n_call);
+          for (int e = 0; e < (int)kChunk; ++e) {
+            const unsigned word = e < 4 ? q.x : q.y;
+            v[e] = __fmul_rn(devcomm::fp8::e4m3_to_f32((unsigned char)(word >> (8 * (e % 4)))), s);
+          }
+          for (dc_u32 d = 0; d < n; ++d) store_chunk<T>(dsts[d], c, v);
+        }
+      });
 }
 
 // FP8 rows kept as FP8: the codes into out_x (hidden bytes a row), the scales into out_scales
@@ -854,31 +871,19 @@ __global__ void moe_unpack_dequant(MoeArgs args) {
 // also the scales).
 template <class T>
 __global__ void moe_unpack_fp8(MoeArgs args) {
-  __shared__ dc_u64 base[kMaxLocalExperts + 1];
-  __shared__ dc_u64 prefix[kMaxWorld + 1];
-  const dc_u64 n_call = this_dispatch(args);
-  const MoeArgs a = received_view(args, n_call, prefix);
-  const dc_u64 rows = unpack_fits(a, base) ? received(a) : 0;
-  const dc_u32 units = a.hidden / 16, parts = parts_of(units);
-  for (dc_u64 item = global_warp(); item < rows * parts; item += warp_count()) {
-    const dc_u64 i = item / parts;
-    const dc_u32 part = (dc_u32)(item % parts);
-    dc_u64 out[32];
-    char* dsts[32];
-    const dc_u32 n = row_destinations(a, i, base, out, dsts);
-    if (n == 0) continue;
-    const char* row = recv_row(a, i);
-    warp_copy_to(dsts, n, row, part * kPartUnits, part_end(part, units));
-    if (part != 0) continue;
-    const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
-    float* out_scales = reinterpret_cast<float*>(a.out_scales);
-    for (dc_u32 p = lane_id(); p < n * a.scales; p += 32) {
-      const dc_u32 d = p / a.scales, b = p % a.scales;
-      out_scales[out[d] * a.scales + b] = scales[b];
-    }
-    unpack_finish(a, i, base);
-  }
-  unpack_done(a, n_call);
+  unpack_rows(
+      args, [](const MoeArgs& a) { return parts_of(a.hidden / 16); },
+      [](const MoeArgs& a, dc_u64 i, dc_u32 part, dc_u32 n, const dc_u64* out, char* const* dsts) {
+        const char* row = recv_row(a, i);
+        warp_copy_to(dsts, n, row, part * kPartUnits, part_end(part, a.hidden / 16));
+        if (part != 0) return;
+        const float* scales = reinterpret_cast<const float*>(row + a.scales_off);
+        float* out_scales = reinterpret_cast<float*>(a.out_scales);
+        for (dc_u32 p = lane_id(); p < n * a.scales; p += 32) {
+          const dc_u32 d = p / a.scales, b = p % a.scales;
+          out_scales[out[d] * a.scales + b] = scales[b];
+        }
+      });
 }
 
 // Whether this rank's dispatch output overflowed: it wrote nothing, and its experts'
