@@ -24,6 +24,7 @@ macro_rules! embed {
 /// The include name is what kernels write in `#include "..."`.
 pub const HEADERS: &[(&str, &str)] = &[
     embed!("handles.cuh"),
+    embed!("call_word.cuh"),
     embed!("ordering.cuh"),
     embed!("trace.cuh"),
     embed!("group.cuh"),

@@ -157,9 +157,10 @@ fn copy_engine_constants_equal_the_kernels() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The call descriptor of `devcomm/p2p.cuh` (agreement of a send/recv call's two sides): what
-/// it packs, which call a ring word belongs to, and which field a mismatch names, computed by
-/// the kernels' own functions compiled for the host.
+/// The call word of `devcomm/call_word.cuh`, the one encoding of every family's call agreement
+/// (send/recv, zero-copy, collectives, barriers; the reductions' fields are checked by
+/// tests/reduce_loops.rs): what it packs, which call a ring word belongs to, and which field a
+/// mismatch names, computed by the kernels' own functions compiled for the host.
 #[test]
 fn call_descriptor_packs_and_decides() {
     let src = r#"#include <cstdio>
@@ -167,33 +168,43 @@ fn call_descriptor_packs_and_decides() {
 #include "devcomm/p2p.cuh"
 using namespace devcomm;
 static void show(const char* what, unsigned long long v) { std::printf("%s %llu\n", what, v); }
+// 0 when (kind, bytes) of call `call` agrees with word d in the payload bits of `mask`, else the
+// field a mismatch names (agree.cuh, AgreeRecv::look).
+static dc_u32 differs(dc_u64 d, dc_u32 kind, dc_u64 bytes, dc_u64 mask = kPayloadMask) {
+  return call_differs(call_word(0, kind, bytes), d, mask);
+}
 int main() {
-  const dc_u64 d = agree_pack(5, kKindSendRecv, 1048581);
-  show("bytes", agree_bytes(d));
-  show("kind", agree_kind(d));
-  show("is5", agree_is_call(d, 5));
-  show("is1", agree_is_call(d, 1));
-  show("is9", agree_is_call(d, 9));
-  show("same", agree_differs(d, kKindSendRecv, 1048581));
-  show("smaller", agree_differs(d, kKindSendRecv, 524291));
-  show("zc", agree_differs(d, kKindZeroCopy, 1048581));
-  const dc_u64 w = agree_pack((1ull << 22) + 3, kKindZeroCopy, 7);
-  show("wrap3", agree_is_call(w, 3));
-  show("wrapfull", agree_is_call(w, (1ull << 22) + 3));
-  show("wrapkind", agree_kind(w));
-  show("max", agree_bytes(agree_pack(1, kKindSendRecv, kAgBytesMask)) == kAgBytesMask);
-  show("empty1", agree_is_call(0, 1));
+  const dc_u64 d = call_word(5, kKindSendRecv, 1048581);
+  show("bytes", field_value(d, kFieldP2PBytes));
+  show("kind", call_kind(d));
+  show("is5", call_word_is(d, 5));
+  show("is1", call_word_is(d, 1));
+  show("is9", call_word_is(d, 9));
+  show("same", differs(d, kKindSendRecv, 1048581));
+  show("smaller", differs(d, kKindSendRecv, 524291));
+  show("zc", differs(d, kKindZeroCopy, 1048581));
+  const dc_u64 w = call_word((1ull << 13) + 3, kKindZeroCopy, 7);
+  show("wrap3", call_word_is(w, 3));
+  show("wrapfull", call_word_is(w, (1ull << 13) + 3));
+  show("wrapkind", call_kind(w));
+  show("max", field_value(call_word(1, kKindSendRecv, kP2PBytesMask), kFieldP2PBytes) == kP2PBytesMask);
+  show("empty1", call_word_is(0, 1));
   show("ring", kAgDesc + kAgRing <= kCeWords);
+  // A stale ring word holds the call kAgRing before (or none): never the same number.
+  show("stale", call_word_is(call_word(9000 - kAgRing, kKindSendRecv, 8), 9000));
   // A collective: operation above the wire bytes; all-to-all-v compares the operation only.
-  const dc_u64 c = agree_pack(9, kKindCollective, agree_coll(1, 4096));
-  show("coll_same", agree_differs(c, kKindCollective, agree_coll(1, 4096)));
-  show("coll_op", agree_differs(c, kKindCollective, agree_coll(3, 4096)));
-  show("coll_bytes", agree_differs(c, kKindCollective, agree_coll(1, 8192)));
-  show("coll_op_only", agree_differs(c, kKindCollective, agree_coll(1, 0), kAgCollOpMask));
-  show("coll_vs_p2p", agree_differs(c, kKindSendRecv, 4096));
-  show("value_op", agree_value(kAgFieldCollOp, kKindCollective, agree_coll(3, 4096)));
-  show("value_bytes", agree_value(kAgFieldCollBytes, kKindCollective, agree_coll(3, 4096)));
-  show("zc_unsized", agree_differs(agree_pack(2, kKindZeroCopy, 64), kKindZeroCopy, 128, 0));
+  const dc_u64 c = call_word(9, kKindCollective, coll_payload(1, 4096));
+  show("coll_same", differs(c, kKindCollective, coll_payload(1, 4096)));
+  show("coll_op", differs(c, kKindCollective, coll_payload(3, 4096)));
+  show("coll_bytes", differs(c, kKindCollective, coll_payload(1, 8192)));
+  show("coll_op_only", differs(c, kKindCollective, coll_payload(1, 0), kCollOpMask));
+  show("coll_vs_p2p", differs(c, kKindSendRecv, 4096));
+  show("value_op", field_value(coll_payload(3, 4096), kFieldCollOp));
+  show("value_bytes", field_value(coll_payload(3, 4096), kFieldCollBytes));
+  show("zc_unsized", differs(call_word(2, kKindZeroCopy, 64), kKindZeroCopy, 128, 0));
+  show("vs_reduction", differs(call_word(2, kKindReduction, 64), kKindBarrier, 0));
+  show("net_codes", kFieldKind == 1 && kFieldP2PBytes == 2 && kFieldCollOp == 3 &&
+                        kFieldCollBytes == 4 && kFieldNetCall == 5);
   return 0;
 }
 "#;
@@ -205,11 +216,11 @@ int main() {
     assert!(output.status.success());
     let stdout = String::from_utf8(output.stdout).unwrap();
     let expect = "bytes 1048581\nkind 0\nis5 1\nis1 0\nis9 0\nsame 0\nsmaller 2\nzc 1\n\
-                  wrap3 1\nwrapfull 1\nwrapkind 1\nmax 1\nempty1 0\nring 1\n\
+                  wrap3 1\nwrapfull 1\nwrapkind 1\nmax 1\nempty1 0\nring 1\nstale 0\n\
                   coll_same 0\ncoll_op 3\ncoll_bytes 4\ncoll_op_only 0\ncoll_vs_p2p 1\n\
-                  value_op 3\nvalue_bytes 4096\nzc_unsized 0\n";
+                  value_op 3\nvalue_bytes 4096\nzc_unsized 0\nvs_reduction 1\nnet_codes 1\n";
     assert_eq!(stdout, expect);
-    // The host's largest message is the descriptor's.
+    // The host's largest message is the call word's.
     assert_eq!(devcomm::abi::AGREE_MAX_BYTES, (1u64 << 40) - 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }

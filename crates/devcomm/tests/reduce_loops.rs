@@ -4,7 +4,7 @@
 //! read and written by one thread). For every size up to 300 elements, aligned and misaligned
 //! buffers, groups of 1, 3 and 32 threads and 1 to 4 ranks: the results equal a plain
 //! reduction in rank order, element by element, and nothing outside the destination is
-//! touched. Also the call agreement's descriptor (packing, the field a difference names) and
+//! touched. Also the reductions' call word (packing, the field a difference names) and
 //! its ring's signal slots (`kSlotKinds`, equal to `devcomm::reduce::plan::SLOT_KINDS`).
 //! Needs `c++` (or `$CXX`).
 
@@ -90,43 +90,54 @@ bool check_reduce(const char* name) {
   return true;
 }
 
-// The call agreement's descriptor (reduce.cuh, "Call agreement"): each field packs, decodes
-// and is the one named when it alone differs; the ring's and the zero-copy calls' slots fit the
-// window's kinds (the last kind's last slot is the window's last).
+// The call agreement's word of a reduction (call_word.cuh, kind kKindReduction): each field
+// packs, decodes and is the one named when it alone differs; the ring's and the zero-copy
+// calls' slots fit the window's kinds (the last kind's last slot is the window's last).
+static dc_u64 word(dc_u32 mode, dc_u32 dtype, dc_u32 op, dc_u32 hooked, dc_u64 bytes,
+                   dc_u32 zc = 0, dc_u64 call = 5) {
+  return call_word(call, kKindReduction, reduce_payload(mode, dtype, op, hooked, bytes, zc));
+}
+
 bool check_desc() {
-  const dc_u64 base = call_desc(kAllReduce, 2, kSum, 0, 4096);
+  const dc_u64 base = word(kAllReduce, 2, kSum, 0, 4096);
   struct { dc_u64 other; dc_u32 field; dc_u64 mine, theirs; } cases[] = {
-      {call_desc(kAllGather, 2, kNoReduceOp, 0, 4096), kFieldMode, kAllReduce, kAllGather},
-      {call_desc(kAllReduce, 0, kSum, 0, 4096), kFieldDtype, 2, 0},
-      {call_desc(kAllReduce, 2, kMax, 0, 4096), kFieldOp, kSum, kMax},
-      {call_desc(kAllReduce, 2, kSum, 1, 4096), kFieldHooked, 0, 1},
-      {call_desc(kAllReduce, 2, kSum, 0, 4097), kFieldBytes, 4096, 4097},
-      {call_desc(kAllReduce, 2, kSum, 0, 4096, 1), kFieldZeroCopy, 0, 1},
-      {call_desc(kAllReduce, 2, kSum, 0, (1ull << 38) + 4096), 0, 0, 0},  // bytes: 38 bits
+      {word(kAllGather, 2, kNoReduceOp, 0, 4096), kFieldMode, kAllReduce, kAllGather},
+      {word(kAllReduce, 0, kSum, 0, 4096), kFieldDtype, 2, 0},
+      {word(kAllReduce, 2, kMax, 0, 4096), kFieldOp, kSum, kMax},
+      {word(kAllReduce, 2, kSum, 1, 4096), kFieldHooked, 0, 1},
+      {word(kAllReduce, 2, kSum, 0, 4097), kFieldBytes, 4096, 4097},
+      {word(kAllReduce, 2, kSum, 0, 4096, 1), kFieldZeroCopy, 0, 1},
+      {word(kAllReduce, 2, kSum, 0, (1ull << 38) + 4096), 0, 0, 0},  // bytes: 38 bits
+      {call_word(5, kKindReduceLayout, 4096), kFieldKind, kKindReduction, kKindReduceLayout},
   };
-  if (desc_differs(base, base) != 0) return false;
+  if (call_differs(base, base) != 0) return false;
   // A refused call's type (7, REFUSED_DTYPE in reduce/launch.rs) packs whole and is no type's.
-  const dc_u64 refused = call_desc(kAllReduce, kRefusedDtype, kSum, 0, 4096);
-  if (kRefusedDtype != 7 || desc_field(refused, kFieldDtype) != 7 ||
-      desc_differs(base, refused) != kFieldDtype) {
-    std::printf("FAIL refused descriptor\n");
+  const dc_u64 refused = word(kAllReduce, kRefusedDtype, kSum, 0, 4096);
+  if (kRefusedDtype != 7 || field_value(refused, kFieldDtype) != 7 ||
+      call_differs(base, refused) != kFieldDtype) {
+    std::printf("FAIL refused word\n");
     return false;
   }
   for (const auto& c : cases) {
-    const dc_u32 f = desc_differs(base, c.other);
+    const dc_u32 f = call_differs(base, c.other);
     if (f != c.field) {
-      std::printf("FAIL desc field %u, expected %u\n", f, c.field);
+      std::printf("FAIL word field %u, expected %u\n", f, c.field);
       return false;
     }
-    if (f != 0 && (desc_field(base, f) != c.mine || desc_field(c.other, f) != c.theirs)) {
-      std::printf("FAIL desc values of field %u\n", f);
+    if (f != 0 && (field_value(base, f) != c.mine || field_value(c.other, f) != c.theirs)) {
+      std::printf("FAIL word values of field %u\n", f);
       return false;
     }
   }
-  // The word: the call's low 16 bits above the descriptor, which it leaves whole.
-  const dc_u64 w = agree_word(5, base);
-  if (!agree_is_call(w, 5) || agree_is_call(w, 3) || !agree_is_call(agree_word(65536 + 5, base), 5) ||
-      desc_differs(base, w) != 0 || desc_field(w, kFieldBytes) != 4096) {
+  // The call number: its low 13 bits above the kind, leaving the payload whole; a zero-copy
+  // call's layout word (48 bits) names the layout when it differs.
+  const dc_u64 wrapped = word(kAllReduce, 2, kSum, 0, 4096, 0, 8192 + 5);
+  const dc_u64 l1 = call_word(5, kKindReduceLayout, 0xfedcba987654ull);
+  const dc_u64 l2 = call_word(5, kKindReduceLayout, 0xfedcba987655ull);
+  if (!call_word_is(base, 5) || call_word_is(base, 3) || !call_word_is(wrapped, 5) ||
+      call_differs(base, wrapped) != 0 || field_value(base, kFieldBytes) != 4096 ||
+      call_kind(base) != kKindReduction || call_differs(l1, l1) != 0 ||
+      call_differs(l1, l2) != kFieldLayout || field_value(l2, kFieldLayout) != 0xfedcba987655ull) {
     std::printf("FAIL agree word\n");
     return false;
   }

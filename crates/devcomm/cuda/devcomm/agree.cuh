@@ -3,7 +3,8 @@
 //
 // Every route (LL, LL128, staged push or pull, copy engine, negotiated, zero-copy) starts the
 // same way. The sender's lead thread numbers the call (CALL_S + 1 for this peer) and stores
-// its DESCRIPTOR, pack(call, kind, bytes), into the receiver's pad, in ring word call % kAgRing.
+// its call word (call_word.cuh: call_word(call, kind, bytes)) into the receiver's pad, in ring
+// word call % kAgRing.
 // Every receiving thread or warp that is about to write the destination (or to let a copy
 // stream write it) first waits for the descriptor of its own call number (CALL_R + 1) and
 // compares kind and size with its own call. A difference is recorded as kOpCallMismatch
@@ -35,7 +36,7 @@
 namespace devcomm {
 namespace p2p {
 
-// Words, descriptor layout and the pure decisions are in devcomm/p2p.cuh (kAg*, agree_*).
+// Words are in devcomm/p2p.cuh (kAg*), the word's encoding in devcomm/call_word.cuh.
 // The agreement is always on: what it costs an 8 B call, and which part, was measured with
 // build switches since removed (docs/PERFORMANCE.md, "Call agreement").
 
@@ -43,11 +44,10 @@ namespace p2p {
 
 // Records a mismatch found by this rank (the receiver) against `peer`: field, this side's value
 // (expected) and the peer's (seen); raises abort, since the routes' counters now disagree.
-__device__ inline void agree_record(const P2PLaunch& a, int peer, dc_u32 field, dc_u64 d,
-                                    dc_u32 kind, dc_u64 bytes) {
+__device__ inline void agree_record(const P2PLaunch& a, int peer, dc_u32 field, dc_u64 mine,
+                                    dc_u64 theirs) {
   record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, peer, field},
-                      agree_value(field, kind, bytes),
-                      agree_value(field, agree_kind(d), agree_bytes(d)), 0);
+                      field_value(mine, field), field_value(theirs, field), 0);
 }
 
 // A sender's call number and credit, loaded early (agree_send_begin) so that the loads overlap
@@ -96,7 +96,7 @@ __device__ inline bool agree_send_finish(const P2PLaunch& a, int peer, const Agr
       return false;
     }
   }
-  st_relaxed_sys(s.ring + s.call % kAgRing, agree_pack(s.call, kind, bytes));
+  st_relaxed_sys(s.ring + s.call % kAgRing, call_word(s.call, kind, bytes));
   s.own[kAgCallS] = s.call;
   return true;
 }
@@ -128,17 +128,19 @@ struct AgreeRecv {
   dc_u64 call;
   dc_u64 bytes;
   dc_u64 mask;  // payload bits compared: all for send/recv, none for zero-copy (which compares
-                // its sizes itself), the operation only for all-to-all-v (counts come later)
+                // its sizes itself), the operation only for all-to-all-v (counts come later:
+                // kCollOpMask)
   dc_u32 kind;
   int peer;
   bool agreed;
 
   // Looks at one loaded descriptor value: false on a mismatch (recorded when `record`).
   __device__ __forceinline__ bool look(const P2PLaunch& a, dc_u64 d, bool record = true) {
-    if (agreed || !agree_is_call(d, call)) return true;
-    const dc_u32 field = agree_differs(d, kind, bytes, mask);
+    if (agreed || !call_word_is(d, call)) return true;
+    const dc_u64 mine = call_word(call, kind, bytes);
+    const dc_u32 field = call_differs(mine, d, mask);
     if (field != 0) {
-      if (record) agree_record(a, peer, field, d, kind, bytes);
+      if (record) agree_record(a, peer, field, mine, d);
       return false;
     }
     agreed = true;
@@ -148,7 +150,7 @@ struct AgreeRecv {
 
 __device__ __forceinline__ AgreeRecv agree_recv(const P2PLaunch& a, int peer, dc_u64 call,
                                                 dc_u32 kind, dc_u64 bytes) {
-  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kAgBytesMask, kind, peer, false};
+  return AgreeRecv{agree_desc(a, peer, call), call, bytes, kPayloadMask, kind, peer, false};
 }
 
 // No check at all (a role whose caller checked already).
@@ -166,7 +168,7 @@ __device__ inline bool agree_recv_wait(const P2PLaunch& a, AgreeRecv& ag) {
     if (!ag.look(a, d)) return false;
     if (ag.agreed) return true;
     const dc_u64 slot = p2p_ce_word(a, ag.peer, kAgDesc + ag.call % kAgRing);
-    if (!clock.tick(a, err, ag.peer, slot, ag.call, d >> kAgCallShift)) return false;
+    if (!clock.tick(a, err, ag.peer, slot, ag.call, call_number(d))) return false;
     if (clock.polls > kSpinPolls) __nanosleep(kMaxSleepNs);
   }
 }

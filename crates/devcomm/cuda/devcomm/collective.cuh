@@ -78,9 +78,9 @@ DC_HOST_DEVICE inline dc_u32 nvl_op(const CollLaunch& a) { return a.op & 15u; }
 // so that an f32 and an i32 reduction of one size are told apart between NVLink peers too.
 DC_HOST_DEVICE inline dc_u64 coll_agree_payload(const CollLaunch& a, dc_u64 wire) {
   const dc_u32 op = nvl_op(a);
-  if (op < 4) return agree_coll(op, wire);
+  if (op < 4) return coll_payload(op, wire);
   const dc_u64 tag = ((a.op >> 8) & 7u) | (((a.op >> 12) & 1u) << 3);
-  return agree_coll(op, (tag << 32) | (wire & 0xffffffffull));
+  return coll_payload(op, (tag << 32) | (wire & 0xffffffffull));
 }
 
 static_assert(sizeof(CollLaunch) == 1008, "CollLaunch size");
@@ -520,7 +520,7 @@ __device__ void net_recv_role(const CollLaunch& a, int peer, dc_u64 seq) {
       if (!recv_range<THREADS>(a, peer, seq, rows, first, total, overflow)) return false;
       const dc_u64 wire = Shape<H>::wire_bytes(rows * a.row_len);
       if (wire != got.bytes) {  // another row length on the sender
-        if (threadIdx.x == 0) net_refuse(a.net, peer, kNetFieldWire, wire, got.bytes);
+        if (threadIdx.x == 0) net_refuse(a.net, peer, kFieldCollBytes, wire, got.bytes);
         return false;
       }
     }
@@ -592,8 +592,8 @@ __device__ void recv_role(const CollLaunch& a, int peer, dc_u32 b, dc_u64 seq) {
   if (a.mode == kModeDeviceCounts) {
     __shared__ int agreed;
     if (threadIdx.x == 0) {
-      p2p::AgreeRecv ag = p2p::agree_recv(a.p, peer, call, kKindCollective, agree_coll(op, 0));
-      ag.mask = kAgCollOpMask;
+      p2p::AgreeRecv ag = p2p::agree_recv(a.p, peer, call, kKindCollective, coll_payload(op, 0));
+      ag.mask = kCollOpMask;
       agreed = p2p::agree_recv_wait(a.p, ag);
     }
     __syncthreads();

@@ -27,6 +27,7 @@
 // that its receiver checks what the call is and, for all-to-all-v, learns the count.
 #pragma once
 
+#include "devcomm/call_word.cuh"
 #include "devcomm/copy.cuh"
 #include "devcomm/group.cuh"
 #include "devcomm/net.cuh"
@@ -39,12 +40,7 @@ constexpr dc_u32 kNetChannelData = 0;
 constexpr dc_u32 kNetChannelCredit = 1;
 constexpr dc_u64 kNetRefused = 1ull << 63;
 constexpr dc_u64 kNetHeaderBytes = 64;
-// Call-mismatch fields (src/cuda/error_record.rs, call_mismatch_field).
-constexpr dc_u32 kNetFieldKind = 1;
-constexpr dc_u32 kNetFieldBytes = 2;
-constexpr dc_u32 kNetFieldOp = 3;
-constexpr dc_u32 kNetFieldWire = 4;
-constexpr dc_u32 kNetFieldCall = 5;
+// A mismatch names the fields of the header by the call word's codes (call_word.cuh, kField*).
 
 struct NetChunkHeader {
   dc_u32 kind;         // @0  kNetChunkKind or kNetCollKind
@@ -128,10 +124,10 @@ __device__ __forceinline__ dc_u64 net_kind_value(dc_u32 kind) {
 __device__ __forceinline__ dc_u64 net_field_value(const NetCallDesc& d, dc_u64 call,
                                                   dc_u32 field) {
   switch (field) {
-    case kNetFieldKind: return net_kind_value(d.kind);
-    case kNetFieldOp: return d.op;
-    case kNetFieldBytes:
-    case kNetFieldWire: return d.bytes;
+    case kFieldKind: return net_kind_value(d.kind);
+    case kFieldCollOp: return d.op;
+    case kFieldP2PBytes:
+    case kFieldCollBytes: return d.bytes;
     default: return call;
   }
 }
@@ -164,19 +160,19 @@ __device__ inline dc_u32 net_header_differs(const volatile NetChunkHeader* h,
   const dc_u32 kind = h->kind;
   if (kind != e.kind || h->chunk != chunk) {
     remote = net_kind_value(kind);
-    return kNetFieldKind;
+    return kFieldKind;
   }
   if (h->op != e.op) {
     remote = h->op;
-    return kNetFieldOp;
+    return kFieldCollOp;
   }
   if (!any_size && h->bytes != e.bytes) {
     remote = h->bytes;
-    return e.kind == kNetCollKind ? kNetFieldWire : kNetFieldBytes;
+    return e.kind == kNetCollKind ? kFieldCollBytes : kFieldP2PBytes;
   }
   if (h->call != call) {
     remote = h->call;
-    return kNetFieldCall;
+    return kFieldNetCall;
   }
   return 0;
 }

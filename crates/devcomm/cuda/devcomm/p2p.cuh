@@ -4,6 +4,7 @@
 // tests/layout.rs).
 #pragma once
 
+#include "devcomm/call_word.cuh"
 #include "devcomm/handles.cuh"
 
 namespace devcomm {
@@ -184,58 +185,9 @@ constexpr dc_u32 kAgCallS = 54, kAgCallR = 55, kAgOutR = 56, kAgAck = 57, kAgDes
 constexpr dc_u32 kAgRing = 6;
 static_assert(kAgDesc + kAgRing <= kCeWords, "agreement words fit the peer's block");
 
-// What a call is (descriptor `kind`): the staged routes' send/recv (any protocol the size
-// picks), a zero-copy call (send_registered / recv_registered), a collective, Comm::barrier.
-constexpr dc_u32 kKindSendRecv = 0, kKindZeroCopy = 1, kKindCollective = 2, kKindBarrier = 3;
-
-// Descriptor layout: call number (low 22 bits) << 42 | kind << 40 | bytes (< 2^40).
-constexpr dc_u32 kAgBytesBits = 40, kAgKindShift = 40, kAgCallShift = 42;
-constexpr dc_u64 kAgBytesMask = (1ull << kAgBytesBits) - 1;
-constexpr dc_u64 kAgCallMask = (1ull << (64 - kAgCallShift)) - 1;
-
-// Fields a mismatch names (the error record's `slot`; src/cuda/error_state.rs decodes them).
-constexpr dc_u32 kAgFieldKind = 1, kAgFieldBytes = 2, kAgFieldCollOp = 3, kAgFieldCollBytes = 4;
-
-// A collective's payload (kind kKindCollective): its operation (the CollMode + 1 of
-// collective.cuh) above the wire bytes between the two ranks (low 36 bits).
-constexpr dc_u32 kAgCollOpShift = 36;
-constexpr dc_u64 kAgCollBytesMask = (1ull << kAgCollOpShift) - 1;
-constexpr dc_u64 kAgCollOpMask = kAgBytesMask & ~kAgCollBytesMask;
-DC_HOST_DEVICE inline dc_u64 agree_coll(dc_u32 op, dc_u64 wire_bytes) {
-  return ((dc_u64)op << kAgCollOpShift) | (wire_bytes & kAgCollBytesMask);
-}
-
-DC_HOST_DEVICE inline dc_u64 agree_pack(dc_u64 call, dc_u32 kind, dc_u64 bytes) {
-  return ((call & kAgCallMask) << kAgCallShift) | ((dc_u64)(kind & 3u) << kAgKindShift) |
-         (bytes & kAgBytesMask);
-}
-DC_HOST_DEVICE inline dc_u32 agree_kind(dc_u64 d) { return (dc_u32)((d >> kAgKindShift) & 3u); }
-DC_HOST_DEVICE inline dc_u64 agree_bytes(dc_u64 d) { return d & kAgBytesMask; }
-// Whether descriptor `d` is the one of call `call` (calls are numbered from 1; a stale word
-// holds call - kAgRing or less, never the same low bits).
-DC_HOST_DEVICE inline bool agree_is_call(dc_u64 d, dc_u64 call) {
-  return (d >> kAgCallShift) == (call & kAgCallMask);
-}
-// 0 when descriptor `d` describes the same call as (kind, bytes) in the payload bits of `mask`,
-// else the field that differs (a collective's operation before its size).
-DC_HOST_DEVICE inline dc_u32 agree_differs(dc_u64 d, dc_u32 kind, dc_u64 bytes,
-                                           dc_u64 mask = kAgBytesMask) {
-  if (agree_kind(d) != kind) return kAgFieldKind;
-  const dc_u64 diff = (agree_bytes(d) ^ bytes) & mask;
-  if (diff == 0) return 0;
-  if (kind != kKindCollective) return kAgFieldBytes;
-  return (diff & kAgCollOpMask) ? kAgFieldCollOp : kAgFieldCollBytes;
-}
-// The values a mismatch of `field` names: this side's (from `kind`, `bytes`) or the peer's
-// (from its descriptor `d`).
-DC_HOST_DEVICE inline dc_u64 agree_value(dc_u32 field, dc_u32 kind, dc_u64 bytes) {
-  switch (field) {
-    case kAgFieldKind: return kind;
-    case kAgFieldCollOp: return bytes >> kAgCollOpShift;
-    case kAgFieldCollBytes: return bytes & kAgCollBytesMask;
-    default: return bytes;
-  }
-}
+// The word a sender stores into the receiver's ring is the call word of call_word.cuh (kind
+// kKindSendRecv, kKindZeroCopy, kKindCollective or kKindBarrier; payload the bytes, or a
+// collective's operation and wire bytes).
 
 // Zero-copy send/recv into a registered destination (docs/PROTOCOL.md, "Zero-copy"). The
 // receiver posts a descriptor of where the message may land (registration, offset, bytes) and

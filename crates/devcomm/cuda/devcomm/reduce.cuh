@@ -9,6 +9,7 @@
 // result does not depend on the algorithm, the block count or the message size.
 #pragma once
 
+#include "devcomm/call_word.cuh"
 #include "devcomm/handles.cuh"
 #include "devcomm/ordering.cuh"
 #include "devcomm/group.cuh"
@@ -115,8 +116,8 @@ constexpr dc_u32 kThreads = 512;
 //   kDone    [rank p][block i]: p's block i finished reading every window for round seq
 //   kAgree0, kAgree1 [rank p][block b]: the call agreement's ring of two words that p's
 //            block b announced (below)
-//   kZcLayout [rank p][block b]: p's block b entered zero-copy call c: the call's number
-//            (16 bits) and its layout word (agree_word(c, layout)); one slot is enough, as
+//   kZcLayout [rank p][block b]: p's block b entered zero-copy call c: its call word of kind
+//            kKindReduceLayout (call_word.cuh), the layout as payload; one slot is enough, as
 //            for the agreement: p writes call c + 1's word only after its call c ended, which
 //            needed this rank's block b to have read call c's word
 //   kZcDone  [rank p][block b]: p's block b is done with every rank's buffers in zero-copy
@@ -137,76 +138,31 @@ DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 bloc
 // ---- Call agreement ------------------------------------------------------------------------
 //
 // Every reduction call tells each peer what it is before anything is written (docs/PROTOCOL.md,
-// "Agreement", reductions): at its start each block b stores one word into every peer's pad,
-// ring entry call % 2 of (p = this rank, block b): the call's number (low 16 bits) and its
-// DESCRIPTOR. The calls are numbered per block (counters[2 kMaxBlocks + b], the same in every
-// block), whichever algorithm runs, so a one-shot call against a two-shot one still meets. A
-// thread about to write the output first polls each peer's entry until it carries its own call
-// number and compares the descriptors; a difference is recorded as kOpCallMismatch with the
-// field and both values (the error record's slot is the field), and the communicator is
-// aborted: nothing is written into the output. One relaxed 8-byte store, single-copy atomic,
-// and no fence: the word carries everything the check needs (a release store at system scope
-// waits for the thread's earlier NVLink stores, about 3 us on 2 H100s, docs/PERFORMANCE.md).
+// "Agreement", reductions): at its start each block b stores its call word (call_word.cuh, kind
+// kKindReduction: the collective, element type, operator, hook, zero-copy and the bytes of the
+// whole buffer) into every peer's pad, ring entry call % 2 of (p = this rank, block b). The calls
+// are numbered per block (counters[2 kMaxBlocks + b], the same in every block), whichever
+// algorithm runs, so a one-shot call against a two-shot one still meets. A thread about to
+// write the output first polls each peer's entry until it carries its own call number and
+// compares the words; a difference is recorded as kOpCallMismatch with the field and both
+// values (the error record's slot is the field), and the communicator is aborted: nothing is
+// written into the output. One relaxed 8-byte store, single-copy atomic, and no fence: the word
+// carries everything the check needs (a release store at system scope waits for the thread's
+// earlier NVLink stores, about 3 us on 2 H100s, docs/PERFORMANCE.md).
 //
 // A ring of two is enough: a rank can start call c + 2 only after its call c + 1 ended, which
 // needed every peer to have started call c + 1 (every algorithm reads each peer's data of the
 // call), hence to have ended call c and read its entry. An entry holds call c - 2 or call c,
-// whose low 16 bits differ.
+// whose low 13 bits differ.
 //
-// Word: call (16 bits) << 48 | mode (2) << 46 | dtype (3) << 43 | op (3) << 40 | hooked (1) <<
-// 39 | zero-copy (1) << 38 | the bytes of the whole buffer (38 bits: compared modulo 256 GiB).
 // All-gather has no operator: op 7. A zero-copy call's ranks compare their layouts too
-// (kZcLayout), after the descriptors.
-constexpr dc_u32 kDescBytesBits = 38;
+// (kZcLayout, kind kKindReduceLayout), after the words.
 constexpr dc_u32 kNoReduceOp = 7;
 // The element type of a refused call (no type has it): a rank that refused its buffers in a
 // layout another rank may accept (that rank's in-place shard) still takes part with this in
 // its word, so that every rank's agreement fails before any output is written (its own too:
 // agree_compare fails on its own refused word, whatever the peers announce).
 constexpr dc_u32 kRefusedDtype = 7;
-// Fields of a mismatch (error_record.rs, call_mismatch_field, names them).
-constexpr dc_u32 kFieldMode = 6, kFieldDtype = 7, kFieldOp = 8, kFieldHooked = 9, kFieldBytes = 10,
-                 kFieldZeroCopy = 11, kFieldLayout = 12;
-
-// The descriptor (the word without its call number).
-DC_HOST_DEVICE inline dc_u64 call_desc(dc_u32 mode, dc_u32 dtype, dc_u32 op, dc_u32 hooked,
-                                       dc_u64 bytes, dc_u32 zero_copy = 0) {
-  return ((dc_u64)(mode & 3u) << 46) | ((dc_u64)(dtype & 7u) << 43) | ((dc_u64)(op & 7u) << 40) |
-         ((dc_u64)(hooked & 1u) << 39) | ((dc_u64)(zero_copy & 1u) << 38) |
-         (bytes & ((1ull << kDescBytesBits) - 1));
-}
-
-// The announced word of call `call` with descriptor d.
-DC_HOST_DEVICE inline dc_u64 agree_word(dc_u64 call, dc_u64 d) {
-  return ((call & 0xffffu) << 48) | (d & ((1ull << 48) - 1));
-}
-
-// Whether word w announces call `call`.
-DC_HOST_DEVICE inline bool agree_is_call(dc_u64 w, dc_u64 call) {
-  return (w >> 48) == (call & 0xffffu);
-}
-
-// The value of `field` in descriptor (or word) d.
-DC_HOST_DEVICE inline dc_u64 desc_field(dc_u64 d, dc_u32 field) {
-  switch (field) {
-    case kFieldMode: return (d >> 46) & 3u;
-    case kFieldDtype: return (d >> 43) & 7u;
-    case kFieldOp: return (d >> 40) & 7u;
-    case kFieldHooked: return (d >> 39) & 1u;
-    case kFieldZeroCopy: return (d >> 38) & 1u;
-    default: return d & ((1ull << kDescBytesBits) - 1);
-  }
-}
-
-// The first field in which two descriptors differ, 0 when they are equal.
-DC_HOST_DEVICE inline dc_u32 desc_differs(dc_u64 mine, dc_u64 theirs) {
-  const dc_u32 fields[] = {kFieldMode, kFieldDtype, kFieldOp, kFieldHooked, kFieldZeroCopy,
-                           kFieldBytes};
-  for (dc_u32 f : fields) {
-    if (desc_field(mine, f) != desc_field(theirs, f)) return f;
-  }
-  return 0;
-}
 
 // Ring entry of `call`.
 DC_HOST_DEVICE inline Slot agree_slot_kind(dc_u64 call) { return (call & 1) ? kAgree1 : kAgree0; }
@@ -325,16 +281,17 @@ __device__ __forceinline__ bool wait_slot(const DeviceWindow& w, dc_u64 slot, dc
 // This block's call: its number (the same in every block) and descriptor.
 struct Agree {
   dc_u64 call;
-  dc_u64 desc;
+  dc_u64 word;
 };
 
 __device__ __forceinline__ Agree agree_begin(const ReduceLaunch& a, dc_u32 b, dc_u64 elem_bytes,
                                              bool hooked) {
   const dc_u64* counters = reinterpret_cast<const dc_u64*>(a.counters);
   const dc_u32 op = a.mode == kAllGather ? kNoReduceOp : a.op;
-  return Agree{counters[2 * kMaxBlocks + b] + 1,
-               call_desc(a.mode, a.dtype, op, hooked ? 1u : 0u, a.total * elem_bytes,
-                         a.zc != kStaged ? 1u : 0u)};
+  const dc_u64 call = counters[2 * kMaxBlocks + b] + 1;
+  return Agree{call, call_word(call, kKindReduction,
+                               reduce_payload(a.mode, a.dtype, op, hooked ? 1u : 0u,
+                                              a.total * elem_bytes, a.zc != kStaged ? 1u : 0u))};
 }
 
 // Thread p of the block announces the call to peer p: one relaxed store of its word. (No
@@ -346,7 +303,7 @@ __device__ __forceinline__ void agree_announce(const G& g, const ReduceLaunch& a
                                                const Agree& ag) {
   const int world = a.w.world_size, me = a.w.rank;
   const dc_u64 slot = slot_of(agree_slot_kind(ag.call), world, me, b);
-  const dc_u64 word = agree_word(ag.call, ag.desc);
+  const dc_u64 word = ag.word;
   for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
     if ((int)p != me) st_relaxed_sys(peer_user_slot(a.w, (int)p, slot), word);
   }
@@ -358,14 +315,14 @@ __device__ __forceinline__ const volatile dc_u64* agree_entry(const ReduceLaunch
   return own_user_slot(a.w, slot_of(agree_slot_kind(ag.call), a.w.world_size, p, b));
 }
 
-// Compares peer p's word of this call with this side's descriptor: false on a mismatch
+// Compares peer p's word of this call with this side's: false on a mismatch
 // (recorded as kOpCallMismatch: the field, this side's value, the peer's).
 __device__ inline bool agree_compare(const ReduceLaunch& a, const Agree& ag, int p, dc_u64 w) {
-  const bool refused = desc_field(ag.desc, kFieldDtype) == kRefusedDtype;
-  const dc_u32 field = refused ? kFieldDtype : desc_differs(ag.desc, w);
+  const bool refused = field_value(ag.word, kFieldDtype) == kRefusedDtype;
+  const dc_u32 field = refused ? kFieldDtype : call_differs(ag.word, w);
   if (field == 0) return true;
   record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, p, field},
-                      desc_field(ag.desc, field), desc_field(w, field), 0);
+                      field_value(ag.word, field), field_value(w, field), 0);
   return false;
 }
 
@@ -376,7 +333,7 @@ __device__ inline bool poll_call_word(const ReduceLaunch& a, const volatile dc_u
   DeviceErrorState* err = error_state(a.w);
   dc_u64 start = 0, next_abort = 0;
   w = *entry;
-  for (dc_u32 polls = 1; !agree_is_call(w, call); ++polls) {
+  for (dc_u32 polls = 1; !call_word_is(w, call); ++polls) {
     if (polls % kAbortCheckPolls == 0) {
       const dc_u64 now = globaltimer_ns();
       if (start == 0) {
@@ -388,8 +345,8 @@ __device__ inline bool poll_call_word(const ReduceLaunch& a, const volatile dc_u
         next_abort = now + kAbortCheckNs;
       }
       if (now - start >= a.w.timeout_ns) {
-        record_wait_failure(err, a.w.rank, WaitSite{kOpWaitSignal, p, slot}, call & 0xffffu,
-                            w >> 48, now - start);
+        record_wait_failure(err, a.w.rank, WaitSite{kOpWaitSignal, p, slot},
+                            call & kCallNumberMask, call_number(w), now - start);
         return false;
       }
     }
@@ -413,10 +370,10 @@ __device__ inline bool layout_check(const ReduceLaunch& a, dc_u32 b, const Agree
   const dc_u64 slot = slot_of(kZcLayout, a.w.world_size, p, b);
   dc_u64 w = 0;
   if (!poll_call_word(a, own_user_slot(a.w, slot), slot, ag.call, p, w)) return false;
-  const dc_u64 mask = (1ull << 48) - 1;
-  if ((w & mask) == (a.layout & mask)) return true;
+  const dc_u64 mine = call_word(ag.call, kKindReduceLayout, a.layout);
+  if (call_differs(mine, w) == 0) return true;
   record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, p, kFieldLayout},
-                      a.layout & mask, w & mask, 0);
+                      field_value(mine, kFieldLayout), field_value(w, kFieldLayout), 0);
   return false;
 }
 

@@ -769,7 +769,7 @@ template <class G>
 __device__ __forceinline__ bool zc_enter(const G& g, const ReduceLaunch& a, dc_u32 b,
                                          const Agree& ag) {
   const int world = a.w.world_size, me = a.w.rank;
-  const dc_u64 word = agree_word(ag.call, a.layout);
+  const dc_u64 word = call_word(ag.call, kKindReduceLayout, a.layout);
   for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
     if ((int)p != me) st_relaxed_sys(peer_user_slot(a.w, (int)p, slot_of(kZcLayout, world, me, b)), word);
   }

@@ -75,7 +75,7 @@ pub fn layout() -> Vec<(&'static str, &'static str, usize, usize)> {
 }
 
 /// Largest message a send/recv call can describe to its peer: the byte count travels in 40
-/// bits of the call's descriptor (`cuda/devcomm/agree.cuh`, `kAgBytesMask`), 1 TiB - 1.
+/// bits of the call word (`cuda/devcomm/call_word.cuh`, `kP2PBytesMask`), 1 TiB - 1.
 pub const AGREE_MAX_BYTES: u64 = (1 << 40) - 1;
 
 /// Refuses a message too large for the call's descriptor (`op` names the call).

@@ -84,14 +84,15 @@ pub(crate) fn record_to_error(record: &ErrorRecord) -> Error {
     }
 }
 
-/// The call and field a call-agreement record names by its `slot`
-/// (`cuda/devcomm/agree.cuh`, `kAgField*`; collectives, `kCollField*` in `collective.cuh`;
-/// reductions, `kField*` in `reduce.cuh`).
+/// The call and field a call-agreement record names by its `slot`: the field codes of the
+/// call word (`cuda/devcomm/call_word.cuh`, `kField*`), and 5, the network send/recv's call
+/// number (`net_p2p.cuh`).
 pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
     match slot {
         1 => (
             "a call",
-            "the kind of call (0: send/recv, 1: zero-copy send/recv, 2: collective, 3: barrier)",
+            "the kind of call (0: send/recv, 1: zero-copy send/recv, 2: collective, 3: barrier, \
+             4: reduction, 5: a reduction's layout)",
         ),
         2 => ("send/recv", "the size in bytes"),
         3 => (
