@@ -75,6 +75,9 @@ __device__ __forceinline__ dc_u64 launch_token() {
 }
 
 // Records a failed wait (only the first failure of the process is kept) and raises abort.
+// `op` is written last: a thread that loses the claim raises abort at once, so the host may see
+// abort and the claimed flag before the winner's fields; it takes a record as complete only
+// once its op is set (src/cuda/error_state/mod.rs, evaluate).
 __device__ inline void record_wait_failure(DeviceErrorState* err, dc_i32 rank, WaitSite site,
                                            dc_u64 expected, dc_u64 seen, dc_u64 elapsed_ns) {
   if (err == nullptr) return;
@@ -84,15 +87,15 @@ __device__ inline void record_wait_failure(DeviceErrorState* err, dc_i32 rank, W
   // both at the same instant could mix the two records: docs/NETWORK.md, "Failures").
   if (atomicCAS(&err->record.flag, 0u, 1u) == 0u) {
     volatile ErrorRecord* rec = &err->record;
-    rec->op = site.op;
     rec->rank = rank;
     rec->peer = site.peer;
     rec->slot = site.slot;
     rec->expected = expected;
     rec->seen = seen;
     rec->elapsed_ns = elapsed_ns;
-    // The record must be complete in host memory before the host can see `abort`; the host
-    // reads the record only after it sees abort != 0.
+    __threadfence_system();
+    rec->op = site.op;
+    // The record must be complete in host memory before this thread raises `abort`.
     __threadfence_system();
   }
   *reinterpret_cast<volatile dc_u32*>(&err->abort) = 1u;

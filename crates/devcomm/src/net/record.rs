@@ -56,10 +56,23 @@ impl ErrorSink {
             .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            let rec = ErrorRecord { flag: 1, ..record };
+            // `op` last, as the kernels write it: the readers take a record whose op is still
+            // 0 as one being written (error_state::evaluate).
+            let rec = ErrorRecord {
+                flag: 1,
+                op: 0,
+                ..record
+            };
             // SAFETY: this thread claimed the record; volatile because the device may read
             // it behind the compiler's back. `flag` is rewritten with the value it has.
-            unsafe { std::ptr::write_volatile(std::ptr::addr_of_mut!((*self.state).record), rec) };
+            unsafe {
+                std::ptr::write_volatile(std::ptr::addr_of_mut!((*self.state).record), rec);
+                fence(Ordering::SeqCst);
+                std::ptr::write_volatile(
+                    std::ptr::addr_of_mut!((*self.state).record.op),
+                    record.op,
+                );
+            }
             fence(Ordering::SeqCst);
         }
         self.abort_word().store(1, Ordering::Release);
@@ -89,8 +102,9 @@ impl ErrorSink {
         }
         // A writer raises abort after the record; give one that is between the two a moment.
         for _ in 0..1000 {
-            if self.read().record.flag != 0 {
-                return Err(to_error(&self.read().record));
+            let record = self.read().record;
+            if record.flag != 0 && record.op != 0 {
+                return Err(to_error(&record));
             }
             std::thread::yield_now();
         }

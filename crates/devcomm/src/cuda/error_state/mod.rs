@@ -246,13 +246,16 @@ pub(crate) enum Verdict {
     Failed(Box<Error>),
 }
 
-/// Classifies a snapshot (pure; the heart of [`ErrorState::check`]). Kernels claim the record
-/// with a CAS on `flag`, fill it in, then raise `abort`; so a record is complete once both are
-/// set. `abort` without a record is final only when the host raised it.
+/// Classifies a snapshot (pure; the heart of [`ErrorState::check`]). Writers claim the record
+/// with a CAS on `flag`, fill it in with `op` last, then raise `abort`; a writer that lost the
+/// claim raises `abort` at once, while the winner may still be writing. So a record is complete
+/// once `flag` and `op` are set. `abort` without a record is final only when the host raised
+/// it.
 pub(crate) fn evaluate(state: &DeviceErrorState, rank: usize, host_raised: bool) -> Verdict {
+    let written = state.record.op != 0;
     match (state.abort != 0, state.record.flag != 0) {
         (false, false) => Verdict::Clear,
-        (true, true) => Verdict::Failed(Box::new(record_to_error(&state.record))),
+        (true, true) if written => Verdict::Failed(Box::new(record_to_error(&state.record))),
         (true, false) if host_raised => Verdict::Failed(Box::new(host_abort(rank))),
         // A count error raises no abort; its writer stores `op` last, so the op marks it whole.
         (false, true)
@@ -263,7 +266,7 @@ pub(crate) fn evaluate(state: &DeviceErrorState, rank: usize, host_raised: bool)
         {
             Verdict::Failed(Box::new(record_to_error(&state.record)))
         }
-        (false, true) | (true, false) => Verdict::Pending,
+        (_, true) | (true, false) => Verdict::Pending,
     }
 }
 
@@ -280,7 +283,12 @@ pub(crate) fn soft_pending(state: &DeviceErrorState) -> bool {
 /// Resolves a snapshot that stayed [`Verdict::Pending`]: a claimed record is reported as it
 /// is; an abort without a record is reported as such.
 fn settle(state: &DeviceErrorState, rank: usize) -> Result<()> {
-    if state.record.flag != 0 {
+    if state.record.flag != 0 && state.record.op == 0 {
+        Err(Error::Aborted {
+            rank: rank_i32(rank),
+            reason: "a failure was being recorded and its record stayed incomplete".to_owned(),
+        })
+    } else if state.record.flag != 0 {
         Err(record_to_error(&state.record))
     } else if state.abort != 0 {
         Err(Error::Aborted {

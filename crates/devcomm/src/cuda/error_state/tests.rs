@@ -249,6 +249,27 @@ fn evaluate_covers_every_state() {
         Verdict::Failed(e) if matches!(*e, Error::PeerTimeout { peer: 1, .. })
     ));
 
+    // A thread that lost the claim raised abort while the winner still writes its fields: the
+    // record (op still 0) is not taken, whoever raised abort.
+    let half_written = DeviceErrorState {
+        abort: 1,
+        reserved: 0,
+        record: ErrorRecord {
+            flag: 1,
+            ..ErrorRecord::default()
+        },
+        mirror: 0,
+    };
+    assert!(matches!(
+        evaluate(&half_written, 0, false),
+        Verdict::Pending
+    ));
+    assert!(matches!(evaluate(&half_written, 0, true), Verdict::Pending));
+    assert!(matches!(
+        settle(&half_written, 4),
+        Err(Error::Aborted { rank: 4, .. })
+    ));
+
     let aborted = DeviceErrorState {
         abort: 1,
         ..DeviceErrorState::default()
