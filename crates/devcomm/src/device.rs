@@ -62,3 +62,20 @@ pub fn header(include_name: &str) -> Option<&'static str> {
         .find(|(name, _)| *name == include_name)
         .map(|(_, text)| *text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HEADERS;
+
+    /// Headers hold device functions; kernels live in `cuda/kernels/` (docs/ARCHITECTURE.md,
+    /// "Kernels at run time").
+    #[test]
+    fn no_header_defines_a_kernel() {
+        for (name, text) in HEADERS {
+            assert!(
+                !text.contains("__global__"),
+                "{name} defines a kernel: move it into cuda/kernels/"
+            );
+        }
+    }
+}

@@ -11,6 +11,9 @@ use super::THREADS;
 use crate::error::{Error, Result};
 use crate::jit::KernelSpec;
 
+/// The collective kernel's source (`cuda/kernels/collective.cu`), appended to the hooks'.
+const KERNEL_SOURCE: &str = include_str!("../../cuda/kernels/collective.cu");
+
 /// A pair of hooks, `produce(ctx) -> tile` and `consume(ctx, tile)`, given as CUDA C++ source
 /// (see `cuda/devcomm/hooks.cuh` for the contract and the `Ctx` struct). The JIT compiles the
 /// source into the collective kernel; a compile error comes back as [`Error::Compile`] with
@@ -234,7 +237,7 @@ impl RawHooks {
     }
 
     /// The kernel spec: the collective header, the user's source, checks of the element sizes,
-    /// and both instantiations for NVLink peers (uniform and mixed peer tuning); `net`: also
+    /// the kernel (`cuda/kernels/collective.cu`), and both instantiations for NVLink peers (uniform and mixed peer tuning); `net`: also
     /// the instantiation for network peers (docs/NETWORK.md; only a communicator with network
     /// links compiles it, since it adds half again to the compile time). Without the
     /// configuration's options: `crate::kernels::kernel_spec` adds `DEVCOMM_COLL_OPTIONS`.
@@ -244,8 +247,9 @@ impl RawHooks {
              static_assert(sizeof({name}::In) == {i}, \"the hooks' In type is not the size of the \
              send buffer's elements ({i} bytes)\");\n\
              static_assert(sizeof({name}::Out) == {o}, \"the hooks' Out type is not the size of the \
-             receive buffer's elements ({o} bytes)\");\n",
+             receive buffer's elements ({o} bytes)\");\n#line 1 \"collective.cu\"\n{kernel}",
             src = self.source,
+            kernel = KERNEL_SOURCE,
             name = self.name,
             i = self.in_size,
             o = self.out_size,
