@@ -33,8 +33,10 @@ for w in $what; do
     info)
       step info $bin launch -n "$n" -- $bin info
       step info-override env DEVCOMM_TOPOLOGY_OVERRIDE="0-1=net,2-*=shm" $bin launch -n "$n" -- $bin info ;;
-    selftest) step selftest $bin launch -n "$n" -- $bin selftest ;;
-    selftest2) step selftest-2 $bin launch -n 2 -- $bin selftest ;;
+    # The self-test at the default setup timeout: its cold-compile checks compile every module
+    # on one rank while the others wait, which takes longer than the 30 s set above.
+    selftest) step selftest env DEVCOMM_SETUP_TIMEOUT_MS=120000 $bin launch -n "$n" -- $bin selftest ;;
+    selftest2) step selftest-2 env DEVCOMM_SETUP_TIMEOUT_MS=120000 $bin launch -n 2 -- $bin selftest ;;
     coll) step selftest-coll $bin launch -n "$n" -- $bin selftest --only a2a ;;
     coll-mixed)
       mixed="0-1=nvl-as-net"; [ "$n" -ge 4 ] && mixed="0-1=nvl-as-net,0-3=nvl-as-net,2-3=nvl-as-net"
