@@ -34,9 +34,9 @@
 #          net-coll-mixed@N                the same with the links of net-mixed@N
 #          net-moe@N, net-moe-mixed@N      the `moe` group over the links of net-coll@N and
 #                                          net-coll-mixed@N
-#          net-red@N                       the `reduce` group, `reduce_mismatch`, `comm_barrier` and
-#                                          `sendrecv_ring_gather` with every link forced to the
-#                                          network
+#          net-red@N                       `reduce_mismatch`, `comm_barrier` and
+#                                          `sendrecv_ring_gather`, then the `reduce` group (two
+#                                          steps), with every link forced to the network
 #          net-red-mixed@N                 the same with the links of net-mixed@N
 #          net-kill@N                      kill@N with every link forced to the network
 #          net-gpu-mem                     the probe of GPU memory registered with UCX and put over
@@ -80,6 +80,9 @@ net_mixed() { # the lower and upper half of N ranks joined by network links, NVL
   done
   echo "$spec"
 }
+# The reduce group's checks by name (`--only reduce` would also match `reduce_mismatch`).
+reduce_group=reduce_sizes,reduce_large,reduce_args,reduce_rmsnorm,reduce_accumulate,reduce_pool
+reduce_group+=,reduce_graph,reduce_back_to_back
 net_selftest() { # step name, forced links, --only: the self-test on $n ranks over those links
   step "$1" env "${net_env[@]}" DEVCOMM_TOPOLOGY_OVERRIDE="$2" \
     scripts/shared-gpu.sh "$n" dist/devcomm selftest --only "$3"
@@ -149,10 +152,13 @@ for w in "$@"; do
     net-moe@*) n=${w#net-moe@}; net_selftest "net-moe-$n-ranks" "$(net_all "$n")" moe ;;
     net-moe-mixed@*) n=${w#net-moe-mixed@}
       net_selftest "net-moe-mixed-$n-ranks" "$(net_mixed "$n")" moe ;;
-    net-red@*) n=${w#net-red@}
-      net_selftest "net-red-$n-ranks" "$(net_all "$n")" reduce,comm_barrier,sendrecv_ring_gather ;;
-    net-red-mixed@*) n=${w#net-red-mixed@}
-      net_selftest "net-red-mixed-$n-ranks" "$(net_mixed "$n")" reduce,comm_barrier,sendrecv_ring_gather ;;
+    net-red@* | net-red-mixed@*)
+      # Two steps, each with its own limit: the mismatch and barrier checks first (quick), then
+      # the reduce group, whose back-to-back check alone can take most of a step's limit.
+      n=${w#*@}; links=$(net_all "$n"); name=net-red
+      case $w in net-red-mixed@*) links=$(net_mixed "$n"); name=net-red-mixed ;; esac
+      net_selftest "$name-mismatch-$n-ranks" "$links" reduce_mismatch,comm_barrier,sendrecv_ring_gather
+      net_selftest "$name-$n-ranks" "$links" "$reduce_group" ;;
     net-gpu-mem)
       step "net-gpu-memory-probe" env DEVCOMM_UCX_LIB="$PWD/dist/ucx/lib" \
         UCX_MODULE_DIR="$PWD/dist/ucx-cuda/lib/ucx" UCX_WARN_UNUSED_ENV_VARS=n DEVCOMM_REQUIRE_UCX=1 \
