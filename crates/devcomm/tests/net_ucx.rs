@@ -245,26 +245,6 @@ fn net_credits_and_stuck_proxy() {
 }
 
 #[test]
-fn net_proxy_drains_after_abort() {
-    if !ucx_available("net_proxy_drains_after_abort") {
-        return;
-    }
-    let sp = Spawn::local("drain", 2);
-    let outs = finish(vec![sp.rank(0), sp.rank(1)], Duration::from_secs(120));
-    assert!(
-        outs[1].contains("queued before rank 0's abort arrived after it")
-            && outs[1].contains("nothing queued after the drain arrived"),
-        "{}",
-        outs[1]
-    );
-    assert!(
-        outs[0].contains("aborted by a kernel's record"),
-        "{}",
-        outs[0]
-    );
-}
-
-#[test]
 fn net_peer_killed() {
     if !ucx_available("net_peer_killed") {
         return;

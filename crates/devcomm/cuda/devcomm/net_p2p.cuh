@@ -31,7 +31,6 @@
 #include "devcomm/copy.cuh"
 #include "devcomm/group.cuh"
 #include "devcomm/net.cuh"
-#include "devcomm/window.cuh"
 
 namespace devcomm {
 
@@ -228,22 +227,9 @@ __device__ inline bool net_take_chunk(const NetP2PLaunch& a, int peer, dc_u64 j,
 // receiver learns of the call); fill(g, payload, off, len) writes each chunk's payload into
 // the outbox slot. Counters [peer][0..2) (chunks sent, calls sent) advance once the receiver
 // took every chunk. False after a failure (recorded: the communicator is aborted).
-// A launch after a failed one sends nothing (as agree_send_finish announces nothing): after an
-// abort the proxy still forwards what its queues hold for a while (docs/NETWORK.md,
-// "Failures"), so that the failing launch's chunks tell its network peers what its call was;
-// a later launch's chunk would be taken for that launch's call. One load over the host mapping
-// (the mirror's address) and one of the mirror, per call.
-__device__ __forceinline__ bool net_failed_before(const NetP2PLaunch& a) {
-  const DeviceErrorState* err = reinterpret_cast<const DeviceErrorState*>(a.q.error_state);
-  if (err == nullptr) return false;
-  const dc_u64 token = mirror_value(*reinterpret_cast<const volatile dc_u64*>(&err->mirror));
-  return token != 0 && token != launch_token();
-}
-
 template <class G, class Fill>
 __device__ bool net_send_call(const G& g, const NetP2PLaunch& a, int peer, const NetCallDesc& d,
                               dc_u64 min_chunks, Fill fill) {
-  if (g.any(g.thread_rank() == 0 && net_failed_before(a))) return false;
   dc_u64* ctr = reinterpret_cast<dc_u64*>(a.counters) + 4ull * peer;
   const dc_u64 sent = ctr[0];
   const dc_u64 call = ctr[1] + 1;

@@ -9,13 +9,7 @@
 //!
 //! Failures (an error status, an endpoint error reported by UCX, an operation older than the
 //! operation timeout, a descriptor outside its registration) become the abort record
-//! (`record::op`). After an abort that a kernel recorded the proxy still performs what the
-//! queues hold for [`DRAIN_AFTER_ABORT`], then nothing more: a launch that failed against one
-//! peer has chunks for its other peers in the queues, whose headers tell those peers what its
-//! call was (they then name the mismatch instead of timing out). Producers enqueue nothing for
-//! a launch after the failing one (`net_failed_before` in `net_p2p.cuh` reads the abort mirror
-//! the failing launch set). After any other abort (raised by the host, or the proxy's own
-//! failure: no mirror is set) it performs nothing more at once.
+//! (`record::op`), after which the proxy issues nothing more.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -31,19 +25,6 @@ use crate::handles::ErrorRecord;
 
 /// Descriptors one queue may start per pass, so that no queue starves the others.
 const BURST: usize = 32;
-
-/// How long the proxy goes on after an abort (module docs).
-pub(crate) const DRAIN_AFTER_ABORT: Duration = Duration::from_millis(200);
-
-/// Whether the proxy performs operations now: before any abort, and for
-/// [`DRAIN_AFTER_ABORT`] after the first one it saw when it `drains` (the abort came with a
-/// kernel's record and no operation failed since) (pure).
-pub(crate) fn performs(aborted_since: Option<Instant>, drains: bool, now: Instant) -> bool {
-    match aborted_since {
-        None => true,
-        Some(t) => drains && now.duration_since(t) < DRAIN_AFTER_ABORT,
-    }
-}
 
 enum Then {
     /// Start the descriptor's signal.
@@ -91,26 +72,13 @@ pub(crate) fn run(shared: Arc<Shared>, queues: Vec<QueueRef>) {
         .collect();
     let mut sums = Sums::new();
     let mut spins = 0u32;
-    // When this proxy first saw the abort, and whether it drains its queues after it: only
-    // when a kernel recorded the failure (its launch set the abort mirror, so no later launch
-    // enqueues anything; a host-raised abort or the proxy's own failure sets no mirror), and
-    // until an operation fails.
-    let mut aborted_since: Option<Instant> = None;
-    let mut drains = false;
     while !shared.stop.load(Ordering::Acquire) {
         let busy = {
             let inner = shared.lock();
             let mut busy = inner.worker.progress() > 0;
-            if aborted_since.is_none() && shared.sink.aborted() {
-                aborted_since = Some(Instant::now());
-                drains = shared.sink.kernel_recorded();
-            }
-            let now = Instant::now();
-            if performs(aborted_since, drains, now) && !shared.paused.load(Ordering::Acquire) {
+            if !shared.sink.aborted() && !shared.paused.load(Ordering::Acquire) {
                 match pass(&shared, &inner, &mut sums, &mut states) {
                     Ok(b) => busy |= b,
-                    // After the abort a failure only ends the drain (the record is taken).
-                    Err(_) if aborted_since.is_some() => drains = false,
                     Err(f) => record(&shared, &f),
                 }
             }
@@ -417,17 +385,6 @@ mod tests {
         assert_eq!(signal_value(&mut sums, (2, 2, 8), SignalOp::Add, 5), 5);
         assert_eq!(signal_value(&mut sums, w, SignalOp::Set, 10), 10);
         assert_eq!(signal_value(&mut sums, w, SignalOp::Add, 1), 11);
-    }
-
-    #[test]
-    fn after_a_kernels_abort_the_proxy_drains_for_a_bounded_time_only() {
-        let t = Instant::now();
-        assert!(performs(None, false, t) && performs(None, true, t));
-        assert!(performs(Some(t), true, t));
-        assert!(performs(Some(t), true, t + DRAIN_AFTER_ABORT / 2));
-        assert!(!performs(Some(t), true, t + DRAIN_AFTER_ABORT));
-        // A host-raised abort, the proxy's own failure, or a failure during the drain.
-        assert!(!performs(Some(t), false, t));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The abort record as the network layer writes and reads it.
 //!
-//! The proxy (and the host stand-in for a device producer) report a failure as a device wait
-//! does (`cuda/devcomm/wait.cuh`, `record_wait_failure`): claim the record with a CAS on `flag`
-//! (2 where a kernel writes 1), fill it in with `op` last, fence, raise `abort`. So every wait of the communicator, on the
+//! The proxy (and the host stand-in for a device producer) report a failure exactly as a
+//! device wait does (`cuda/devcomm/wait.cuh`, `record_wait_failure`): claim the record with a
+//! CAS on `flag`, fill it in, fence, raise `abort`. So every wait of the communicator, on the
 //! device or the host, gives up at once, and the host call that checks the record returns an
 //! error naming the peer.
 
@@ -12,12 +12,6 @@ use crate::error::net::NetError;
 use crate::handles::{DeviceErrorState, ErrorRecord};
 
 pub(crate) use crate::error::net::{from_record as to_error, op, STATUS_TIMED_OUT};
-
-/// `flag` of a record a kernel claimed (`atomicCAS(flag, 0, 1)` in `wait.cuh`).
-pub(crate) const KERNEL_CLAIM: u32 = 1;
-/// `flag` of a record the host claimed (the proxy, a host producer); any non-zero `flag` marks
-/// the record taken.
-pub(crate) const HOST_CLAIM: u32 = 2;
 
 /// A writer and reader of one `DeviceErrorState` that lives elsewhere (host-mapped pinned
 /// memory owned by the communicator's `ErrorState`, or host memory in tests).
@@ -53,37 +47,19 @@ impl ErrorSink {
         self.abort_word().load(Ordering::Acquire) != 0
     }
 
-    /// Records a failure (the first one of the process wins) and raises abort, as the host
-    /// (the proxy, a host producer) does: the record's `flag` is [`HOST_CLAIM`].
+    /// Records a failure (the first one of the process wins) and raises abort.
     pub(crate) fn record(&self, record: ErrorRecord) {
-        self.write(record, HOST_CLAIM);
-    }
-
-    /// Records a failure as a kernel does (`record_wait_failure` in `wait.cuh`: `flag` 1, and
-    /// its launch sets the abort mirror, so that later launches send nothing), for host tests
-    /// that stand in for the device.
-    pub fn record_as_kernel(&self, record: ErrorRecord) {
-        self.write(record, KERNEL_CLAIM);
-    }
-
-    /// Whether the record was written by a kernel (module docs of `proxy.rs`: only then does
-    /// the proxy drain its queues after the abort).
-    pub(crate) fn kernel_recorded(&self) -> bool {
-        self.read().record.flag == KERNEL_CLAIM
-    }
-
-    fn write(&self, record: ErrorRecord, claim: u32) {
         // SAFETY: as in `abort_word`; `flag` is the record's first u32.
         let flag =
             unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.state).record.flag)) };
         if flag
-            .compare_exchange(0, claim, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
             // `op` last, as the kernels write it: the readers take a record whose op is still
             // 0 as one being written (error_state::evaluate).
             let rec = ErrorRecord {
-                flag: claim,
+                flag: 1,
                 op: 0,
                 ..record
             };

@@ -12,7 +12,6 @@ use devcomm::error::net::NetError;
 use devcomm::testing::net::{host, ErrorSink, NetConfig, NetTransport};
 use devcomm_bootstrap::{RankInfo, Store};
 
-mod drain;
 mod route;
 
 pub const ROLE: &str = "DEVCOMM_NET_ROLE";
@@ -165,7 +164,6 @@ pub fn run_role(role: &str, info: RankInfo) -> R {
     match role {
         "exchange" => exchange(info, rounds),
         "credits" => credits(info),
-        "drain" => drain::drain(info),
         "death" => death(info),
         "setup_failure" => setup_failure(info),
         "bad_descriptor" => bad_descriptor(info),
