@@ -134,9 +134,9 @@ impl std::fmt::Display for DeviceOp {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ErrorRecord {
-    /// 0 while empty, 1 once written.
+    /// 0 while empty, 1 once claimed.
     pub flag: u32,
-    /// [`DeviceOp`] code.
+    /// [`DeviceOp`] code, written last: 0 while the claimer writes the other fields.
     pub op: u32,
     /// Rank that waited.
     pub rank: i32,

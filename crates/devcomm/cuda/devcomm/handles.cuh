@@ -61,11 +61,12 @@ enum DeviceOp : dc_u32 {
   kOpUser = 100,         // waits issued by user code through the raw window ops
 };
 
-// The first failure a kernel of this process saw. Written once (flag 0 -> 1 by atomicCAS),
-// then `abort` is raised so every other wait of the process gives up at once.
+// The first failure a kernel of this process saw. Claimed once (flag 0 -> 1 by atomicCAS),
+// filled in with `op` last, then `abort` is raised so every other wait of the process gives up
+// at once. The host takes the record as complete once `op` is set (error_state::evaluate).
 struct ErrorRecord {
-  dc_u32 flag;        // @0  0 = empty, 1 = written
-  dc_u32 op;          // @4  DeviceOp
+  dc_u32 flag;        // @0  0 = empty, 1 = claimed
+  dc_u32 op;          // @4  DeviceOp (0 while the claimer writes the other fields)
   dc_i32 rank;        // @8  rank that waited
   dc_i32 peer;        // @12 peer whose signal never came (-1 if not peer-specific)
   dc_u64 slot;        // @16 signal slot index

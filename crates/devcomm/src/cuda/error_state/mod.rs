@@ -117,10 +117,17 @@ impl ErrorState {
         // offset 0 that nothing accesses non-atomically on the host.
         let abort = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.host).abort)) };
         let abort = abort.load(Ordering::Acquire);
+        // `op` before the other fields, with acquire: writers store it last, so a non-zero op
+        // read here means the fields read after it are the writer's (evaluate).
+        // SAFETY: as above; `op` is a u32 the host only reads.
+        let op = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.host).record.op)) }
+            .load(Ordering::Acquire);
         fence(Ordering::Acquire);
         // SAFETY: as above; a volatile read because the device writes the memory behind the
         // compiler's back. Any bit pattern is a valid `ErrorRecord`.
-        let record = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.host).record)) };
+        let mut record =
+            unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.host).record)) };
+        record.op = op;
         DeviceErrorState {
             abort,
             reserved: 0,
