@@ -171,22 +171,22 @@ static void show(const char* what, unsigned long long v) { std::printf("%s %llu\
 // 0 when (kind, bytes) of call `call` agrees with word d in the payload bits of `mask`, else the
 // field a mismatch names (agree.cuh, AgreeRecv::look).
 static dc_u32 differs(dc_u64 d, dc_u32 kind, dc_u64 bytes, dc_u64 mask = kPayloadMask) {
-  return call_differs(call_word(0, kind, bytes), d, mask);
+  return call_differs(kind, call_word(0, kind, bytes), d, mask);
 }
 int main() {
   const dc_u64 d = call_word(5, kKindSendRecv, 1048581);
   show("bytes", field_value(d, kFieldP2PBytes));
-  show("kind", call_kind(d));
+  show("kind", field_value(d, kFieldKind));
   show("is5", call_word_is(d, 5));
   show("is1", call_word_is(d, 1));
   show("is9", call_word_is(d, 9));
   show("same", differs(d, kKindSendRecv, 1048581));
   show("smaller", differs(d, kKindSendRecv, 524291));
   show("zc", differs(d, kKindZeroCopy, 1048581));
-  const dc_u64 w = call_word((1ull << 13) + 3, kKindZeroCopy, 7);
+  const dc_u64 w = call_word((1ull << 16) + 3, kKindZeroCopy, 7);
   show("wrap3", call_word_is(w, 3));
-  show("wrapfull", call_word_is(w, (1ull << 13) + 3));
-  show("wrapkind", call_kind(w));
+  show("wrapfull", call_word_is(w, (1ull << 16) + 3));
+  show("wrapkind", field_value(w, kFieldKind));
   show("max", field_value(call_word(1, kKindSendRecv, kP2PBytesMask), kFieldP2PBytes) == kP2PBytesMask);
   show("empty1", call_word_is(0, 1));
   show("ring", kAgDesc + kAgRing <= kCeWords);

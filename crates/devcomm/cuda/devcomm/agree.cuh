@@ -138,7 +138,7 @@ struct AgreeRecv {
   __device__ __forceinline__ bool look(const P2PLaunch& a, dc_u64 d, bool record = true) {
     if (agreed || !call_word_is(d, call)) return true;
     const dc_u64 mine = call_word(call, kind, bytes);
-    const dc_u32 field = call_differs(mine, d, mask);
+    const dc_u32 field = call_differs(kind, mine, d, mask);
     if (field != 0) {
       if (record) agree_record(a, peer, field, mine, d);
       return false;
@@ -168,7 +168,9 @@ __device__ inline bool agree_recv_wait(const P2PLaunch& a, AgreeRecv& ag) {
     if (!ag.look(a, d)) return false;
     if (ag.agreed) return true;
     const dc_u64 slot = p2p_ce_word(a, ag.peer, kAgDesc + ag.call % kAgRing);
-    if (!clock.tick(a, err, ag.peer, slot, ag.call, call_number(d))) return false;
+    if (!clock.tick(a, err, ag.peer, slot, ag.call & kCallNumberMask, call_number(d))) {
+      return false;
+    }
     if (clock.polls > kSpinPolls) __nanosleep(kMaxSleepNs);
   }
 }

@@ -5,22 +5,27 @@
 // a ring of words per pair of ranks (agree.cuh), the reductions through a word per (rank, block)
 // (reduce.cuh, "Call agreement"). The word is the same for all:
 //
-//   call number (low 13 bits) << 51 | kind (3 bits) << 48 | payload (48 bits)
+//   call number (low 16 bits) << 48 | payload (48 bits)
 //
-// The receiving side polls the word until it carries its own call number (a stale word holds
-// an earlier call of the same ring entry, at most 6 calls back, whose low 13 bits differ), then
-// compares it with the word of its own call, field by field. A field has a code, which a
-// mismatch record carries as its slot (src/cuda/error_record.rs, call_mismatch_field, names
-// it), a place and a width; the fields of a payload depend on the kind:
+// The receiving side polls the word until it carries its own call number, then compares it with
+// the word of its own call, field by field. A field has a code, which a mismatch record carries
+// as its slot (src/cuda/error_record.rs, call_mismatch_field, names it), a place and a width.
+// The payload's fields are those of the call's kind (CallKind): the send/recv family's kinds
+// (send/recv, zero-copy, collective, barrier) share one ring, so their payload carries the kind;
+// a reduction's slots hold reduction words only (its calls, or a zero-copy call's layout), so
+// theirs do not:
 //
-//   kind (code 1)                every word
-//   send/recv, zero-copy, barrier: bytes (2) @0, 40 bits (1 TiB - 1, the largest message)
-//   collective: operation (3) @36, 4 bits; the wire bytes with the peer (4) @0, 36 bits
+//   send/recv family: kind (code 1) @40, 2 bits; then
+//     send/recv, zero-copy, barrier: bytes (2) @0, 40 bits (1 TiB - 1, the largest message)
+//     collective: operation (3) @36, 4 bits; the wire bytes with the peer (4) @0, 36 bits
 //   reduction: mode (6) @46, 2 bits; element type (7) @43, 3; operator (8) @40, 3; hooked (9)
 //              @39, 1; zero-copy (11) @38, 1; the bytes of the whole buffer (10) @0, 38 bits
 //              (no GPU holds two buffers whose sizes differ by a multiple of 256 GiB)
 //   reduction layout (a zero-copy reduction's places of its pool buffers): layout (12) @0, 48
 //
+// 16 bits of call number: a send/recv ring entry holds the call 6 calls back (the sender runs at
+// most 5 calls ahead of the receiver's last started call); a reduction's entry holds the word of
+// the last call in which that block ran on that rank.
 // The network transport's chunk headers (net_p2p.cuh) carry the same fields in a struct, not a
 // word, and name a mismatch by the same codes; code 5 is their call number.
 
@@ -30,19 +35,22 @@
 
 namespace devcomm {
 
-constexpr dc_u32 kCallShift = 51, kCallKindShift = 48;
+constexpr dc_u32 kCallShift = 48;
 constexpr dc_u64 kCallNumberMask = (1ull << (64 - kCallShift)) - 1;
-constexpr dc_u64 kPayloadMask = (1ull << kCallKindShift) - 1;
+constexpr dc_u64 kPayloadMask = (1ull << kCallShift) - 1;
 
 // What a call is.
 enum CallKind : dc_u32 {
-  kKindSendRecv = 0,    // the staged routes' send/recv (any protocol the size picks)
-  kKindZeroCopy = 1,    // send_registered / recv_registered
-  kKindCollective = 2,  // the all-to-all(-v), hooked send/recv, a reduction's network steps
-  kKindBarrier = 3,     // Comm::barrier
-  kKindReduction = 4,   // all-reduce, reduce-scatter, all-gather (reduce.cuh)
-  kKindReduceLayout = 5 // a zero-copy reduction's layout word (reduce.cuh, kZcLayout)
+  kKindSendRecv = 0,     // the staged routes' send/recv (any protocol the size picks)
+  kKindZeroCopy = 1,     // send_registered / recv_registered
+  kKindCollective = 2,   // the all-to-all(-v), hooked send/recv, a reduction's network steps
+  kKindBarrier = 3,      // Comm::barrier
+  kKindReduction = 4,    // all-reduce, reduce-scatter, all-gather (reduce.cuh; not in the word)
+  kKindReduceLayout = 5  // a zero-copy reduction's layout word (reduce.cuh, kZcLayout; ditto)
 };
+
+// Whether `kind` is of the send/recv family (its payload carries the kind).
+DC_HOST_DEVICE inline bool p2p_kind(dc_u32 kind) { return kind < kKindReduction; }
 
 // A field of a word: its code (a mismatch record's slot), place and width.
 struct CallField {
@@ -65,7 +73,7 @@ constexpr dc_u64 kCollOpMask = kP2PBytesMask & ~kCollBytesMask;
 // The place and width of field `code` (the same in every kind that has it).
 DC_HOST_DEVICE inline CallField call_field(dc_u32 code) {
   switch (code) {
-    case kFieldKind: return CallField{code, kCallKindShift, 3};
+    case kFieldKind: return CallField{code, kP2PBytesBits, 2};
     case kFieldP2PBytes: return CallField{code, 0, kP2PBytesBits};
     case kFieldCollOp: return CallField{code, kCollOpShift, 4};
     case kFieldCollBytes: return CallField{code, 0, kCollOpShift};
@@ -75,7 +83,7 @@ DC_HOST_DEVICE inline CallField call_field(dc_u32 code) {
     case kFieldHooked: return CallField{code, 39, 1};
     case kFieldZeroCopy: return CallField{code, 38, 1};
     case kFieldBytes: return CallField{code, 0, kReduceBytesBits};
-    default: return CallField{code, 0, kCallKindShift};  // kFieldLayout
+    default: return CallField{code, 0, kCallShift};  // kFieldLayout
   }
 }
 
@@ -91,42 +99,45 @@ DC_HOST_DEVICE inline dc_u64 field_value(dc_u64 w, dc_u32 code) {
   return (w >> f.shift) & ((1ull << f.bits) - 1);
 }
 
-// The word of call `call` (numbered from 1) of `kind` with `payload`.
+// The word of call `call` (numbered from 1) of `kind` with `payload` (the send/recv family's
+// payload below the kind field: bytes, or coll_payload).
 DC_HOST_DEVICE inline dc_u64 call_word(dc_u64 call, dc_u32 kind, dc_u64 payload) {
-  return ((call & kCallNumberMask) << kCallShift) | ((dc_u64)(kind & 7u) << kCallKindShift) |
-         (payload & kPayloadMask);
+  const dc_u64 p = p2p_kind(kind)
+                       ? ((dc_u64)(kind & 3u) << kP2PBytesBits) | (payload & kP2PBytesMask)
+                       : payload & kPayloadMask;
+  return ((call & kCallNumberMask) << kCallShift) | p;
 }
 
-DC_HOST_DEVICE inline dc_u32 call_kind(dc_u64 w) { return (dc_u32)((w >> kCallKindShift) & 7u); }
 DC_HOST_DEVICE inline dc_u64 call_payload(dc_u64 w) { return w & kPayloadMask; }
-// The call number a word carries (its low 13 bits), as a timeout's record names it.
+// The call number a word carries (its low 16 bits), as a timeout's record names it.
 DC_HOST_DEVICE inline dc_u64 call_number(dc_u64 w) { return w >> kCallShift; }
 
-// Whether word w carries call `call` (a word never written, 0, carries none: calls start at 1
-// and a ring entry is written before its number's low bits come round again).
+// Whether word w carries call `call`.
 DC_HOST_DEVICE inline bool call_word_is(dc_u64 w, dc_u64 call) {
   return call_number(w) == (call & kCallNumberMask);
 }
 
-// The first field in which `theirs` differs from `mine` within the payload bits of `mask`
-// (the kind is always compared), in the order a mismatch is best named by; 0 when they agree.
-DC_HOST_DEVICE inline dc_u32 call_differs(dc_u64 mine, dc_u64 theirs,
+// The first field in which `theirs` differs from `mine`, a word of `kind`, within the payload
+// bits of `mask` (a send/recv family word's kind is always compared), in the order a mismatch is
+// best named by; 0 when they agree.
+DC_HOST_DEVICE inline dc_u32 call_differs(dc_u32 kind, dc_u64 mine, dc_u64 theirs,
                                           dc_u64 mask = kPayloadMask) {
-  if (call_kind(mine) != call_kind(theirs)) return kFieldKind;
-  const dc_u64 diff = (mine ^ theirs) & mask & kPayloadMask;
-  if (diff == 0) return 0;
-  switch (call_kind(mine)) {
-    case kKindCollective: return (diff & kCollOpMask) ? kFieldCollOp : kFieldCollBytes;
-    case kKindReduction: {
-      const dc_u32 order[] = {kFieldMode, kFieldDtype, kFieldOp, kFieldHooked, kFieldZeroCopy};
-      for (dc_u32 f : order) {
-        if (diff & field_mask(f)) return f;
-      }
-      return kFieldBytes;
-    }
-    case kKindReduceLayout: return kFieldLayout;
-    default: return kFieldP2PBytes;
+  const dc_u64 diff = (mine ^ theirs) & kPayloadMask;
+  if (p2p_kind(kind)) {
+    if (diff & field_mask(kFieldKind)) return kFieldKind;
+    const dc_u64 d = diff & mask & kP2PBytesMask;
+    if (d == 0) return 0;
+    if (kind == kKindCollective) return (d & kCollOpMask) ? kFieldCollOp : kFieldCollBytes;
+    return kFieldP2PBytes;
   }
+  const dc_u64 d = diff & mask;
+  if (d == 0) return 0;
+  if (kind == kKindReduceLayout) return kFieldLayout;
+  const dc_u32 order[] = {kFieldMode, kFieldDtype, kFieldOp, kFieldHooked, kFieldZeroCopy};
+  for (dc_u32 f : order) {
+    if (d & field_mask(f)) return f;
+  }
+  return kFieldBytes;
 }
 
 // A collective's payload: its operation (4 bits) above the wire bytes with the peer.

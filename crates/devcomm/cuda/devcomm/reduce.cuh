@@ -153,7 +153,7 @@ DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 bloc
 // A ring of two is enough: a rank can start call c + 2 only after its call c + 1 ended, which
 // needed every peer to have started call c + 1 (every algorithm reads each peer's data of the
 // call), hence to have ended call c and read its entry. An entry holds call c - 2 or call c,
-// whose low 13 bits differ.
+// whose low 16 bits differ.
 //
 // All-gather has no operator: op 7. A zero-copy call's ranks compare their layouts too
 // (kZcLayout, kind kKindReduceLayout), after the words.
@@ -319,7 +319,7 @@ __device__ __forceinline__ const volatile dc_u64* agree_entry(const ReduceLaunch
 // (recorded as kOpCallMismatch: the field, this side's value, the peer's).
 __device__ inline bool agree_compare(const ReduceLaunch& a, const Agree& ag, int p, dc_u64 w) {
   const bool refused = field_value(ag.word, kFieldDtype) == kRefusedDtype;
-  const dc_u32 field = refused ? kFieldDtype : call_differs(ag.word, w);
+  const dc_u32 field = refused ? kFieldDtype : call_differs(kKindReduction, ag.word, w);
   if (field == 0) return true;
   record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, p, field},
                       field_value(ag.word, field), field_value(w, field), 0);
@@ -371,7 +371,7 @@ __device__ inline bool layout_check(const ReduceLaunch& a, dc_u32 b, const Agree
   dc_u64 w = 0;
   if (!poll_call_word(a, own_user_slot(a.w, slot), slot, ag.call, p, w)) return false;
   const dc_u64 mine = call_word(ag.call, kKindReduceLayout, a.layout);
-  if (call_differs(mine, w) == 0) return true;
+  if (call_differs(kKindReduceLayout, mine, w) == 0) return true;
   record_wait_failure(error_state(a.w), a.w.rank, WaitSite{kOpCallMismatch, p, kFieldLayout},
                       field_value(mine, kFieldLayout), field_value(w, kFieldLayout), 0);
   return false;

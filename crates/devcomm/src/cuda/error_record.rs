@@ -91,8 +91,7 @@ pub(crate) fn call_mismatch_field(slot: u64) -> (&'static str, &'static str) {
     match slot {
         1 => (
             "a call",
-            "the kind of call (0: send/recv, 1: zero-copy send/recv, 2: collective, 3: barrier, \
-             4: reduction, 5: a reduction's layout)",
+            "the kind of call (0: send/recv, 1: zero-copy send/recv, 2: collective, 3: barrier)",
         ),
         2 => ("send/recv", "the size in bytes"),
         3 => (
