@@ -68,10 +68,8 @@ impl ErrorSink {
             unsafe {
                 std::ptr::write_volatile(std::ptr::addr_of_mut!((*self.state).record), rec);
                 fence(Ordering::SeqCst);
-                std::ptr::write_volatile(
-                    std::ptr::addr_of_mut!((*self.state).record.op),
-                    record.op,
-                );
+                AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.state).record.op))
+                    .store(record.op, Ordering::Release);
             }
             fence(Ordering::SeqCst);
         }

@@ -119,7 +119,8 @@ impl ErrorState {
         let abort = abort.load(Ordering::Acquire);
         // `op` before the other fields, with acquire: writers store it last, so a non-zero op
         // read here means the fields read after it are the writer's (evaluate).
-        // SAFETY: as above; `op` is a u32 the host only reads.
+        // SAFETY: as above; `op` is a u32 that the host writes only atomically (the network
+        // proxy's `ErrorSink::record`, `clear_record`).
         let op = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.host).record.op)) }
             .load(Ordering::Acquire);
         fence(Ordering::Acquire);
@@ -194,8 +195,12 @@ impl ErrorState {
     /// Empties the record (after a count error, which leaves nothing aborted).
     fn clear_record(&self) {
         // SAFETY: as in `read`; no kernel writes the record while `flag` is 1 and `abort` 0
-        // except the one that claimed it, which wrote `op` last (already seen).
+        // except the one that claimed it, which wrote `op` last (already seen). `op` goes
+        // first, atomically, so that no reader takes the other fields as a record's.
         unsafe {
+            AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.host).record.op))
+                .store(0, Ordering::Release);
+            fence(Ordering::SeqCst);
             std::ptr::write_volatile(
                 std::ptr::addr_of_mut!((*self.host).record),
                 ErrorRecord::default(),
