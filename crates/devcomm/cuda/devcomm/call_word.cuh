@@ -108,7 +108,6 @@ DC_HOST_DEVICE inline dc_u64 call_word(dc_u64 call, dc_u32 kind, dc_u64 payload)
   return ((call & kCallNumberMask) << kCallShift) | p;
 }
 
-DC_HOST_DEVICE inline dc_u64 call_payload(dc_u64 w) { return w & kPayloadMask; }
 // The call number a word carries (its low 16 bits), as a timeout's record names it.
 DC_HOST_DEVICE inline dc_u64 call_number(dc_u64 w) { return w >> kCallShift; }
 
