@@ -153,7 +153,8 @@ DC_HOST_DEVICE inline dc_u64 slot_of(Slot kind, int world, int rank, dc_u32 bloc
 // A ring of two is enough: a rank can start call c + 2 only after its call c + 1 ended, which
 // needed every peer to have started call c + 1 (every algorithm reads each peer's data of the
 // call), hence to have ended call c and read its entry. An entry holds call c - 2 or call c,
-// whose low 16 bits differ.
+// whose low 16 bits differ, also for a block that sat out calls: every call's end refreshes
+// the entries of the blocks beyond its launch (agree_refresh).
 //
 // All-gather has no operator: op 7. A zero-copy call's ranks compare their layouts too
 // (kZcLayout, kind kKindReduceLayout), after the words.
@@ -306,6 +307,29 @@ __device__ __forceinline__ void agree_announce(const G& g, const ReduceLaunch& a
   const dc_u64 word = ag.word;
   for (dc_u32 p = g.thread_rank(); p < (dc_u32)world; p += g.size()) {
     if ((int)p != me) st_relaxed_sys(peer_user_slot(a.w, (int)p, slot), word);
+  }
+}
+
+// At the end of a call that ended here, the entries in peer p's pad that speak for block i:
+// block b refreshes its own layout entry when the call was staged (its agreement entry it
+// announced at the start), and block 0 both entries of every block i beyond the launch, which
+// announced nothing. So every entry holds one of the last two calls' numbers (the ring entry
+// of call c holds c - 2 or c, the layout entry c - 1 or c) whatever blocks a call used: a
+// block that sat out 65,536 calls, or a never-written entry (0), cannot pass for the current
+// call by its 16 low bits, and a zero-copy call that passed the agreement cannot take a
+// layout word that old. Called from each kernel's end loop, for its pairs (p, i) with i == b
+// or (b == 0 and i >= a.blocks).
+__device__ __forceinline__ void agree_refresh(const ReduceLaunch& a, const Agree& ag, dc_u32 b,
+                                              int p, dc_u32 i) {
+  const int world = a.w.world_size, me = a.w.rank;
+  if (p == me) return;
+  if (i != b) {
+    st_relaxed_sys(peer_user_slot(a.w, p, slot_of(agree_slot_kind(ag.call), world, me, i)),
+                   ag.word);
+  }
+  if (i != b || a.zc == kStaged) {
+    st_relaxed_sys(peer_user_slot(a.w, p, slot_of(kZcLayout, world, me, i)),
+                   call_word(ag.call, kKindReduceLayout, a.layout));
   }
 }
 

@@ -206,13 +206,14 @@ __device__ __forceinline__ bool lines_free(const G& g, const ReduceLaunch& a, dc
 // of this launch, which released it, and a writer waits on every slot).
 template <class G>
 __device__ __forceinline__ void lines_release(const G& g, const ReduceLaunch& a, dc_u32 b,
-                                              dc_u64 seq, dc_u64 call) {
+                                              dc_u64 seq, const Agree& ag) {
   const int world = a.w.world_size, me = a.w.rank;
   dc_u64* counters = reinterpret_cast<dc_u64*>(a.counters);
   for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
     const int p = (int)(k / kMaxBlocks);
     const dc_u32 i = k % kMaxBlocks;
     if (i == b || (b == 0 && i >= a.blocks)) {
+      agree_refresh(a, ag, b, p, i);
       if (p != me && i < kLineMaxBlocks) {
         dc_u64* slot = peer_user_slot(a.w, p, slot_of(kFree, world, me, i));
         if (i == b) {
@@ -223,7 +224,7 @@ __device__ __forceinline__ void lines_release(const G& g, const ReduceLaunch& a,
       }
       if (p == 0) {
         counters[i] = seq;
-        counters[2 * kMaxBlocks + i] = call;
+        counters[2 * kMaxBlocks + i] = ag.call;
       }
     }
   }
@@ -365,7 +366,7 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(ReduceLaunch a) {
   }
   if (g.any(!ok)) return;  // barrier: every line of this block has been read
   DC_TRACE_PHASE_END(kPhaseReduce, -1, 120 * (l1 - l0));
-  lines_release(g, a, b, seq, ag.call);
+  lines_release(g, a, b, seq, ag);
   if constexpr (kHooked) {
     // The block's rows are in `to` (the barrier above); nothing but this block touches them.
     DC_TRACE_PHASE_BEGIN(kPhaseWriteOut, -1);
@@ -477,7 +478,7 @@ __global__ void __launch_bounds__(kThreads) line_two_shot_kernel(ReduceLaunch a)
   }
   DC_TRACE_PHASE_END(kPhaseWriteOut, -1, 120 * (l1 - l0) * (world - 1));
   if (g.any(!ok)) return;  // barrier: every line of this block has been read
-  lines_release(g, a, b, seq, ag.call);
+  lines_release(g, a, b, seq, ag);
   DC_TRACE_KERNEL_END(2 * (world - 1) * 128 * (l1 - l0));
 }
 
@@ -716,6 +717,7 @@ __global__ void __launch_bounds__(kThreads) two_shot_kernel(ReduceLaunch a) {
   for (dc_u32 k = g.thread_rank(); k < (dc_u32)world * kMaxBlocks; k += g.size()) {
     const int p = (int)(k / kMaxBlocks);
     const dc_u32 i = k % kMaxBlocks;
+    if (i == b || (b == 0 && i >= a.blocks)) agree_refresh(a, ag, b, p, i);
     if (i == b) {
       if (p == 0) counters[i] = last;
       if (p == 0) counters[kMaxBlocks + i] = ag.call;
@@ -883,6 +885,7 @@ __global__ void __launch_bounds__(kThreads) zero_copy_kernel(ReduceLaunch a) {
     const int p = (int)(k / kMaxBlocks);
     const dc_u32 i = k % kMaxBlocks;
     if (i != b && !(b == 0 && i >= a.blocks)) continue;
+    agree_refresh(a, ag, b, p, i);
     if (round && i != b) st_relaxed_sys(peer_user_slot(a.w, p, slot_of(kDone, world, me, i)), s);
     if (p == 0) {
       if (round) seq[i] = s;

@@ -1,8 +1,8 @@
 //! Checks of the reductions (all-reduce, reduce-scatter, all-gather): every type x operation
 //! in and out of place around every algorithm switch and up to 256 MiB, bit for bit against a
 //! host reduction in rank order and across ranks, the argument errors, the RMSNorm and
-//! RMSNorm + FP8 examples, graph replays and back-to-back calls mixed with send/recv and
-//! all-to-all.
+//! RMSNorm + FP8 examples, graph replays, back-to-back calls mixed with send/recv and
+//! all-to-all, and calls across the wrap of the call agreement's numbers (`wrap`).
 //!
 //! `reference` is the host side (data and the reduction in rank order); `cases`, `hooked` and
 //! `stress` import it; nothing imports them but this list.
@@ -13,6 +13,7 @@ mod pool_adopted;
 mod pool_cases;
 mod reference;
 mod stress;
+mod wrap;
 
 use super::harness::{verified, Check, Ranks};
 
@@ -101,5 +102,11 @@ pub(super) const CHECKS: &[Check] = &[
         ranks: Ranks::AtLeast(2),
         about: "--calls calls mixing the reductions with send/recv and all-to-all",
         run: |cx, p| verified(stress::check_back_to_back(cx, p.calls)),
+    },
+    Check {
+        name: "reduce_call_wrap",
+        ranks: Ranks::AtLeast(2),
+        about: "calls 65,536 and 131,072 on blocks new or idle since: no stale agreement, verified",
+        run: |cx, _| wrap::check_call_wrap(cx),
     },
 ];
