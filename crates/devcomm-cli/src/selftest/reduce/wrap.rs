@@ -4,17 +4,20 @@
 //! the current call instead of taking a never-written entry (0) or the stale word of the call
 //! 65,536 before for it (whose payload differs here: a false `CallMismatch`).
 //!
-//! On a communicator of its own (its calls numbered from 1), with 1-block all-reduces between
-//! them, calls 65,536 and 131,072 are multi-block all-reduces of two sizes. Before each, the
-//! ranks other than 0 wait 100 ms after a host barrier, so that rank 0's blocks check their
-//! entries before they announce the call. Both calls are verified element for element.
+//! On a communicator of its own (its calls numbered from 1) whose tuning table gives the
+//! all-reduces of TINY f32 one block and the larger ones every block a one-shot may take,
+//! calls 65,536 and 131,072 are multi-block all-reduces of two sizes and every other call a
+//! 1-block one. Before each of the two, the ranks other than 0 wait 100 ms after a host
+//! barrier, so that rank 0's blocks check their entries before the peers announce the call.
+//! Both calls are verified element for element.
 
 use std::time::Duration;
 
 use devcomm::reduce::plan::Collective;
+use devcomm::reduce::{Buffers, ReduceTuneEntry, ReduceTuneTable, TunedAlgorithm};
 use devcomm::{DataType, ReduceOp};
 
-use super::super::harness::{fresh_comm, verified, Checked, Ctx, Fresh, Outcome, Skip};
+use super::super::harness::{fresh_comm_with, verified, Checked, Ctx, Fresh, Outcome, Skip};
 
 fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
@@ -24,9 +27,8 @@ fn err<E: std::fmt::Display>(e: E) -> String {
 const PERIOD: u64 = 1 << 16;
 /// Elements of the 1-block calls between the multi-block ones.
 const TINY: usize = 2;
-/// Candidate element counts of the multi-block calls: the first two that plan at least 2
-/// blocks.
-const BIG: &[usize] = &[1 << 18, (1 << 18) + 1024, 1 << 20, (1 << 20) + 4096, 1 << 22];
+/// Elements of the two multi-block calls (one-shot payloads of 2 and 3 KiB).
+const BIG: [usize; 2] = [512, 768];
 
 /// Rank r's element i: small integers, so that f32 sums are exact in any order.
 fn value(r: usize, i: usize) -> f32 {
@@ -45,39 +47,70 @@ pub(super) fn check_call_wrap(cx: &Ctx) -> Checked {
 }
 
 fn wrap(cx: &Ctx) -> Result<String, String> {
+    let table = table(cx)?;
     let mut n = 0;
-    let f = fresh_comm(cx, "reduce_call_wrap", &mut n, Duration::from_secs(10))?;
-    let plan = |count: usize| {
-        f.comm
+    let f = fresh_comm_with(cx, "reduce_call_wrap", &mut n, |b| {
+        b.device_timeout(Duration::from_secs(10))
+            .reduce_tune_table(Some(table))
+    })?;
+    let blocks = |count: usize| -> Result<u32, String> {
+        let plan = f
+            .comm
             .tuning()
             .reduction_plan(Collective::AllReduce, DataType::F32, count as u64)
             .map_err(err)?
-            .ok_or_else(|| format!("no plan for {count} elements"))
+            .ok_or_else(|| format!("no plan for {count} elements"))?;
+        Ok(plan.blocks)
     };
-    let tiny_blocks = plan(TINY)?.blocks;
-    if tiny_blocks != 1 {
-        return Err(format!("an all-reduce of {TINY} f32 plans {tiny_blocks} blocks, not 1"));
+    let (tiny, a, b) = (blocks(TINY)?, blocks(BIG[0])?, blocks(BIG[1])?);
+    if tiny != 1 || a < 2 || b < 2 {
+        return Err(format!(
+            "the table's plans have {tiny}, {a} and {b} blocks for {TINY}, {} and {} f32 \
+             (1, then 2 or more each, wanted)",
+            BIG[0], BIG[1]
+        ));
     }
-    let mut big = Vec::new();
-    for &c in BIG {
-        if plan(c)?.blocks >= 2 && big.len() < 2 {
-            big.push(c);
-        }
-    }
-    let [a, b] = big[..] else {
-        return Err(format!("fewer than two of {BIG:?} elements plan 2 blocks or more"));
-    };
-    let (ba, bb) = (plan(a)?.blocks, plan(b)?.blocks);
     // Call k of this communicator is numbered k: 65,535 tiny calls, A, 65,535 tiny, B.
     tiny_calls(&f, PERIOD - 1)?;
-    big_call(cx, &f, a, PERIOD)?;
+    big_call(cx, &f, BIG[0], PERIOD)?;
     tiny_calls(&f, PERIOD - 1)?;
-    big_call(cx, &f, b, 2 * PERIOD)?;
+    big_call(cx, &f, BIG[1], 2 * PERIOD)?;
     Ok(format!(
-        "calls {PERIOD} ({a} f32, {ba} blocks) and {} ({b} f32, {bb} blocks) after 1-block \
+        "calls {PERIOD} ({} f32, {a} blocks) and {} ({} f32, {b} blocks) between 1-block \
          calls, peers 100 ms late: both verified",
-        2 * PERIOD
+        BIG[0],
+        2 * PERIOD,
+        BIG[1]
     ))
+}
+
+/// The fresh communicator's table: the one-shot on 1 block up to TINY f32, on every block
+/// the limits give it up to the larger of BIG.
+fn table(cx: &Ctx) -> Result<ReduceTuneTable, String> {
+    let tuning = cx.comm.tuning();
+    let most = tuning.reduction_limits().one_shot_blocks;
+    let entry = |elems: usize, blocks: u32| ReduceTuneEntry {
+        collective: Collective::AllReduce,
+        buffers: Buffers::Ordinary,
+        max_bytes: (elems * 4) as u64,
+        algorithm: TunedAlgorithm::OneShot,
+        blocks,
+        pushed: false,
+        us: 1.0,
+        default_us: 1.0,
+        nccl_us: 1.0,
+    };
+    let table = ReduceTuneTable {
+        version: devcomm::reduce::tune::REDUCE_TUNE_VERSION,
+        device: cx.comm.device_info().name.clone(),
+        world_size: cx.comm.world_size(),
+        date: "2026-11-28".into(),
+        dtype: "f32".into(),
+        window: tuning.reduction_window(),
+        entries: vec![entry(TINY, 1), entry(BIG[1], most)],
+    };
+    table.check().map_err(|e| format!("the check's table: {e}"))?;
+    Ok(table)
 }
 
 /// `calls` all-reduces of TINY elements, the last one verified.
