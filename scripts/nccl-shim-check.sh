@@ -17,9 +17,10 @@
 # narrow or lengthen the runs; EXTRA adds nccl-tests arguments to both runs (`EXTRA="-R 2"`:
 # buffers from ncclMemAlloc registered as symmetric windows, which the shim adopts). Logs go to $OUT (or ./nccl-shim-out); a table of wrong counts
 # and bus bandwidth, shim against plain, is printed last, and with SPEED=1 also every size's
-# time and bus bandwidth, shim against plain ($OUT/speed.md). The library is taken from dist/
-# (scripts/stage.sh), else target/release/; BUILD_DIR keeps the nccl-tests build (one per MPI
-# setting) for later runs. Exit status 1 when any run fails or reports a
+# time and bus bandwidth, shim against plain ($OUT/speed.md); the table is also $OUT/table.txt.
+# The library is taken from dist/ (scripts/stage.sh), else target/release/; BUILD_DIR (default
+# under $TMPDIR or /tmp, outside $OUT) keeps the nccl-tests build (one per MPI setting) for
+# later runs. Exit status 1 when any run fails or reports a
 # wrong element.
 set -uo pipefail
 src=${1:?usage: scripts/nccl-shim-check.sh NCCL_TESTS_SRC [GPUS] [MIN_BYTES] [MAX_BYTES]}
@@ -59,7 +60,8 @@ case $mode in
     export LD_LIBRARY_PATH="$MPI_HOME/lib:${LD_LIBRARY_PATH:-}" PATH="$MPI_HOME/bin:$PATH" ;;
   *) echo "MODE is threads, gpus or mpi, not $mode" >&2; exit 1 ;;
 esac
-build=${BUILD_DIR:-"$out/nccl-tests-build-${mpi[0]#MPI=}"}
+# The build lives outside $OUT, so that a device run brings back the logs and not the binaries.
+build=${BUILD_DIR:-"${TMPDIR:-/tmp}/nccl-tests-build-${mpi[0]#MPI=}"}
 cuda_home=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 echo "== building nccl-tests from $src (CUDA $cuda_home, NCCL $nccl_dir, ${mpi[*]})"
 if [ ! -x "$build/all_reduce_perf" ] && ! make -C "$src/src" -j 16 BUILDDIR="$build" NCCL_HOME="$home" \
@@ -92,7 +94,7 @@ done
 # The table: per test, type and operator, the wrong elements (out-of-place + in-place) and
 # the out-of-place bus bandwidth at a few sizes, shim against plain.
 tests=${TESTS:-all_reduce reduce_scatter all_gather sendrecv alltoall broadcast reduce}
-SPEED=${SPEED:-0} python3 - "$out" $tests <<'PY' || status=1
+SPEED=${SPEED:-0} python3 - "$out" $tests > "$out/table.txt" <<'PY' || status=1
 import glob, os, re, sys
 out = sys.argv[1]
 def rows(path):
@@ -144,5 +146,6 @@ if os.environ.get("SPEED") == "1":
     print("\n".join(lines))
 sys.exit(1 if bad else 0)
 PY
+cat "$out/table.txt"
 rm -rf "$home"
 exit $status
