@@ -170,38 +170,6 @@ pub struct DeviceErrorState {
     pub mirror: u64,
 }
 
-impl DeviceErrorState {
-    /// A snapshot of the state at `at` as it is now, for its host readers (the communicator's
-    /// `ErrorState`, the network proxy's `ErrorSink`). Every writer of the record (kernels,
-    /// the proxy) stores `op` last, so `op` is read first, with acquire: a non-zero op means the
-    /// fields read after it are that writer's (`error_state::evaluate`).
-    ///
-    /// # Safety
-    /// `at` is valid and aligned for the call; its `abort` and `record.op` are written only
-    /// atomically on the host (the device writes the memory behind the compiler's back, hence
-    /// the volatile reads; any bit pattern is a valid state).
-    pub(crate) unsafe fn snapshot(at: *mut Self) -> Self {
-        use std::sync::atomic::{fence, AtomicU32, Ordering};
-        // SAFETY: the caller's contract.
-        unsafe {
-            let abort =
-                AtomicU32::from_ptr(std::ptr::addr_of_mut!((*at).abort)).load(Ordering::Acquire);
-            let op = AtomicU32::from_ptr(std::ptr::addr_of_mut!((*at).record.op))
-                .load(Ordering::Acquire);
-            fence(Ordering::Acquire);
-            let mut record = std::ptr::read_volatile(std::ptr::addr_of!((*at).record));
-            record.op = op;
-            let mirror = std::ptr::read_volatile(std::ptr::addr_of!((*at).mirror));
-            Self {
-                abort,
-                reserved: 0,
-                record,
-                mirror,
-            }
-        }
-    }
-}
-
 /// A symmetric window as kernels see it; passed to kernels by value.
 ///
 /// Signal pad layout: `world_size` barrier slots, then `signal_count` user slots.

@@ -77,11 +77,25 @@ impl ErrorSink {
         fence(Ordering::SeqCst);
     }
 
-    /// A snapshot of the state (`DeviceErrorState::snapshot`).
+    /// A snapshot of the state.
     pub(crate) fn read(&self) -> DeviceErrorState {
-        // SAFETY: valid and aligned (contract of `new`); the host writes `abort` and
-        // `record.op` only atomically (this sink, the communicator's `ErrorState`).
-        unsafe { DeviceErrorState::snapshot(self.state) }
+        let abort = self.abort_word().load(Ordering::Acquire);
+        // `op` first, with acquire: writers store it last (error_state::evaluate).
+        // SAFETY: valid and aligned (contract of `new`); `op` is a u32 read atomically here.
+        let op = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.state).record.op)) }
+            .load(Ordering::Acquire);
+        // SAFETY: valid and aligned (contract of `new`); any bit pattern is a valid record.
+        let mut record =
+            unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.state).record)) };
+        record.op = op;
+        // SAFETY: as above; written by the host before any kernel ran.
+        let mirror = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.state).mirror)) };
+        DeviceErrorState {
+            abort,
+            reserved: 0,
+            record,
+            mirror,
+        }
     }
 
     /// `Ok(())` while nothing failed; else the recorded failure as an error.

@@ -111,16 +111,29 @@ impl ErrorState {
         self.host
     }
 
-    /// A snapshot of the state as it is now (`DeviceErrorState::snapshot`), with the mirror's
-    /// address this state owns.
+    /// A snapshot of the state as it is now.
     pub(crate) fn read(&self) -> DeviceErrorState {
-        // SAFETY: `host` is valid, aligned and lives as long as `self`; the host writes its
-        // `abort` and `record.op` only atomically (`raise_abort`, `clear_record`, the network
-        // proxy's `ErrorSink::record`).
-        let state = unsafe { DeviceErrorState::snapshot(self.host) };
+        // SAFETY: `host` is valid, aligned and lives as long as `self`; `abort` is a u32 at
+        // offset 0 that nothing accesses non-atomically on the host.
+        let abort = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.host).abort)) };
+        let abort = abort.load(Ordering::Acquire);
+        // `op` before the other fields, with acquire: writers store it last, so a non-zero op
+        // read here means the fields read after it are the writer's (evaluate).
+        // SAFETY: as above; `op` is a u32 that the host writes only atomically (the network
+        // proxy's `ErrorSink::record`, `clear_record`).
+        let op = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.host).record.op)) }
+            .load(Ordering::Acquire);
+        fence(Ordering::Acquire);
+        // SAFETY: as above; a volatile read because the device writes the memory behind the
+        // compiler's back. Any bit pattern is a valid `ErrorRecord`.
+        let mut record =
+            unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.host).record)) };
+        record.op = op;
         DeviceErrorState {
+            abort,
+            reserved: 0,
+            record,
             mirror: self.mirror_ptr(),
-            ..state
         }
     }
 
